@@ -1,0 +1,243 @@
+"""The run directory format: the one module that `collectors` (writer) and `diag` (reader) share.
+
+A run directory holds `manifest.json` (written by rank 0 at start, replaced atomically at the end)
+and one `rank-NNNNN.jsonl` per rank (one JSON object per line, flushed at least once per step).
+See docs/run-format.md for every field. Standard library only: the collectors import this module
+inside training processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+RUN_SCHEMA = "diag.run/1"
+REPORT_SCHEMA = "diag.report/1"
+MANIFEST_FILE = "manifest.json"
+TRACES_DIR = "traces"
+RANK_FILE_RE = re.compile(r"^rank-(\d{5,})\.jsonl$")
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.jsonl"
+
+
+class RecordKind(str, Enum):
+    STEP = "step"
+    SPAN = "span"
+    COMM = "comm"
+    MEM = "mem"
+    EXPERTS = "experts"
+    EVENT = "event"
+
+
+class Phase(str, Enum):
+    FWD = "fwd"
+    BWD = "bwd"
+    OPT = "opt"
+    DATA = "data"
+    COMM_WAIT = "comm_wait"
+
+
+COMPUTE_PHASES = frozenset({Phase.FWD.value, Phase.BWD.value, Phase.OPT.value, Phase.DATA.value})
+
+
+class CollectiveOp(str, Enum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    SCATTER = "scatter"
+    SEND = "send"
+    RECV = "recv"
+    BARRIER = "barrier"
+
+
+class MemoryCategory(str, Enum):
+    PARAMS = "params"
+    GRADS = "grads"
+    OPTIMIZER = "optimizer"
+    ACTIVATIONS = "activations"
+    COMM_BUFFERS = "comm_buffers"
+    FRAGMENTATION = "fragmentation"
+
+
+MEMORY_CATEGORIES: tuple[str, ...] = tuple(c.value for c in MemoryCategory)
+
+
+class RunStatus(str, Enum):
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+TRAINERS = ("dp", "tp", "pp", "ep", "zero3", "custom")
+
+# Fields every record of a kind carries (others are optional; readers ignore unknown fields).
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    RecordKind.STEP.value: ("step", "t0", "t1"),
+    RecordKind.SPAN.value: ("step", "phase", "t0", "t1"),
+    RecordKind.COMM.value: ("step", "op", "group", "group_size", "bytes", "t0", "t1"),
+    RecordKind.MEM.value: ("step", *MEMORY_CATEGORIES),
+    RecordKind.EXPERTS.value: ("step", "layer", "tokens"),
+    RecordKind.EVENT.value: ("step", "name"),
+}
+
+
+class SchemaError(ValueError):
+    """A manifest or record that does not follow this format; the message names the reason."""
+
+
+@dataclass
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    zero_stage: int = 0
+    microbatches: int = 1
+    schedule: str | None = None
+    virtual_stages: int = 1
+    grad_accum: int = 1
+    bucket_mb: float | None = None
+
+
+@dataclass
+class ModelInfo:
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    vocab: int | None = None
+    ffn_hidden: int | None = None
+    experts: int | None = None
+    topk: int | None = None
+    capacity_factor: float | None = None
+    aux_loss_coef: float | None = None
+    params: int | None = None
+    dtype: str | None = None
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    host: str | None = None
+    local_rank: int | None = None
+    device_name: str | None = None
+
+
+@dataclass
+class Hardware:
+    gpus_per_node: int | None = None
+    device_memory_bytes: int | None = None
+    intra_node_GBps: float | None = None
+    inter_node_GBps: float | None = None
+
+
+@dataclass
+class Manifest:
+    run_id: str
+    created: str
+    world_size: int
+    trainer: str = "custom"
+    command: str | None = None
+    backend: str | None = None
+    device_type: str | None = None
+    layout: Layout = field(default_factory=Layout)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    ranks: list[RankInfo] = field(default_factory=list)
+    groups: dict[str, list[list[int]]] = field(default_factory=dict)
+    hardware: Hardware = field(default_factory=Hardware)
+    injections: list[str] = field(default_factory=list)
+    status: str = RunStatus.RUNNING.value
+    steps_completed: int | None = None
+    schema: str = RUN_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Parse a manifest, ignoring unknown fields; raises SchemaError with the reason."""
+        if not isinstance(data, dict):
+            raise SchemaError("manifest is not a JSON object")
+        schema = data.get("schema")
+        if schema != RUN_SCHEMA:
+            raise SchemaError(f"schema is {schema!r}, expected {RUN_SCHEMA!r}")
+        world_size = data.get("world_size")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise SchemaError(f"world_size is {world_size!r}, expected a positive integer")
+        try:
+            return cls(
+                run_id=str(data.get("run_id") or ""),
+                created=str(data.get("created") or ""),
+                world_size=world_size,
+                trainer=str(data.get("trainer") or "custom"),
+                command=data.get("command"),
+                backend=data.get("backend"),
+                device_type=data.get("device_type"),
+                layout=_known(Layout, data.get("layout")),
+                model=_known(ModelInfo, data.get("model")),
+                ranks=[_known(RankInfo, r) for r in data.get("ranks") or []],
+                groups={str(k): [list(map(int, g)) for g in v]
+                        for k, v in (data.get("groups") or {}).items()},
+                hardware=_known(Hardware, data.get("hardware")),
+                injections=[str(s) for s in data.get("injections") or []],
+                status=str(data.get("status") or RunStatus.RUNNING.value),
+                steps_completed=data.get("steps_completed"),
+            )
+        except (TypeError, ValueError) as err:
+            raise SchemaError(f"malformed field: {err}") from err
+
+
+def _known(cls: Any, data: Any) -> Any:
+    """Build a dataclass from the fields of `data` it knows (unknown fields are ignored)."""
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise SchemaError(f"{cls.__name__.lower()} is not a JSON object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write manifest.json atomically (temp file + rename), so readers never see half of one."""
+    path = Path(run_dir) / MANIFEST_FILE
+    tmp = path.with_name(f".{MANIFEST_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
+    """Read and validate manifest.json; raises OSError, or SchemaError naming the reason."""
+    path = Path(run_dir) / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"not valid JSON ({err.msg} at line {err.lineno})") from err
+    return Manifest.from_dict(data)
+
+
+def check_record(record: Any) -> str | None:
+    """Return the reason a record cannot be used, or None. Unknown kinds are usable (ignored)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    kind = record.get("kind")
+    if not isinstance(kind, str):
+        return "no 'kind' field"
+    missing = [f for f in REQUIRED_FIELDS.get(kind, ()) if f not in record]
+    if missing:
+        return f"{kind} record without {', '.join(missing)}"
+    return None
