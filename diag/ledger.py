@@ -5,6 +5,8 @@ Units are in the names: `_bytes`, `_fraction`. Nothing here reads files or touch
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 
 def bus_factor(op: str, group_size: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, algbw = size / time.
@@ -18,3 +20,206 @@ def bus_factor(op: str, group_size: int) -> float:
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+# --- Memory -------------------------------------------------------------------------------------
+
+ADAM_OPTIMIZER_BYTES_PER_PARAM = 12
+"""fp32 master 4 + Adam m 4 + Adam v 4 (the K of the ZeRO paper)."""
+
+
+def static_state_bytes(params: float, bytes_per_param: float = 16) -> float:
+    """Static state P x 16: bf16 params 2 + grads 2, fp32 master 4, Adam m 4 + v 4 (SEED §1)."""
+    _require(params >= 0, f"params must be >= 0, got {params}")
+    return params * bytes_per_param
+
+
+def zero_state_bytes_per_rank(
+    params: float,
+    dp: int,
+    stage: int,
+    param_bytes: float = 2,
+    grad_bytes: float = 2,
+    optimizer_bytes: float = ADAM_OPTIMIZER_BYTES_PER_PARAM,
+) -> float:
+    """Model state per rank under ZeRO (Rajbhandari 2019, arXiv 1910.02054, Fig. 1), K = 12, N = dp.
+
+    stage 0 (2+2+K)P; stage 1 (2+2+K/N)P; stage 2 (2+(2+K)/N)P; stage 3 (2+2+K)P/N.
+    """
+    _require(stage in (0, 1, 2, 3), f"ZeRO stage must be 0..3, got {stage}")
+    _require(dp >= 1, f"dp must be >= 1, got {dp}")
+    _require(params >= 0, f"params must be >= 0, got {params}")
+    p, g, k = param_bytes, grad_bytes, optimizer_bytes
+    per_param = {0: p + g + k, 1: p + g + k / dp, 2: p + (g + k) / dp, 3: (p + g + k) / dp}[stage]
+    return params * per_param
+
+
+def activation_bytes_per_layer(
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """Activation bytes of one transformer layer, 16-bit activations (Korthikanti 2022, Table 2).
+
+    tp = 1: s*b*h*(34 + 5*a*s/h). Tensor parallel: s*b*h*(10 + 24/t + 5*a*s/(h*t)).
+    Tensor + sequence parallel: s*b*h/t * (34 + 5*a*s/h). No recomputation in any case.
+    """
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("hidden", hidden)):
+        _require(value >= 1, f"{name} must be >= 1, got {value}")
+    _require(heads >= 1, f"heads must be >= 1, got {heads}")
+    _require(tp >= 1, f"tp must be >= 1, got {tp}")
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    if sequence_parallel or t == 1:
+        return s * b * h / t * (34 + 5 * a * s / h)
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+# --- Compute and pipeline -----------------------------------------------------------------------
+
+
+def training_flops(params: float, tokens: float) -> float:
+    """Training FLOPs ~ 6 * N * D (Kaplan 2020, arXiv 2001.08361; SEED §1)."""
+    _require(params >= 0 and tokens >= 0, f"params, tokens must be >= 0, got {params}, {tokens}")
+    return 6 * params * tokens
+
+
+def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Share of a step the pipeline idles: (p-1)/(m+p-1) (GPipe/1F1B; SEED §2 PP).
+
+    Interleaved 1F1B (Narayanan 2021, arXiv 2104.04473) divides the bubble *time* by v:
+    (p-1)/v over a step of m + (p-1)/v micro-batch slots, i.e. (p-1)/(v*m + p-1).
+    p=8, m=4 gives 7/11 = 63.6%; the digest's "46.7%" is 7/15, i.e. p=8, m=8.
+    """
+    _require(pp >= 1, f"pp must be >= 1, got {pp}")
+    _require(microbatches >= 1, f"microbatches must be >= 1, got {microbatches}")
+    _require(virtual_stages >= 1, f"virtual_stages must be >= 1, got {virtual_stages}")
+    return (pp - 1) / (virtual_stages * microbatches + pp - 1)
+
+
+# --- Communication: DP --------------------------------------------------------------------------
+
+
+def dp_grad_payload_bytes(params: float, grad_dtype_bytes: float) -> float:
+    """Gradient bytes one rank all-reduces per DP sync: P x dtype bytes (SEED §2 DP)."""
+    _require(params >= 0, f"params must be >= 0, got {params}")
+    return params * grad_dtype_bytes
+
+
+def ring_allreduce_wire_bytes(payload_bytes: float, n: int) -> float:
+    """Bytes a ring all-reduce sends per rank: 2(n-1)/n x payload (SEED §2 DP; nccl-tests)."""
+    _require(n >= 1, f"group size n must be >= 1, got {n}")
+    return 2 * (n - 1) / n * payload_bytes
+
+
+def dp_bytes_per_step(params: float, grad_dtype_bytes: float, grad_accum: int = 1) -> float:
+    """Gradient payload per optimizer step: one sync of P x dtype bytes (SEED §2 DP).
+
+    Gradient accumulation cuts the *number* of syncs (one per optimizer step instead of one per
+    micro-batch), never the bytes of one, so the result does not depend on grad_accum.
+    """
+    _require(grad_accum >= 1, f"grad_accum must be >= 1, got {grad_accum}")
+    return dp_grad_payload_bytes(params, grad_dtype_bytes)
+
+
+# --- Communication: TP, PP, EP ------------------------------------------------------------------
+
+
+def tp_allreduce_bytes(micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float) -> float:
+    """Payload of one Megatron TP all-reduce: b x s x h x dtype (Shoeybi 2019; SEED §2 TP)."""
+    return micro_batch * seq_len * hidden * dtype_bytes
+
+
+def tp_bytes_per_layer(
+    micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float, include_backward: bool = True
+) -> float:
+    """TP all-reduce bytes per layer and micro-batch: 2 fwd + 2 bwd = 4x (fwd only 2x; SEED §2)."""
+    count = 4 if include_backward else 2
+    return count * tp_allreduce_bytes(micro_batch, seq_len, hidden, dtype_bytes)
+
+
+class TpAllreduceCount(NamedTuple):
+    """TP all-reduces per step by phase."""
+
+    forward: int
+    backward: int
+
+
+def tp_allreduce_count(layers: int, microbatches: int) -> TpAllreduceCount:
+    """TP all-reduces per step: forward 2*L*M and backward 2*L*M (Megatron; SEED §2 TP)."""
+    _require(layers >= 0 and microbatches >= 0, f"got layers={layers}, mb={microbatches}")
+    return TpAllreduceCount(forward=2 * layers * microbatches, backward=2 * layers * microbatches)
+
+
+def pp_boundary_bytes(micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float) -> float:
+    """One stage-boundary activation send (= one gradient send back): b*s*h*dtype (SEED §2)."""
+    return micro_batch * seq_len * hidden * dtype_bytes
+
+
+def ep_alltoall_bytes(tokens: int, topk: int, hidden: int, dtype_bytes: float) -> float:
+    """Expected MoE all-to-all bytes per direction: tokens x topk x hidden x dtype (SEED §2 EP)."""
+    return tokens * topk * hidden * dtype_bytes
+
+
+def busbw_GBps(
+    op: str, payload_bytes: float, seconds: float | None, group_size: int
+) -> float | None:
+    """nccl-tests bus bandwidth in GB/s: payload / seconds x bus_factor / 1e9; None if no time."""
+    if seconds is None or seconds <= 0:
+        return None
+    return payload_bytes / seconds * bus_factor(op, group_size) / 1e9
+
+
+# --- Dtypes and model size ----------------------------------------------------------------------
+
+_DTYPE_BYTES: dict[str, int] = {
+    **dict.fromkeys(("float64", "fp64", "f64", "double"), 8),
+    **dict.fromkeys(("float32", "fp32", "f32", "float", "tf32"), 4),
+    **dict.fromkeys(("bfloat16", "bf16", "float16", "fp16", "f16", "half"), 2),
+    **dict.fromkeys(("float8", "fp8", "float8_e4m3fn", "float8_e4m3fnuz", "e4m3"), 1),
+    **dict.fromkeys(("float8_e5m2", "float8_e5m2fnuz", "e5m2"), 1),
+    **dict.fromkeys(("int64", "long", "uint64"), 8),
+    **dict.fromkeys(("int32", "int", "uint32"), 4),
+    **dict.fromkeys(("int16", "short", "uint16"), 2),
+    **dict.fromkeys(("int8", "uint8", "bool"), 1),
+}
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype name ("bf16", "float32", "torch.float32", ...)."""
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r}; known: {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[key]
+
+
+def gpt_param_count(
+    layers: int,
+    hidden: int,
+    vocab: int,
+    seq_len: int,
+    ffn_hidden: int | None = None,
+    tied_embeddings: bool = True,
+) -> int:
+    """GPT-2-style parameter count, f = ffn_hidden (default 4h), learned positions, biases.
+
+    L*(4h^2+4h + 2hf+f+h + 4h) + V*h + seq*h + 2h (+ V*h if the LM head is untied):
+    attention qkv 3h^2+3h and proj h^2+h, MLP h*f+f and f*h+h, two LayerNorms 2h each.
+    """
+    for name, value in (("layers", layers), ("hidden", hidden), ("vocab", vocab)):
+        _require(value >= 1, f"{name} must be >= 1, got {value}")
+    _require(seq_len >= 0, f"seq_len must be >= 0, got {seq_len}")
+    h = hidden
+    f = 4 * h if ffn_hidden is None else ffn_hidden
+    _require(f >= 1, f"ffn_hidden must be >= 1, got {f}")
+    per_layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h
+    embeddings = vocab * h + seq_len * h
+    head = 0 if tied_embeddings else vocab * h
+    return layers * per_layer + embeddings + 2 * h + head
