@@ -1,0 +1,72 @@
+"""Building the run manifest from what the ranks know about themselves."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diag.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def gather_rank_infos(dist: Any, device: torch.device, gpus_per_node: int | None) -> list[RankInfo]:
+    """Every rank's host, local rank and device, gathered from all ranks (or this one alone).
+
+    With `gpus_per_node` declared, `host` is the virtual host `node{rank // gpus_per_node}`.
+    """
+    mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)), device_name(device))
+    if dist is not None:
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    else:
+        everyone = [mine]
+    infos = []
+    for rank, (host, local_rank, name) in enumerate(everyone):
+        if gpus_per_node:
+            host = f"node{rank // gpus_per_node}"
+        infos.append(RankInfo(rank=rank, host=host, local_rank=local_rank, device_name=name))
+    return infos
+
+
+def build_manifest(
+    *,
+    run_dir: Path,
+    world_size: int,
+    trainer: str,
+    backend: str | None,
+    device_type: str,
+    layout: dict[str, Any] | None,
+    model_info: dict[str, Any] | None,
+    ranks: list[RankInfo],
+    groups: dict[str, list[list[int]]] | None,
+    hardware: dict[str, Any] | None,
+    injections: list[str] | None,
+) -> Manifest:
+    command = os.environ.get("DIAG_COMMAND") or shlex.join(sys.argv)
+    return Manifest(
+        run_id=run_dir.resolve().name,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        world_size=world_size,
+        trainer=trainer,
+        command=command,
+        backend=backend,
+        device_type=device_type,
+        layout=_known(Layout, layout or {}),
+        model=_known(ModelInfo, model_info or {}),
+        ranks=ranks,
+        groups=groups or {"world": [list(range(world_size))]},
+        hardware=_known(Hardware, hardware or {}),
+        injections=list(injections or []),
+    )

@@ -1,0 +1,514 @@
+"""The per-rank recorder: steps, spans, collectives, memory, experts and events to RUN/rank-N.jsonl.
+
+    rec = Recorder.from_env("runs/my-job", model=model, optimizer=opt, trace_collectives=True)
+    for batch in loader:
+        with rec.step(tokens=batch.numel()) as step:
+            with rec.span("fwd"):
+                loss = model(batch)
+            with rec.span("bwd"):
+                loss.backward()
+            with rec.span("opt"):
+                opt.step(); opt.zero_grad()
+            step.loss = loss.item()
+    rec.close()
+
+Every method is guarded: an error inside the recorder is logged once and training goes on.
+`Recorder.disabled()` (or `enabled=False`, or DIAG_COLLECTORS=0) gives a recorder that does
+nothing at all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from collectors.clock import Clock
+from collectors.comm import CollectiveTracer, CommEvent, context
+from collectors.device import CudaSpanTimer, NvmlSampler
+from collectors.manifest import build_manifest, gather_rank_infos
+from collectors.memory import SavedTensorTracker, grad_bytes, memory_breakdown
+from collectors.safety import guarded, report_once
+from collectors.writer import RankWriter
+from diag.schema import Phase, RunStatus, rank_file_name, write_manifest
+
+_PHASES = {p.value for p in Phase}
+
+
+class _NullContext:
+    loss: Any = None
+
+    def __enter__(self) -> _NullContext:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL = _NullContext()
+
+
+class Recorder:
+    """Writes one rank's records; create it with `Recorder.from_env` after init_process_group."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        device: torch.device | None = None,
+        track_activations: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.world_size = world_size
+        self.model = model
+        self.optimizer = optimizer
+        self.device = device or torch.device("cpu")
+        self.clock = Clock()
+        self.enabled = True
+        self.step_index = 0
+        self.steps_completed = 0
+        self._writer = RankWriter(self.run_dir / rank_file_name(rank))
+        self._activations = SavedTensorTracker() if track_activations else None
+        self._comm_buffers: dict[str, int] = {}
+        self._group_names: dict[int, tuple[str, Any]] = {}
+        self._step_end_callbacks: list[Callable[[], None]] = []
+        self._tracer: CollectiveTracer | None = None
+        self._nvml = NvmlSampler.create(self.device)
+        self._cuda_timer = CudaSpanTimer.create(self.device)
+        self._manifest: Any = None
+        self._grads_at_opt_bytes: int | None = None
+        self._closed = False
+        atexit.register(self._flush_at_exit)
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_env(
+        cls,
+        run_dir: str | os.PathLike[str],
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        trainer: str = "custom",
+        layout: dict[str, Any] | None = None,
+        model_info: dict[str, Any] | None = None,
+        groups: dict[str, list[list[int]]] | None = None,
+        hardware: dict[str, Any] | None = None,
+        injections: list[str] | None = None,
+        trace_collectives: bool = False,
+        track_activations: bool = True,
+        device: torch.device | None = None,
+        enabled: bool = True,
+    ) -> Recorder | NullRecorder:
+        """Build the recorder of this rank from torchrun's environment (RANK, WORLD_SIZE, ...).
+
+        Rank 0 writes the manifest. When torch.distributed is initialised, all ranks meet at a
+        start barrier that aligns clocks across hosts, so every rank must call this.
+        """
+        if not enabled or os.environ.get("DIAG_COLLECTORS", "1") == "0":
+            return NullRecorder()
+        initialised = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if initialised else int(os.environ.get("RANK", 0))
+        world = dist.get_world_size() if initialised else int(os.environ.get("WORLD_SIZE", 1))
+        rec = cls(
+            run_dir,
+            rank=rank,
+            world_size=world,
+            model=model,
+            optimizer=optimizer,
+            device=device,
+            track_activations=track_activations,
+        )
+        gpus_per_node = (hardware or {}).get("gpus_per_node")
+        physical_host = socket.gethostname()
+        correction_ns = rec.clock.align(dist, physical_host) if initialised else 0
+        ranks = gather_rank_infos(dist if initialised else None, rec.device, gpus_per_node)
+        rec._write_meta(physical_host, correction_ns, ranks[rank].host)
+        if rank == 0:
+            rec._manifest = build_manifest(
+                run_dir=rec.run_dir,
+                world_size=world,
+                trainer=trainer,
+                backend=dist.get_backend() if initialised else None,
+                device_type=rec.device.type,
+                layout=layout,
+                model_info=model_info,
+                ranks=ranks,
+                groups=groups,
+                hardware=hardware,
+                injections=injections,
+            )
+            write_manifest(rec.run_dir, rec._manifest)
+        if trace_collectives:
+            rec.trace_collectives()
+        return rec
+
+    def _write_meta(self, physical_host: str, correction_ns: int, host: str | None) -> None:
+        self._writer.write(
+            {
+                "kind": "meta",
+                "step": None,
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "host": host,
+                "physical_host": physical_host,
+                "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+                "pid": os.getpid(),
+                "clock_offset_ns": self.clock.offset_ns,
+                "clock_correction_ns": correction_ns,
+            }
+        )
+        self._writer.flush()
+
+    # ----------------------------------------------------------------- groups
+    def register_group(self, name: str, group: Any) -> None:
+        """Name a process group by its parallel dimension (`dp`, `tp`, `pp`, `ep`)."""
+        self._group_names[id(group)] = (name, group)
+
+    def group_name(self, group: Any) -> str:
+        if group is None or group is getattr(dist.GroupMember, "WORLD", None):
+            return "world"
+        entry = self._group_names.get(id(group))
+        if entry is not None:
+            return entry[0]
+        return "world" if dist.get_world_size(group) == self.world_size else "other"
+
+    # ----------------------------------------------------------------- steps and spans
+    def step(self, tokens: int | None = None) -> _Step | _NullContext:
+        return _Step(self, tokens)
+
+    def span(
+        self, phase: str, mb: int | None = None, stage: int | None = None, chunk: int | None = None
+    ) -> _Span | _NullContext:
+        if phase not in _PHASES:
+            report_once("Recorder.span", ValueError(f"unknown phase {phase!r}"))
+        return _Span(self, phase, mb, stage, chunk)
+
+    @guarded()
+    def record_span_interval(self, phase: str, t0: int, t1: int, **fields: Any) -> None:
+        """A span measured elsewhere (e.g. the DDP hook's wait interval)."""
+        self._writer.write(
+            {
+                "kind": "span",
+                "step": self.step_index,
+                "phase": phase,
+                "mb": None,
+                "stage": None,
+                "chunk": None,
+                "t0": t0,
+                "t1": t1,
+                **fields,
+            }
+        )
+
+    def on_step_end(self, callback: Callable[[], None]) -> None:
+        self._step_end_callbacks.append(callback)
+
+    # ----------------------------------------------------------------- collectives
+    def trace_collectives(self, before_launch: Callable[[CommEvent], None] | None = None) -> None:
+        """Record every torch.distributed collective this process issues from now on."""
+        if self._tracer is None:
+            self._tracer = CollectiveTracer(
+                self.record_comm_event, self._record_wait, self.clock.now, before_launch
+            )
+            self._tracer.install()
+
+    def tagged(self, tag: str | None, expected_bytes: int | None = None) -> _Tagged:
+        """Traced collectives inside this context carry `tag` and `expected_bytes`."""
+        return _Tagged(tag, expected_bytes)
+
+    def collective(
+        self,
+        op: str,
+        nbytes: int,
+        group: Any = None,
+        *,
+        dtype: str | None = None,
+        expected_bytes: int | None = None,
+        tag: str | None = None,
+    ) -> _Collective | _NullContext:
+        """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`."""
+        event = CommEvent(op, group, nbytes, dtype, 0, 0, False, True, expected_bytes, tag)
+        return _Collective(self, event)
+
+    @guarded()
+    def record_comm_event(self, e: CommEvent) -> None:
+        group_size = dist.get_world_size(e.group) if dist.is_initialized() else 1
+        self._writer.write(
+            {
+                "kind": "comm",
+                "step": self.step_index,
+                "op": e.op,
+                "group": self.group_name(e.group),
+                "group_size": group_size,
+                "bytes": e.bytes,
+                "dtype": e.dtype,
+                "t0": e.t0,
+                "t1": e.t1,
+                "expected_bytes": e.expected_bytes,
+                "tag": e.tag,
+                "async": e.is_async,
+                "blocking": e.blocking,
+            }
+        )
+
+    def _record_wait(self, t0: int, t1: int) -> None:
+        self.record_span_interval("comm_wait", t0, t1, source="work_wait")
+
+    # ----------------------------------------------------------------- memory, experts, events
+    def set_comm_buffer(self, name: str, nbytes: int) -> None:
+        """Declare (or update) a communication buffer the trainer holds, in bytes."""
+        self._comm_buffers[name] = int(nbytes)
+
+    def memory_breakdown(self) -> dict[str, Any]:
+        return memory_breakdown(
+            self.model, self.optimizer, self._activations, self._comm_buffers, self.device
+        )
+
+    @guarded()
+    def experts(
+        self,
+        layer: int,
+        tokens: list[int],
+        dropped: int | None = None,
+        capacity: int | None = None,
+        aux_loss: float | None = None,
+    ) -> None:
+        self._writer.write(
+            {
+                "kind": "experts",
+                "step": self.step_index,
+                "layer": layer,
+                "tokens": [int(t) for t in tokens],
+                "dropped": dropped,
+                "capacity": capacity,
+                "aux_loss": aux_loss,
+            }
+        )
+
+    @guarded()
+    def event(self, name: str, **fields: Any) -> None:
+        self._writer.write({"kind": "event", "step": self.step_index, "name": name, **fields})
+
+    # ----------------------------------------------------------------- end
+    @guarded()
+    def flush(self) -> None:
+        if self._cuda_timer is not None:
+            for record in self._cuda_timer.resolve():
+                self._writer.write(record)
+        self._writer.flush()
+
+    @guarded()
+    def close(self, status: str = RunStatus.COMPLETE.value) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._tracer is not None:
+            self._tracer.uninstall()
+        if self._cuda_timer is not None:
+            for record in self._cuda_timer.resolve(wait=True):
+                self._writer.write(record)
+        self._writer.close()
+        if self._manifest is not None:
+            self._manifest.status = status
+            self._manifest.steps_completed = self.steps_completed
+            write_manifest(self.run_dir, self._manifest)
+
+    def _flush_at_exit(self) -> None:
+        if not self._closed:
+            self.flush()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(RunStatus.FAILED.value if exc_type else RunStatus.COMPLETE.value)
+
+
+class _Step:
+    """One training step: spans inside it carry its index; memory is sampled when it ends."""
+
+    def __init__(self, rec: Recorder, tokens: int | None) -> None:
+        self.rec = rec
+        self.tokens = tokens
+        self.loss: Any = None
+        self._t0 = 0
+        self._hooks: Any = None
+
+    def __enter__(self) -> _Step:
+        rec = self.rec
+        try:
+            if rec._activations is not None:
+                if rec.model is not None:
+                    rec._activations.exclude(rec.model.parameters())
+                rec._activations.reset_peak()
+                self._hooks = rec._activations.hooks()
+                self._hooks.__enter__()
+            if rec.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(rec.device)
+            rec._grads_at_opt_bytes = None
+        except Exception as err:
+            report_once("Recorder.step enter", err)
+        self._t0 = rec.clock.now()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        t1 = self.rec.clock.now()
+        try:
+            self._finish(t1, exc)
+        except Exception as err:
+            report_once("Recorder.step exit", err)
+
+    def _finish(self, t1: int, exc: Any) -> None:
+        rec = self.rec
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+        if isinstance(exc, torch.OutOfMemoryError):
+            rec.event("oom", message=str(exc).splitlines()[0][:500], **rec.memory_breakdown())
+            rec.flush()
+            return
+        for callback in rec._step_end_callbacks:
+            try:
+                callback()
+            except Exception as err:
+                report_once("step-end callback", err)
+        memory = rec.memory_breakdown()
+        if rec._grads_at_opt_bytes is not None:
+            memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
+        rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
+        record: dict[str, Any] = {
+            "kind": "step",
+            "step": rec.step_index,
+            "t0": self._t0,
+            "t1": t1,
+            "tokens": self.tokens,
+            "loss": _as_float(self.loss),
+        }
+        if rec._nvml is not None:
+            record["device"] = rec._nvml.sample()
+        if exc is None:
+            rec._writer.write(record)
+            rec.steps_completed += 1
+        rec.flush()
+        rec.step_index += 1
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value.detach().item()) if torch.is_tensor(value) else float(value)
+    return value if math.isfinite(value) else float("nan")
+
+
+class _Span:
+    def __init__(self, rec: Recorder, phase: str, mb: Any, stage: Any, chunk: Any) -> None:
+        self.rec = rec
+        self.record: dict[str, Any] = {
+            "kind": "span",
+            "step": rec.step_index,
+            "phase": phase,
+            "mb": mb,
+            "stage": stage,
+            "chunk": chunk,
+            "t0": 0,
+            "t1": 0,
+        }
+        self._event: Any = None
+
+    def __enter__(self) -> _Span:
+        rec = self.rec
+        try:
+            if self.record["phase"] == "opt" and rec.model is not None:
+                rec._grads_at_opt_bytes = grad_bytes(rec.model)
+            if rec._cuda_timer is not None:
+                self._event = rec._cuda_timer.start()
+        except Exception as err:
+            report_once("Recorder.span enter", err)
+        self.record["t0"] = rec.clock.now()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.record["t1"] = self.rec.clock.now()
+        try:
+            if self._event is not None and self.rec._cuda_timer is not None:
+                self.rec._cuda_timer.stop(self.record, self._event)
+            else:
+                self.rec._writer.write(self.record)
+        except Exception as err:
+            report_once("Recorder.span exit", err)
+
+
+class _Tagged:
+    def __init__(self, tag: str | None, expected_bytes: int | None) -> None:
+        self.tag, self.expected_bytes = tag, expected_bytes
+        self._saved: tuple[Any, Any] = (None, None)
+
+    def __enter__(self) -> _Tagged:
+        self._saved = (context.tag, context.expected_bytes)
+        context.tag, context.expected_bytes = self.tag, self.expected_bytes
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        context.tag, context.expected_bytes = self._saved
+
+
+class _Collective:
+    def __init__(self, rec: Recorder, event: CommEvent) -> None:
+        self.rec, self.event = rec, event
+
+    def __enter__(self) -> _Collective:
+        context.depth += 1
+        self.event.t0 = self.rec.clock.now()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.event.t1 = self.rec.clock.now()
+        context.depth -= 1
+        self.rec.record_comm_event(self.event)
+
+
+class NullRecorder:
+    """A recorder that records nothing and costs nothing (collectors switched off)."""
+
+    enabled = False
+    rank = 0
+    step_index = 0
+
+    def step(self, tokens: int | None = None) -> _NullContext:
+        return _NULL
+
+    def span(
+        self, phase: str, mb: Any = None, stage: Any = None, chunk: Any = None
+    ) -> _NullContext:
+        return _NULL
+
+    def collective(self, *args: Any, **kwargs: Any) -> _NullContext:
+        return _NULL
+
+    def tagged(self, *args: Any, **kwargs: Any) -> _NullContext:
+        return _NULL
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return _noop
+
+    def __enter__(self) -> NullRecorder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
