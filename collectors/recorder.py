@@ -178,11 +178,11 @@ class Recorder:
         self._group_names[id(group)] = (name, group)
 
     def group_name(self, group: Any) -> str:
-        if group is None or group is getattr(dist.GroupMember, "WORLD", None):
-            return "world"
         entry = self._group_names.get(id(group))
         if entry is not None:
             return entry[0]
+        if group is None or group is getattr(dist.GroupMember, "WORLD", None):
+            return "world"
         return "world" if dist.get_world_size(group) == self.world_size else "other"
 
     # ----------------------------------------------------------------- steps and spans

@@ -1,0 +1,116 @@
+"""What every reference trainer does the same way: start torch.distributed, build the groups of
+the topology, open the recorder with a complete manifest, and shut down cleanly."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from collectors import NullRecorder, Recorder
+from reference_runs.config import TrainConfig
+from reference_runs.topology import Topology
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def init_distributed() -> DistEnv:
+    """NCCL and one GPU per rank when GPUs are present, otherwise gloo on CPU."""
+    torch.set_num_threads(1)  # several ranks share this machine's cores
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(backend)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def build_groups(topology: Topology, rank: int) -> dict[str, Any]:
+    """This rank's process group for each axis of size > 1 (`dist.group.WORLD` for the whole
+    world). Every rank creates every group, in the same order, as new_group requires."""
+    mine: dict[str, Any] = {}
+    for axis, size in topology.sizes().items():
+        if size == 1:
+            continue
+        if size == topology.world_size:
+            mine[axis] = dist.group.WORLD
+            continue
+        for ranks in topology.groups(axis):
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[axis] = group
+    return mine
+
+
+def default_run_dir(trainer: str) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{trainer}-{stamp}")
+
+
+def open_recorder(
+    cfg: TrainConfig,
+    env: DistEnv,
+    topology: Topology,
+    groups: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: int,
+    layout: dict[str, Any],
+) -> Recorder | NullRecorder:
+    """The rank's recorder, with the manifest fields every trainer fills the same way."""
+    device_memory = (
+        int(cfg.device_memory_gb * 1e9)
+        if cfg.device_memory_gb
+        else torch.cuda.get_device_properties(env.device).total_memory
+        if env.device.type == "cuda"
+        else None
+    )
+    rec = Recorder.from_env(
+        cfg.out or default_run_dir(cfg.trainer),
+        model=model,
+        optimizer=optimizer,
+        trainer=cfg.trainer,
+        layout={**topology.sizes(), **layout},
+        model_info={
+            "layers": cfg.layers,
+            "hidden": cfg.hidden,
+            "heads": cfg.heads,
+            "seq_len": cfg.seq,
+            "micro_batch": cfg.micro_batch,
+            "vocab": cfg.vocab,
+            "ffn_hidden": 4 * cfg.hidden,
+            "params": params,
+            "dtype": "float32",
+        },
+        groups=topology.all_groups(),
+        hardware={"gpus_per_node": cfg.gpus_per_node, "device_memory_bytes": device_memory},
+        injections=list(cfg.inject),
+        device=env.device,
+        enabled=not cfg.no_collectors,
+    )
+    for axis, group in groups.items():
+        rec.register_group(axis, group)
+        if group is dist.group.WORLD:
+            rec.register_group(axis, None)
+    return rec
+
+
+def shutdown(rec: Recorder | NullRecorder, failed: bool = False) -> None:
+    rec.close("failed" if failed else "complete")
+    if dist.is_initialized():
+        dist.destroy_process_group()

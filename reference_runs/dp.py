@@ -1,0 +1,107 @@
+"""Data-parallel reference trainer: PyTorch DDP with bucketed, overlapped gradient all-reduce.
+
+    diag run dp --nproc 4 --steps 10 --bucket-mb 25 --grad-accum 1
+    torchrun --nproc-per-node 4 -m reference_runs.dp --steps 10 --out runs/dp
+
+Follows Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training"
+(VLDB 2020, arXiv 2006.15704): gradients are grouped into buckets of `--bucket-mb` MiB whose
+all-reduces start during backward, so communication hides behind the rest of backward.
+`--grad-accum k` runs k micro-batches per optimizer step, the first k-1 under `no_sync()`: fewer
+all-reduces, each of the same size. The recording comm hook writes each bucket's all-reduce with
+its payload, the ledger's expected payload and its timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from collectors import register_recording_hook
+from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
+from reference_runs.config import parse_config
+from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
+from reference_runs.faults import FaultPlan, Leak
+from reference_runs.model import GPT, count_params
+
+
+def _delayed_allreduce_hook(delay_s: float) -> Any:
+    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        time.sleep(delay_s)
+        return allreduce_hook(process_group, bucket)
+
+    return hook
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(argv, "dp")
+    env = init_distributed()
+    topology = cfg.topology(env.world_size, default_axis="dp")
+    if topology.dp != env.world_size:
+        raise ValueError(f"the dp trainer is pure data parallel: --dp must be {env.world_size}")
+    groups = build_groups(topology, env.rank)
+    faults = FaultPlan.from_specs(cfg.inject, env.rank)
+
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.gpt_config()).to(env.device)
+    params = count_params(model)
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
+    layout = {
+        "grad_accum": cfg.grad_accum,
+        "bucket_mb": cfg.bucket_mb,
+        "microbatches": cfg.grad_accum,
+    }
+    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout)
+    comm_delay_s = faults.comm_delay_s("dp")
+    if rec.enabled:
+        register_recording_hook(
+            rec,  # type: ignore[arg-type]
+            ddp,
+            before_launch=(lambda: time.sleep(comm_delay_s)) if comm_delay_s else None,
+        )
+    elif comm_delay_s:
+        ddp.register_comm_hook(None, _delayed_allreduce_hook(comm_delay_s))
+
+    samples_per_epoch = cfg.micro_batch * cfg.grad_accum * topology.dp * 4  # 4 steps an epoch
+    dataset = SyntheticTokens(samples_per_epoch, cfg.seq, cfg.vocab, seed=cfg.seed)
+    loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, topology.dp, cfg.seed)
+    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch)
+    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
+    tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
+
+    failed = True
+    try:
+        for _ in range(cfg.steps):
+            with rec.step(tokens=tokens_per_step) as step:
+                for mb in range(cfg.grad_accum):
+                    with rec.span("data", mb=mb):
+                        inputs, targets = (t.to(env.device) for t in next(batches))
+                    last = mb == cfg.grad_accum - 1
+                    with contextlib.nullcontext() if last else ddp.no_sync():
+                        with rec.span("fwd", mb=mb):
+                            faults.apply_compute_delay()
+                            _, loss = ddp(inputs, targets)
+                            if leak is not None:
+                                leak.step()
+                        with rec.span("bwd", mb=mb):
+                            (loss / cfg.grad_accum).backward()
+                with rec.span("opt"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                step.loss = loss.item()
+        failed = False
+    finally:
+        shutdown(rec, failed=failed)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
