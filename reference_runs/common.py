@@ -85,7 +85,7 @@ def open_recorder(
         model=model,
         optimizer=optimizer,
         trainer=cfg.trainer,
-        layout={**topology.sizes(), **layout},
+        layout={**{str(k): v for k, v in topology.sizes().items()}, **layout},
         model_info={
             "layers": cfg.layers,
             "hidden": cfg.hidden,
