@@ -1,0 +1,81 @@
+"""Instrumenting your own training loop: the lines marked `# diag` are all it takes.
+
+    torchrun --standalone --nproc-per-node 2 examples/own_loop.py --out runs/own-loop
+    diag analyze runs/own-loop
+
+The loop below is an ordinary DDP regression job (a small residual MLP on synthetic data); it
+knows nothing of the reference trainers. `trace_collectives=True` records every collective the
+process issues (here: a loss all-reduce for logging); `register_recording_hook` records DDP's
+gradient all-reduces, which happen inside DDP where no Python function can see them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from collectors import Recorder, register_recording_hook  # diag
+
+
+class ResidualMLP(nn.Module):
+    def __init__(self, width: int = 256, depth: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+            for _ in range(depth)
+        )
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(h)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="runs/own-loop")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(ResidualMLP())
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    teacher = torch.randn(32, 1)
+
+    rec = Recorder.from_env(args.out, model=model, optimizer=optimizer, trace_collectives=True)  # diag
+    register_recording_hook(rec, model)  # diag
+
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(args.steps):
+        with rec.step(tokens=args.batch) as step:  # diag
+            x = torch.randn(args.batch, 32, generator=generator)
+            y = x @ teacher
+            with rec.span("fwd"):  # diag
+                loss = nn.functional.mse_loss(model(x), y)
+            with rec.span("bwd"):  # diag
+                loss.backward()
+            with rec.span("opt"):  # diag
+                optimizer.step()
+                optimizer.zero_grad()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)  # recorded by trace_collectives
+            step.loss = logged.item() / dist.get_world_size()  # diag
+    rec.close()  # diag
+    if dist.get_rank() == 0:
+        print(f"wrote {os.path.abspath(args.out)}; analyse it with: diag analyze {args.out}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
