@@ -60,8 +60,10 @@ _TRACED: dict[str, tuple[str, str, Callable[[Any], int]]] = {
     "reduce": ("reduce", "tensor", _nbytes),
     "all_gather": ("all_gather", "tensor_list", _sum_nbytes),
     "all_gather_into_tensor": ("all_gather", "output_tensor", _nbytes),
+    "all_gather_single": ("all_gather", "output_tensor", _nbytes),  # newer torch; FSDP2 calls it
     "reduce_scatter": ("reduce_scatter", "input_list", _sum_nbytes),
     "reduce_scatter_tensor": ("reduce_scatter", "input", _nbytes),
+    "reduce_scatter_single": ("reduce_scatter", "input", _nbytes),  # newer torch; FSDP2 calls it
     "all_to_all_single": ("all_to_all", "input", _nbytes),
     "all_to_all": ("all_to_all", "input_tensor_list", _sum_nbytes),
     "gather": ("gather", "tensor", _nbytes),

@@ -268,6 +268,7 @@ class Recorder:
         self.record_span_interval("comm_wait", t0, t1, source="work_wait")
 
     # ----------------------------------------------------------------- memory, experts, events
+    @guarded()
     def set_comm_buffer(self, name: str, nbytes: int) -> None:
         """Declare (or update) a communication buffer the trainer holds, in bytes."""
         self._comm_buffers[name] = int(nbytes)
@@ -375,8 +376,10 @@ class _Step:
         rec = self.rec
         if self._hooks is not None:
             self._hooks.__exit__(None, None, None)
+        # Each sampler is guarded on its own: one that fails must not cost the step record.
         if isinstance(exc, torch.OutOfMemoryError):
-            rec.event("oom", message=str(exc).splitlines()[0][:500], **rec.memory_breakdown())
+            memory = _sampled("Recorder.memory_breakdown", rec.memory_breakdown) or {}
+            rec.event("oom", message=str(exc).splitlines()[0][:500], **memory)
             rec.flush()
             return
         for callback in rec._step_end_callbacks:
@@ -384,25 +387,37 @@ class _Step:
                 callback()
             except Exception as err:
                 report_once("step-end callback", err)
-        memory = rec.memory_breakdown()
-        if rec._grads_at_opt_bytes is not None:
-            memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
-        rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
+        memory = _sampled("Recorder.memory_breakdown", rec.memory_breakdown)
+        if memory is not None:
+            if rec._grads_at_opt_bytes is not None:
+                memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
+            rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
         record: dict[str, Any] = {
             "kind": "step",
             "step": rec.step_index,
             "t0": self._t0,
             "t1": t1,
             "tokens": self.tokens,
-            "loss": _as_float(self.loss),
+            "loss": _sampled("step loss", _as_float, self.loss),
         }
         if rec._nvml is not None:
-            record["device"] = rec._nvml.sample()
+            device = _sampled("NvmlSampler.sample", rec._nvml.sample)
+            if device is not None:
+                record["device"] = device
         if exc is None:
             rec._writer.write(record)
             rec.steps_completed += 1
         rec.flush()
         rec.step_index += 1
+
+
+def _sampled(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or None (reported once) when it raises."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        report_once(where, err)
+        return None
 
 
 def _as_float(value: Any) -> float | None:
