@@ -1,0 +1,98 @@
+"""The `diag` command line: a thin shell over the public API (load -> metrics -> report).
+
+`main` is a plain click group; other modules add their commands with `main.add_command(...)`.
+Exit codes (DESIGN.md): 0 success, 2 unusable input or arguments with one line
+`diag: error: PATH: reason` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import tomllib
+
+from diag import __version__
+from diag.errors import InputError
+from diag.load import load_run
+from diag.metrics import compute_metrics
+from diag.report import build_report, render_html, render_markdown, render_text
+
+EXIT_INPUT = 2
+
+FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "text": render_text,
+    "json": lambda report: json.dumps(report, indent=2, allow_nan=False) + "\n",
+    "markdown": render_markdown,
+    "html": render_html,
+}
+_FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown",
+                     ".html": "html", ".htm": "html", ".txt": "text"}  # fmt: skip
+
+
+def fail(error: InputError) -> NoReturn:
+    """Print `diag: error: PATH: reason` on stderr and exit 2."""
+    click.echo(f"diag: error: {error}", err=True)
+    raise SystemExit(EXIT_INPUT)
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """Parse a TOML config file (rule thresholds); raises InputError if missing or invalid."""
+    try:
+        with open(path, "rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError:
+        raise InputError(path, "no such file or directory") from None
+    except IsADirectoryError:
+        raise InputError(path, "is a directory, not a TOML file") from None
+    except OSError as err:
+        raise InputError(path, f"cannot read ({err.strerror or err})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InputError(path, f"not valid TOML ({err})") from None
+
+
+def write_output(path: str, text: str) -> None:
+    """Write the report to `path`; raises InputError if it cannot be written."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise InputError(path, f"cannot write ({err.strerror or err})") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="diag")
+def main() -> None:
+    """Diagnose distributed training runs: what is slow, why, and what to change."""
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(list(FORMATS)),
+    default=None,
+    help="Report format [default: text, or from the --out suffix: .json .md .html].",
+)
+@click.option("--out", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--config", metavar="FILE", help="TOML file of rule thresholds.")
+def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> None:
+    """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
+    try:
+        if config is not None:
+            read_config(config)  # rule thresholds: used by the rules engine (a later issue)
+        run = load_run(path)
+        report = build_report(run, compute_metrics(run))
+        if fmt is None:
+            fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
+        text = FORMATS[fmt](report)
+        if out is None:
+            click.echo(text, nl=False)
+        else:
+            write_output(out, text)
+            click.echo(f"diag: wrote {out}", err=True)
+    except InputError as error:
+        fail(error)

@@ -1,0 +1,289 @@
+"""Turn a run directory into tidy tables: one pandas DataFrame per record kind, with a rank column.
+
+Bad input never raises a traceback: a run that cannot be analysed at all raises InputError (naming
+the file and the reason); anything partial (a missing rank file, a line cut by a kill, a record
+without a required field or with non-finite times) is skipped and noted in `RunData.skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.errors import InputError
+from diag.schema import Manifest, RecordKind
+
+STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
+SPAN_COLUMNS = ("rank", "step", "mb", "phase", "stage", "chunk", "t0", "t1")
+COMM_COLUMNS = (
+    "rank", "step", "op", "group", "group_size", "bytes", "dtype", "t0", "t1",
+    "expected_bytes", "tag", "async", "blocking",
+)  # fmt: skip
+MEMORY_COLUMNS = (
+    "rank", "step", *schema.MEMORY_CATEGORIES, "device_peak", "host_rss", "source",
+)  # fmt: skip
+EXPERTS_COLUMNS = ("rank", "step", "layer", "tokens", "dropped", "capacity", "aux_loss")
+EVENT_COLUMNS = ("rank", "step", "name", "fields")
+"""Events keep their free fields as one dict per row in `fields`."""
+
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    RecordKind.STEP.value: STEP_COLUMNS,
+    RecordKind.SPAN.value: SPAN_COLUMNS,
+    RecordKind.COMM.value: COMM_COLUMNS,
+    RecordKind.MEM.value: MEMORY_COLUMNS,
+    RecordKind.EXPERTS.value: EXPERTS_COLUMNS,
+    RecordKind.EVENT.value: EVENT_COLUMNS,
+}
+_NUMERIC: dict[str, tuple[str, ...]] = {
+    RecordKind.STEP.value: ("tokens", "loss"),
+    RecordKind.COMM.value: ("group_size", "bytes", "expected_bytes"),
+    RecordKind.MEM.value: (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss"),
+    RecordKind.EXPERTS.value: ("dropped", "capacity", "aux_loss"),
+}
+_TIMED = frozenset({RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value})
+_LABELS: dict[str, tuple[str, ...]] = {
+    RecordKind.SPAN.value: ("phase",),
+    RecordKind.COMM.value: ("op", "group", "tag"),
+    RecordKind.EXPERTS.value: ("layer",),
+    RecordKind.EVENT.value: ("name",),
+}
+"""Fields the analysis groups by: each must be a string, an integer or null."""
+_LAYOUT_INTS = ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages", "grad_accum")
+_INT64_LIMIT = 2**63
+KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
+
+
+@dataclass
+class RunData:
+    """A loaded run: the manifest, one table per record kind (one row per record), and notes."""
+
+    manifest: Manifest
+    path: Path
+    steps: pd.DataFrame
+    spans: pd.DataFrame
+    comms: pd.DataFrame
+    memory: pd.DataFrame
+    experts: pd.DataFrame
+    events: pd.DataFrame
+    skipped: list[str] = field(default_factory=list)
+
+
+def load_run(path: str | Path) -> RunData:
+    """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable."""
+    run_dir = Path(path)
+    manifest = _load_manifest(run_dir)
+    skipped: list[str] = []
+    try:
+        rank_files = _rank_files(run_dir, manifest.world_size, skipped)
+    except OSError as err:
+        raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
+    records: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    nan_loss: Counter[str] = Counter()
+    for rank, file in rank_files.items():
+        _read_rank_file(file, rank, records, skipped, nan_loss)
+    if nan_loss:
+        files = ", ".join(sorted(nan_loss))
+        skipped.append(f"{files}: loss is NaN in {nan_loss.total()} step records (kept)")
+    tables = {kind: _frame(kind, records.get(kind, [])) for kind in _COLUMNS}
+    tables["step"] = _drop_duplicate_steps(tables["step"], skipped)
+    return RunData(
+        manifest=manifest,
+        path=run_dir,
+        steps=tables[RecordKind.STEP.value],
+        spans=tables[RecordKind.SPAN.value],
+        comms=tables[RecordKind.COMM.value],
+        memory=tables[RecordKind.MEM.value],
+        experts=tables[RecordKind.EXPERTS.value],
+        events=tables[RecordKind.EVENT.value],
+        skipped=skipped,
+    )
+
+
+def _load_manifest(run_dir: Path) -> Manifest:
+    if not run_dir.exists():
+        raise InputError(run_dir, "no such file or directory")
+    if not run_dir.is_dir():
+        raise InputError(run_dir, "is a file, not a run directory (a folder with manifest.json)")
+    manifest_path = run_dir / schema.MANIFEST_FILE
+    if not manifest_path.exists():
+        if any(any(run_dir.glob(pattern)) for pattern in KINETO_PATTERNS):
+            raise InputError(
+                run_dir,
+                "has Kineto traces (*.pt.trace.json[.gz]) but no manifest.json; "
+                "Kineto trace folders are not supported by this version yet",
+            )
+        raise InputError(
+            run_dir, "has neither manifest.json nor Kineto traces (*.pt.trace.json[.gz])"
+        )
+    try:
+        manifest = schema.read_manifest(run_dir)
+    except schema.SchemaError as err:
+        raise InputError(manifest_path, str(err)) from None
+    except UnicodeDecodeError:
+        raise InputError(manifest_path, "not valid JSON (not UTF-8 text)") from None
+    except OSError as err:
+        raise InputError(manifest_path, f"cannot read ({err.strerror or err})") from None
+    for name in _LAYOUT_INTS:
+        value = getattr(manifest.layout, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise InputError(manifest_path, f"layout.{name} is {value!r}, expected an integer >= 1")
+    return manifest
+
+
+def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    for file in sorted(run_dir.iterdir()):
+        match = schema.RANK_FILE_RE.match(file.name)
+        if not match:
+            continue
+        rank = int(match.group(1))
+        if rank >= world_size:
+            skipped.append(
+                f"{file.name}: rank {rank} is outside the world of {world_size}, ignored"
+            )
+        else:
+            found[rank] = file
+    if not found:
+        raise InputError(
+            run_dir,
+            f"no rank files (rank-NNNNN.jsonl) for ranks 0..{world_size - 1} of the world",
+        )
+    for rank in range(world_size):
+        if rank not in found:
+            name = schema.rank_file_name(rank)
+            skipped.append(f"{name}: missing (rank {rank} of {world_size} not analysed)")
+    return found
+
+
+def _read_rank_file(
+    file: Path,
+    rank: int,
+    records: dict[str, list[dict[str, Any]]],
+    skipped: list[str],
+    nan_loss: Counter[str],
+) -> None:
+    """Parse one rank file into `records` (grouped by kind), noting what is skipped and why."""
+    bad_lines: list[int] = []
+    rejected: Counter[str] = Counter()
+    try:
+        with file.open("rb") as stream:
+            for lineno, line in enumerate(stream, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    bad_lines.append(lineno)
+                    continue
+                reason = schema.check_record(record) or _check_values(record)
+                if reason:
+                    rejected[reason] += 1
+                    continue
+                kind = record["kind"]
+                if kind not in _COLUMNS:
+                    continue
+                record["rank"] = rank
+                if kind == RecordKind.EVENT.value:
+                    record = _event_row(record)
+                elif kind == RecordKind.STEP.value and _is_nan(record.get("loss")):
+                    nan_loss[file.name] += 1
+                records[kind].append(record)
+    except OSError as err:
+        skipped.append(
+            f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"
+        )
+        return
+    if len(bad_lines) == 1:
+        skipped.append(f"{file.name} line {bad_lines[0]}: not valid JSON (truncated?), skipped")
+    elif bad_lines:
+        skipped.append(
+            f"{file.name}: {len(bad_lines)} lines not valid JSON (truncated?), skipped "
+            f"(first at line {bad_lines[0]})"
+        )
+    for reason, count in rejected.items():
+        plural = "record" if count == 1 else "records"
+        skipped.append(f"{file.name}: {count} {plural} skipped ({reason})")
+
+
+def _check_values(record: dict[str, Any]) -> str | None:
+    """The reason a schema-valid record is still unusable (bad step or times), or None."""
+    kind = record["kind"]
+    if kind not in _COLUMNS:
+        return None
+    step = record["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < _INT64_LIMIT:
+        return f"{kind} record with step {step!r}, not an integer >= 0"
+    if kind in _TIMED:
+        t0, t1 = record["t0"], record["t1"]
+        if not (_finite(t0) and _finite(t1)) or max(abs(t0), abs(t1)) >= _INT64_LIMIT:
+            return f"{kind} record with null or non-finite t0/t1"
+        if t1 < t0:
+            return f"{kind} record with t1 before t0"
+        record["t0"], record["t1"] = int(t0), int(t1)
+    for name in _LABELS.get(kind, ()):
+        value = record.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
+            return f"{kind} record whose {name} is not a string"
+    if kind == RecordKind.EXPERTS.value:
+        tokens = record["tokens"]
+        if not isinstance(tokens, list) or not all(_finite(n) for n in tokens):
+            return "experts record whose tokens is not a list of numbers"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _event_row(record: dict[str, Any]) -> dict[str, Any]:
+    fields = {k: v for k, v in record.items() if k not in ("kind", "step", "name", "rank")}
+    return {
+        "rank": record["rank"],
+        "step": record["step"],
+        "name": record["name"],
+        "fields": fields,
+    }
+
+
+def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
+    columns = _COLUMNS[kind]
+    frame = pd.DataFrame.from_records(rows, columns=list(columns))
+    for name in ("rank", "step", "t0", "t1"):
+        if name in frame.columns:
+            frame[name] = frame[name].astype("int64")
+    for name in _NUMERIC.get(kind, ()):
+        try:
+            frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
+        except TypeError:  # lists or dicts where a number belongs: those become null
+            numbers = [v if _finite(v) else None for v in frame[name]]
+            frame[name] = pd.Series(numbers, index=frame.index, dtype="float64")
+        if name != "loss":  # a diverged loss is data; an infinite byte count is not
+            frame[name] = frame[name].where(np.isfinite(frame[name]))
+    return frame
+
+
+def _drop_duplicate_steps(steps: pd.DataFrame, skipped: list[str]) -> pd.DataFrame:
+    duplicated = steps.duplicated(["rank", "step"], keep="last")
+    if duplicated.any():
+        ranks = sorted(steps.loc[duplicated, "rank"].unique())
+        files = ", ".join(schema.rank_file_name(int(r)) for r in ranks)
+        skipped.append(
+            f"{files}: {int(duplicated.sum())} repeated step records, the last of each kept"
+        )
+        steps = steps.loc[~duplicated].reset_index(drop=True)
+    return steps

@@ -1,0 +1,299 @@
+"""Run metrics from loaded tables: per-rank time breakdown, collectives, memory, expert load.
+
+Pure: no file access. Every definition is in docs/metrics.md. Record times are int64 ns and stay
+integers until they are turned into seconds at the end, so nanoseconds are never rounded away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import ledger, schema
+from diag.intervals import union_length_by
+from diag.load import RunData
+
+KEYS = ["rank", "step"]
+NS_PER_S = 1e9
+MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
+WARMUP_MIN_STEPS = 3
+"""A rank with at least this many step records has its first step excluded as warm-up."""
+
+
+@dataclass
+class RunMetrics:
+    """What `compute_metrics` derives from a run; the tables have one row per rank / group."""
+
+    summary: dict[str, Any]
+    ranks: pd.DataFrame
+    """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions."""
+    rank_steps: pd.DataFrame
+    """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s."""
+    collectives: pd.DataFrame
+    memory: pd.DataFrame
+    """Per rank, the maximum over steps of each memory field (bytes; null stays null)."""
+    memory_steps: pd.DataFrame
+    """Every mem record (rank, step, fields), for trends."""
+    experts: pd.DataFrame
+    findings: list[Any] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def compute_metrics(run: RunData) -> RunMetrics:
+    """Derive the metrics of a loaded run (see docs/metrics.md)."""
+    skipped: list[str] = []
+    windows, warmup_steps = _analysed_steps(run.steps)
+    _note_orphans(run, skipped)
+    rank_steps = _time_breakdown(run.spans, run.comms, windows)
+    ranks = _rank_table(rank_steps, run.manifest)
+    summary = _summary(run, windows, ranks, warmup_steps)
+    return RunMetrics(
+        summary=summary,
+        ranks=ranks,
+        rank_steps=rank_steps,
+        collectives=_collectives(run.comms, windows),
+        memory=_memory(run.memory),
+        memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
+        experts=_experts(run.experts, windows),
+        findings=[],
+        skipped=skipped,
+    )
+
+
+def _analysed_steps(steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Step records left after dropping each rank's warm-up step, and the warm-up step count."""
+    steps = steps.sort_values(KEYS, kind="stable")
+    by_rank = steps.groupby("rank")["step"]
+    warmup = (by_rank.transform("size") >= WARMUP_MIN_STEPS) & (
+        steps["step"] == by_rank.transform("min")
+    )
+    warmup_steps = int(steps.loc[warmup, "step"].nunique())
+    return steps.loc[~warmup].reset_index(drop=True), warmup_steps
+
+
+def _note_orphans(run: RunData, skipped: list[str]) -> None:
+    if run.steps.empty:
+        skipped.append("no step records in any rank file: no step could be analysed")
+    known = pd.MultiIndex.from_frame(run.steps[KEYS])
+    orphans = [
+        frame[KEYS][~pd.MultiIndex.from_frame(frame[KEYS]).isin(known)]
+        for frame in (run.spans, run.comms)
+    ]
+    lost = pd.concat(orphans)
+    if len(lost):
+        skipped.append(
+            f"{_file_list(lost['rank'])}: {len(lost)} span/comm records of steps without a step "
+            f"record ignored (steps {_short_list(lost['step'])})"
+        )
+
+
+def _file_list(ranks: pd.Series) -> str:
+    names = [schema.rank_file_name(int(r)) for r in sorted(ranks.unique())]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _short_list(values: pd.Series) -> str:
+    items = [str(int(v)) for v in sorted(values.unique())]
+    return ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
+
+
+def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Intervals of analysed steps cut to their rank's step window (empty ones dropped)."""
+    merged = frame[[*KEYS, "t0", "t1"]].merge(windows, on=KEYS, how="inner")
+    merged["t0"] = np.maximum(merged["t0"], merged["w0"])
+    merged["t1"] = np.minimum(merged["t1"], merged["w1"])
+    return merged.loc[merged["t1"] > merged["t0"], [*KEYS, "t0", "t1"]]
+
+
+def _blocking(comms: pd.DataFrame) -> pd.Series:
+    """`blocking` where recorded; otherwise blocking unless `async` is true."""
+    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool)
+    return comms["blocking"].where(comms["blocking"].notna(), ~is_async).astype(bool)
+
+
+def _time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    windows = steps[[*KEYS, "t0", "t1"]].rename(columns={"t0": "w0", "t1": "w1"})
+    compute = _clipped(spans[spans["phase"].isin(schema.COMPUTE_PHASES)], windows)
+    waits = pd.concat([
+        _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows),
+        _clipped(comms[_blocking(comms)], windows),
+    ])  # fmt: skip
+    in_flight = union_length_by(_clipped(comms, windows), KEYS)
+    exposed = union_length_by(waits, KEYS)
+    compute_or_wait = union_length_by(pd.concat([compute, waits]), KEYS)
+    out = windows[KEYS].copy()
+    out["wall_ns"] = windows["w1"] - windows["w0"]
+    for name, measure in (("comm", in_flight), ("exposed", exposed), ("either", compute_or_wait)):
+        joined = out.join(measure.rename(name), on=KEYS)[name]
+        out[name] = joined.fillna(0).astype("int64")
+    busy_ns = out["either"] - out["exposed"]
+    idle_ns = (out["wall_ns"] - busy_ns - out["exposed"]).clip(lower=0)
+    return pd.DataFrame({
+        "rank": out["rank"],
+        "step": out["step"],
+        "wall_s": out["wall_ns"] / NS_PER_S,
+        "busy_s": busy_ns / NS_PER_S,
+        "comm_s": out["comm"] / NS_PER_S,
+        "exposed_comm_s": out["exposed"] / NS_PER_S,
+        "idle_s": idle_ns / NS_PER_S,
+    })  # fmt: skip
+
+
+def _rank_table(rank_steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
+    hosts = {info.rank: info.host for info in manifest.ranks}
+    by_rank = rank_steps.groupby("rank")
+    totals = by_rank[["wall_s", "busy_s", "comm_s", "exposed_comm_s", "idle_s"]].sum()
+    table = pd.DataFrame({
+        "rank": totals.index.astype("int64"),
+        "host": [hosts.get(int(r)) for r in totals.index],
+        "steps": by_rank.size().to_numpy(),
+        "step_time_s": by_rank["wall_s"].mean().to_numpy(),
+    })  # fmt: skip
+    for name in totals.columns:
+        table[name] = totals[name].to_numpy()
+    wall = table["wall_s"].where(table["wall_s"] > 0)
+    table["busy_frac"] = table["busy_s"] / wall
+    table["comm_share"] = table["comm_s"] / wall
+    table["exposed_comm_share"] = table["exposed_comm_s"] / wall
+    table["idle_frac"] = table["idle_s"] / wall
+    return table
+
+
+def _summary(
+    run: RunData, steps: pd.DataFrame, ranks: pd.DataFrame, warmup_steps: int
+) -> dict[str, Any]:
+    layout = run.manifest.layout
+    tp, pp = layout.tp or 1, layout.pp or 1
+    per_step = steps.groupby("step").agg(t0=("t0", "min"), t1=("t1", "max"))
+    step_walls_s = (per_step["t1"] - per_step["t0"]) / NS_PER_S
+    total_wall_s = float(step_walls_s.sum())
+    tokens = steps["tokens"].sum(min_count=1)
+    wall_sum = ranks["wall_s"].sum()
+    busy_mean = ranks["busy_s"].mean()
+    summary: dict[str, Any] = {
+        "step_time_s": float(step_walls_s.median()) if len(step_walls_s) else None,
+        "tokens_per_s": (
+            float(tokens) / (tp * pp) / total_wall_s
+            if pd.notna(tokens) and total_wall_s > 0
+            else None
+        ),
+        "comm_share": _ratio(ranks["comm_s"].sum(), wall_sum),
+        "exposed_comm_share": _ratio(ranks["exposed_comm_s"].sum(), wall_sum),
+        "busy_imbalance": _ratio(ranks["busy_s"].max(), busy_mean),
+        "bubble_theory": (
+            ledger.bubble_fraction(pp, layout.microbatches or 1, layout.virtual_stages or 1)
+            if pp > 1
+            else None
+        ),
+        "bubble_fraction": (
+            float(ranks["idle_frac"].mean())
+            if pp > 1 and ranks["idle_frac"].notna().any()
+            else None
+        ),
+        "steps_analysed": int(per_step.shape[0]),
+        "ranks_analysed": int(ranks.shape[0]),
+        "world_size": run.manifest.world_size,
+        "warmup_steps_excluded": warmup_steps,
+        "loss_last": _last_loss(steps),
+    }
+    return summary
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    if pd.isna(numerator) or pd.isna(denominator) or denominator == 0:
+        return None
+    return float(numerator) / float(denominator)
+
+
+def _last_loss(steps: pd.DataFrame) -> float | None:
+    finite = steps[np.isfinite(steps["loss"])]
+    if finite.empty:
+        return None
+    last = finite.sort_values(KEYS, kind="stable").groupby("rank")["loss"].last()
+    return float(last.mean())
+
+
+COLLECTIVE_KEYS = ["op", "group", "tag"]
+
+
+def _collectives(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    columns = [
+        *COLLECTIVE_KEYS, "count", "bytes", "bytes_per_step", "expected_bytes", "ratio",
+        "time_s", "group_size", "busbw_GBps",
+    ]  # fmt: skip
+    records = comms.merge(steps[KEYS], on=KEYS, how="inner")
+    if records.empty:
+        return pd.DataFrame(columns=columns)
+    records["duration_ns"] = records["t1"] - records["t0"]
+    records["has_expected"] = records["expected_bytes"].notna()
+    per_rank = records.groupby([*COLLECTIVE_KEYS, "rank"], dropna=False).agg(
+        count=("op", "size"),
+        bytes=("bytes", "sum"),
+        expected_bytes=("expected_bytes", "sum"),
+        has_expected=("has_expected", "any"),
+        duration_ns=("duration_ns", "sum"),
+    )
+    steps_per_rank = steps.groupby("rank").size()
+    rank_steps = steps_per_rank.reindex(per_rank.index.get_level_values("rank")).to_numpy()
+    per_rank["bytes_per_step"] = per_rank["bytes"] / rank_steps
+    per_rank["expected_bytes"] = per_rank["expected_bytes"].where(per_rank["has_expected"])
+    table = per_rank.groupby(level=COLLECTIVE_KEYS, dropna=False, sort=False).mean()
+    table = table.join(
+        records.groupby(COLLECTIVE_KEYS, dropna=False, sort=False).agg(
+            group_size=("group_size", "median"),
+            all_bytes=("bytes", "sum"),
+            all_ns=("duration_ns", "sum"),
+        )
+    ).reset_index()
+    table["tag"] = table["tag"].astype(object).where(table["tag"].notna(), None)
+    table["ratio"] = table["bytes"] / table["expected_bytes"].where(table["expected_bytes"] > 0)
+    table["time_s"] = table["duration_ns"] / NS_PER_S
+    sizes = [None if pd.isna(n) or n < 1 else int(n) for n in table["group_size"]]
+    table["group_size"] = pd.Series(sizes, index=table.index, dtype=object)
+    table["busbw_GBps"] = [
+        total / (ns / NS_PER_S) * ledger.bus_factor(str(op), n) / 1e9 if ns > 0 and n else None
+        for op, n, total, ns in zip(
+            table["op"], sizes, table["all_bytes"], table["all_ns"], strict=True
+        )
+    ]
+    table = table.sort_values("time_s", ascending=False, kind="stable")
+    return table[columns].reset_index(drop=True)
+
+
+def _memory(memory: pd.DataFrame) -> pd.DataFrame:
+    table = memory.groupby("rank")[list(MEMORY_FIELDS)].max()
+    return table.reset_index()[["rank", *MEMORY_FIELDS]]
+
+
+def _experts(experts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    columns = [
+        "layer", "experts", "tokens", "load_cv", "max_over_mean", "drop_rate", "dead_experts",
+        "steps", "tokens_per_expert",
+    ]  # fmt: skip
+    records = experts.merge(steps[KEYS], on=KEYS, how="inner")
+    rows = []
+    for layer, group in records.groupby("layer", sort=True):
+        width = max(len(t) for t in group["tokens"])
+        if width == 0:
+            continue
+        per_expert = np.zeros(width)
+        for tokens in group["tokens"]:
+            per_expert[: len(tokens)] += tokens
+        total = float(per_expert.sum())
+        mean = total / width if width else 0.0
+        dropped = group["dropped"].sum(min_count=1)
+        rows.append({
+            "layer": layer,
+            "experts": width,
+            "tokens": total,
+            "load_cv": float(per_expert.std()) / mean if mean > 0 else None,
+            "max_over_mean": float(per_expert.max()) / mean if mean > 0 else None,
+            "drop_rate": float(dropped) / total if pd.notna(dropped) and total > 0 else None,
+            "dead_experts": int((per_expert == 0).sum()),
+            "steps": int(group["step"].nunique()),
+            "tokens_per_expert": per_expert.tolist(),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)

@@ -1,0 +1,271 @@
+"""The report: a JSON-safe dict (contract `diag.report/1`, see DESIGN.md) and its renderings.
+
+`build_report` assembles the dict; `render_text`, `render_markdown` and `render_html` turn it into
+something a person reads. The three renderers share one list of sections (title, header, rows of
+strings), so they always show the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.load import RunData
+from diag.metrics import MEMORY_FIELDS, RunMetrics
+
+RUN_FIELDS = (
+    "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
+    "steps_completed", "injections", "groups",
+)  # fmt: skip
+TEXT_MAX_ROWS = 32
+"""Per-rank tables longer than this are cut in the text rendering (JSON keeps every row)."""
+MIB = 1024**2
+
+
+def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
+    """The report dict: DESIGN's `diag.report/1` fields plus `skipped` (notes on partial input)."""
+    manifest = run.manifest.to_dict()
+    report = {
+        "schema": schema.REPORT_SCHEMA,
+        "run": {name: manifest.get(name) for name in RUN_FIELDS},
+        "summary": metrics.summary,
+        "ranks": metrics.ranks.to_dict("records"),
+        "collectives": metrics.collectives.to_dict("records"),
+        "memory": metrics.memory.to_dict("records"),
+        "experts": metrics.experts.to_dict("records"),
+        "findings": list(metrics.findings),
+        "skipped": [*run.skipped, *metrics.skipped],
+    }
+    return json_safe(report)
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON types: numpy scalars -> Python, NaN/inf/NA -> None, dataclasses -> dicts."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [json_safe(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json_safe(dataclasses.asdict(value))
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if pd.isna(value):
+        return None
+    return str(value)
+
+
+# --- Shared content -----------------------------------------------------------------------------
+
+
+@dataclass
+class Section:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+def headline(report: dict[str, Any]) -> str:
+    """`dp-demo  4 ranks (dp=4)  8 steps  step 0.42 s  9.8k tokens/s  comm 12% (exposed 9%)`."""
+    run, summary = report["run"], report["summary"]
+    layout = run.get("layout") or {}
+    dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
+    parts = [
+        run.get("run_id") or "(unnamed run)",
+        f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
+        f"{summary.get('steps_analysed', 0)} steps",
+        f"step {_num(summary.get('step_time_s'))} s",
+        f"{_si(summary.get('tokens_per_s'))} tokens/s",
+        f"comm {_pct(summary.get('comm_share'))}"
+        f" (exposed {_pct(summary.get('exposed_comm_share'))})",
+    ]
+    if summary.get("bubble_theory") is not None:
+        bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]
+        parts.append(f"bubble {_pct(bubble)} (theory {_pct(theory)})")
+    if run.get("status") != schema.RunStatus.COMPLETE.value:
+        parts.append(f"status {run.get('status')}")
+    return "  ".join(parts)
+
+
+def finding_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for finding in report["findings"]:
+        pattern = finding.get("pattern")
+        where = f"pattern {pattern}, " if pattern is not None else ""
+        lines.append(f"{finding.get('severity', '')}  {where}{finding.get('rule', '')} "
+                     f"{finding.get('title', '')}".strip())  # fmt: skip
+        if finding.get("advice"):
+            lines.append(f"      fix: {finding['advice']}")
+    return lines
+
+
+def sections(report: dict[str, Any]) -> list[Section]:
+    """The tables every rendering shows, values already formatted."""
+    ranks = Section(
+        "ranks (share of each rank's step wall time)",
+        ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle"],
+        [
+            [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), _num(r["step_time_s"]),
+             _pct(r["busy_frac"]), _pct(r["comm_share"]), _pct(r["exposed_comm_share"]),
+             _pct(r["idle_frac"])]
+            for r in report["ranks"]
+        ],
+    )  # fmt: skip
+    collectives = Section(
+        "collectives (per rank, over the analysed steps)",
+        ["op", "group", "tag", "count", "bytes", "expected", "ratio", "time s", "busbw GB/s"],
+        [
+            [str(c["op"]), str(c["group"]), str(c["tag"] or "-"), _num(c["count"]),
+             _bytes(c["bytes"]), _bytes(c["expected_bytes"]), _num(c["ratio"]),
+             _num(c["time_s"]), _num(c["busbw_GBps"])]
+            for c in report["collectives"]
+        ],
+    )  # fmt: skip
+    memory = Section(
+        "memory (MiB, maximum over steps)",
+        ["rank", *MEMORY_FIELDS],
+        [[str(m["rank"]), *(_mib(m[name]) for name in MEMORY_FIELDS)] for m in report["memory"]],
+    )
+    experts = Section(
+        "experts (over the analysed steps and ranks)",
+        ["layer", "experts", "load cv", "max/mean", "drop rate", "dead"],
+        [
+            [str(e["layer"]), str(e["experts"]), _num(e["load_cv"]), _num(e["max_over_mean"]),
+             _pct(e["drop_rate"]), str(e["dead_experts"])]
+            for e in report["experts"]
+        ],
+    )  # fmt: skip
+    return [s for s in (ranks, collectives, memory, experts) if s.rows]
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return f"{value:.3g}"
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def _si(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _bytes(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    for factor, unit in ((1024**3, "GiB"), (MIB, "MiB"), (1024, "KiB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _mib(value: Any) -> str:
+    return "n/a" if value is None else f"{value / MIB:.1f}"
+
+
+# --- Renderers ----------------------------------------------------------------------------------
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """Plain text for a terminal: headline, findings, tables, then what was skipped."""
+    lines = [headline(report), *finding_lines(report)]
+    for section in sections(report):
+        rows = section.rows
+        if len(rows) > TEXT_MAX_ROWS:
+            cut = len(rows) - TEXT_MAX_ROWS
+            rows = [*rows[:TEXT_MAX_ROWS], [f"... {cut} more rows (see --format json)"]]
+        lines += ["", section.title, *_aligned([section.header, *rows])]
+    if report["skipped"]:
+        lines += ["", "skipped:", *(f"  - {note}" for note in report["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    width = max(len(r) for r in rows)
+    sizes = [max(len(r[i]) for r in rows if i < len(r) and len(r) == width) for i in range(width)]
+    out = []
+    for row in rows:
+        if len(row) < width:  # a note spanning the table
+            out.append("  " + " ".join(row))
+            continue
+        out.append(
+            "  "
+            + "  ".join(cell.ljust(size) for cell, size in zip(row, sizes, strict=True)).rstrip()
+        )
+    return out
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """GitHub-flavoured Markdown (for CI summaries and pull requests)."""
+    lines = [f"# diag report: {_md(report['run'].get('run_id') or '')}", "",
+             f"`{headline(report)}`"]  # fmt: skip
+    if report["findings"]:
+        lines += ["", "## Findings", "", *(f"- {_md(line.strip())}" for line in
+                                          finding_lines(report))]  # fmt: skip
+    for section in sections(report):
+        lines += ["", f"## {_md(section.title)}", ""]
+        lines.append("| " + " | ".join(_md(h) for h in section.header) + " |")
+        lines.append("|" + "---|" * len(section.header))
+        lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in section.rows]
+    if report["skipped"]:
+        lines += ["", "## Skipped", "", *(f"- {_md(note)}" for note in report["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+    "code{font-size:1.05em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+    "th,td{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
+    "th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
+)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """One self-contained HTML page (inline CSS, no scripts); every string is escaped."""
+    esc = html.escape
+    title = esc(f"diag report: {report['run'].get('run_id') or ''}")
+    parts = [
+        "<!doctype html>",
+        f'<html lang="en"><head><meta charset="utf-8"><title>{title}</title>',
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{title}</h1>",
+        f"<p><code>{esc(headline(report))}</code></p>",
+    ]
+    if report["findings"]:
+        items = "".join(f"<li>{esc(line.strip())}</li>" for line in finding_lines(report))
+        parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
+    for section in sections(report):
+        head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
+            for row in section.rows
+        )
+        parts.append(f"<h2>{esc(section.title)}</h2><table><tr>{head}</tr>{body}</table>")
+    if report["skipped"]:
+        items = "".join(f"<li>{esc(note)}</li>" for note in report["skipped"])
+        parts.append(f"<h2>Skipped</h2><ul>{items}</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

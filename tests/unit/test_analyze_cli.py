@@ -1,0 +1,192 @@
+"""`diag analyze` via click's CliRunner: exit codes, one-line errors, formats, --out, --config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from diag.cli import main
+
+
+def analyze(*args: str):
+    return CliRunner().invoke(main, ["analyze", *args])
+
+
+def assert_fatal(result, path: Path | str, reason: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"diag: error: {path}: ")
+    assert reason in result.stderr
+
+
+# --- unusable input: exit 2, one line naming the file ------------------------------------------
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    assert_fatal(analyze(str(tmp_path / "nope")), tmp_path / "nope", "no such file or directory")
+
+
+def test_file_instead_of_folder(tmp_path: Path) -> None:
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    assert_fatal(analyze(str(tmp_path / "x.jsonl")), tmp_path / "x.jsonl", "not a run directory")
+
+
+def test_empty_folder(tmp_path: Path) -> None:
+    assert_fatal(analyze(str(tmp_path)), tmp_path, "neither manifest.json nor Kineto traces")
+
+
+def test_kineto_folder(tmp_path: Path) -> None:
+    (tmp_path / "w_1.pt.trace.json").write_text("{}")
+    assert_fatal(analyze(str(tmp_path)), tmp_path, "not supported by this version yet")
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        ("", "not valid JSON"),
+        ('{"schema": "diag.run/9", "world_size": 1}', "schema is 'diag.run/9'"),
+        ('{"schema": "diag.run/1", "world_size": 0}', "world_size is 0"),
+        ('{"schema": "diag.run/1", "world_size": 1, "groups": {"dp": 3}}', "malformed field"),
+    ],
+)
+def test_bad_manifest(runs, manifest: str, reason: str) -> None:
+    run_dir = runs.write({0: runs.simple_rank()}, manifest)
+    assert_fatal(analyze(str(run_dir)), run_dir / "manifest.json", reason)
+
+
+def test_no_rank_files(runs) -> None:
+    run_dir = runs.write({}, runs.manifest(2))
+    assert_fatal(analyze(str(run_dir)), run_dir, "no rank files")
+
+
+def test_missing_config(golden_dp2: Path, tmp_path: Path) -> None:
+    config = tmp_path / "rules.toml"
+    assert_fatal(analyze(str(golden_dp2), "--config", str(config)), config, "no such file")
+
+
+def test_invalid_config(golden_dp2: Path, tmp_path: Path) -> None:
+    config = tmp_path / "rules.toml"
+    config.write_text("[rules\nmax = ")
+    assert_fatal(analyze(str(golden_dp2), "--config", str(config)), config, "not valid TOML")
+
+
+def test_unwritable_out(golden_dp2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "no-such-dir" / "report.json"
+    assert_fatal(analyze(str(golden_dp2), "--out", str(out)), out, "cannot write")
+
+
+def test_bad_format_is_a_usage_error(golden_dp2: Path) -> None:
+    assert analyze(str(golden_dp2), "--format", "pdf").exit_code == 2
+
+
+# --- partial input: exit 0, the report says what was skipped -------------------------------------
+
+
+def test_truncated_last_line(runs) -> None:
+    run_dir = runs.write({0: runs.simple_rank(), 1: [*runs.simple_rank(), '{"kind": "st']})
+    result = analyze(str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert "rank-00001.jsonl line 10: not valid JSON (truncated?), skipped" in result.stdout
+
+
+def test_missing_rank_file(runs) -> None:
+    run_dir = runs.write({0: runs.simple_rank()}, runs.manifest(2))
+    result = analyze(str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert "rank-00001.jsonl: missing (rank 1 of 2 not analysed)" in result.stdout
+    assert result.stdout.startswith("test-run  2 ranks (dp=2)  2 steps")
+
+
+def test_nan_times(runs) -> None:
+    bad = '{"kind": "step", "step": 3, "t0": NaN, "t1": 5}'
+    run_dir = runs.write({0: [*runs.simple_rank(), bad]}, runs.manifest(1))
+    result = analyze(str(run_dir), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["skipped"] == [
+        "rank-00000.jsonl: 1 record skipped (step record with null or non-finite t0/t1)"
+    ]
+
+
+# --- formats and --out ----------------------------------------------------------------------------
+
+
+def test_text(golden_dp2: Path) -> None:
+    result = analyze(str(golden_dp2))
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        "dp2-golden  2 ranks (dp=2)  2 steps  step 0.115 s  17.4k tokens/s  comm 37% (exposed 19%)"
+    )
+    text = result.stdout
+    assert "busy" in text and "idle" in text and "busbw GB/s" in text and "7.25 MiB" in text
+    assert "n/a" in text  # fragmentation is null on CPU, never 0
+    assert "skipped:" not in text
+
+
+def test_json_follows_the_contract(golden_dp2: Path) -> None:
+    result = analyze(str(golden_dp2), "--format", "json")
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert report["schema"] == "diag.report/1"
+    assert set(report) == {
+        "schema", "run", "summary", "ranks", "collectives", "memory", "experts", "findings",
+        "skipped",
+    }  # fmt: skip
+    assert set(report["run"]) == {
+        "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
+        "steps_completed", "injections", "groups",
+    }  # fmt: skip
+    summary_keys = {"step_time_s", "tokens_per_s", "comm_share", "exposed_comm_share",
+                    "bubble_fraction", "bubble_theory", "busy_imbalance"}  # fmt: skip
+    assert summary_keys <= set(report["summary"])
+    assert {"rank", "busy_s", "comm_s", "idle_s"} <= set(report["ranks"][0])
+    collective_keys = {"op", "group", "tag", "count", "bytes", "expected_bytes", "ratio",
+                       "busbw_GBps"}  # fmt: skip
+    assert collective_keys <= set(report["collectives"][0])
+    broadcast = next(c for c in report["collectives"] if c["op"] == "broadcast")
+    assert broadcast["tag"] is None and broadcast["expected_bytes"] is None
+    assert report["memory"][0]["fragmentation"] is None
+    assert report["experts"] == [] and report["findings"] == [] and report["skipped"] == []
+    assert "NaN" not in result.stdout
+
+
+def test_markdown(golden_dp2: Path) -> None:
+    result = analyze(str(golden_dp2), "--format", "markdown")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("# diag report: dp2-golden")
+    assert "| rank | host | steps |" in result.stdout and "|---|" in result.stdout
+
+
+def test_html_is_self_contained_and_escaped(runs) -> None:
+    manifest = runs.manifest(1, run_id="<script>alert(1)</script>")
+    run_dir = runs.write({0: runs.simple_rank()}, manifest)
+    result = analyze(str(run_dir), "--format", "html")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("<!doctype html>")
+    assert "<script>" not in result.stdout and "&lt;script&gt;" in result.stdout
+    assert "http" not in result.stdout  # nothing loaded from elsewhere
+
+
+def test_out_writes_the_file_and_infers_the_format(golden_dp2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = analyze(str(golden_dp2), "--out", str(out))
+    assert result.exit_code == 0 and result.stdout == ""
+    assert json.loads(out.read_text())["run"]["run_id"] == "dp2-golden"
+    text_out = tmp_path / "report.out"
+    assert analyze(str(golden_dp2), "--out", str(text_out), "--format", "text").exit_code == 0
+    assert text_out.read_text().startswith("dp2-golden  2 ranks")
+
+
+def test_valid_config_is_accepted(golden_dp2: Path, tmp_path: Path) -> None:
+    config = tmp_path / "rules.toml"
+    config.write_text("[rules.PP001]\nmin_bubble = 0.2\n")
+    assert analyze(str(golden_dp2), "--config", str(config)).exit_code == 0
+
+
+def test_main_is_a_plain_group() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0 and "analyze" in result.stdout
