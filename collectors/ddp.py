@@ -40,6 +40,21 @@ class DDPHookState:
         self._last_launch_ns: int | None = None
         self._last_done_ns: int | None = None
         self._original_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+        self.group_size = dist.get_world_size(process_group)
+        # bucket index -> (buffer bytes, expected bytes); DDP rebuilds its buckets once, after
+        # the first step, so an entry is recomputed when its buffer size changes.
+        self._buckets: dict[int, tuple[int, int]] = {}
+
+    def expected_bytes(self, bucket: Any, buffer_bytes: int) -> int:
+        """The gradient payload of the bucket's parameters; declares the bucket a comm buffer."""
+        index = bucket.index()
+        known = self._buckets.get(index)
+        if known is None or known[0] != buffer_bytes:
+            element_bytes = bucket.buffer().element_size()
+            expected = sum(p.numel() * element_bytes for p in bucket.parameters())
+            known = self._buckets[index] = (buffer_bytes, expected)
+            self.recorder.set_comm_buffer(f"ddp_bucket_{index}", buffer_bytes)
+        return known[1]
 
     def launched(self, t0: int) -> None:
         with self._lock:
@@ -63,16 +78,15 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
     rec = state.recorder
     group = state.process_group
     buffer: torch.Tensor = bucket.buffer()
-    group_size = dist.get_world_size(group)
-    expected = sum(p.numel() * buffer.element_size() for p in bucket.parameters())
-    rec.set_comm_buffer(f"ddp_bucket_{bucket.index()}", buffer.numel() * buffer.element_size())
+    nbytes = buffer.numel() * buffer.element_size()
+    expected = state.expected_bytes(bucket, nbytes)
     if state.before_launch is not None:
         state.before_launch()
-    buffer.div_(group_size)
+    buffer.div_(state.group_size)
     event = CommEvent(
         op="all_reduce",
         group=group,
-        bytes=buffer.numel() * buffer.element_size(),
+        bytes=nbytes,
         dtype=str(buffer.dtype).removeprefix("torch."),
         t0=rec.clock.now(),
         t1=0,

@@ -57,7 +57,7 @@ def build_manifest(
     command = os.environ.get("DIAG_COMMAND") or shlex.join(sys.argv)
     return Manifest(
         run_id=run_dir.resolve().name,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         world_size=world_size,
         trainer=trainer,
         command=command,

@@ -9,6 +9,7 @@ allocated (None on CPU: not measurable there, and never faked).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -20,51 +21,71 @@ import torch
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP2, tensor parallel), the tensor itself otherwise."""
+    if type(t) in _PLAIN_TENSOR_TYPES:  # the common case, without a slow failed getattr
+        return t
     local = getattr(t, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else t
 
 
-def storage_key(t: torch.Tensor) -> tuple[str, int]:
-    storage = t.untyped_storage()
-    return (str(t.device), storage.data_ptr())
+def storage_ptr(t: torch.Tensor) -> int:
+    """The address of the storage behind `t` (0 for a tensor without data).
+
+    Host and device addresses do not overlap under CUDA's unified addressing, so the address
+    alone identifies a storage across devices.
+    """
+    return _local(t).untyped_storage().data_ptr()
 
 
 def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind `tensors` (views and aliases count once)."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[int] = set()
     total = 0
     for tensor in tensors:
-        t = _local(tensor)
-        key = storage_key(t)
-        if key in seen or key[1] == 0:
+        storage = _local(tensor).untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in seen:
             continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
+        seen.add(ptr)
+        total += storage.nbytes()
     return total
 
 
-def param_bytes(model: torch.nn.Module) -> int:
-    return unique_storage_bytes(model.parameters())
+def param_bytes(params: Iterable[torch.Tensor]) -> int:
+    return unique_storage_bytes(params)
 
 
-def grad_bytes(model: torch.nn.Module) -> int:
-    return unique_storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
+def grad_bytes(params: Iterable[torch.Tensor]) -> int:
+    return unique_storage_bytes(p.grad for p in params if p.grad is not None)
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     tensors = (
-        v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+        v
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
     )
     return unique_storage_bytes(tensors)
+
+
+class _Statm:
+    """/proc/self/statm kept open: reading it is then a seek and a read, not an open."""
+
+    file: Any = None
 
 
 def host_rss_bytes() -> int | None:
     """Resident set size of this process (Linux), for leaks outside the six categories."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE_BYTES
+        if _Statm.file is None:
+            _Statm.file = open("/proc/self/statm", "rb", buffering=0)  # noqa: SIM115
+        _Statm.file.seek(0)
+        return int(_Statm.file.read().split()[1]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return None
 
@@ -84,19 +105,19 @@ class SavedTensorTracker:
     """Bytes of tensors saved for backward that are alive, and the peak since `reset_peak()`.
 
     Installed as saved-tensor hooks around each step: `pack` sees every tensor autograd keeps
-    for backward; a weakref finalizer tells when autograd lets it go. Parameters are excluded
+    for backward; a weak reference tells when autograd lets it go. Parameters are excluded
     (they are counted as parameters) and each storage counts once however often it is saved.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[tuple[str, int], list[int]] = {}  # key -> [nbytes, references]
-        self._excluded: set[tuple[str, int]] = set()
+        self._live: dict[int, _Saved] = {}  # storage address -> its bytes and saved references
+        self._excluded: frozenset[int] = frozenset()
         self.live_bytes = 0
         self.peak_bytes = 0
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
-        self._excluded = {storage_key(_local(t)) for t in tensors}
+        self._excluded = frozenset(storage_ptr(t) for t in tensors)
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
@@ -110,27 +131,35 @@ class SavedTensorTracker:
         return t
 
     def _add(self, t: torch.Tensor) -> None:
-        key = storage_key(t)
-        if key in self._excluded or key[1] == 0:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self._excluded:
             return
         with self._lock:
-            entry = self._live.get(key)
-            if entry is None:
-                entry = self._live[key] = [t.untyped_storage().nbytes(), 0]
-                self.live_bytes += entry[0]
+            saved = self._live.get(ptr)
+            if saved is None:
+                saved = self._live[ptr] = _Saved(storage.nbytes())
+                self.live_bytes += saved.nbytes
                 self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            entry[1] += 1
-        weakref.finalize(t, self._release, key)
+            saved.refs.add(weakref.ref(t, functools.partial(self._release, ptr)))
 
-    def _release(self, key: tuple[str, int]) -> None:
+    def _release(self, ptr: int, ref: weakref.ref[torch.Tensor]) -> None:
         with self._lock:
-            entry = self._live.get(key)
-            if entry is None:
+            saved = self._live.get(ptr)
+            if saved is None:
                 return
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del self._live[key]
-                self.live_bytes -= entry[0]
+            saved.refs.discard(ref)
+            if not saved.refs:
+                del self._live[ptr]
+                self.live_bytes -= saved.nbytes
+
+
+class _Saved:
+    __slots__ = ("nbytes", "refs")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.refs: set[weakref.ref[torch.Tensor]] = set()
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -138,7 +167,7 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 
 def memory_breakdown(
-    model: torch.nn.Module | None,
+    params: list[torch.Tensor] | None,
     optimizer: torch.optim.Optimizer | None,
     activations: SavedTensorTracker | None,
     comm_buffers: dict[str, int],
@@ -147,8 +176,8 @@ def memory_breakdown(
     """The six categories now (bytes; None where this device cannot measure one)."""
     cuda = cuda_allocator_stats(device)
     return {
-        "params": param_bytes(model) if model is not None else None,
-        "grads": grad_bytes(model) if model is not None else None,
+        "params": param_bytes(params) if params is not None else None,
+        "grads": grad_bytes(params) if params is not None else None,
         "optimizer": optimizer_bytes(optimizer) if optimizer is not None else None,
         "activations": activations.peak_bytes if activations is not None else None,
         "comm_buffers": sum(comm_buffers.values()),

@@ -68,12 +68,16 @@ class Recorder:
         optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | None = None,
         track_activations: bool = True,
+        activation_every: int = 10,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.world_size = world_size
         self.model = model
+        # The parameter list is read once: listing a deep module's parameters costs more than
+        # measuring them. Call `watch()` after replacing the model's parameters.
+        self._params: list[torch.Tensor] | None = None
         self.optimizer = optimizer
         self.device = device or torch.device("cpu")
         self.clock = Clock()
@@ -82,11 +86,16 @@ class Recorder:
         self.steps_completed = 0
         self._writer = RankWriter(self.run_dir / rank_file_name(rank))
         self._activations = SavedTensorTracker() if track_activations else None
+        # Saved-tensor hooks cost a Python call per saved tensor, so activations are measured
+        # on the first 3 steps and every `activation_every`-th step after (null on the others).
+        self.activation_every = max(int(activation_every), 1)
+        self._measuring_activations = False
         self._comm_buffers: dict[str, int] = {}
         self._group_names: dict[int, tuple[str, Any]] = {}
         self._step_end_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
         self._nvml = NvmlSampler.create(self.device)
+        self.watch(model, optimizer)
         self._cuda_timer = CudaSpanTimer.create(self.device)
         self._manifest: Any = None
         self._grads_at_opt_bytes: int | None = None
@@ -109,6 +118,7 @@ class Recorder:
         injections: list[str] | None = None,
         trace_collectives: bool = False,
         track_activations: bool = True,
+        activation_every: int = 10,
         device: torch.device | None = None,
         enabled: bool = True,
     ) -> Recorder | NullRecorder:
@@ -130,6 +140,7 @@ class Recorder:
             optimizer=optimizer,
             device=device,
             track_activations=track_activations,
+            activation_every=activation_every,
         )
         gpus_per_node = (hardware or {}).get("gpus_per_node")
         physical_host = socket.gethostname()
@@ -171,6 +182,17 @@ class Recorder:
             }
         )
         self._writer.flush()
+
+    @guarded()
+    def watch(
+        self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None
+    ) -> None:
+        """Measure this model's parameters and gradients (and this optimizer's state)."""
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else self.optimizer
+        self._params = list(model.parameters()) if model is not None else None
+        if self._activations is not None and self._params is not None:
+            self._activations.exclude(self._params)
 
     # ----------------------------------------------------------------- groups
     def register_group(self, name: str, group: Any) -> None:
@@ -275,7 +297,11 @@ class Recorder:
 
     def memory_breakdown(self) -> dict[str, Any]:
         return memory_breakdown(
-            self.model, self.optimizer, self._activations, self._comm_buffers, self.device
+            self._params,
+            self.optimizer,
+            self._activations if self._measuring_activations else None,
+            self._comm_buffers,
+            self.device,
         )
 
     @guarded()
@@ -351,9 +377,11 @@ class _Step:
     def __enter__(self) -> _Step:
         rec = self.rec
         try:
-            if rec._activations is not None:
-                if rec.model is not None:
-                    rec._activations.exclude(rec.model.parameters())
+            step = rec.step_index
+            rec._measuring_activations = rec._activations is not None and (
+                step < 3 or step % rec.activation_every == 0
+            )
+            if rec._measuring_activations and rec._activations is not None:
                 rec._activations.reset_peak()
                 self._hooks = rec._activations.hooks()
                 self._hooks.__enter__()
@@ -445,8 +473,8 @@ class _Span:
     def __enter__(self) -> _Span:
         rec = self.rec
         try:
-            if self.record["phase"] == "opt" and rec.model is not None:
-                rec._grads_at_opt_bytes = grad_bytes(rec.model)
+            if self.record["phase"] == "opt" and rec._params is not None:
+                rec._grads_at_opt_bytes = grad_bytes(rec._params)
             if rec._cuda_timer is not None:
                 self._event = rec._cuda_timer.start()
         except Exception as err:

@@ -8,18 +8,18 @@ Exit codes (DESIGN.md): 0 success, 2 unusable input or arguments with one line
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import tomllib
 
 from diag import __version__
+from diag.analysis import analyze_path
 from diag.errors import InputError
-from diag.load import load_run
-from diag.metrics import compute_metrics
-from diag.report import build_report, render_html, render_markdown, render_text
+from diag.launch import demo, run
+from diag.report import render_html, render_markdown, render_text
 
 EXIT_INPUT = 2
 
@@ -84,8 +84,7 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
     try:
         if config is not None:
             read_config(config)  # rule thresholds: used by the rules engine (a later issue)
-        run = load_run(path)
-        report = build_report(run, compute_metrics(run))
+        report = analyze_path(path)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         text = FORMATS[fmt](report)
@@ -96,3 +95,7 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
             click.echo(f"diag: wrote {out}", err=True)
     except InputError as error:
         fail(error)
+
+
+main.add_command(run)
+main.add_command(demo)

@@ -45,7 +45,8 @@ def torchrun_command(
     else:
         if rdzv_endpoint is None:
             raise click.UsageError("--nnodes needs --rdzv-endpoint HOST:PORT")
-        cmd += [f"--nnodes={nnodes or 1}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        cmd += [f"--nnodes={nnodes or 1}", "--rdzv-backend=c10d"]
+        cmd.append(f"--rdzv-endpoint={rdzv_endpoint}")
         if node_rank is not None:
             cmd.append(f"--node-rank={node_rank}")
     return [*cmd, "-m", module, *trainer_args]
@@ -105,8 +106,9 @@ def run(
         click.echo(f"diag: error: trainer {trainer!r} is not available in this version", err=True)
         sys.exit(2)
     out = out or default_run_dir(trainer)
-    code = launch(trainer, list(ctx.args), out, nproc or default_nproc(), nnodes, node_rank,
-                  rdzv_endpoint)
+    code = launch(
+        trainer, list(ctx.args), out, nproc or default_nproc(), nnodes, node_rank, rdzv_endpoint
+    )
     if code == 0:
         click.echo(f"run directory: {out}\nnext: diag analyze {out}")
     sys.exit(code)

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ def rank_file_name(rank: int) -> str:
     return f"rank-{rank:05d}.jsonl"
 
 
-class RecordKind(str, Enum):
+class RecordKind(StrEnum):
     STEP = "step"
     SPAN = "span"
     COMM = "comm"
@@ -37,7 +37,7 @@ class RecordKind(str, Enum):
     EVENT = "event"
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     FWD = "fwd"
     BWD = "bwd"
     OPT = "opt"
@@ -48,7 +48,7 @@ class Phase(str, Enum):
 COMPUTE_PHASES = frozenset({Phase.FWD.value, Phase.BWD.value, Phase.OPT.value, Phase.DATA.value})
 
 
-class CollectiveOp(str, Enum):
+class CollectiveOp(StrEnum):
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
@@ -62,7 +62,7 @@ class CollectiveOp(str, Enum):
     BARRIER = "barrier"
 
 
-class MemoryCategory(str, Enum):
+class MemoryCategory(StrEnum):
     PARAMS = "params"
     GRADS = "grads"
     OPTIMIZER = "optimizer"
@@ -74,7 +74,7 @@ class MemoryCategory(str, Enum):
 MEMORY_CATEGORIES: tuple[str, ...] = tuple(c.value for c in MemoryCategory)
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     RUNNING = "running"
     COMPLETE = "complete"
     FAILED = "failed"
@@ -190,8 +190,10 @@ class Manifest:
                 layout=_known(Layout, data.get("layout")),
                 model=_known(ModelInfo, data.get("model")),
                 ranks=[_known(RankInfo, r) for r in data.get("ranks") or []],
-                groups={str(k): [list(map(int, g)) for g in v]
-                        for k, v in (data.get("groups") or {}).items()},
+                groups={
+                    str(k): [list(map(int, g)) for g in v]
+                    for k, v in (data.get("groups") or {}).items()
+                },
                 hardware=_known(Hardware, data.get("hardware")),
                 injections=[str(s) for s in data.get("injections") or []],
                 status=str(data.get("status") or RunStatus.RUNNING.value),

@@ -1,4 +1,5 @@
-"""Instrumenting your own training loop: the lines marked `# diag` are all it takes.
+"""Instrumenting your own training loop: the lines marked `# diag` (and the
+`Recorder.from_env` call) are all it takes.
 
     torchrun --standalone --nproc-per-node 2 examples/own_loop.py --out runs/own-loop
     diag analyze runs/own-loop
@@ -53,7 +54,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     teacher = torch.randn(32, 1)
 
-    rec = Recorder.from_env(args.out, model=model, optimizer=optimizer, trace_collectives=True)  # diag
+    rec = Recorder.from_env(args.out, model=model, optimizer=optimizer, trace_collectives=True)
     register_recording_hook(rec, model)  # diag
 
     generator = torch.Generator().manual_seed(dist.get_rank())

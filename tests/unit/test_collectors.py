@@ -243,7 +243,7 @@ def test_tied_and_aliased_tensors_count_once(tmp_path: Path) -> None:
 
 def test_leak_grows_activations_by_exactly_its_size_per_step(tmp_path: Path) -> None:
     model, opt = small_model()
-    rec = open_recorder(tmp_path, model, opt)
+    rec = open_recorder(tmp_path, model, opt, activation_every=1)
     leak = Leak(4 * MiB)
     for _ in range(4):
         train_step(rec, model, opt, leak=leak)
@@ -252,6 +252,16 @@ def test_leak_grows_activations_by_exactly_its_size_per_step(tmp_path: Path) -> 
     assert len(activations) == 4
     assert [b - a for a, b in itertools.pairwise(activations)] == [4 * MiB] * 3
     assert leak.retained_bytes == 16 * MiB
+
+
+def test_activations_are_sampled_on_the_first_steps_then_every_nth(tmp_path: Path) -> None:
+    model, opt = small_model()
+    rec = open_recorder(tmp_path, model, opt, activation_every=4)
+    for _ in range(9):
+        train_step(rec, model, opt)
+    rec.close()
+    measured = [m["step"] for m in of_kind(read_records(tmp_path), "mem") if m["activations"]]
+    assert measured == [0, 1, 2, 4, 8]
 
 
 def test_without_activation_tracking_activations_are_null(tmp_path: Path) -> None:
@@ -343,6 +353,8 @@ def _train_with_fault(
     weights = model.lin.weight.detach().clone()
     reported_after_first_step: list[str] = []
     for step in range(4):
+        if fault == "parameters":
+            rec.watch(model, opt)  # a user re-pointing the recorder at a broken model
         if fault == "comm_buffer":
             rec.set_comm_buffer("bucket", "garbage")  # type: ignore[arg-type]
             rec.set_comm_buffer("other", None)  # type: ignore[arg-type]
@@ -366,7 +378,7 @@ def test_broken_model_parameters_do_not_stop_training(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = _train_with_fault(tmp_path, caplog, "parameters", monkeypatch)
-    # each step keeps its own spans even though its memory could not be measured
+    # each step keeps its spans and its memory (measured from the last good parameter list)
     for step in range(4):
         assert len(of_kind(records, "span", step=step)) == 4
 
