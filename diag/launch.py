@@ -114,7 +114,7 @@ def run(
     sys.exit(code)
 
 
-DEMO_ARGS = ["--steps", "8", "--inject", "straggler:rank=1,ms=60"]
+DEMO_ARGS = ["--steps", "12", "--inject", "straggler:rank=1,ms=60"]
 
 
 @click.command()

@@ -31,7 +31,8 @@ def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> No
     assert (grads["op"] == "all_reduce").all() and (grads["group"] == "dp").all()
     per_step = grads.groupby(["rank", "step"])["bytes"].sum()
     assert len(per_step) == 2 * 3
-    assert grads.groupby(["rank", "step"]).size().min() > 1  # really several buckets
+    # really several buckets (DDP rebuilds its buckets after the first step)
+    assert (grads[grads["step"] > 0].groupby(["rank", "step"]).size() > 1).all()
     for measured in per_step:
         assert measured == pytest.approx(expected, rel=0.01)
     assert run.manifest.layout.grad_accum == 2
@@ -95,7 +96,8 @@ def test_sigkill_of_one_rank_leaves_every_flushed_step_analysable(tmp_path: Path
     written = {r: _steps_written(tmp_path / f"rank-0000{r}.jsonl") for r in (0, 1)}
 
     run = load_run(tmp_path)
-    assert run.manifest.status == "running"  # never closed
+    # rank 0 either saw the collective fail (and closed the run as failed) or was torn down
+    assert run.manifest.status in ("failed", "running")
     for rank, count in written.items():
         assert (run.steps["rank"] == rank).sum() == count >= 4
     metrics = compute_metrics(run)

@@ -1,0 +1,46 @@
+"""`diag run` argument handling and the torchrun command it builds (no processes spawned)."""
+
+from __future__ import annotations
+
+import sys
+
+from click.testing import CliRunner
+
+from diag.cli import main
+from diag.launch import torchrun_command
+
+
+def test_single_node_uses_standalone_rendezvous() -> None:
+    cmd = torchrun_command("reference_runs.dp", ["--steps", "2"], nproc=4)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=4" in cmd and "--standalone" in cmd
+    assert cmd[-4:] == ["-m", "reference_runs.dp", "--steps", "2"]
+
+
+def test_multi_node_options_pass_through_to_torchrun() -> None:
+    cmd = torchrun_command(
+        "reference_runs.dp", [], 8, nnodes=2, node_rank=1, rdzv_endpoint="head:29500"
+    )
+    assert "--standalone" not in cmd
+    for option in (
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-endpoint=head:29500",
+        "--rdzv-backend=c10d",
+    ):
+        assert option in cmd
+
+
+def test_bad_injection_is_a_usage_error_before_anything_starts(tmp_path) -> None:
+    result = CliRunner().invoke(
+        main, ["run", "dp", "--nproc", "2", "--out", str(tmp_path), "--inject", "straggler:ms=x"]
+    )
+    assert result.exit_code == 2
+    assert "straggler:ms=x" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_trainer_not_in_this_version_exits_2() -> None:
+    result = CliRunner().invoke(main, ["run", "zero3", "--nproc", "2"])
+    assert result.exit_code == 2
+    assert "not available" in result.output
