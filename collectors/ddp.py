@@ -80,15 +80,16 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
     buffer: torch.Tensor = bucket.buffer()
     nbytes = buffer.numel() * buffer.element_size()
     expected = state.expected_bytes(bucket, nbytes)
+    t0 = rec.clock.now()
     if state.before_launch is not None:
-        state.before_launch()
+        state.before_launch()  # injected latency belongs to the collective: after t0
     buffer.div_(state.group_size)
     event = CommEvent(
         op="all_reduce",
         group=group,
         bytes=nbytes,
         dtype=str(buffer.dtype).removeprefix("torch."),
-        t0=rec.clock.now(),
+        t0=t0,
         t1=0,
         is_async=True,
         blocking=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -103,3 +104,33 @@ def test_sigkill_of_one_rank_leaves_every_flushed_step_analysable(tmp_path: Path
     metrics = compute_metrics(run)
     assert sorted(metrics.ranks["rank"]) == [0, 1]
     assert metrics.summary["step_time_s"] > 0
+
+
+def test_slow_comm_and_leak_injections_show_where_they_belong(tmp_path: Path, run_dp) -> None:
+    delay_ms, leak_mib = 80, 4
+    run_dp(
+        tmp_path,
+        "--steps",
+        "4",
+        "--gpus-per-node",
+        "1",
+        "--inject",
+        f"slow-comm:ms={delay_ms},group=dp",
+        "--inject",
+        f"leak:mb={leak_mib}",
+    )
+    run = load_run(tmp_path)
+    assert [r.host for r in run.manifest.ranks] == ["node0", "node1"]  # virtual hosts
+    metrics = compute_metrics(run)
+
+    # The extra latency is communication the ranks wait for, not compute.
+    for _, rank in metrics.ranks.iterrows():
+        assert rank["exposed_comm_s"] / rank["steps"] > 0.8 * delay_ms / 1e3
+
+    # The leaked graphs hold their tensors for backward: activations grow by the leak each
+    # measured step (steps 0-2 are always measured), and so does the process's memory.
+    memory = metrics.memory_steps[metrics.memory_steps["rank"] == 0].sort_values("step")
+    activations = memory["activations"].dropna().tolist()
+    growth = [b - a for a, b in itertools.pairwise(activations)]
+    assert len(growth) >= 2 and all(g == leak_mib * 2**20 for g in growth)
+    assert memory["host_rss"].iloc[-1] > memory["host_rss"].iloc[0]

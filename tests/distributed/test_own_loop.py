@@ -15,14 +15,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_own_loop_example_writes_an_analysable_run(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "examples" / "own_loop.py"), "--out", str(tmp_path), "--steps", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(ROOT / "examples" / "own_loop.py"),
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "5",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
 
     analysis = subprocess.run(
         [sys.executable, "-m", "diag", "analyze", str(tmp_path), "--format", "json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert analysis.returncode == 0, analysis.stderr
     report = json.loads(analysis.stdout)
