@@ -20,7 +20,6 @@ nothing at all.
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import socket
 from collections.abc import Callable
@@ -31,28 +30,17 @@ import torch
 import torch.distributed as dist
 
 from collectors.clock import Clock
-from collectors.comm import CollectiveTracer, CommEvent, context
+from collectors.comm import CollectiveTracer, CommEvent
+from collectors.contexts import CollectiveContext, SpanContext, StepContext, TagContext
 from collectors.device import CudaSpanTimer, NvmlSampler
 from collectors.manifest import build_manifest, gather_rank_infos
-from collectors.memory import SavedTensorTracker, grad_bytes, memory_breakdown
+from collectors.memory import SavedTensorTracker, memory_breakdown
+from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
 from collectors.writer import RankWriter
 from diag.schema import Phase, RunStatus, rank_file_name, write_manifest
 
 _PHASES = {p.value for p in Phase}
-
-
-class _NullContext:
-    loss: Any = None
-
-    def __enter__(self) -> _NullContext:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL = _NullContext()
 
 
 class Recorder:
@@ -208,15 +196,15 @@ class Recorder:
         return "world" if dist.get_world_size(group) == self.world_size else "other"
 
     # ----------------------------------------------------------------- steps and spans
-    def step(self, tokens: int | None = None) -> _Step | _NullContext:
-        return _Step(self, tokens)
+    def step(self, tokens: int | None = None) -> StepContext | NullContext:
+        return StepContext(self, tokens)
 
     def span(
         self, phase: str, mb: int | None = None, stage: int | None = None, chunk: int | None = None
-    ) -> _Span | _NullContext:
+    ) -> SpanContext | NullContext:
         if phase not in _PHASES:
             report_once("Recorder.span", ValueError(f"unknown phase {phase!r}"))
-        return _Span(self, phase, mb, stage, chunk)
+        return SpanContext(self, phase, mb, stage, chunk)
 
     @guarded()
     def record_span_interval(self, phase: str, t0: int, t1: int, **fields: Any) -> None:
@@ -247,9 +235,9 @@ class Recorder:
             )
             self._tracer.install()
 
-    def tagged(self, tag: str | None, expected_bytes: int | None = None) -> _Tagged:
+    def tagged(self, tag: str | None, expected_bytes: int | None = None) -> TagContext:
         """Traced collectives inside this context carry `tag` and `expected_bytes`."""
-        return _Tagged(tag, expected_bytes)
+        return TagContext(tag, expected_bytes)
 
     def collective(
         self,
@@ -260,10 +248,10 @@ class Recorder:
         dtype: str | None = None,
         expected_bytes: int | None = None,
         tag: str | None = None,
-    ) -> _Collective | _NullContext:
+    ) -> CollectiveContext | NullContext:
         """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`."""
         event = CommEvent(op, group, nbytes, dtype, 0, 0, False, True, expected_bytes, tag)
-        return _Collective(self, event)
+        return CollectiveContext(self, event)
 
     @guarded()
     def record_comm_event(self, e: CommEvent) -> None:
@@ -362,196 +350,3 @@ class Recorder:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close(RunStatus.FAILED.value if exc_type else RunStatus.COMPLETE.value)
-
-
-class _Step:
-    """One training step: spans inside it carry its index; memory is sampled when it ends."""
-
-    def __init__(self, rec: Recorder, tokens: int | None) -> None:
-        self.rec = rec
-        self.tokens = tokens
-        self.loss: Any = None
-        self._t0 = 0
-        self._hooks: Any = None
-
-    def __enter__(self) -> _Step:
-        rec = self.rec
-        try:
-            step = rec.step_index
-            rec._measuring_activations = rec._activations is not None and (
-                step < 3 or step % rec.activation_every == 0
-            )
-            if rec._measuring_activations and rec._activations is not None:
-                rec._activations.reset_peak()
-                self._hooks = rec._activations.hooks()
-                self._hooks.__enter__()
-            if rec.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(rec.device)
-            rec._grads_at_opt_bytes = None
-        except Exception as err:
-            report_once("Recorder.step enter", err)
-        self._t0 = rec.clock.now()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        t1 = self.rec.clock.now()
-        try:
-            self._finish(t1, exc)
-        except Exception as err:
-            report_once("Recorder.step exit", err)
-
-    def _finish(self, t1: int, exc: Any) -> None:
-        rec = self.rec
-        if self._hooks is not None:
-            self._hooks.__exit__(None, None, None)
-        # Each sampler is guarded on its own: one that fails must not cost the step record.
-        if isinstance(exc, torch.OutOfMemoryError):
-            memory = _sampled("Recorder.memory_breakdown", rec.memory_breakdown) or {}
-            rec.event("oom", message=str(exc).splitlines()[0][:500], **memory)
-            rec.flush()
-            return
-        for callback in rec._step_end_callbacks:
-            try:
-                callback()
-            except Exception as err:
-                report_once("step-end callback", err)
-        memory = _sampled("Recorder.memory_breakdown", rec.memory_breakdown)
-        if memory is not None:
-            if rec._grads_at_opt_bytes is not None:
-                memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
-            rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
-        record: dict[str, Any] = {
-            "kind": "step",
-            "step": rec.step_index,
-            "t0": self._t0,
-            "t1": t1,
-            "tokens": self.tokens,
-            "loss": _sampled("step loss", _as_float, self.loss),
-        }
-        if rec._nvml is not None:
-            device = _sampled("NvmlSampler.sample", rec._nvml.sample)
-            if device is not None:
-                record["device"] = device
-        if exc is None:
-            rec._writer.write(record)
-            rec.steps_completed += 1
-        rec.flush()
-        rec.step_index += 1
-
-
-def _sampled(where: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, or None (reported once) when it raises."""
-    try:
-        return fn(*args)
-    except Exception as err:
-        report_once(where, err)
-        return None
-
-
-def _as_float(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value.detach().item()) if torch.is_tensor(value) else float(value)
-    return value if math.isfinite(value) else float("nan")
-
-
-class _Span:
-    def __init__(self, rec: Recorder, phase: str, mb: Any, stage: Any, chunk: Any) -> None:
-        self.rec = rec
-        self.record: dict[str, Any] = {
-            "kind": "span",
-            "step": rec.step_index,
-            "phase": phase,
-            "mb": mb,
-            "stage": stage,
-            "chunk": chunk,
-            "t0": 0,
-            "t1": 0,
-        }
-        self._event: Any = None
-
-    def __enter__(self) -> _Span:
-        rec = self.rec
-        try:
-            if self.record["phase"] == "opt" and rec._params is not None:
-                rec._grads_at_opt_bytes = grad_bytes(rec._params)
-            if rec._cuda_timer is not None:
-                self._event = rec._cuda_timer.start()
-        except Exception as err:
-            report_once("Recorder.span enter", err)
-        self.record["t0"] = rec.clock.now()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.record["t1"] = self.rec.clock.now()
-        try:
-            if self._event is not None and self.rec._cuda_timer is not None:
-                self.rec._cuda_timer.stop(self.record, self._event)
-            else:
-                self.rec._writer.write(self.record)
-        except Exception as err:
-            report_once("Recorder.span exit", err)
-
-
-class _Tagged:
-    def __init__(self, tag: str | None, expected_bytes: int | None) -> None:
-        self.tag, self.expected_bytes = tag, expected_bytes
-        self._saved: tuple[Any, Any] = (None, None)
-
-    def __enter__(self) -> _Tagged:
-        self._saved = (context.tag, context.expected_bytes)
-        context.tag, context.expected_bytes = self.tag, self.expected_bytes
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        context.tag, context.expected_bytes = self._saved
-
-
-class _Collective:
-    def __init__(self, rec: Recorder, event: CommEvent) -> None:
-        self.rec, self.event = rec, event
-
-    def __enter__(self) -> _Collective:
-        context.depth += 1
-        self.event.t0 = self.rec.clock.now()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.event.t1 = self.rec.clock.now()
-        context.depth -= 1
-        self.rec.record_comm_event(self.event)
-
-
-class NullRecorder:
-    """A recorder that records nothing and costs nothing (collectors switched off)."""
-
-    enabled = False
-    rank = 0
-    step_index = 0
-
-    def step(self, tokens: int | None = None) -> _NullContext:
-        return _NULL
-
-    def span(
-        self, phase: str, mb: Any = None, stage: Any = None, chunk: Any = None
-    ) -> _NullContext:
-        return _NULL
-
-    def collective(self, *args: Any, **kwargs: Any) -> _NullContext:
-        return _NULL
-
-    def tagged(self, *args: Any, **kwargs: Any) -> _NullContext:
-        return _NULL
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return _noop
-
-    def __enter__(self) -> NullRecorder:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None

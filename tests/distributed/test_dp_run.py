@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from diag import ledger
+from diag.launch import torchrun_command
 from diag.load import load_run
 from diag.metrics import compute_metrics
 from reference_runs.model import GPT, GPTConfig, count_params
@@ -67,19 +67,7 @@ def _steps_written(path: Path) -> int:
 
 
 def test_sigkill_of_one_rank_leaves_every_flushed_step_analysable(tmp_path: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "reference_runs.dp",
-        "--steps",
-        "500",
-        "--out",
-        str(tmp_path),
-    ]
+    cmd = torchrun_command("reference_runs.dp", ["--steps", "500", "--out", str(tmp_path)], 2)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     victim = tmp_path / "rank-00001.jsonl"
     try:
