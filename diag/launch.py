@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-# Trainer name -> module run by torchrun. tp, pp, ep and zero3 arrive with their issues.
-TRAINER_MODULES = {"dp": "reference_runs.dp"}
+# Trainer name -> module run by torchrun. ep and zero3 arrive with their issue.
+TRAINER_MODULES = {"dp": "reference_runs.dp", "tp": "reference_runs.tp", "pp": "reference_runs.pp"}
 ALL_TRAINERS = ("dp", "tp", "pp", "ep", "zero3")
 
 
@@ -83,7 +83,7 @@ def launch(
 
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    epilog="Other options go to the trainer: run `python -m reference_runs.dp --help` for them.",
+    epilog="Other options go to the trainer: `python -m reference_runs.TRAINER --help` lists them.",
 )
 @click.argument("trainer", type=click.Choice(ALL_TRAINERS))
 @click.option("--nproc", type=click.IntRange(min=1), default=None, help="Ranks on this node.")
