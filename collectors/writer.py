@@ -20,7 +20,8 @@ class RankWriter:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        # A new run replaces an older rank file of the same name (never mixes two runs).
+        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, record: dict[str, Any]) -> None:
         with self._lock:
