@@ -36,6 +36,7 @@ class CommEvent:
     blocking: bool
     expected_bytes: int | None = None
     tag: str | None = None
+    fields: dict[str, Any] | None = None  # extra record fields, e.g. `layer` of a TP collective
 
 
 def _nbytes(t: Any) -> int:

@@ -248,9 +248,15 @@ class Recorder:
         dtype: str | None = None,
         expected_bytes: int | None = None,
         tag: str | None = None,
+        **fields: Any,
     ) -> CollectiveContext | NullContext:
-        """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`."""
-        event = CommEvent(op, group, nbytes, dtype, 0, 0, False, True, expected_bytes, tag)
+        """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`.
+
+        Extra keyword `fields` (e.g. `layer=3`) are written into the comm record as they are.
+        """
+        event = CommEvent(
+            op, group, nbytes, dtype, 0, 0, False, True, expected_bytes, tag, fields or None
+        )
         return CollectiveContext(self, event)
 
     @guarded()
@@ -258,6 +264,7 @@ class Recorder:
         group_size = dist.get_world_size(e.group) if dist.is_initialized() else 1
         self._writer.write(
             {
+                **(e.fields or {}),
                 "kind": "comm",
                 "step": self.step_index,
                 "op": e.op,

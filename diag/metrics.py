@@ -50,6 +50,9 @@ def compute_metrics(run: RunData) -> RunMetrics:
     rank_steps = _time_breakdown(run.spans, run.comms, windows)
     ranks = _rank_table(rank_steps, run.manifest)
     summary = _summary(run, windows, ranks, warmup_steps)
+    tp_rows = _tp_vs_ledger(run, windows)
+    if tp_rows:
+        summary["tp_vs_ledger"] = tp_rows
     return RunMetrics(
         summary=summary,
         ranks=ranks,
@@ -261,6 +264,48 @@ def _collectives(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ]
     table = table.sort_values("time_s", ascending=False, kind="stable")
     return table[columns].reset_index(drop=True)
+
+
+TP_LAYER_TAG = r"^tp\.(?:attn|mlp)\.(fwd|bwd)$"
+"""Tags of the per-layer TP collectives (reference_runs/tp_comms.py); the group is `tp`."""
+
+
+def _tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | None:
+    """Per op and direction, the per-layer TP collectives per rank and step against the ledger's
+    2 x layers x microbatches of `micro_batch x seq x hidden x dtype` bytes each (sequence
+    parallel: as many reduce-scatters and all-gathers). None without such collectives."""
+    comms = run.comms[run.comms["group"] == "tp"]
+    direction = comms["tag"].astype("string").str.extract(TP_LAYER_TAG, expand=False)
+    records = comms.assign(direction=direction).dropna(subset=["direction"])
+    records = records.merge(steps[KEYS], on=KEYS, how="inner")
+    model, layout = run.manifest.model, run.manifest.layout
+    if records.empty or not model.layers or steps.empty:
+        return None
+    theory = ledger.tp_allreduce_count(model.layers, layout.microbatches or 1)
+    try:
+        payload = ledger.tp_allreduce_bytes(
+            model.micro_batch or 0, model.seq_len or 0, model.hidden or 0,
+            ledger.dtype_bytes(model.dtype or "float32"),
+        )  # fmt: skip
+    except ValueError:
+        payload = 0
+    rank_steps = len(steps)
+    rows = []
+    groups = records.groupby(["op", "direction"])
+    for (op, way), group in sorted(groups, key=lambda item: (item[0][0], item[0][1] != "fwd")):
+        count = theory.forward if way == "fwd" else theory.backward
+        measured = float(group["bytes"].sum()) / rank_steps
+        expected = count * payload if payload else None
+        rows.append({
+            "op": op,
+            "direction": way,
+            "count_per_step": len(group) / rank_steps,
+            "ledger_count_per_step": count,
+            "bytes_per_step": measured,
+            "ledger_bytes_per_step": expected,
+            "ratio": measured / expected if expected else None,
+        })  # fmt: skip
+    return rows
 
 
 def _memory(memory: pd.DataFrame) -> pd.DataFrame:

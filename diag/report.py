@@ -145,7 +145,17 @@ def sections(report: dict[str, Any]) -> list[Section]:
             for e in report["experts"]
         ],
     )  # fmt: skip
-    return [s for s in (ranks, collectives, memory, experts) if s.rows]
+    tensor_parallel = Section(
+        "tensor parallel collectives per rank and step, against the ledger",
+        ["op", "direction", "count", "ledger count", "bytes", "ledger bytes", "ratio"],
+        [
+            [str(t["op"]), str(t["direction"]), _num(t["count_per_step"]),
+             _num(t["ledger_count_per_step"]), _bytes(t["bytes_per_step"]),
+             _bytes(t["ledger_bytes_per_step"]), _num(t["ratio"])]
+            for t in report["summary"].get("tp_vs_ledger") or []
+        ],
+    )  # fmt: skip
+    return [s for s in (ranks, collectives, tensor_parallel, memory, experts) if s.rows]
 
 
 def _num(value: Any) -> str:

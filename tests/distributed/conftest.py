@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,16 @@ import pytest
 pytestmark = pytest.mark.dist
 
 
-def diag_run(run_dir: Path, *args: str, nproc: int = 2, timeout_s: float = 180) -> None:
-    """`diag run dp ...` in a subprocess; fails the test with the output if it fails."""
+def diag_run(
+    run_dir: Path, *args: str, nproc: int = 2, timeout_s: float = 180, trainer: str = "dp"
+) -> None:
+    """`diag run TRAINER ...` in a subprocess; fails the test with the output if it fails."""
     cmd = [
         sys.executable,
         "-m",
         "diag",
         "run",
-        "dp",
+        trainer,
         f"--nproc={nproc}",
         "--out",
         str(run_dir),
@@ -31,3 +34,8 @@ def diag_run(run_dir: Path, *args: str, nproc: int = 2, timeout_s: float = 180) 
 @pytest.fixture
 def run_dp():
     return diag_run
+
+
+@pytest.fixture
+def run_tp():
+    return functools.partial(diag_run, trainer="tp")
