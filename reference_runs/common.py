@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,18 @@ def open_recorder(
         if group is dist.group.WORLD:
             rec.register_group(axis, None)
     return rec
+
+
+def delayed_allreduce_hook(delay_s: float) -> Any:
+    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    # unannotated: DDP checks a hook's annotations, and PEP 563 would make them strings
+    def hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        time.sleep(delay_s)
+        return allreduce_hook(process_group, bucket)
+
+    return hook
 
 
 def shutdown(rec: Recorder | NullRecorder, failed: bool = False) -> None:

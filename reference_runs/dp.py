@@ -16,28 +16,22 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collectors import register_recording_hook
-from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
+from reference_runs.common import (
+    build_groups,
+    delayed_allreduce_hook,
+    init_distributed,
+    open_recorder,
+    shutdown,
+)
 from reference_runs.config import parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
 from reference_runs.model import GPT, count_params
-
-
-def _delayed_allreduce_hook(delay_s: float) -> Any:
-    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        time.sleep(delay_s)
-        return allreduce_hook(process_group, bucket)
-
-    return hook
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             before_launch=(lambda: time.sleep(comm_delay_s)) if comm_delay_s else None,
         )
     elif comm_delay_s:
-        ddp.register_comm_hook(None, _delayed_allreduce_hook(comm_delay_s))
+        ddp.register_comm_hook(None, delayed_allreduce_hook(comm_delay_s))
 
     samples_per_epoch = cfg.micro_batch * cfg.grad_accum * topology.dp * 4  # 4 steps an epoch
     dataset = SyntheticTokens(samples_per_epoch, cfg.seq, cfg.vocab, seed=cfg.seed)

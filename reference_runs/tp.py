@@ -34,7 +34,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collectors import register_recording_hook
 from diag import ledger
-from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
+from reference_runs.common import (
+    build_groups,
+    delayed_allreduce_hook,
+    init_distributed,
+    open_recorder,
+    shutdown,
+)
 from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
@@ -175,18 +181,6 @@ class TensorParallelGPT(nn.Module):
         return params
 
 
-def _delayed_allreduce_hook(delay_s: float) -> Any:
-    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    # unannotated: DDP checks a hook's annotations, and PEP 563 would make them strings
-    def hook(process_group, bucket):  # type: ignore[no-untyped-def]
-        time.sleep(delay_s)
-        return allreduce_hook(process_group, bucket)
-
-    return hook
-
-
 def check_layout(cfg: TrainConfig, topology: Topology) -> None:
     """ValueError naming the offending values when this trainer cannot run the layout."""
     if topology.pp > 1 or topology.ep > 1:
@@ -241,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
             before_launch=(lambda: time.sleep(dp_delay_s)) if dp_delay_s else None,
         )
     elif ddp is not None and dp_delay_s:
-        ddp.register_comm_hook(None, _delayed_allreduce_hook(dp_delay_s))
+        ddp.register_comm_hook(None, delayed_allreduce_hook(dp_delay_s))
     sp_params = model.sequence_sharded_params() if sp else []
 
     dataset = SyntheticTokens(
