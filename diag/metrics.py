@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import ledger, schema
+from diag import ledger, pipeline, schema
 from diag.intervals import union_length_by
 from diag.load import RunData
 
@@ -29,7 +29,8 @@ class RunMetrics:
 
     summary: dict[str, Any]
     ranks: pd.DataFrame
-    """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions."""
+    """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions;
+    stage and bubble_frac (null unless pp > 1, diag.pipeline)."""
     rank_steps: pd.DataFrame
     """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s."""
     collectives: pd.DataFrame
@@ -48,7 +49,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
     windows, warmup_steps = _analysed_steps(run.steps)
     _note_orphans(run, skipped)
     rank_steps = _time_breakdown(run.spans, run.comms, windows)
-    ranks = _rank_table(rank_steps, run.manifest)
+    ranks = pipeline.with_stages(_rank_table(rank_steps, run.manifest), run.spans, run.manifest)
     summary = _summary(run, windows, ranks, warmup_steps)
     tp_rows = _tp_vs_ledger(run, windows)
     if tp_rows:
@@ -176,6 +177,7 @@ def _summary(
     tokens = steps["tokens"].sum(min_count=1)
     wall_sum = ranks["wall_s"].sum()
     busy_mean = ranks["busy_s"].mean()
+    pipeline_metrics = pipeline.pipeline_summary(ranks)
     summary: dict[str, Any] = {
         "step_time_s": float(step_walls_s.median()) if len(step_walls_s) else None,
         "tokens_per_s": (
@@ -191,17 +193,15 @@ def _summary(
             if pp > 1
             else None
         ),
-        "bubble_fraction": (
-            float(ranks["idle_frac"].mean())
-            if pp > 1 and ranks["idle_frac"].notna().any()
-            else None
-        ),
+        "bubble_fraction": pipeline_metrics["bubble_fraction"] if pp > 1 else None,
         "steps_analysed": int(per_step.shape[0]),
         "ranks_analysed": int(ranks.shape[0]),
         "world_size": run.manifest.world_size,
         "warmup_steps_excluded": warmup_steps,
         "loss_last": _last_loss(steps),
     }
+    if pp > 1:  # pipeline runs only (docs/metrics.md, "Pipeline")
+        summary["stage_imbalance"] = pipeline_metrics["stage_imbalance"]
     return summary
 
 

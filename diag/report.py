@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
+from diag import pipeline, schema
 from diag.load import RunData
 from diag.metrics import MEMORY_FIELDS, RunMetrics
 
@@ -92,6 +92,8 @@ def headline(report: dict[str, Any]) -> str:
     if summary.get("bubble_theory") is not None:
         bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]
         parts.append(f"bubble {_pct(bubble)} (theory {_pct(theory)})")
+        if summary.get("stage_imbalance") is not None:
+            parts.append(f"stage imbalance {_num(summary['stage_imbalance'])}")
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
@@ -155,7 +157,23 @@ def sections(report: dict[str, Any]) -> list[Section]:
             for t in report["summary"].get("tp_vs_ledger") or []
         ],
     )  # fmt: skip
-    return [s for s in (ranks, collectives, tensor_parallel, memory, experts) if s.rows]
+    stages = _stage_section(report)
+    return [s for s in (ranks, stages, collectives, tensor_parallel, memory, experts) if s.rows]
+
+
+def _stage_section(report: dict[str, Any]) -> Section:
+    """Pipeline stages (rows only for a pipeline run): compute per step and measured bubble."""
+    ranks = pd.DataFrame(report["ranks"])
+    theory = _pct(report["summary"].get("bubble_theory"))
+    return Section(
+        "pipeline stages (bubble = share of the step without compute)",
+        ["stage", "ranks", "compute s/step", "bubble", "theory"],
+        [
+            [str(s["stage"]), str(s["ranks"]), _num(s["busy_per_step_s"]),
+             _pct(s["bubble_frac"]), theory]
+            for s in pipeline.stage_table(ranks).to_dict("records")
+        ] if not ranks.empty else [],
+    )  # fmt: skip
 
 
 def _num(value: Any) -> str:
