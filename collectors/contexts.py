@@ -76,6 +76,7 @@ class StepContext:
             if rec._grads_at_opt_bytes is not None:
                 memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
             rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
+            rec.check_memory_budget(memory)
         record: dict[str, Any] = {
             "kind": "step",
             "step": rec.step_index,
@@ -125,9 +126,11 @@ class SpanContext:
             "t1": 0,
         }
         self._event: Any = None
+        self._outer_phase: str | None = None
 
     def __enter__(self) -> SpanContext:
         rec = self.rec
+        self._outer_phase, rec.phase = rec.phase, self.record["phase"]
         try:
             if self.record["phase"] == "opt" and rec._params is not None:
                 rec._grads_at_opt_bytes = grad_bytes(rec._params)
@@ -140,6 +143,7 @@ class SpanContext:
 
     def __exit__(self, *exc: Any) -> None:
         self.record["t1"] = self.rec.clock.now()
+        self.rec.phase = self._outer_phase
         try:
             if self._event is not None and self.rec._cuda_timer is not None:
                 self.rec._cuda_timer.stop(self.record, self._event)

@@ -22,6 +22,7 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 _PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_Parameter = torch.nn.Parameter
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -107,6 +108,10 @@ class SavedTensorTracker:
     Installed as saved-tensor hooks around each step: `pack` sees every tensor autograd keeps
     for backward; a weak reference tells when autograd lets it go. Parameters are excluded
     (they are counted as parameters) and each storage counts once however often it is saved.
+    Excluded are the watched parameters' storages and any `nn.Parameter` or view of one: the
+    unsharded parameters of FSDP2 get new storage at every all-gather and lose it in place on
+    reshard (no weak reference would fire); they are the all-gather buffers, counted once, as
+    communication buffers (collectors/fsdp.py).
     """
 
     def __init__(self) -> None:
@@ -131,6 +136,10 @@ class SavedTensorTracker:
         return t
 
     def _add(self, t: torch.Tensor) -> None:
+        if isinstance(t, _Parameter) or isinstance(t._base, _Parameter):
+            # A parameter, or a view of one (`weight.t()` saved by a linear): counted as params,
+            # or, for the unsharded parameters FSDP2 all-gathers, as communication buffers.
+            return
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr == 0 or ptr in self._excluded:

@@ -25,6 +25,7 @@ class NullRecorder:
     enabled = False
     rank = 0
     step_index = 0
+    phase: str | None = None
 
     def step(self, tokens: int | None = None) -> NullContext:
         return NULL_CONTEXT

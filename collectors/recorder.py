@@ -38,7 +38,7 @@ from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
 from collectors.writer import RankWriter
-from diag.schema import Phase, RunStatus, rank_file_name, write_manifest
+from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, rank_file_name, write_manifest
 
 _PHASES = {p.value for p in Phase}
 
@@ -57,6 +57,7 @@ class Recorder:
         device: torch.device | None = None,
         track_activations: bool = True,
         activation_every: int = 10,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -79,6 +80,9 @@ class Recorder:
         self.activation_every = max(int(activation_every), 1)
         self._measuring_activations = False
         self._comm_buffers: dict[str, int] = {}
+        # The device budget the six categories are checked against at every step end (oom_risk).
+        self.memory_budget_bytes = memory_budget_bytes
+        self.phase: str | None = None  # the phase of the innermost open span (fwd, bwd, ...)
         self._group_names: dict[int, tuple[str, Any]] = {}
         self._step_end_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
@@ -129,6 +133,7 @@ class Recorder:
             device=device,
             track_activations=track_activations,
             activation_every=activation_every,
+            memory_budget_bytes=(hardware or {}).get("device_memory_bytes"),
         )
         gpus_per_node = (hardware or {}).get("gpus_per_node")
         physical_host = socket.gethostname()
@@ -289,6 +294,20 @@ class Recorder:
     def set_comm_buffer(self, name: str, nbytes: int) -> None:
         """Declare (or update) a communication buffer the trainer holds, in bytes."""
         self._comm_buffers[name] = int(nbytes)
+
+    @guarded()
+    def check_memory_budget(self, memory: dict[str, Any]) -> None:
+        """An `oom_risk` event with the breakdown when the six categories exceed the budget.
+
+        The sum counts a null category (not measurable here, or activations on a step they are
+        not measured) as 0. Called once per step, with the step's memory record.
+        """
+        budget = self.memory_budget_bytes
+        if not budget:
+            return
+        total = sum(memory.get(category) or 0 for category in MEMORY_CATEGORIES)
+        if total > budget:
+            self.event("oom_risk", budget_bytes=int(budget), total_bytes=int(total), **memory)
 
     def memory_breakdown(self) -> dict[str, Any]:
         return memory_breakdown(

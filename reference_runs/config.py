@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from reference_runs.faults import parse_injection
-from reference_runs.model import GPTConfig
+from reference_runs.model import ATTENTION_KINDS, GPTConfig
 from reference_runs.topology import Axis, Topology
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+CLIP_GRAD_TRAINERS = ("dp", "zero3", "custom")  # trainers that know their global grad norm
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
@@ -96,6 +97,8 @@ class TrainConfig:
     seed: int = 0  # seeds the model, the data and the sampler
     inject: list[str] = field(default_factory=list)  # fault-injection specs (faults.py)
     lr: float = 3e-4  # AdamW learning rate
+    attention: str = "sdpa"  # attention kernel: sdpa (fused) | naive (keeps seq x seq scores)
+    clip_grad: float | None = None  # clip the global gradient norm to this; None = no clipping
     no_collectors: bool = False  # run without instrumentation (overhead baseline)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,15 @@ class TrainConfig:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for spec in self.inject:
             parse_injection(spec)
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"--attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
+            )
+        if self.clip_grad is not None and self.trainer not in CLIP_GRAD_TRAINERS:
+            raise ValueError(
+                f"--clip-grad is supported by the {', '.join(CLIP_GRAD_TRAINERS[:-1])} trainers, "
+                f"not {self.trainer}"
+            )
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig(
@@ -117,6 +129,7 @@ class TrainConfig:
             heads=self.heads,
             seq_len=self.seq,
             vocab=self.vocab,
+            attention=self.attention,
         )
 
     def topology(self, world_size: int, default_axis: Axis = "dp") -> Topology:
@@ -145,6 +158,10 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--micro-batch", type=pos_int, default=d.micro_batch, help="sequences per DP rank"
     )
     model.add_argument("--vocab", type=pos_int, default=d.vocab, help="vocabulary size")
+    model.add_argument(
+        "--attention", choices=ATTENTION_KINDS, default=d.attention,
+        help="naive keeps the seq x seq scores for backward (activations grow with seq^2)",
+    )  # fmt: skip
 
     layout = parser.add_argument_group("layout")
     for axis in ("dp", "tp", "pp", "ep"):
@@ -168,6 +185,10 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     run.add_argument("--steps", type=pos_int, default=d.steps)
     run.add_argument("--out", default=None, help="run directory")
     run.add_argument("--lr", type=pos_float, default=d.lr, help="learning rate")
+    run.add_argument(
+        "--clip-grad", type=pos_float, default=None, metavar="X",
+        help="clip the global gradient norm to X; records local and global norms (dp, zero3)",
+    )  # fmt: skip
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument("--profile-steps", type=parse_profile_steps, default=None, metavar="A:B")
     run.add_argument(

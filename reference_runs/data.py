@@ -8,7 +8,9 @@ untrained model, so a few optimizer steps visibly reduce the loss.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -72,14 +74,35 @@ def make_loader(
     return loader, sampler
 
 
+def epoch_order(loader: DataLoader[Batch], sampler: DistributedSampler[Batch]) -> list[int]:
+    """The sample indices this rank's loader yields in the sampler's current epoch, in order
+    (the sampler's shuffle is a pure function of seed and epoch; a dropped last batch is cut)."""
+    indices = list(iter(sampler))
+    if loader.drop_last and loader.batch_size:
+        indices = indices[: len(indices) // loader.batch_size * loader.batch_size]
+    return indices
+
+
+def order_hash(indices: list[int]) -> str:
+    """A short stable digest of a sample order: equal orders give equal hashes."""
+    return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:16]
+
+
 def iterate_batches(
-    loader: DataLoader[Batch], sampler: DistributedSampler[Batch], set_epoch: bool
+    loader: DataLoader[Batch],
+    sampler: DistributedSampler[Batch],
+    set_epoch: bool,
+    on_epoch: Callable[..., Any] | None = None,
 ) -> Iterator[Batch]:
     """Yield batches forever, epoch after epoch.
 
     With `set_epoch` the sampler is re-seeded each epoch (`sampler.set_epoch(epoch)`), so each
     epoch is a new shuffle. Without it (the `no-set-epoch` injection, failure 3 of the seed
     digest) the sampler stays at epoch 0 and every epoch repeats the identical order.
+
+    `on_epoch` (e.g. a recorder's `event`) is called as each epoch starts with
+    `("epoch", epoch=e, order_hash=h, samples=n)`: the hash of the sample indices this rank sees
+    in that epoch, so identical hashes across epochs expose a forgotten `set_epoch`.
     """
     if len(loader) == 0:
         raise ValueError(
@@ -90,5 +113,8 @@ def iterate_batches(
     while True:
         if set_epoch:
             sampler.set_epoch(epoch)
+        if on_epoch is not None:
+            indices = epoch_order(loader, sampler)
+            on_epoch("epoch", epoch=epoch, order_hash=order_hash(indices), samples=len(indices))
         yield from loader
         epoch += 1

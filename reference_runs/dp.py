@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from collectors import register_recording_hook
 from reference_runs.common import (
     build_groups,
+    clip_gradients,
     delayed_allreduce_hook,
     init_distributed,
     open_recorder,
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     samples_per_epoch = cfg.micro_batch * cfg.grad_accum * topology.dp * 4  # 4 steps an epoch
     dataset = SyntheticTokens(samples_per_epoch, cfg.seq, cfg.vocab, seed=cfg.seed)
     loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, topology.dp, cfg.seed)
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch)
+    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
+    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
     leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
     tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
 
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
                         with rec.span("bwd", mb=mb):
                             (loss / cfg.grad_accum).backward()
                 with rec.span("opt"):
+                    if cfg.clip_grad is not None:
+                        clip_gradients(rec, list(model.parameters()), cfg.clip_grad)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 step.loss = loss.item()

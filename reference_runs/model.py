@@ -9,11 +9,14 @@ TP, or swap the MLP for a mixture of experts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+ATTENTION_KINDS = ("sdpa", "naive")
 
 
 @dataclass
@@ -25,6 +28,7 @@ class GPTConfig:
     vocab: int = 512  # vocabulary size
     ffn_hidden: int | None = None  # MLP inner width; None means 4 * hidden
     dropout: float = 0.0  # dropout probability (0 keeps runs deterministic)
+    attention: str = "sdpa"  # "sdpa" (fused, no seq x seq tensor kept) or "naive" (keeps it)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -38,10 +42,33 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.ffn_hidden must be >= 1, got {self.ffn_hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"GPTConfig.attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str = "sdpa", dropout_p: float = 0.0
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d) + causal mask) V over (batch, heads, seq, head_dim) tensors.
+
+    "sdpa" is `F.scaled_dot_product_attention`: its fused kernels keep no seq x seq tensor for
+    backward. "naive" spells the product out, as the activation formula of Korthikanti et al.
+    (arXiv 2205.05198, s*b*h*(34 + 5*a*s/h)) assumes: the softmax output, heads x seq x seq per
+    sequence, is saved for backward, so activations grow with seq squared.
+    """
+    if kind == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    seq = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    weights = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return F.dropout(weights, p=dropout_p, training=dropout_p > 0) @ v
 
 
 class CausalSelfAttention(nn.Module):
@@ -54,15 +81,14 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden, 3 * config.hidden)
         self.proj = nn.Linear(config.hidden, config.hidden)
         self.dropout = config.dropout
+        self.kind = config.attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = self.qkv(x).split(self.heads * self.head_dim, dim=-1)
         # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = causal_attention(q, k, v, self.kind, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         return F.dropout(self.proj(y), p=self.dropout, training=self.training)
 

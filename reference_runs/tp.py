@@ -44,7 +44,7 @@ from reference_runs.common import (
 from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
-from reference_runs.model import GPT, MLP, CausalSelfAttention, count_params
+from reference_runs.model import GPT, MLP, CausalSelfAttention, causal_attention, count_params
 from reference_runs.topology import Topology
 from reference_runs.tp_comms import (
     GatherFromSequenceParallel,
@@ -103,7 +103,7 @@ class ParallelAttention(nn.Module):
         super().__init__()
         hidden = attn.heads * attn.head_dim
         heads = shard(attn.heads, tp_size, tp_rank)
-        self.heads, self.head_dim = len(heads), attn.head_dim
+        self.heads, self.head_dim, self.kind = len(heads), attn.head_dim, attn.kind
         cols = shard(hidden, tp_size, tp_rank)  # the features of this rank's heads
         self.qkv = ColumnParallelLinear(attn.qkv, torch.cat([cols + i * hidden for i in range(3)]))
         self.proj = RowParallelLinear(attn.proj, cols)
@@ -115,7 +115,7 @@ class ParallelAttention(nn.Module):
         batch, seq, _ = x.shape
         q, k, v = self.qkv(x).split(self.heads * self.head_dim, dim=-1)
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = causal_attention(q, k, v, self.kind)
         y = self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
         return self.proj.add_bias(leave_parallel_region(y, self.comm, self.place, self.sp))  # g
 
@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg.micro_batch * num_mb * topology.dp * 4, cfg.seq, cfg.vocab, cfg.seed
     )
     loader, sampler = make_loader(dataset, cfg.micro_batch, coords["dp"], topology.dp, cfg.seed)
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch)
+    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
+    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
     leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
     forward: Any = ddp if ddp is not None else model
     no_sync = ddp.no_sync if ddp is not None else contextlib.nullcontext
