@@ -16,8 +16,13 @@ from pathlib import Path
 
 import click
 
-# Trainer name -> module run by torchrun. ep and zero3 arrive with their issue.
-TRAINER_MODULES = {"dp": "reference_runs.dp", "tp": "reference_runs.tp", "pp": "reference_runs.pp"}
+# Trainer name -> module run by torchrun. zero3 arrives with its issue.
+TRAINER_MODULES = {
+    "dp": "reference_runs.dp",
+    "tp": "reference_runs.tp",
+    "pp": "reference_runs.pp",
+    "ep": "reference_runs.ep",
+}
 ALL_TRAINERS = ("dp", "tp", "pp", "ep", "zero3")
 
 

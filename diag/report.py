@@ -140,10 +140,13 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )
     experts = Section(
         "experts (over the analysed steps and ranks)",
-        ["layer", "experts", "load cv", "max/mean", "drop rate", "dead"],
+        ["layer", "experts", "load cv", "max/mean", "drop rate", "dead", "max/mean first->last",
+         "drops first->last"],
         [
             [str(e["layer"]), str(e["experts"]), _num(e["load_cv"]), _num(e["max_over_mean"]),
-             _pct(e["drop_rate"]), str(e["dead_experts"])]
+             _pct(e["drop_rate"]), str(e["dead_experts"]),
+             f"{_num(e.get('max_over_mean_first'))}->{_num(e.get('max_over_mean_last'))}",
+             f"{_pct(e.get('drop_rate_first'))}->{_pct(e.get('drop_rate_last'))}"]
             for e in report["experts"]
         ],
     )  # fmt: skip

@@ -39,3 +39,8 @@ def run_dp():
 @pytest.fixture
 def run_tp():
     return functools.partial(diag_run, trainer="tp")
+
+
+@pytest.fixture
+def run_ep():
+    return functools.partial(diag_run, trainer="ep")
