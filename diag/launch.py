@@ -16,12 +16,13 @@ from pathlib import Path
 
 import click
 
-# Trainer name -> module run by torchrun. zero3 arrives with its issue.
+# Trainer name -> module run by torchrun.
 TRAINER_MODULES = {
     "dp": "reference_runs.dp",
     "tp": "reference_runs.tp",
     "pp": "reference_runs.pp",
     "ep": "reference_runs.ep",
+    "zero3": "reference_runs.zero3",
 }
 ALL_TRAINERS = ("dp", "tp", "pp", "ep", "zero3")
 
