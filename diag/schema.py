@@ -127,6 +127,7 @@ class ModelInfo:
     aux_loss_coef: float | None = None
     params: int | None = None
     dtype: str | None = None
+    attention: str | None = None
 
 
 @dataclass

@@ -98,6 +98,7 @@ def open_recorder(
             "ffn_hidden": 4 * cfg.hidden,
             "params": params,
             "dtype": "float32",
+            "attention": cfg.attention,
         },
         groups=topology.all_groups(),
         hardware={"gpus_per_node": cfg.gpus_per_node, "device_memory_bytes": device_memory},

@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     m = cfg.microbatches
     dataset = SyntheticTokens(cfg.micro_batch * m * topology.dp * 4, cfg.seq, cfg.vocab, cfg.seed)
     loader, sampler = make_loader(dataset, cfg.micro_batch, dp_rank, topology.dp, cfg.seed)
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch)
+    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
+    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
     params = list(chunks.parameters())
 
     failed = True
