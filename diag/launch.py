@@ -8,6 +8,7 @@ command on every node); a single node uses torchrun's `--standalone` rendezvous.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import os
 import shlex
 import subprocess
@@ -24,7 +25,6 @@ TRAINER_MODULES = {
     "ep": "reference_runs.ep",
     "zero3": "reference_runs.zero3",
 }
-ALL_TRAINERS = ("dp", "tp", "pp", "ep", "zero3")
 
 
 def default_run_dir(trainer: str) -> Path:
@@ -72,7 +72,13 @@ def launch(
     from reference_runs.config import parse_config
 
     args = [*trainer_args, "--out", str(out)]
-    parse_config(args, trainer)  # argparse prints the error and exits 2 on a bad option
+    cfg = parse_config(args, trainer)  # argparse prints the error and exits 2 on a bad option
+    module = importlib.import_module(TRAINER_MODULES[trainer])
+    try:  # every trainer validates its layout before a process starts
+        module.plan(cfg, nproc * (nnodes or 1), args)
+    except ValueError as err:
+        click.echo(f"diag: error: {err}", err=True)
+        sys.exit(2)
     cmd = torchrun_command(TRAINER_MODULES[trainer], args, nproc, nnodes, node_rank, rdzv_endpoint)
     env = {
         **os.environ,
@@ -91,7 +97,7 @@ def launch(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     epilog="Other options go to the trainer: `python -m reference_runs.TRAINER --help` lists them.",
 )
-@click.argument("trainer", type=click.Choice(ALL_TRAINERS))
+@click.argument("trainer", type=click.Choice(list(TRAINER_MODULES)))
 @click.option("--nproc", type=click.IntRange(min=1), default=None, help="Ranks on this node.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory.")
 @click.option("--nnodes", type=click.IntRange(min=1), default=None, help="Nodes (torchrun).")
@@ -108,9 +114,6 @@ def run(
     rdzv_endpoint: str | None,
 ) -> None:
     """Run a reference trainer with collectors on, writing a run directory."""
-    if trainer not in TRAINER_MODULES:
-        click.echo(f"diag: error: trainer {trainer!r} is not available in this version", err=True)
-        sys.exit(2)
     out = out or default_run_dir(trainer)
     code = launch(
         trainer, list(ctx.args), out, nproc or default_nproc(), nnodes, node_rank, rdzv_endpoint

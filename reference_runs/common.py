@@ -73,8 +73,10 @@ def open_recorder(
     optimizer: torch.optim.Optimizer,
     params: int,
     layout: dict[str, Any],
+    model_extra: dict[str, Any] | None = None,
 ) -> Recorder | NullRecorder:
-    """The rank's recorder, with the manifest fields every trainer fills the same way."""
+    """The rank's recorder, with the manifest fields every trainer fills the same way
+    (`model_extra`: the model fields only some trainers have, e.g. the MoE ones)."""
     device_memory = (
         int(cfg.device_memory_gb * 1e9)
         if cfg.device_memory_gb
@@ -99,6 +101,7 @@ def open_recorder(
             "params": params,
             "dtype": "float32",
             "attention": cfg.attention,
+            **(model_extra or {}),
         },
         groups=topology.all_groups(),
         hardware={"gpus_per_node": cfg.gpus_per_node, "device_memory_bytes": device_memory},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -29,18 +30,25 @@ from reference_runs.common import (
     open_recorder,
     shutdown,
 )
-from reference_runs.config import parse_config
+from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
 from reference_runs.model import GPT, count_params
+from reference_runs.topology import Topology
+
+
+def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+    """The validated layout; ValueError naming the values when this trainer cannot run it."""
+    topology = cfg.topology(world_size, default_axis="dp")
+    if topology.dp != world_size:
+        raise ValueError(f"the dp trainer is pure data parallel: --dp must be {world_size}")
+    return topology
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv, "dp")
     env = init_distributed()
-    topology = cfg.topology(env.world_size, default_axis="dp")
-    if topology.dp != env.world_size:
-        raise ValueError(f"the dp trainer is pure data parallel: --dp must be {env.world_size}")
+    topology = plan(cfg, env.world_size)
     groups = build_groups(topology, env.rank)
     faults = FaultPlan.from_specs(cfg.inject, env.rank)
 

@@ -27,13 +27,13 @@ micro-batches.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from diag import ledger
-from diag.schema import Manifest, write_manifest
 from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
 from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
@@ -67,17 +67,6 @@ def skew_at(faults: FaultPlan, step: int, num_experts: int) -> tuple[int, float]
     if growth is not None:
         frac += growth.per_step * step
     return (skew.expert if skew is not None else 0), min(frac, 1.0)
-
-
-def describe_moe(rec: Any, cfg: TrainConfig) -> None:
-    """Add the MoE fields to the manifest model (rank 0; `open_recorder` fills the dense ones)."""
-    manifest = getattr(rec, "_manifest", None) if rec.enabled else None
-    if not isinstance(manifest, Manifest):
-        return
-    model = manifest.model
-    model.experts, model.topk = cfg.experts, cfg.topk
-    model.capacity_factor, model.aux_loss_coef = cfg.capacity_factor, cfg.aux_loss_coef
-    write_manifest(rec.run_dir, manifest)
 
 
 def sync_gradients(
@@ -122,10 +111,17 @@ def record_experts(rec: Any, layers: list[MoELayer], comm: EpComm) -> None:
         )  # fmt: skip
 
 
+def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+    """The validated layout; ValueError naming the values when this trainer cannot run it."""
+    topology = cfg.topology(world_size, default_axis="ep")
+    check_layout(cfg, topology, FaultPlan.from_specs(cfg.inject, rank=0))
+    return topology
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv, "ep")
     env = init_distributed()
-    topology = cfg.topology(env.world_size, default_axis="ep")
+    topology = plan(cfg, env.world_size)
     faults = FaultPlan.from_specs(cfg.inject, env.rank)
     check_layout(cfg, topology, faults)
     groups = build_groups(topology, env.rank)
@@ -151,8 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     params = count_params(model) + (topology.ep - 1) * sum(p.numel() for p in experts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     layout = {"grad_accum": cfg.grad_accum, "microbatches": cfg.grad_accum}
-    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout)
-    describe_moe(rec, cfg)
+    moe = {"experts": cfg.experts, "topk": cfg.topk, "capacity_factor": cfg.capacity_factor,
+           "aux_loss_coef": cfg.aux_loss_coef}  # fmt: skip
+    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout, moe)
     comm.rec = rec
     rec.set_comm_buffer("grad_flat", 4 * sum(p.numel() for p in dense))
 
@@ -160,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg.micro_batch * cfg.grad_accum * env.world_size * 4, cfg.seq, cfg.vocab, cfg.seed
     )
     loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, env.world_size, cfg.seed)
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch)
+    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
+    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
     leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
 
     failed = True

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -157,9 +158,10 @@ def allreduce_grads(
         offset += g.numel()
 
 
-def plan(cfg: TrainConfig, world_size: int, layers_given: bool = True) -> Topology:
+def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ("--layers",)) -> Topology:
     """The validated topology; ValueError naming the numbers when the layout is impossible.
-    Without `--layers`, a default that does not split becomes one block per model stage."""
+    Without `--layers` in `argv`, a default that does not split becomes one block per stage."""
+    layers_given = any(a == "--layers" or a.startswith("--layers=") for a in argv)
     topology = cfg.topology(world_size, default_axis="pp")
     if topology.tp != 1 or topology.ep != 1:
         raise ValueError(f"the pp trainer runs pp x dp only, got tp={topology.tp} ep={topology.ep}")
@@ -172,9 +174,8 @@ def plan(cfg: TrainConfig, world_size: int, layers_given: bool = True) -> Topolo
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_config(argv, "pp")
-    layers_given = any(a == "--layers" or a.startswith("--layers=") for a in argv)
     try:  # before any process group exists: every rank exits 2, rank 0 says why
-        topology = plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), layers_given)
+        topology = plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), argv)
     except ValueError as exc:
         if os.environ.get("RANK", "0") == "0":
             print(f"reference_runs.pp: error: {exc}", file=sys.stderr)

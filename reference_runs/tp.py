@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -194,11 +195,17 @@ def check_layout(cfg: TrainConfig, topology: Topology) -> None:
         raise ValueError(f"--sequence-parallel needs tp > 1 dividing --seq, got tp={tp}")
 
 
+def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+    """The validated layout; ValueError naming the values when this trainer cannot run it."""
+    topology = cfg.topology(world_size, default_axis="tp")
+    check_layout(cfg, topology)
+    return topology
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv, "tp")
     env = init_distributed()
-    topology = cfg.topology(env.world_size, default_axis="tp")
-    check_layout(cfg, topology)
+    topology = plan(cfg, env.world_size)
     groups = build_groups(topology, env.rank)
     coords = topology.coords(env.rank)
     faults = FaultPlan.from_specs(cfg.inject, env.rank)

@@ -23,6 +23,7 @@ bytes, and the unsharded parameters as communication buffers.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -37,10 +38,11 @@ from reference_runs.common import (
     open_recorder,
     shutdown,
 )
-from reference_runs.config import parse_config
+from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
 from reference_runs.model import GPT, count_params
+from reference_runs.topology import Topology
 
 
 def shard_model(model: GPT, mesh: DeviceMesh) -> list[tuple[Any, int | None]]:
@@ -57,12 +59,18 @@ def shard_model(model: GPT, mesh: DeviceMesh) -> list[tuple[Any, int | None]]:
     return units
 
 
+def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+    """The validated layout; ValueError naming the values when this trainer cannot run it."""
+    topology = cfg.topology(world_size, default_axis="dp")
+    if topology.dp != world_size:
+        raise ValueError(f"the zero3 trainer shards over all ranks: --dp must be {world_size}")
+    return topology
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv, "zero3")
     env = init_distributed()
-    topology = cfg.topology(env.world_size, default_axis="dp")
-    if topology.dp != env.world_size:
-        raise ValueError(f"the zero3 trainer shards over all ranks: --dp must be {env.world_size}")
+    topology = plan(cfg, env.world_size)
     groups = build_groups(topology, env.rank)
     faults = FaultPlan.from_specs(cfg.inject, env.rank)
 

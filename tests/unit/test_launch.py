@@ -7,7 +7,6 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from diag import launch
 from diag.cli import main
 from diag.launch import torchrun_command
 
@@ -42,8 +41,26 @@ def test_bad_injection_is_a_usage_error_before_anything_starts(tmp_path) -> None
     assert not any(tmp_path.iterdir())
 
 
-def test_trainer_not_in_this_version_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(launch.TRAINER_MODULES, "zero3")  # every trainer has landed by now
-    result = CliRunner().invoke(main, ["run", "zero3", "--nproc", "2"])
+def test_unknown_trainer_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["run", "cp", "--nproc", "2"])
     assert result.exit_code == 2
-    assert "not available" in result.output
+    assert "'cp' is not one of" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["pp", "--nproc", "4", "--layers", "3"], "--layers (3) must be divisible"),
+        (["ep", "--nproc", "2", "--experts", "3"], "--experts (3) must be divisible by ep (2)"),
+        (["dp", "--nproc", "4", "--dp", "2"], "!= world_size(4)"),
+        (
+            ["tp", "--nproc", "2", "--tp", "2", "--pp", "1", "--heads", "3", "--hidden", "96"],
+            "--heads (3)",
+        ),
+    ],
+)
+def test_impossible_layout_is_a_one_line_error_before_launch(tmp_path, args, says) -> None:
+    result = CliRunner().invoke(main, ["run", *args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert says in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "run").exists()
