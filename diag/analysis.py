@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from diag.load import load_run
 from diag.metrics import compute_metrics
 from diag.report import build_report
+from diag.rules import run_rules
 
 
-def analyze_path(path: str | Path) -> dict[str, Any]:
-    """Load a run directory, compute its metrics and build the `diag.report/1` report.
+def analyze_path(path: str | Path, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Load a run directory, compute its metrics, run the rules and build the `diag.report/1`
+    report. `config` holds rule thresholds by rule code or name (a parsed TOML table).
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
     run = load_run(path)
-    return build_report(run, compute_metrics(run))
+    metrics = compute_metrics(run)
+    metrics.findings = run_rules(run, metrics, config)
+    return build_report(run, metrics)

@@ -20,6 +20,7 @@ from diag.analysis import analyze_path
 from diag.errors import InputError
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
+from diag.rules import check_config
 
 EXIT_INPUT = 2
 
@@ -82,9 +83,13 @@ def main() -> None:
 def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> None:
     """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
     try:
-        if config is not None:
-            read_config(config)  # rule thresholds: used by the rules engine (a later issue)
-        report = analyze_path(path)
+        thresholds = read_config(config) if config is not None else None
+        if config is not None and thresholds is not None:
+            try:
+                check_config(thresholds)
+            except ValueError as err:
+                raise InputError(config, str(err)) from None
+        report = analyze_path(path, thresholds)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         text = FORMATS[fmt](report)

@@ -1,0 +1,159 @@
+"""The rules engine: a registry of small pure rules over a run's tables and metrics.
+
+A rule is a function `(ctx: RuleContext, limits: dict[str, float]) -> Iterable[Finding]`,
+registered with `@rule(...)`: a stable code (`PP001`), a dotted name (`pipeline.bubble`), the
+collapse pattern it evidences (1-5 of SEED-DIGEST section 4, or None for a pitfall), its
+thresholds (defaults with units, overridable from TOML), and a docstring with the sections
+Symptom / Likely cause / Fix / Evidence — the registry refuses a rule without them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.load import RunData
+from diag.metrics import RunMetrics
+
+SEVERITIES = ("high", "medium", "low")
+DOC_SECTIONS = ("Symptom", "Likely cause", "Fix", "Evidence")
+CODE_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    default: float
+    unit: str  # e.g. "fraction", "ratio", "s", "bytes", "steps"
+    help: str  # one line: what crossing it means
+
+
+@dataclass
+class Finding:
+    rule: str  # the rule's code, e.g. "PP001"
+    pattern: int | None  # collapse pattern 1-5, None for a configuration pitfall
+    severity: str  # high | medium | low
+    title: str  # one line a person reads first
+    ranks: list[int] = field(default_factory=list)  # the ranks to blame, when some are
+    evidence: dict[str, Any] = field(default_factory=dict)  # the numbers that prove it
+    advice: str = ""  # what to change
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+
+@dataclass
+class RuleContext:
+    """What a rule may read: the loaded tables and the computed metrics (no files, no torch)."""
+
+    run: RunData
+    metrics: RunMetrics
+
+
+RuleFn = Callable[[RuleContext, Mapping[str, float]], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    pattern: int | None
+    thresholds: dict[str, Threshold]
+    fn: RuleFn
+    doc: str
+
+    def section(self, title: str) -> str:
+        """The text of one docstring section (Symptom, Likely cause, Fix, Evidence)."""
+        return _sections(self.doc).get(title, "")
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def _sections(doc: str) -> dict[str, str]:
+    found: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        head = stripped.rstrip(":")
+        if stripped.endswith(":") and head in DOC_SECTIONS:
+            current = head
+            found[current] = []
+        elif current is not None:
+            found[current].append(stripped)
+    return {k: " ".join(v).strip() for k, v in found.items()}
+
+
+def rule(
+    code: str,
+    name: str,
+    pattern: int | None,
+    thresholds: dict[str, Threshold] | None = None,
+) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule; raises ValueError for a bad code, a duplicate or a missing doc section."""
+
+    def register(fn: RuleFn) -> RuleFn:
+        doc = fn.__doc__ or ""
+        if not CODE_RE.match(code):
+            raise ValueError(f"rule code {code!r} must look like PP001")
+        if code in REGISTRY:
+            raise ValueError(f"rule code {code} registered twice")
+        if pattern is not None and pattern not in (1, 2, 3, 4, 5):
+            raise ValueError(f"{code}: pattern must be 1-5 or None, got {pattern!r}")
+        sections = _sections(doc)
+        missing = [s for s in DOC_SECTIONS if not sections.get(s)]
+        if missing:
+            raise ValueError(f"{code}: docstring lacks the section(s) {', '.join(missing)}")
+        REGISTRY[code] = Rule(code, name, pattern, dict(thresholds or {}), fn, doc)
+        return fn
+
+    return register
+
+
+def limits_for(rule_: Rule, config: Mapping[str, Any] | None) -> dict[str, float]:
+    """The rule's thresholds: defaults, overridden by `config[code]` or `config[name]` tables."""
+    limits = {key: t.default for key, t in rule_.thresholds.items()}
+    for key in (rule_.code, rule_.name):
+        overrides = (config or {}).get(key) or {}
+        for name, value in overrides.items():
+            if name not in limits:
+                raise ValueError(f"rule {rule_.code} has no threshold {name!r}")
+            limits[name] = float(value)
+    return limits
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """ValueError naming the first table or threshold in `config` that no rule knows."""
+    by_key = {**{r.code: r for r in REGISTRY.values()}, **{r.name: r for r in REGISTRY.values()}}
+    for key, table in config.items():
+        if key not in by_key:
+            raise ValueError(f"no rule is called {key!r} (see `diag rules`)")
+        if not isinstance(table, Mapping):
+            raise ValueError(f"[{key}] must be a table of thresholds")
+        limits_for(by_key[key], {key: table})
+
+
+_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def run_rules(
+    run: RunData, metrics: RunMetrics, config: Mapping[str, Any] | None = None
+) -> list[Finding]:
+    """Every registered rule over one run, ranked: the first finding is the main diagnosis.
+
+    Order: severity, then findings that name a collapse pattern before pitfalls, then code.
+    A rule that raises is reported as a skipped note on the metrics, never as a crash.
+    """
+    ctx = RuleContext(run, metrics)
+    findings: list[Finding] = []
+    for code in sorted(REGISTRY):
+        rule_ = REGISTRY[code]
+        limits = limits_for(rule_, config)
+        try:
+            findings.extend(rule_.fn(ctx, limits))
+        except Exception as err:
+            metrics.skipped.append(f"rule {code} failed and was skipped: {err!r}")
+    findings.sort(key=lambda f: (_RANK[f.severity], f.pattern is None, f.rule))
+    return findings

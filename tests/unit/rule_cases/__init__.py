@@ -1,0 +1,27 @@
+"""Rule test cases as data: for every rule, a run that triggers it and one that must not.
+
+Each family module defines `CASES: list[RuleCase]`; `build(runs)` writes a small run directory
+with the `runs` fixture's RunWriter (tests/conftest.py) and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RuleCase:
+    code: str  # the rule under test
+    triggers: bool  # must the rule fire on this run?
+    build: Callable[[Any], Path]  # RunWriter -> run directory
+    why: str  # one line: what the run shows
+    ranks: tuple[int, ...] | None = None  # when it triggers: the ranks the finding must blame
+
+
+def all_cases() -> list[RuleCase]:
+    from rule_cases import communication
+
+    return [*communication.CASES]

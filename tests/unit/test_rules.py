@@ -1,0 +1,42 @@
+"""One harness for every rule: each case's run must (or must not) trigger its rule; every rule
+has both kinds of case and a complete docstring."""
+
+from __future__ import annotations
+
+import pytest
+from rule_cases import RuleCase, all_cases
+
+from diag.load import load_run
+from diag.metrics import compute_metrics
+from diag.rules import REGISTRY, run_rules
+from diag.rules.engine import DOC_SECTIONS
+
+CASES = all_cases()
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c.code}-{'fires' if c.triggers else 'quiet'}"
+)
+def test_rule_case(case: RuleCase, runs) -> None:
+    run = load_run(case.build(runs))
+    metrics = compute_metrics(run)
+    findings = [f for f in run_rules(run, metrics) if f.rule == case.code]
+    assert bool(findings) == case.triggers, f"{case.code}: {case.why}: {findings}"
+    if case.triggers and case.ranks is not None:
+        assert tuple(sorted(findings[0].ranks)) == case.ranks
+
+
+def test_every_rule_has_a_trigger_and_a_quiet_case() -> None:
+    for code in REGISTRY:
+        kinds = {c.triggers for c in CASES if c.code == code}
+        assert kinds == {True, False}, (
+            f"{code} lacks a {'quiet' if True in kinds else 'trigger'} case"
+        )
+
+
+def test_every_rule_documents_its_sections_and_thresholds() -> None:
+    for rule in REGISTRY.values():
+        for section in DOC_SECTIONS:
+            assert rule.section(section), f"{rule.code} has no {section}"
+        for name, threshold in rule.thresholds.items():
+            assert threshold.unit and threshold.help, f"{rule.code}.{name} lacks unit or help"
