@@ -83,8 +83,9 @@ def main() -> None:
 def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> None:
     """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
     try:
-        thresholds = read_config(config) if config is not None else None
-        if config is not None and thresholds is not None:
+        thresholds = None
+        if config is not None:  # rule thresholds: [rules.CODE] or [rules."dotted.name"] tables
+            thresholds = read_config(config).get("rules", {})
             try:
                 check_config(thresholds)
             except ValueError as err:

@@ -183,8 +183,24 @@ def test_out_writes_the_file_and_infers_the_format(golden_dp2: Path, tmp_path: P
 
 def test_valid_config_is_accepted(golden_dp2: Path, tmp_path: Path) -> None:
     config = tmp_path / "rules.toml"
-    config.write_text("[rules.PP001]\nmin_bubble = 0.2\n")
+    config.write_text("[rules.COM001]\nhigh = 0.5\n")
     assert analyze(str(golden_dp2), "--config", str(config)).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ("[rules.XX999]\nhigh = 1\n", "no rule is called 'XX999'"),
+        ("[rules.COM001]\nnope = 1\n", "has no threshold 'nope'"),
+    ],
+)
+def test_config_naming_an_unknown_rule_or_threshold_exits_2(
+    golden_dp2: Path, tmp_path: Path, toml: str, says: str
+) -> None:
+    config = tmp_path / "rules.toml"
+    config.write_text(toml)
+    result = analyze(str(golden_dp2), "--config", str(config))
+    assert result.exit_code == 2 and says in result.output and str(config) in result.output
 
 
 def test_main_is_a_plain_group() -> None:
