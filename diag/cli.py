@@ -8,21 +8,21 @@ Exit codes (DESIGN.md): 0 success, 2 unusable input or arguments with one line
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from diag import __version__
 from diag.analysis import analyze_path
+from diag.check import check
+from diag.compare import compare
 from diag.errors import InputError
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
-from diag.rules import check_config
-
-EXIT_INPUT = 2
+from diag.rules_cli import rules
+from diag.shell import EXIT_INPUT, fail, read_config, rule_thresholds
 
 FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text": render_text,
@@ -32,27 +32,6 @@ FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 _FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown",
                      ".html": "html", ".htm": "html", ".txt": "text"}  # fmt: skip
-
-
-def fail(error: InputError) -> NoReturn:
-    """Print `diag: error: PATH: reason` on stderr and exit 2."""
-    click.echo(f"diag: error: {error}", err=True)
-    raise SystemExit(EXIT_INPUT)
-
-
-def read_config(path: str) -> dict[str, Any]:
-    """Parse a TOML config file (rule thresholds); raises InputError if missing or invalid."""
-    try:
-        with open(path, "rb") as stream:
-            return tomllib.load(stream)
-    except FileNotFoundError:
-        raise InputError(path, "no such file or directory") from None
-    except IsADirectoryError:
-        raise InputError(path, "is a directory, not a TOML file") from None
-    except OSError as err:
-        raise InputError(path, f"cannot read ({err.strerror or err})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError(path, f"not valid TOML ({err})") from None
 
 
 def write_output(path: str, text: str) -> None:
@@ -84,12 +63,8 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
     """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
     try:
         thresholds = None
-        if config is not None:  # rule thresholds: [rules.CODE] or [rules."dotted.name"] tables
-            thresholds = read_config(config).get("rules", {})
-            try:
-                check_config(thresholds)
-            except ValueError as err:
-                raise InputError(config, str(err)) from None
+        if config is not None:
+            thresholds = rule_thresholds(config, read_config(config))
         report = analyze_path(path, thresholds)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
@@ -105,3 +80,8 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
 
 main.add_command(run)
 main.add_command(demo)
+main.add_command(check)
+main.add_command(compare)
+main.add_command(rules)
+
+__all__ = ["EXIT_INPUT", "fail", "main", "read_config", "write_output"]

@@ -99,13 +99,54 @@ def headline(report: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+PATTERN_NAMES: dict[int | None, str] = {
+    1: "more GPUs, slower",
+    2: "throughput decays",
+    3: "speedup below theory",
+    4: "MoE quality risk",
+    5: "OOM although the state fits",
+    None: "pitfall",
+}
+"""Display names of the collapse patterns (SEED-DIGEST section 4); None is a config pitfall."""
+_SEVERITY_LABEL = {"high": "HIGH", "medium": "MED", "low": "LOW"}
+MAX_RANKS_SHOWN = 8
+
+
+def finding_head(finding: dict[str, Any]) -> str:
+    """`HIGH  pattern 3, speedup below theory  PP001 pipeline bubble 58% ...  ranks 1`."""
+    severity = str(finding.get("severity") or "")
+    label = _SEVERITY_LABEL.get(severity, severity.upper())
+    pattern = finding.get("pattern")
+    where = f"pattern {pattern}, {PATTERN_NAMES.get(pattern, '?')}  " if pattern is not None else ""
+    head = f"{label:<4}  {where}{finding.get('rule', '')} {finding.get('title', '')}".rstrip()
+    ranks = finding.get("ranks") or []
+    if ranks:
+        head += f"  {'rank' if len(ranks) == 1 else 'ranks'} {rank_list(ranks)}"
+    return head
+
+
+def rank_list(ranks: list[int]) -> str:
+    """`1`, `0-3,6`, or the first runs and a count when there are many: `0-3,6,9 (+12 more)`."""
+    ordered = sorted({int(r) for r in ranks})
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(parts) > MAX_RANKS_SHOWN:
+        shown = parts[:MAX_RANKS_SHOWN]
+        rest = len(ordered) - sum(b - a + 1 for a, b in runs[:MAX_RANKS_SHOWN])
+        return ",".join(shown) + f" (+{rest} more)"
+    return ",".join(parts)
+
+
 def finding_lines(report: dict[str, Any]) -> list[str]:
+    """Two lines per finding for the terminal: the head, then `      fix: ...` when there is one."""
     lines = []
     for finding in report["findings"]:
-        pattern = finding.get("pattern")
-        where = f"pattern {pattern}, " if pattern is not None else ""
-        lines.append(f"{finding.get('severity', '')}  {where}{finding.get('rule', '')} "
-                     f"{finding.get('title', '')}".strip())  # fmt: skip
+        lines.append(finding_head(finding))
         if finding.get("advice"):
             lines.append(f"      fix: {finding['advice']}")
     return lines
@@ -250,8 +291,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# diag report: {_md(report['run'].get('run_id') or '')}", "",
              f"`{headline(report)}`"]  # fmt: skip
     if report["findings"]:
-        lines += ["", "## Findings", "", *(f"- {_md(line.strip())}" for line in
-                                          finding_lines(report))]  # fmt: skip
+        lines += ["", "## Findings", ""]
+        for finding in report["findings"]:
+            lines.append(f"- {_md(finding_head(finding))}")
+            if finding.get("advice"):
+                lines.append(f"  - fix: {_md(finding['advice'])}")
     for section in sections(report):
         lines += ["", f"## {_md(section.title)}", ""]
         lines.append("| " + " | ".join(_md(h) for h in section.header) + " |")
@@ -286,7 +330,12 @@ def render_html(report: dict[str, Any]) -> str:
         f"<p><code>{esc(headline(report))}</code></p>",
     ]
     if report["findings"]:
-        items = "".join(f"<li>{esc(line.strip())}</li>" for line in finding_lines(report))
+        items = "".join(
+            f"<li>{esc(finding_head(f))}"
+            + (f"<br>fix: {esc(f['advice'])}" if f.get("advice") else "")
+            + "</li>"
+            for f in report["findings"]
+        )
         parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
     for section in sections(report):
         head = "".join(f"<th>{esc(h)}</th>" for h in section.header)

@@ -1,0 +1,129 @@
+"""`diag rules`: the rule catalogue from the registry, as text, as Markdown (docs/rules.md is
+`diag rules --markdown`), and one rule explained (`diag rules explain CODE`)."""
+
+from __future__ import annotations
+
+import click
+
+from diag.errors import InputError
+from diag.report import PATTERN_NAMES
+from diag.rules import REGISTRY, Rule
+from diag.rules.engine import DOC_SECTIONS, SEVERITIES
+from diag.shell import fail
+
+REGENERATE = "diag rules --markdown > docs/rules.md"
+
+
+def pattern_label(rule: Rule) -> str:
+    """`3 speedup below theory`, or `pitfall`."""
+    name = PATTERN_NAMES.get(rule.pattern, "?")
+    return name if rule.pattern is None else f"{rule.pattern} {name}"
+
+
+def severity_range(rule: Rule) -> str:
+    """The severities a rule can give, when its thresholds are named after them (`medium-high`);
+    declared as `severities` on the rule when the registry knows them; else empty."""
+    declared = getattr(rule, "severities", None)
+    levels = [s for s in SEVERITIES if s in (declared or rule.thresholds)]
+    if not levels:
+        return ""
+    return levels[0] if len(levels) == 1 else f"{levels[-1]}-{levels[0]}"
+
+
+def summary_line(rule: Rule) -> str:
+    """The docstring's first line, else the first sentence of its Symptom."""
+    first = rule.doc.strip().splitlines()[0].strip() if rule.doc.strip() else ""
+    if first and first.rstrip(":") not in DOC_SECTIONS:
+        return first
+    return rule.section("Symptom").split(". ")[0]
+
+
+def find_rule(key: str) -> Rule:
+    """A rule by code (case-insensitive) or dotted name; InputError naming `key` otherwise."""
+    by_name = {r.name: r for r in REGISTRY.values()}
+    found = REGISTRY.get(key.upper()) or by_name.get(key)
+    if found is None:
+        raise InputError(key, "no rule has this code or name (see `diag rules`)")
+    return found
+
+
+def catalogue_text() -> str:
+    rows = [["code", "name", "pattern", "severity", "symptom"]]
+    rows += [
+        [r.code, r.name, pattern_label(r), severity_range(r) or "-", summary_line(r)]
+        for r in _ordered()
+    ]
+    sizes = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join([*(c.ljust(s) for c, s in zip(row, sizes, strict=False)), row[4]])
+             for row in rows]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def explain_text(rule: Rule) -> str:
+    lines = [f"{rule.code}  {rule.name}  (pattern: {pattern_label(rule)})", summary_line(rule)]
+    for title in DOC_SECTIONS:
+        lines += ["", f"{title}:", f"  {rule.section(title)}"]
+    lines += ["", "Thresholds (override in TOML: [rules." + rule.code + "]):"]
+    if not rule.thresholds:
+        lines.append("  none")
+    for name, threshold in rule.thresholds.items():
+        lines.append(f"  {name} = {threshold.default:g} {threshold.unit}: {threshold.help}")
+    return "\n".join(lines) + "\n"
+
+
+def catalogue_markdown() -> str:
+    """The whole catalogue as Markdown: a table, then each rule's sections and thresholds."""
+    lines = [
+        "# Rule catalogue",
+        "",
+        f"Generated from the rule registry by `{REGENERATE}`; do not edit by hand.",
+        "Thresholds are overridden in a TOML file passed with `--config`, as `[rules.CODE]`",
+        'or `[rules."dotted.name"]` tables.',
+        "",
+        "| code | name | pattern | severity | symptom |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| [{r.code}](#{r.code.lower()}) | `{r.name}` | {pattern_label(r)} | "
+        f"{severity_range(r) or '-'} | {_cell(summary_line(r))} |"
+        for r in _ordered()
+    ]
+    for r in _ordered():
+        lines += ["", f"## {r.code}", "", f"`{r.name}`, pattern: {pattern_label(r)}.", ""]
+        lines += [summary_line(r), ""]
+        for title in DOC_SECTIONS:
+            lines.append(f"- **{title}**: {r.section(title)}")
+        if r.thresholds:
+            lines += ["", "| threshold | default | unit | meaning |", "|---|---|---|---|"]
+            lines += [
+                f"| `{name}` | {t.default:g} | {t.unit} | {_cell(t.help)} |"
+                for name, t in r.thresholds.items()
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _ordered() -> list[Rule]:
+    return [REGISTRY[code] for code in sorted(REGISTRY)]
+
+
+@click.group(invoke_without_command=True)
+@click.option("--markdown", is_flag=True, help=f"The catalogue as Markdown ({REGENERATE}).")
+@click.pass_context
+def rules(ctx: click.Context, markdown: bool) -> None:
+    """List the rule catalogue: code, name, collapse pattern, severities, symptom."""
+    if ctx.invoked_subcommand is None:
+        click.echo(catalogue_markdown() if markdown else catalogue_text(), nl=False)
+
+
+@rules.command()
+@click.argument("code")
+def explain(code: str) -> None:
+    """Explain one rule (by code, e.g. COM001, or dotted name): its doc and thresholds."""
+    try:
+        click.echo(explain_text(find_rule(code)), nl=False)
+    except InputError as error:
+        fail(error)

@@ -1,0 +1,47 @@
+"""Helpers shared by the CLI's commands: the one-line fatal error and reading a TOML config."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any, NoReturn
+
+import click
+
+from diag.errors import InputError
+from diag.rules import check_config
+
+EXIT_INPUT = 2
+
+
+def fail(error: InputError) -> NoReturn:
+    """Print `diag: error: PATH: reason` on stderr and exit 2."""
+    click.echo(f"diag: error: {error}", err=True)
+    raise SystemExit(EXIT_INPUT)
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """Parse a TOML config file (rule thresholds); raises InputError if missing or invalid."""
+    try:
+        with open(path, "rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError:
+        raise InputError(path, "no such file or directory") from None
+    except IsADirectoryError:
+        raise InputError(path, "is a directory, not a TOML file") from None
+    except OSError as err:
+        raise InputError(path, f"cannot read ({err.strerror or err})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InputError(path, f"not valid TOML ({err})") from None
+
+
+def rule_thresholds(path: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The `[rules]` table of a parsed config, checked against the registry (InputError if a
+    rule or threshold is unknown): `[rules.CODE]` or `[rules."dotted.name"]` tables."""
+    thresholds = config.get("rules", {})
+    if not isinstance(thresholds, dict):
+        raise InputError(path, "[rules] must be a table of [rules.CODE] tables")
+    try:
+        check_config(thresholds)
+    except ValueError as err:
+        raise InputError(path, str(err)) from None
+    return thresholds
