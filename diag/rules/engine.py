@@ -38,6 +38,7 @@ class Finding:
     ranks: list[int] = field(default_factory=list)  # the ranks to blame, when some are
     evidence: dict[str, Any] = field(default_factory=dict)  # the numbers that prove it
     advice: str = ""  # what to change
+    margin: float | None = None  # evidence / its high threshold; ranks equal severities (None: 1)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -143,7 +144,8 @@ def run_rules(
 ) -> list[Finding]:
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
 
-    Order: severity, then findings that name a collapse pattern before pitfalls, then code.
+    Order: severity, then findings that name a collapse pattern before pitfalls, then the
+    stronger evidence (a larger `margin`; None counts as 1), then code.
     A rule that raises is reported as a skipped note on the metrics, never as a crash.
     """
     ctx = RuleContext(run, metrics)
@@ -155,5 +157,5 @@ def run_rules(
             findings.extend(rule_.fn(ctx, limits))
         except Exception as err:
             metrics.skipped.append(f"rule {code} failed and was skipped: {err!r}")
-    findings.sort(key=lambda f: (_RANK[f.severity], f.pattern is None, f.rule))
+    findings.sort(key=lambda f: (_RANK[f.severity], f.pattern is None, -(f.margin or 1.0), f.rule))
     return findings

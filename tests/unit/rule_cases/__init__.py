@@ -22,6 +22,6 @@ class RuleCase:
 
 
 def all_cases() -> list[RuleCase]:
-    from rule_cases import communication
+    from rule_cases import communication, memory, moe, pitfalls, trend
 
-    return [*communication.CASES]
+    return [*communication.CASES, *memory.CASES, *moe.CASES, *pitfalls.CASES, *trend.CASES]

@@ -1,0 +1,190 @@
+"""Configuration pitfalls (no collapse pattern): the frequent failures of SEED-DIGEST section 5
+that a run's records show: a forgotten `set_epoch`, clipping on local norms, a loss gone NaN."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+
+def _events(ctx: RuleContext, name: str) -> pd.DataFrame:
+    events = ctx.run.events
+    return events[events["name"] == name] if not events.empty else events
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@rule(
+    "PIT001",
+    "pitfalls.set_epoch",
+    pattern=None,
+    thresholds={"min_epochs": Threshold(2, "epochs", "epochs a rank must see to compare orders")},
+)
+def forgotten_set_epoch(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Every epoch reads the samples in the same order: `sampler.set_epoch` is never called.
+
+    Symptom:
+        A DP rank's `epoch` events carry the same `order_hash` in every epoch.
+    Likely cause:
+        `DistributedSampler.set_epoch(epoch)` is not called before each epoch, so the shuffle
+        seed never changes and each rank sees an identical order every epoch.
+    Fix:
+        Call `sampler.set_epoch(epoch)` at the start of every epoch.
+    Evidence:
+        Per rank, the epochs seen and the number of distinct order hashes among them.
+    """
+    events = _events(ctx, "epoch")
+    per_rank: dict[int, dict[int, str]] = {}
+    for rank, fields in zip(events.get("rank", []), events.get("fields", []), strict=True):
+        epoch, digest = (fields or {}).get("epoch"), (fields or {}).get("order_hash")
+        if isinstance(epoch, int) and digest is not None:
+            per_rank.setdefault(int(rank), {})[epoch] = str(digest)
+    repeated = {
+        rank: epochs
+        for rank, epochs in per_rank.items()
+        if len(epochs) >= limits["min_epochs"] and len(set(epochs.values())) == 1
+    }
+    if not repeated:
+        return []
+    epochs = max(len(e) for e in repeated.values())
+    return [
+        Finding(
+            rule="PIT001",
+            pattern=None,
+            severity="medium",
+            title=f"same sample order in all {epochs} epochs: sampler.set_epoch is not called",
+            ranks=sorted(repeated),
+            evidence={
+                "epochs_per_rank": {r: len(e) for r, e in sorted(repeated.items())},
+                "distinct_orders": 1,
+            },
+            advice="call sampler.set_epoch(epoch) at the start of every epoch",
+        )
+    ]
+
+
+@rule(
+    "PIT002",
+    "pitfalls.local_norm_clipping",
+    pattern=None,
+    thresholds={
+        "tolerance": Threshold(0.01, "fraction", "relative gap of local below global norm"),
+    },
+)
+def local_norm_clipping(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Gradient norms differ per rank: clipping on a local norm under-clips.
+
+    Symptom:
+        `grad_norm` events whose `local` norm (the gradients this rank holds: its shards under
+        ZeRO/SP/TP) is below the `global` one, or that record only a local norm on a run
+        whose ranks hold shards.
+    Likely cause:
+        `clip_grad_norm_` applied to the local shard's gradients: each rank sees a smaller norm
+        than the true one and clips too little (or differently per rank).
+    Fix:
+        Clip on the global norm: all-reduce the squared local norms (FSDP2/DTensor
+        `clip_grad_norm_` does), then scale every shard by the same factor.
+    Evidence:
+        The smallest local/global ratio, the ranks where local differs, whether a global norm
+        is recorded at all.
+    """
+    events = _events(ctx, "grad_norm")
+    gaps: dict[int, float] = {}
+    local_only: set[int] = set()
+    for rank, fields in zip(events.get("rank", []), events.get("fields", []), strict=True):
+        local, total = _number((fields or {}).get("local")), _number((fields or {}).get("global"))
+        if local is None:
+            continue
+        if total is None:
+            local_only.add(int(rank))
+        elif total > 0 and (total - local) / total > limits["tolerance"]:
+            gaps[int(rank)] = min(gaps.get(int(rank), 1.0), local / total)
+    layout = ctx.run.manifest.layout
+    sharded = (layout.zero_stage or 0) >= 2 or (layout.tp or 1) > 1 or (layout.cp or 1) > 1
+    if gaps:
+        ratio = min(gaps.values())
+        return [
+            Finding(
+                rule="PIT002",
+                pattern=None,
+                severity="low",
+                title=f"local gradient norms are down to {ratio:.0%} of the global norm: "
+                "clipping must use the global one",
+                ranks=sorted(gaps),
+                evidence={"min_local_over_global": ratio, "global_recorded": True},
+                advice="clip on the global (all-reduced) norm, e.g. FSDP2/DTensor "
+                "clip_grad_norm_; never clip each shard by its local norm",
+            )
+        ]
+    if local_only and sharded:
+        return [
+            Finding(
+                rule="PIT002",
+                pattern=None,
+                severity="medium",
+                title="gradients are clipped on local norms of sharded gradients (no global "
+                "norm recorded)",
+                ranks=sorted(local_only),
+                evidence={
+                    "global_recorded": False,
+                    "zero_stage": layout.zero_stage,
+                    "tp": layout.tp,
+                    "cp": layout.cp,
+                },
+                advice="all-reduce the squared local norms and clip every shard by the global norm",
+            )
+        ]
+    return []
+
+
+@rule(
+    "PIT003",
+    "pitfalls.nonfinite_loss",
+    pattern=None,
+    thresholds={"min_steps": Threshold(1, "steps", "step records with a NaN or inf loss")},
+)
+def nonfinite_loss(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """The loss became NaN or infinite.
+
+    Symptom:
+        Step records whose `loss` is NaN or inf after finite ones on the same rank (a run that
+        records no loss at all is not judged).
+    Likely cause:
+        A learning rate too high, fp16/fp8 overflow from bad loss or scaling factors, a division
+        by zero in the loss, corrupted data.
+    Fix:
+        Lower the learning rate or add warm-up, use bf16 or dynamic loss scaling, clip
+        gradients on the global norm, check the data of the first bad step.
+    Evidence:
+        The number of such steps, the first one, and the ranks.
+    """
+    steps = ctx.run.steps
+    if steps.empty:
+        return []
+    finite = steps["loss"].astype(float).map(math.isfinite)
+    first_finite = steps[finite].groupby("rank")["step"].min()
+    after = steps["step"] > steps["rank"].map(first_finite)  # NaN (no finite loss) -> False
+    bad = steps[after & ~finite]  # a loss that was finite, then NaN/inf (not a missing one)
+    if len(bad) < limits["min_steps"]:
+        return []
+    return [
+        Finding(
+            rule="PIT003",
+            pattern=None,
+            severity="high",
+            title=f"loss is NaN or inf from step {int(bad['step'].min())}",
+            ranks=sorted({int(r) for r in bad["rank"]}),
+            evidence={"steps": int(bad["step"].nunique()), "first_step": int(bad["step"].min())},
+            advice="lower the learning rate or warm it up, use bf16 or dynamic loss scaling, "
+            "clip on the global norm",
+        )
+    ]

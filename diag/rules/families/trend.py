@@ -1,0 +1,252 @@
+"""Trend rules (collapse pattern 2: throughput decays over steps; memory creep toward an OOM).
+
+Trends are robust slopes, never two points: the Theil-Sen slope (median of the pairwise slopes)
+with Sen's confidence bound from the Mann-Kendall variance (Sen 1968, JASA 63:1379).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+_STEP_THRESHOLDS = {
+    "min_steps": Threshold(8, "steps", "analysed steps needed before a trend is judged"),
+    "z": Threshold(1.96, "z-score", "confidence of the slope's lower bound (1.96: 95%, two-sided)"),
+    "medium": Threshold(0.15, "fraction", "step-time growth over the run (slope x steps / median)"),
+    "high": Threshold(0.50, "fraction", "step-time growth over the run: high"),
+    "cause_growth": Threshold(0.20, "fraction", "growth of a cause (a2a bytes) to name it"),
+    "skew_growth": Threshold(1.15, "ratio", "expert max/mean last over first to name skew growth"),
+}
+_CREEP_THRESHOLDS = {
+    "min_points": Threshold(4, "records", "memory records per rank needed to judge a trend"),
+    "z": Threshold(1.96, "z-score", "confidence of the slope's lower bound (1.96: 95%, two-sided)"),
+    "monotonic": Threshold(0.80, "fraction", "share of record-to-record changes that are rises"),
+    "medium": Threshold(0.20, "fraction", "growth of one category over the run (fitted / first)"),
+    "high": Threshold(1.00, "fraction", "growth of one category over the run: high"),
+}
+_CREEP_DEFAULTS = {key: t.default for key, t in _CREEP_THRESHOLDS.items()}
+
+
+@dataclass(frozen=True)
+class Slope:
+    per_step: float  # Theil-Sen slope, units per step
+    lower: float  # Sen's lower confidence bound of the slope
+    growth: float  # fitted change over the span / the series' median (or its first value)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, z: float, base: float | None = None) -> Slope | None:
+    """The Theil-Sen slope of y over x, its lower bound at `z`, and the relative growth.
+
+    None with fewer than 3 points or a zero `base` (default: the median of y).
+    """
+    n = len(x)
+    if n < 3:
+        return None
+    i, j = np.triu_indices(n, k=1)
+    dx = x[j] - x[i]
+    keep = dx != 0
+    slopes = np.sort((y[j] - y[i])[keep] / dx[keep])
+    if len(slopes) == 0:
+        return None
+    variance = n * (n - 1) * (2 * n + 5) / 18  # Mann-Kendall S, no ties
+    lower_rank = math.floor((len(slopes) - z * math.sqrt(variance)) / 2)
+    lower = float(slopes[lower_rank]) if lower_rank >= 0 else -math.inf
+    per_step = float(np.median(slopes))
+    base = float(np.median(y)) if base is None else base
+    if base == 0:
+        return None
+    return Slope(per_step, lower, per_step * float(x.max() - x.min()) / base)
+
+
+def step_walls(ctx: RuleContext) -> pd.Series:
+    """Per analysed step, the slowest rank's wall time (s), indexed by step."""
+    rank_steps = ctx.metrics.rank_steps
+    if rank_steps.empty:
+        return pd.Series(dtype=float)
+    return rank_steps.groupby("step")["wall_s"].max().sort_index()
+
+
+@dataclass(frozen=True)
+class Creep:
+    rank: int
+    field: str  # a memory category or host_rss
+    first_bytes: float
+    last_bytes: float
+    slope: Slope
+
+
+def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
+    """Memory fields that grow steadily over steps, per rank (categories first, then host_rss)."""
+    memory = ctx.metrics.memory_steps
+    found: list[Creep] = []
+    if memory.empty:
+        return found
+    for rank, frame in memory.groupby("rank", sort=True):
+        for name in (*schema.MEMORY_CATEGORIES, "host_rss"):
+            if name not in frame:
+                continue
+            series = frame[["step", name]].dropna().sort_values("step")
+            if len(series) < limits["min_points"]:
+                continue
+            x, y = series["step"].to_numpy(float), series[name].to_numpy(float)
+            if y[0] <= 0:
+                continue
+            slope = theil_sen(x, y, limits["z"], base=float(y[0]))
+            rises = float(np.mean(np.diff(y) >= 0))
+            if (
+                slope is not None
+                and slope.lower > 0
+                and rises >= limits["monotonic"]
+                and slope.growth >= limits["medium"]
+            ):
+                found.append(Creep(int(rank), name, float(y[0]), float(y[-1]), slope))
+    return found
+
+
+def _main_creep(creeps: list[Creep]) -> tuple[Creep, list[int]] | None:
+    """The creep to name (a category before host_rss, then the fastest) and its ranks."""
+    if not creeps:
+        return None
+    in_categories = [c for c in creeps if c.field != "host_rss"] or creeps
+    top = max(in_categories, key=lambda c: c.slope.per_step)
+    return top, sorted({c.rank for c in creeps if c.field == top.field})
+
+
+def _alltoall_growth(ctx: RuleContext, z: float) -> Slope | None:
+    """The trend of all-to-all bytes per step (median over ranks), analysed steps only."""
+    comms = ctx.run.comms
+    a2a = comms[comms["op"] == schema.CollectiveOp.ALL_TO_ALL.value]
+    keys = ctx.metrics.rank_steps[["rank", "step"]]
+    a2a = a2a.merge(keys, on=["rank", "step"], how="inner")
+    if a2a.empty:
+        return None
+    per_step = a2a.groupby(["step", "rank"])["bytes"].sum().groupby("step").median()
+    return theil_sen(per_step.index.to_numpy(float), per_step.to_numpy(float), z)
+
+
+def _skew_growth(ctx: RuleContext) -> tuple[int, float, float] | None:
+    """The MoE layer whose max/mean load grew most from first to last step."""
+    experts = ctx.metrics.experts
+    if experts.empty:
+        return None
+    rows = experts.dropna(subset=["max_over_mean_first", "max_over_mean_last"])
+    if rows.empty:
+        return None
+    ratio = rows["max_over_mean_last"] / rows["max_over_mean_first"]
+    row = rows.loc[ratio.idxmax()]
+    return int(row["layer"]), float(row["max_over_mean_first"]), float(row["max_over_mean_last"])
+
+
+@rule("TRD001", "trend.step_time", pattern=2, thresholds=_STEP_THRESHOLDS)
+def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Step time rises steadily over the run: throughput decays.
+
+    Symptom:
+        The per-step wall time has a significant upward trend: the Theil-Sen slope's lower
+        confidence bound is above zero and the fitted growth over the run is large.
+    Likely cause:
+        Memory creeping toward the peak (a leak, a list of losses kept with their graphs,
+        allocator fragmentation), MoE hot experts growing all-to-all bytes, router skew worsening.
+    Fix:
+        Remove what creeps (keep `loss.item()`, not the loss), cap fragmentation with allocator
+        settings, rebalance experts (aux-loss coefficient, capacity factor).
+    Evidence:
+        Slope (s/step) and its lower bound over the slowest rank's step walls, growth over the
+        run, and the named cause: the creeping memory field, all-to-all bytes growth, expert skew.
+    """
+    walls = step_walls(ctx)
+    if len(walls) < limits["min_steps"]:
+        return []
+    slope = theil_sen(walls.index.to_numpy(float), walls.to_numpy(float), limits["z"])
+    if slope is None or slope.lower <= 0 or slope.growth < limits["medium"]:
+        return []
+    causes: list[str] = []
+    evidence: dict[str, object] = {
+        "slope_s_per_step": slope.per_step,
+        "slope_lower_s_per_step": slope.lower,
+        "growth": slope.growth,
+        "steps": len(walls),
+        "median_step_s": float(walls.median()),
+    }
+    ranks: list[int] = []
+    creep = _main_creep(memory_creeps(ctx, {**_CREEP_DEFAULTS, "z": limits["z"]}))
+    if creep is not None:
+        top, ranks = creep
+        causes.append(f"memory creep in {top.field}")
+        evidence["memory_creep"] = {"field": top.field, "growth": top.slope.growth}
+    a2a = _alltoall_growth(ctx, limits["z"])
+    if a2a is not None and a2a.lower > 0 and a2a.growth >= limits["cause_growth"]:
+        causes.append("growing all-to-all bytes")
+        evidence["alltoall_bytes_growth"] = a2a.growth
+    skew = _skew_growth(ctx)
+    if skew is not None and skew[2] >= limits["skew_growth"] * skew[1]:
+        causes.append(f"growing expert skew (layer {skew[0]})")
+        evidence["expert_max_over_mean"] = {"layer": skew[0], "first": skew[1], "last": skew[2]}
+    evidence["causes"] = causes
+    severity = "high" if slope.growth >= limits["high"] else "medium"
+    because = f": {', '.join(causes)}" if causes else " (no cause found in memory or experts)"
+    return [
+        Finding(
+            rule="TRD001",
+            pattern=2,
+            severity=severity,
+            title=f"step time grows {slope.growth:.0%} over {len(walls)} steps{because}",
+            ranks=ranks,
+            evidence=evidence,
+            advice="find what grows with the step: keep `loss.item()` rather than the loss, "
+            "set allocator options against fragmentation, rebalance hot experts",
+        )
+    ]
+
+
+@rule("TRD002", "trend.memory_creep", pattern=5, thresholds=_CREEP_THRESHOLDS)
+def memory_creep(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Memory grows step after step: the run is heading for an OOM the state estimate never saw.
+
+    Symptom:
+        One memory category (or the host RSS) rises almost monotonically over the steps with a
+        significant Theil-Sen slope, although parameters, gradients and optimizer state are fixed.
+    Likely cause:
+        Tensors kept across steps with their autograd graph (a list of losses), caches that
+        never evict, fragmentation accumulating in the allocator. Pattern 5, not 2: the state
+        estimate stays flat while this grows until it exceeds the device; the slowdown it may
+        also cause is reported by TRD001 (pattern 2), which names this creep as its cause.
+    Fix:
+        Keep `loss.item()` (a float), not the loss tensor; detach what is logged; clear caches;
+        for fragmentation, allocator settings (expandable segments).
+    Evidence:
+        The field, its first and last bytes, the slope (bytes/step) with its lower bound, the
+        growth over the run relative to the first record, and the ranks where it creeps.
+    """
+    creep = _main_creep(memory_creeps(ctx, limits))
+    if creep is None:
+        return []
+    top, ranks = creep
+    severity = "high" if top.slope.growth >= limits["high"] else "medium"
+    where = "outside the six categories" if top.field == "host_rss" else "a memory category"
+    return [
+        Finding(
+            rule="TRD002",
+            pattern=5,
+            severity=severity,
+            title=f"memory creep: {top.field} ({where}) grows {top.slope.growth:.0%} over the run",
+            ranks=ranks,
+            evidence={
+                "field": top.field,
+                "first_bytes": top.first_bytes,
+                "last_bytes": top.last_bytes,
+                "slope_bytes_per_step": top.slope.per_step,
+                "slope_lower_bytes_per_step": top.slope.lower,
+                "growth": top.slope.growth,
+            },
+            advice="something is kept across steps: store `loss.item()`, detach logged tensors, "
+            "clear caches; fragmentation -> PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        )
+    ]

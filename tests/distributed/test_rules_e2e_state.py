@@ -1,0 +1,69 @@
+"""End-to-end: injected faults in real gloo runs are named by the trend, MoE, memory and pitfall
+rules (collapse patterns 2, 4, 5 and the set_epoch pitfall).
+
+Stability: each run below was made twice on the 2-core development machine with the verdicts
+checked both times. The magnitudes sit far from the thresholds: skew 0.9 with capacity factor
+0.5 drops ~50% of assignments (high: 20%; a healthy EP run drops ~0-11%); an 8 MiB/step leak
+over 21 steps grows activations ~2.5x (creep needs 20%); a 2 MB budget is exceeded ~5x.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.load import load_run
+from diag.metrics import compute_metrics
+from diag.rules import Finding, run_rules
+from diag.rules.families.memory import peaks
+
+pytestmark = pytest.mark.dist
+
+
+def _findings(run_dir: Path) -> list[Finding]:
+    run = load_run(run_dir)
+    return run_rules(run, compute_metrics(run))
+
+
+def test_expert_skew_with_small_capacity_is_first_named_pattern_4(run_ep, tmp_path: Path) -> None:
+    run_dir = tmp_path / "ep"
+    run_ep(run_dir, "--steps", "4", "--inject", "skew:frac=0.9", "--capacity-factor", "0.5")
+    findings = _findings(run_dir)
+    assert findings and findings[0].pattern == 4, findings
+    assert findings[0].rule == "MOE001" and findings[0].severity == "high"
+
+
+def test_leak_is_named_memory_creep(run_dp, tmp_path: Path) -> None:
+    run_dir = tmp_path / "leak"
+    run_dp(run_dir, "--steps", "21", "--inject", "leak:mb=8")
+    creep = [f for f in _findings(run_dir) if f.rule == "TRD002"]
+    assert creep, "no memory creep finding"
+    assert creep[0].pattern == 5 and creep[0].evidence["field"] == "activations"
+    assert creep[0].ranks == [0, 1]
+
+
+def test_tiny_budget_names_pattern_5_and_the_dominant_category(run_dp, tmp_path: Path) -> None:
+    run_dir = tmp_path / "zero3"
+    run_dp(run_dir, "--steps", "3", "--device-memory-gb", "0.002", trainer="zero3")
+    run = load_run(run_dir)
+    metrics = compute_metrics(run)
+    budget = [f for f in run_rules(run, metrics) if f.rule == "MEM001"]
+    assert budget and budget[0].pattern == 5 and budget[0].severity == "high"
+    fullest = max(peaks(metrics.memory_steps), key=lambda p: p.total_bytes)
+    categories = fullest.by_category
+    groups = {
+        "state": categories.get("params", 0) + categories.get("grads", 0)
+        + categories.get("optimizer", 0),
+        "activations": categories.get("activations", 0),
+        "comm_buffers": categories.get("comm_buffers", 0),
+    }  # fmt: skip
+    assert budget[0].evidence["dominant"] == max(groups, key=lambda g: groups[g])
+    assert budget[0].evidence["dominant"] in budget[0].title
+
+
+def test_forgotten_set_epoch_is_a_pitfall(run_dp, tmp_path: Path) -> None:
+    run_dir = tmp_path / "epoch"
+    run_dp(run_dir, "--steps", "9", "--inject", "no-set-epoch")  # 4 steps an epoch: 3 epochs
+    pitfall = [f for f in _findings(run_dir) if f.rule == "PIT001"]
+    assert pitfall and pitfall[0].pattern is None and pitfall[0].ranks == [0, 1]
