@@ -1,3 +1,12 @@
 """One module per rule family; each registers its rules with `diag.rules.engine.rule`."""
 
-from diag.rules.families import communication, memory, moe, pitfalls, trend  # noqa: F401
+from diag.rules.families import (  # noqa: F401
+    balance,
+    communication,
+    memory,
+    moe,
+    pipeline,
+    pitfalls,
+    topology,
+    trend,
+)

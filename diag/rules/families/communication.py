@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import pandas as pd
+
+from diag import intervals
+from diag.metrics import NS_PER_S
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.families.balance import find_stragglers
 
 
 @rule(
@@ -30,13 +35,21 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         Give each rank more work (larger micro-batch, fewer ranks on this dimension), keep TP/EP
         inside a node, tune DDP buckets so all-reduces start earlier, overlap communication.
     Evidence:
-        summary.exposed_comm_share and comm_share against the thresholds.
+        summary.exposed_comm_share and comm_share against the thresholds. When a straggler
+        (BAL001) explains the waiting, the finding stays medium and names it; so it does in a
+        pipeline run, whose blocking receives are the bubble (PIP rules).
     """
     summary = ctx.metrics.summary
     exposed = summary.get("exposed_comm_share")
     if exposed is None or exposed < limits["medium"]:
         return []
     severity = "high" if exposed >= limits["high"] else "medium"
+    found = find_stragglers(ctx.metrics.ranks, rank_steps=ctx.metrics.rank_steps)
+    stragglers = sorted(s["rank"] for s in found)
+    pipelined = (ctx.run.manifest.layout.pp or 1) > 1
+    if stragglers or pipelined:
+        # the waiting is a straggler's (BAL001) or the pipeline bubble's (PIP rules)
+        severity = "medium"
     return [
         Finding(
             rule="COM001",
@@ -47,8 +60,217 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
                 "exposed_comm_share": exposed,
                 "comm_share": summary.get("comm_share"),
                 "threshold": limits[severity],
+                "waiting_for_stragglers": stragglers,
             },
             advice="more work per rank or fewer ranks on this dimension; keep TP/EP in a node; "
             "smaller DDP buckets start all-reduces earlier in backward",
+        )
+    ]
+
+
+def _group_share(ctx: RuleContext, group: str) -> tuple[float, float] | None:
+    """(time in `group` collectives, wall) per rank, averaged over ranks; None without them."""
+    table = ctx.metrics.collectives
+    ranks = ctx.metrics.ranks
+    if table.empty or ranks.empty:
+        return None
+    rows = table[table["group"] == group]
+    wall = float(ranks["wall_s"].mean())
+    if rows.empty or wall <= 0:
+        return None
+    return float(rows["time_s"].sum()), wall
+
+
+@rule(
+    "COM002",
+    "communication.tp_share",
+    pattern=1,
+    thresholds={
+        "high": Threshold(0.50, "fraction", "share of the step in TP collectives: high"),
+        "medium": Threshold(0.25, "fraction", "share of the step in TP collectives: medium"),
+    },
+)
+def tp_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Tensor parallelism spends the step in its collectives: the GEMMs got too small.
+
+    Symptom:
+        With tp > 1 a large share of every step is spent in the per-layer TP all-reduces
+        (all-gathers / reduce-scatters under sequence parallelism).
+    Likely cause:
+        Each added TP rank shrinks every rank's GEMMs while the collectives keep their size
+        (micro_batch x seq x hidden per all-reduce, 2 per layer forward and 2 backward), so the
+        communication share rises with tp; worse when the TP group crosses a slow link.
+    Fix:
+        Lower the TP degree (use DP or PP for the remaining ranks), give each rank more work
+        (larger micro-batch or sequence), keep TP inside a node, enable sequence parallelism.
+    Evidence:
+        Time in collectives of group `tp` per rank over its wall time, with tp and the ledger
+        comparison summary.tp_vs_ledger.
+    """
+    tp = ctx.run.manifest.layout.tp or 1
+    measured = _group_share(ctx, "tp")
+    if tp <= 1 or measured is None:
+        return []
+    tp_s, wall_s = measured
+    share = tp_s / wall_s
+    if share < limits["medium"]:
+        return []
+    severity = "high" if share >= limits["high"] else "medium"
+    return [
+        Finding(
+            rule="COM002",
+            pattern=1,
+            severity=severity,
+            title=f"TP={tp} collectives take {share:.0%} of the step: per-rank GEMMs too small",
+            evidence={
+                "tp": tp,
+                "tp_comm_share": share,
+                "tp_comm_s_per_rank": tp_s,
+                "wall_s_per_rank": wall_s,
+                "tp_vs_ledger": ctx.metrics.summary.get("tp_vs_ledger"),
+                "threshold": limits[severity],
+            },
+            advice=f"lower TP below {tp} and use DP/PP for the other ranks, or give each rank "
+            "more work (micro-batch, sequence); keep TP inside a node; sequence parallelism",
+        )
+    ]
+
+
+@rule(
+    "COM003",
+    "communication.dp_not_overlapped",
+    pattern=1,
+    thresholds={
+        "max_hidden": Threshold(0.20, "fraction", "share of DP all-reduce time hidden: below"),
+        "min_share": Threshold(0.10, "fraction", "DP all-reduce time over step wall: at least"),
+    },
+)
+def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """The DP gradient all-reduce does not hide behind backward.
+
+    Symptom:
+        Nearly all of the time the data-parallel all-reduces are in flight, the rank waits for
+        them: exposed DP communication is about its total.
+    Likely cause:
+        Buckets too coarse (one bucket of the whole model starts only when backward ends), too
+        little backward left to overlap with, or a synchronous all-reduce after backward.
+    Fix:
+        Smaller DDP buckets (`bucket_cap_mb`) so all-reduces start earlier in backward, overlap
+        the reduction with backward, bf16 gradient reduction to halve the bytes.
+    Evidence:
+        Per rank, the union of group `dp` collectives, the part of it not spent waiting
+        (hidden), and its share of the step wall time.
+    """
+    run, ranks = ctx.run, ctx.metrics.ranks
+    comms = run.comms[run.comms["group"] == "dp"]
+    if comms.empty or ranks.empty:
+        return []
+    analysed = ctx.metrics.rank_steps[["rank", "step"]]
+    comms = comms.merge(analysed, on=["rank", "step"], how="inner")
+    waits_all = pd.concat([
+        run.spans.loc[run.spans["phase"] == "comm_wait", ["rank", "t0", "t1"]],
+        run.comms.loc[_blocking_all(run.comms), ["rank", "t0", "t1"]],
+    ])  # fmt: skip
+    dp_s = hidden_s = 0.0
+    for rank, group in comms.groupby("rank"):
+        spans = group[["t0", "t1"]].to_numpy(dtype="float64")
+        waits = waits_all.loc[waits_all["rank"] == rank, ["t0", "t1"]].to_numpy(dtype="float64")
+        dp_s += intervals.union_length(spans) / NS_PER_S
+        hidden_s += intervals.subtract(spans, waits) / NS_PER_S
+    wall_s = float(ranks.loc[ranks["rank"].isin(comms["rank"]), "wall_s"].sum())
+    if dp_s <= 0 or wall_s <= 0:
+        return []
+    hidden, share = hidden_s / dp_s, dp_s / wall_s
+    if hidden >= limits["max_hidden"] or share < limits["min_share"]:
+        return []
+    return [
+        Finding(
+            rule="COM003",
+            pattern=1,
+            severity="medium",
+            title=f"DP all-reduce not overlapped: {1 - hidden:.0%} of it exposed, "
+            f"{share:.0%} of the step",
+            evidence={
+                "dp_comm_share": share,
+                "dp_hidden_fraction": hidden,
+                "dp_comm_s": dp_s,
+                "bucket_mb": run.manifest.layout.bucket_mb,
+                "max_hidden": limits["max_hidden"],
+            },
+            advice="smaller DDP buckets (bucket_cap_mb) so all-reduces start during backward; "
+            "reduce gradients in bf16",
+        )
+    ]
+
+
+def _blocking_all(comms: pd.DataFrame) -> pd.Series:
+    """`blocking` where recorded; otherwise blocking unless `async` is true (docs/metrics.md)."""
+    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool)
+    return comms["blocking"].where(comms["blocking"].notna(), ~is_async).astype(bool)
+
+
+EP_OPS = ("all_to_all",)
+"""Expert all-to-alls are compared with their ledger by the MoE family."""
+
+
+@rule(
+    "COM004",
+    "communication.bytes_vs_ledger",
+    pattern=1,
+    thresholds={
+        "tolerance": Threshold(
+            0.25, "ratio", "bytes off the ledger by more than 1+tol (or under 1/(1+tol))"
+        ),
+    },
+)
+def bytes_vs_ledger(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Collectives move far more (or fewer) bytes than the communication ledger expects.
+
+    Symptom:
+        A collective's measured bytes per rank differ from the ledger's expected bytes by more
+        than the tolerance.
+    Likely cause:
+        Above: padding, duplicated or unbucketed gradients, fp32 where bf16 was planned, a
+        collective issued more often than the schedule needs. Below: part of the model not
+        reduced (frozen or unused parameters), a ledger out of date with the model.
+    Fix:
+        Check the dtype of the reduction, the bucketing, and which parameters need gradients;
+        bring the ledger's model description in line with the run.
+    Evidence:
+        The `collectives` rows (op, group, tag) with bytes, expected_bytes and their ratio;
+        expert all-to-alls are left to the MoE rules.
+    """
+    table = ctx.metrics.collectives
+    if table.empty:
+        return []
+    high = 1 + limits["tolerance"]
+    rows = table[table["ratio"].notna() & ~table["op"].isin(EP_OPS) & (table["group"] != "ep")]
+    off = rows[(rows["ratio"] > high) | (rows["ratio"] < 1 / high)]
+    if off.empty:
+        return []
+    worst = off.loc[(off["ratio"].astype(float).apply(lambda r: max(r, 1 / r))).idxmax()]
+    return [
+        Finding(
+            rule="COM004",
+            pattern=1,
+            severity="medium",
+            title=f"{worst['op']} on {worst['group']} moves {float(worst['ratio']):.2f}x the "
+            "ledger's bytes",
+            evidence={
+                "collectives": [
+                    {
+                        "op": r["op"],
+                        "group": r["group"],
+                        "tag": r["tag"],
+                        "bytes": float(r["bytes"]),
+                        "expected_bytes": float(r["expected_bytes"]),
+                        "ratio": float(r["ratio"]),
+                    }
+                    for _, r in off.iterrows()
+                ],
+                "tolerance": limits["tolerance"],
+            },
+            advice="check the reduction dtype, bucketing and which parameters get gradients; "
+            "update the ledger's model description if it is stale",
         )
     ]

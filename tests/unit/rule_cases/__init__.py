@@ -22,6 +22,7 @@ class RuleCase:
 
 
 def all_cases() -> list[RuleCase]:
-    from rule_cases import communication, memory, moe, pitfalls, trend
+    from rule_cases import balance, communication, memory, moe, pipeline, pitfalls, topology, trend
 
-    return [*communication.CASES, *memory.CASES, *moe.CASES, *pitfalls.CASES, *trend.CASES]
+    mine = [*balance.CASES, *communication.CASES, *pipeline.CASES, *topology.CASES]
+    return [*mine, *memory.CASES, *moe.CASES, *pitfalls.CASES, *trend.CASES]

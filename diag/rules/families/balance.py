@@ -1,0 +1,183 @@
+"""Balance rules (collapse pattern 3: speedup far below theory): stragglers and busy imbalance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+STRAGGLER_LIMITS = {
+    "busy_ratio": Threshold(1.3, "ratio", "a rank's busy time over the median of its peers'"),
+    "min_excess_s": Threshold(0.002, "s", "busy time per step above the peers' median: at least"),
+    "min_step_share": Threshold(0.5, "fraction", "share of steps in which the rank stands out"),
+    "high_ratio": Threshold(1.5, "ratio", "busy ratio at which the finding is high"),
+}
+
+
+def _peer_sets(ranks: pd.DataFrame) -> list[pd.DataFrame]:
+    """Ranks that should be equally busy: all of them, or each pipeline stage's replicas."""
+    if "stage" in ranks and ranks["stage"].notna().any():
+        return [group for _, group in ranks.groupby("stage") if len(group) >= 2]
+    return [ranks] if len(ranks) >= 2 else []
+
+
+def _steps_standing_out(rank_steps: pd.DataFrame | None, rank: int, ratio: float) -> float:
+    """Share of steps in which `rank`'s busy time is at least `ratio` x the others' median."""
+    if rank_steps is None or rank_steps.empty:
+        return 1.0
+    table = rank_steps.pivot_table(index="step", columns="rank", values="busy_s")
+    if rank not in table.columns or table.shape[1] < 2:
+        return 1.0
+    others = table.drop(columns=rank).median(axis=1)
+    return float((table[rank] >= ratio * others).mean())
+
+
+def find_stragglers(
+    ranks: pd.DataFrame,
+    limits: Mapping[str, float] | None = None,
+    rank_steps: pd.DataFrame | None = None,
+) -> list[dict[str, Any]]:
+    """Ranks whose busy time per step stands out against the median of their peers while the
+    peers wait longer in collectives than they do; none when more than a minority stand out
+    (that is imbalance, not a straggler). `limits`: BAL001's, its defaults when None."""
+    if limits is None:
+        limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
+    found: list[dict[str, Any]] = []
+    for peers in _peer_sets(ranks[ranks["steps"] > 0]):
+        standing_out: list[dict[str, Any]] = []
+        busy = peers["busy_s"] / peers["steps"]
+        exposed = peers["exposed_comm_s"] / peers["steps"]
+        for idx in peers.index:
+            others = peers.index != idx
+            median_busy = float(busy[others].median())
+            excess_s = float(busy[idx]) - median_busy
+            if median_busy <= 0 or excess_s < limits["min_excess_s"]:
+                continue
+            ratio = float(busy[idx]) / median_busy
+            rank = int(peers.at[idx, "rank"])
+            if ratio < limits["busy_ratio"] or float(exposed[others].median()) <= exposed[idx]:
+                continue
+            standing_out.append({
+                "rank": rank,
+                "busy_ratio": ratio,
+                "busy_per_step_s": float(busy[idx]),
+                "peers_median_busy_per_step_s": median_busy,
+                "exposed_comm_per_step_s": float(exposed[idx]),
+                "peers_median_exposed_comm_per_step_s": float(exposed[others].median()),
+            })  # fmt: skip
+        if len(standing_out) > max(1, (len(peers) - 1) // 2):
+            continue  # more than a minority: imbalance, not stragglers
+        for entry in standing_out:
+            steps = rank_steps
+            if steps is not None:
+                steps = steps[steps["rank"].isin(peers["rank"])]
+            entry["steps_standing_out"] = _steps_standing_out(
+                steps, entry["rank"], limits["busy_ratio"]
+            )
+            if entry["steps_standing_out"] >= limits["min_step_share"]:
+                found.append(entry)
+    return found
+
+
+@rule("BAL001", "balance.straggler", pattern=3, thresholds=STRAGGLER_LIMITS)
+def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """One rank computes longer than its peers, and they wait for it in every collective.
+
+    Symptom:
+        A rank's busy (compute) time per step stands out against the median of the others, in
+        most steps (not one noisy step), and the others spend more time waiting in collectives
+        than it does.
+    Likely cause:
+        A slower or throttled device, a noisy neighbour on its host, more data or work on that
+        rank (uneven shards, longer sequences), host-side stalls (data loading, GC) on it.
+        Synchronous collectives are a barrier: every step runs at the slowest rank's pace.
+    Fix:
+        Inspect or replace the named rank's device/host, balance the data per rank, move data
+        loading off the critical path; exclude the node if it is persistently slow.
+    Evidence:
+        busy_s per step of every rank, the straggler's ratio to its peers' median, and the
+        peers' exposed communication against its own.
+    """
+    ranks = ctx.metrics.ranks
+    if ranks.empty or len(ranks) < 2:
+        return []
+    found = find_stragglers(ranks, limits, ctx.metrics.rank_steps)
+    if not found:
+        return []
+    blamed = sorted(int(f["rank"]) for f in found)
+    worst = max(found, key=lambda f: f["busy_ratio"])
+    busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
+    return [
+        Finding(
+            rule="BAL001",
+            pattern=3,
+            severity="high" if worst["busy_ratio"] >= limits["high_ratio"] else "medium",
+            title=f"straggler: rank {', '.join(map(str, blamed))} computes "
+            f"{worst['busy_ratio']:.2f}x its peers while they wait in collectives",
+            ranks=blamed,
+            evidence={
+                "busy_s_per_step": {int(r): float(b) for r, b in busy.items()},
+                "stragglers": found,
+                "busy_ratio_threshold": limits["busy_ratio"],
+            },
+            advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
+            "per rank or exclude a persistently slow node",
+        )
+    ]
+
+
+@rule(
+    "BAL002",
+    "balance.busy_imbalance",
+    pattern=3,
+    thresholds={
+        "imbalance": Threshold(1.25, "ratio", "max over mean busy time across ranks: at least"),
+    },
+)
+def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Ranks are unevenly busy, without one single straggler to blame.
+
+    Symptom:
+        The busiest rank's compute time is well above the mean over ranks
+        (summary.busy_imbalance), while no single rank stands out as a straggler.
+    Likely cause:
+        Uneven work per rank: unbalanced data shards or sequence lengths, hot MoE experts on
+        some ranks, heterogeneous devices, host contention spread over several ranks.
+    Fix:
+        Balance the data (length-bucketed batching), the experts (aux loss, capacity) or the
+        placement; check the devices and host load of the busiest ranks.
+    Evidence:
+        summary.busy_imbalance with busy_s per step of every rank. Pipeline runs are left to
+        the stage-imbalance rule.
+    """
+    ranks, summary = ctx.metrics.ranks, ctx.metrics.summary
+    imbalance = summary.get("busy_imbalance")
+    pp = ctx.run.manifest.layout.pp or 1
+    if pp > 1 or imbalance is None or len(ranks) < 2 or imbalance < limits["imbalance"]:
+        return []
+    if find_stragglers(ranks, rank_steps=ctx.metrics.rank_steps):
+        return []  # BAL001 names the rank
+    mean_busy = float(ranks["busy_s"].mean())
+    busiest = ranks[ranks["busy_s"] >= limits["imbalance"] * mean_busy]["rank"]
+    if busiest.empty:
+        busiest = ranks.loc[[ranks["busy_s"].idxmax()], "rank"]
+    busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
+    return [
+        Finding(
+            rule="BAL002",
+            pattern=3,
+            severity="medium",
+            title=f"busy time uneven across ranks: max {imbalance:.2f}x the mean",
+            ranks=sorted(int(r) for r in busiest),
+            evidence={
+                "busy_imbalance": imbalance,
+                "busy_s_per_step": {int(r): float(b) for r, b in busy.items()},
+                "threshold": limits["imbalance"],
+            },
+            advice="balance the work per rank (data shards, sequence lengths, experts); check "
+            "the busiest ranks' devices and host load",
+        )
+    ]

@@ -1,0 +1,169 @@
+"""Pipeline rules (collapse pattern 3: speedup far below theory): bubble and stage balance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from diag import ledger
+from diag import pipeline as pipe
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+
+def _stage_bubbles(ctx: RuleContext) -> dict[int, float]:
+    stages = pipe.stage_table(ctx.metrics.ranks)
+    return {int(s): float(b) for s, b in zip(stages["stage"], stages["bubble_frac"], strict=True)}
+
+
+@rule(
+    "PIP001",
+    "pipeline.bubble_above_theory",
+    pattern=3,
+    thresholds={
+        "excess": Threshold(0.20, "fraction", "measured bubble minus the theory's: at least"),
+    },
+)
+def bubble_above_theory(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """The pipeline idles far more than its schedule allows.
+
+    Symptom:
+        The measured bubble (share of a stage's step without compute) is well above
+        (p-1)/(v·m+p-1), the bubble the schedule implies for p stages and m micro-batches.
+    Likely cause:
+        Stage imbalance (the slowest stage paces all), a stage boundary on a slow link
+        (send/recv latency), exposed DP communication in PP x DP, a straggler stage.
+    Fix:
+        Balance layers across stages, keep each boundary's link fast or overlap send/recv,
+        overlap the DP all-reduce with the cooldown; then raise m.
+    Evidence:
+        summary.bubble_fraction against summary.bubble_theory, with each stage's bubble.
+    """
+    summary = ctx.metrics.summary
+    measured, theory = summary.get("bubble_fraction"), summary.get("bubble_theory")
+    if measured is None or theory is None or measured - theory < limits["excess"]:
+        return []
+    return [
+        Finding(
+            rule="PIP001",
+            pattern=3,
+            severity="medium",
+            title=f"pipeline bubble {measured:.0%} against {theory:.0%} in theory",
+            evidence={
+                "bubble_fraction": measured,
+                "bubble_theory": theory,
+                "stage_bubble": _stage_bubbles(ctx),
+                "stage_imbalance": summary.get("stage_imbalance"),
+                "excess_threshold": limits["excess"],
+            },
+            advice="balance the stages and keep stage boundaries on fast links before adding "
+            "micro-batches; overlap the DP all-reduce of PP x DP",
+        )
+    ]
+
+
+@rule(
+    "PIP002",
+    "pipeline.few_microbatches",
+    pattern=3,
+    thresholds={
+        "per_stage": Threshold(4, "micro-batches", "rule of thumb: m >= this x p"),
+        "high_bubble": Threshold(0.40, "fraction", "theory bubble at which the finding is high"),
+    },
+)
+def few_microbatches(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Too few micro-batches for the number of pipeline stages.
+
+    Symptom:
+        m < 4p: the fill and drain of the pipeline take a large share of every step, e.g.
+        p=8, m=4 idles 7/11 = 64% of the step, p=4, m=2 60%.
+    Likely cause:
+        The global batch split into too few micro-batches (micro-batch too large), or more
+        stages than the model depth needs.
+    Fix:
+        More micro-batches (m >= 4p: a smaller micro-batch or gradient accumulation), interleaved
+        1F1B with v=2 virtual stages (divides the bubble by v), or fewer stages.
+    Evidence:
+        p, m and v from the layout with the ledger's bubble (p-1)/(v·m+p-1), the measured
+        bubble, and the bubble at m = 4p.
+    """
+    layout = ctx.run.manifest.layout
+    p, m, v = layout.pp or 1, layout.microbatches or 1, layout.virtual_stages or 1
+    wanted = int(limits["per_stage"] * p)
+    if p <= 1 or m >= wanted:
+        return []
+    theory = ledger.bubble_fraction(p, m, v)
+    severity = "high" if theory >= limits["high_bubble"] else "medium"
+    return [
+        Finding(
+            rule="PIP002",
+            pattern=3,
+            severity=severity,
+            title=f"m={m} micro-batches for p={p} stages (< {wanted}): {theory:.0%} bubble in "
+            "theory",
+            evidence={
+                "pp": p,
+                "microbatches": m,
+                "virtual_stages": v,
+                "bubble_theory": theory,
+                "bubble_fraction": ctx.metrics.summary.get("bubble_fraction"),
+                "bubble_theory_at_4p": ledger.bubble_fraction(p, wanted, v),
+                "bubble_theory_interleaved_v2": ledger.bubble_fraction(p, m, 2 * v),
+            },
+            advice=f"raise micro-batches to >= {wanted} (smaller micro-batch or accumulation) "
+            "or use interleaved 1F1B with v=2; fewer stages if the model allows",
+        )
+    ]
+
+
+@rule(
+    "PIP003",
+    "pipeline.stage_imbalance",
+    pattern=3,
+    thresholds={
+        "imbalance": Threshold(1.3, "ratio", "max over mean compute per step across stages"),
+    },
+)
+def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """One pipeline stage computes much longer than the others and paces the pipeline.
+
+    Symptom:
+        The heaviest stage's compute per step is well above the mean over stages
+        (summary.stage_imbalance); the other stages idle waiting for it.
+    Likely cause:
+        An uneven split of layers over stages, or extra work on one stage (embedding, LM head
+        and loss on the first/last stage), a slower device holding one stage.
+    Fix:
+        Move layers off the heaviest stage (fewer blocks on the stage with the LM head), split
+        the embedding/head, or give stages uneven layer counts that even out compute.
+    Evidence:
+        summary.stage_imbalance and each stage's compute per step; the finding names the ranks
+        of the heaviest stage.
+    """
+    imbalance = ctx.metrics.summary.get("stage_imbalance")
+    if imbalance is None or imbalance < limits["imbalance"]:
+        return []
+    stages = pipe.stage_table(ctx.metrics.ranks)
+    if stages.empty:
+        return []
+    heaviest = int(stages.loc[stages["busy_per_step_s"].idxmax(), "stage"])
+    ranks = ctx.metrics.ranks
+    blamed = sorted(int(r) for r in ranks.loc[ranks["stage"] == heaviest, "rank"])
+    return [
+        Finding(
+            rule="PIP003",
+            pattern=3,
+            severity="medium",
+            title=f"stage {heaviest} computes {imbalance:.2f}x the mean stage",
+            ranks=blamed,
+            evidence={
+                "stage_imbalance": imbalance,
+                "busy_per_step_s": {
+                    int(s): float(b)
+                    for s, b in zip(stages["stage"], stages["busy_per_step_s"], strict=True)
+                },
+                "heaviest_stage": heaviest,
+                "threshold": limits["imbalance"],
+            },
+            advice=f"move layers off stage {heaviest} or split its extra work (embedding, LM "
+            "head, loss) so stages compute about the same",
+        )
+    ]

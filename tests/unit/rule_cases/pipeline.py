@@ -1,0 +1,43 @@
+"""Cases for the pipeline family: bubble against theory, m < 4p, stage imbalance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rule_cases import RuleCase
+
+
+def _pp(runs: Any, pp: int, m: int, busy_ms: list[float], step_ms: float = 100) -> Path:
+    """One rank per stage, 4 steps of `step_ms`: stage s computes `busy_ms[s]` per step (its
+    fwd spans carry the stage) and idles the rest."""
+    ranks: dict[int, list[dict[str, Any] | str]] = {}
+    for stage, busy in enumerate(busy_ms):
+        rows: list[dict[str, Any] | str] = []
+        for step in range(4):
+            t0 = step * step_ms
+            rows += [runs.step(step, t0, t0 + step_ms),
+                     runs.span(step, "fwd", t0, t0 + busy, stage=stage, chunk=0)]  # fmt: skip
+        ranks[stage] = rows
+    manifest = runs.manifest(
+        world_size=pp,
+        layout={"dp": 1, "pp": pp, "microbatches": m, "schedule": "1f1b"},
+        groups={"pp": [list(range(pp))]},
+    )
+    return runs.write(ranks, manifest)
+
+
+CASES = [
+    RuleCase("PIP001", True, lambda runs: _pp(runs, 2, 8, [40, 40]),
+             "bubble 0.6 measured against 0.11 in theory (p=2, m=8)"),
+    RuleCase("PIP001", False, lambda runs: _pp(runs, 2, 8, [85, 85]),
+             "bubble 0.15 measured against 0.11 in theory"),
+    RuleCase("PIP002", True, lambda runs: _pp(runs, 4, 2, [40, 40, 40, 40]),
+             "p=4, m=2: 60% bubble in theory, m < 4p"),
+    RuleCase("PIP002", False, lambda runs: _pp(runs, 2, 8, [85, 85]),
+             "p=2, m=8 = 4p"),
+    RuleCase("PIP003", True, lambda runs: _pp(runs, 2, 8, [40, 90]),
+             "stage 1 computes 90 ms against 40 ms", ranks=(1,)),
+    RuleCase("PIP003", False, lambda runs: _pp(runs, 2, 8, [85, 88]),
+             "stages within 4%"),
+]  # fmt: skip
