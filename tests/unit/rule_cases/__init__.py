@@ -24,5 +24,5 @@ class RuleCase:
 def all_cases() -> list[RuleCase]:
     from rule_cases import balance, communication, memory, moe, pipeline, pitfalls, topology, trend
 
-    mine = [*balance.CASES, *communication.CASES, *pipeline.CASES, *topology.CASES]
-    return [*mine, *memory.CASES, *moe.CASES, *pitfalls.CASES, *trend.CASES]
+    families = (balance, communication, memory, moe, pipeline, pitfalls, topology, trend)
+    return [case for family in families for case in family.CASES]
