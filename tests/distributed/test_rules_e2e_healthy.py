@@ -1,0 +1,36 @@
+"""Healthy runs of every trainer draw no high-severity finding.
+
+"Healthy" means a layout that suits the work on this machine: 2 ranks on its 2 cores, enough
+work per rank that communication is a minority of the step (measured: exposed communication
+0.16-0.26 of the step against COM001's high threshold of 0.40), the pipeline with m = 4p, and
+the MoE with room in its experts (capacity factor 2). Medium findings are allowed: on gloo/CPU a
+single DDP bucket cannot overlap backward (COM003) and the untrained router is a little uneven
+(MOE002 ~1.7x against its high threshold of 2.5). Each configuration was run several times
+while choosing it; the margins above are the reason it is stable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.analysis import analyze_path
+
+pytestmark = pytest.mark.dist
+
+HEALTHY = {
+    "dp": ["--steps", "5"],
+    "zero3": ["--steps", "5", "--micro-batch", "16"],
+    "tp": ["--steps", "5", "--hidden", "256", "--micro-batch", "8"],
+    "pp": ["--steps", "5", "--microbatches", "8", "--micro-batch", "8"],
+    "ep": ["--steps", "5", "--capacity-factor", "2.0", "--micro-batch", "16"],
+}
+
+
+@pytest.mark.parametrize("trainer", list(HEALTHY))
+def test_healthy_run_has_no_high_finding(trainer: str, tmp_path: Path, run_dp) -> None:
+    run_dp(tmp_path, *HEALTHY[trainer], trainer=trainer, nproc=2)
+    findings = analyze_path(tmp_path)["findings"]
+    high = [f"{f['rule']}: {f['title']}" for f in findings if f["severity"] == "high"]
+    assert not high, f"a healthy {trainer} run was diagnosed: {high}"
