@@ -16,7 +16,7 @@ import click
 from diag.analysis import analyze_path
 from diag.errors import InputError
 from diag.report import _bytes, _num, _pct, _si
-from diag.shell import fail, read_config, rule_thresholds
+from diag.shell import fail, project_config, rule_thresholds
 
 EXIT_VIOLATED = 1
 DEFAULT_TOLERANCE = 0.1
@@ -188,15 +188,15 @@ def check(
     """
     try:
         thresholds, config_check = None, {}
-        if config is not None:
-            parsed = read_config(config)
-            thresholds = rule_thresholds(config, parsed)
+        source, parsed = project_config(config)
+        if source is not None:
+            thresholds = rule_thresholds(source, parsed)
             config_check = parsed.get("check", {})
             if not isinstance(config_check, dict):
-                raise InputError(config, "[check] must be a table of limits")
+                raise InputError(source, "[check] must be a table of limits")
         settings = _limits_from(
             config_check,
-            config or "",
+            source or "",
             max_comm_share=max_comm_share,
             max_exposed_comm_share=max_exposed_comm_share,
             max_bubble=max_bubble,

@@ -22,7 +22,7 @@ from diag.errors import InputError
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
 from diag.rules_cli import rules
-from diag.shell import EXIT_INPUT, fail, read_config, rule_thresholds
+from diag.shell import EXIT_INPUT, fail, project_config, read_config, rule_thresholds
 
 FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text": render_text,
@@ -58,13 +58,16 @@ def main() -> None:
     help="Report format [default: text, or from the --out suffix: .json .md .html].",
 )
 @click.option("--out", metavar="FILE", help="Write the report to FILE instead of stdout.")
-@click.option("--config", metavar="FILE", help="TOML file of rule thresholds.")
+@click.option(
+    "--config",
+    metavar="FILE",
+    help="TOML file of rule thresholds [default: [tool.diag] in ./pyproject.toml].",
+)
 def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> None:
     """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
     try:
-        thresholds = None
-        if config is not None:
-            thresholds = rule_thresholds(config, read_config(config))
+        source, settings = project_config(config)
+        thresholds = rule_thresholds(source, settings) if source else None
         report = analyze_path(path, thresholds)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"

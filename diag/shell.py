@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -32,6 +33,19 @@ def read_config(path: str) -> dict[str, Any]:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise InputError(path, f"not valid TOML ({err})") from None
+
+
+def project_config(config: str | None) -> tuple[str | None, dict[str, Any]]:
+    """The settings to use and where they came from: the `--config` file when given, else the
+    `[tool.diag]` table of ./pyproject.toml when there is one, else nothing."""
+    if config is not None:
+        return config, read_config(config)
+    pyproject = Path("pyproject.toml")
+    if pyproject.is_file():
+        table = read_config(str(pyproject)).get("tool", {}).get("diag")
+        if isinstance(table, dict):
+            return f"{pyproject} [tool.diag]", table
+    return None, {}
 
 
 def rule_thresholds(path: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -206,3 +206,18 @@ def test_config_naming_an_unknown_rule_or_threshold_exits_2(
 def test_main_is_a_plain_group() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0 and "analyze" in result.stdout
+
+
+def test_thresholds_come_from_pyproject_when_no_config_is_given(
+    golden_dp2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.diag.rules.COM001]\nnope = 1\n")
+    result = analyze(str(golden_dp2))
+    assert result.exit_code == 2 and "pyproject.toml [tool.diag]" in result.output
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.diag.rules.COM001]\nmedium = 0.01\nhigh = 0.02\n"
+    )
+    report = json.loads(analyze(str(golden_dp2), "--format", "json").output)
+    com001 = [f for f in report["findings"] if f["rule"] == "COM001"]
+    assert com001 and com001[0]["severity"] == "high"  # 19% exposed against a 2% limit
