@@ -46,7 +46,9 @@ def test_pipeline_with_too_few_micro_batches(tmp_path: Path, run_dp) -> None:
 
 def test_tp_across_hosts(tmp_path: Path, run_tp) -> None:
     run_tp(tmp_path, *SMALL, "--tp", "4", "--gpus-per-node", "2", nproc=4)
-    findings = _rules(analyze_path(tmp_path))
+    report = analyze_path(tmp_path)
+    assert report["findings"][0]["pattern"] == 1, report["findings"]  # the main diagnosis
+    findings = _rules(report)
     assert "TOP001" in findings, findings
     assert (findings["TOP001"]["pattern"], findings["TOP001"]["severity"]) == (1, "high")
     assert findings["TOP001"]["ranks"] == [0, 1, 2, 3]

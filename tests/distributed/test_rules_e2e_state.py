@@ -48,7 +48,9 @@ def test_tiny_budget_names_pattern_5_and_the_dominant_category(run_dp, tmp_path:
     run_dp(run_dir, "--steps", "3", "--device-memory-gb", "0.002", trainer="zero3")
     run = load_run(run_dir)
     metrics = compute_metrics(run)
-    budget = [f for f in run_rules(run, metrics) if f.rule == "MEM001"]
+    findings = run_rules(run, metrics)
+    assert findings[0].rule == "MEM001", findings  # the main diagnosis
+    budget = [f for f in findings if f.rule == "MEM001"]
     assert budget and budget[0].pattern == 5 and budget[0].severity == "high"
     fullest = max(peaks(metrics.memory_steps), key=lambda p: p.total_bytes)
     categories = fullest.by_category
