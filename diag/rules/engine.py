@@ -39,6 +39,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)  # the numbers that prove it
     advice: str = ""  # what to change
     margin: float | None = None  # evidence / its high threshold; ranks equal severities (None: 1)
+    explains: list[str] = field(default_factory=list)  # codes of findings this one is the cause of
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -144,8 +145,10 @@ def run_rules(
 ) -> list[Finding]:
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
 
-    Order: severity, then findings that name a collapse pattern before pitfalls, then the
-    stronger evidence (a larger `margin`; None counts as 1), then code.
+    Order: severity, then findings that explain others present, then findings that name a
+    collapse pattern before pitfalls, then the stronger evidence (a larger `margin`; None counts
+    as 1), then code. A finding that names the cause of others (`explains`) takes the highest
+    severity among them: the cause is the diagnosis, its consequences are evidence.
     A rule that raises is reported as a skipped note on the metrics, never as a crash.
     """
     ctx = RuleContext(run, metrics)
@@ -157,5 +160,25 @@ def run_rules(
             findings.extend(rule_.fn(ctx, limits))
         except Exception as err:
             metrics.skipped.append(f"rule {code} failed and was skipped: {err!r}")
-    findings.sort(key=lambda f: (_RANK[f.severity], f.pattern is None, -(f.margin or 1.0), f.rule))
-    return findings
+    return rank_findings(findings)
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """The order of `run_rules` (see there); raises an explaining finding's severity."""
+    present = {f.rule: f for f in findings}
+    explaining: set[int] = set()
+    for f in findings:
+        explained = [present[code] for code in f.explains if code in present and code != f.rule]
+        if explained:
+            explaining.add(id(f))
+            f.severity = min((f, *explained), key=lambda g: _RANK[g.severity]).severity
+    return sorted(
+        findings,
+        key=lambda f: (
+            _RANK[f.severity],
+            id(f) not in explaining,
+            f.pattern is None,
+            -(f.margin or 1.0),
+            f.rule,
+        ),
+    )

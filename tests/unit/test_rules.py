@@ -40,3 +40,18 @@ def test_every_rule_documents_its_sections_and_thresholds() -> None:
             assert rule.section(section), f"{rule.code} has no {section}"
         for name, threshold in rule.thresholds.items():
             assert threshold.unit and threshold.help, f"{rule.code}.{name} lacks unit or help"
+
+
+def test_a_finding_that_names_the_cause_of_others_ranks_first_with_their_severity() -> None:
+    from diag.rules.engine import Finding, rank_findings
+
+    effect = Finding("BAL001", 3, "high", "straggler", margin=2.0)
+    cause = Finding("TRD001", 2, "medium", "step time grows", explains=["BAL001", "MOE002"])
+    other = Finding("COM001", 1, "high", "exposed communication")
+    ranked = rank_findings([effect, other, cause])
+    assert [f.rule for f in ranked] == ["TRD001", "BAL001", "COM001"]
+    assert ranked[0].severity == "high"
+    # a cause whose consequences are absent keeps its own severity and place
+    alone = Finding("TRD001", 2, "medium", "step time grows", explains=["MOE002"])
+    assert [f.rule for f in rank_findings([alone, other])] == ["COM001", "TRD001"]
+    assert alone.severity == "medium"

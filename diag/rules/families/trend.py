@@ -168,6 +168,7 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     if slope is None or slope.lower <= 0 or slope.growth < limits["medium"]:
         return []
     causes: list[str] = []
+    explains: list[str] = []  # the findings each named cause accounts for
     evidence: dict[str, object] = {
         "slope_s_per_step": slope.per_step,
         "slope_lower_s_per_step": slope.lower,
@@ -180,14 +181,17 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     if creep is not None:
         top, ranks = creep
         causes.append(f"memory creep in {top.field}")
+        explains.append("TRD002")
         evidence["memory_creep"] = {"field": top.field, "growth": top.slope.growth}
     a2a = _alltoall_growth(ctx, limits["z"])
     if a2a is not None and a2a.lower > 0 and a2a.growth >= limits["cause_growth"]:
         causes.append("growing all-to-all bytes")
+        explains += ["MOE004", "COM001"]
         evidence["alltoall_bytes_growth"] = a2a.growth
     skew = _skew_growth(ctx)
     if skew is not None and skew[2] >= limits["skew_growth"] * skew[1]:
         causes.append(f"growing expert skew (layer {skew[0]})")
+        explains += ["MOE002", "BAL001", "BAL002"]  # the hot expert's rank computes longest
         evidence["expert_max_over_mean"] = {"layer": skew[0], "first": skew[1], "last": skew[2]}
     evidence["causes"] = causes
     severity = "high" if slope.growth >= limits["high"] else "medium"
@@ -202,6 +206,7 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
             evidence=evidence,
             advice="find what grows with the step: keep `loss.item()` rather than the loss, "
             "set allocator options against fragmentation, rebalance hot experts",
+            explains=explains,
         )
     ]
 
