@@ -46,6 +46,13 @@ class Finding:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
 
 
+def grade(value: float | None, limits: Mapping[str, float]) -> str | None:
+    """The severity of `value` against a rule's `medium` and `high` thresholds (None below)."""
+    if value is None or value < limits["medium"]:
+        return None
+    return "high" if value >= limits["high"] else "medium"
+
+
 @dataclass
 class RuleContext:
     """What a rule may read: the loaded tables and the computed metrics (no files, no torch)."""

@@ -8,7 +8,7 @@ import pandas as pd
 
 from diag import intervals
 from diag.metrics import NS_PER_S
-from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import find_stragglers
 
 
@@ -41,9 +41,9 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
     """
     summary = ctx.metrics.summary
     exposed = summary.get("exposed_comm_share")
-    if exposed is None or exposed < limits["medium"]:
+    severity = grade(exposed, limits)
+    if exposed is None or severity is None:
         return []
-    severity = "high" if exposed >= limits["high"] else "medium"
     found = find_stragglers(ctx.metrics.ranks, rank_steps=ctx.metrics.rank_steps)
     stragglers = sorted(s["rank"] for s in found)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
@@ -113,9 +113,9 @@ def tp_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fin
         return []
     tp_s, wall_s = measured
     share = tp_s / wall_s
-    if share < limits["medium"]:
+    severity = grade(share, limits)
+    if severity is None:
         return []
-    severity = "high" if share >= limits["high"] else "medium"
     return [
         Finding(
             rule="COM002",

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from diag import schema
-from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 
 EP_ALLTOALL_TAGS = ("dispatch", "combine", "dispatch.bwd", "combine.bwd")
 """The token all-to-alls of the ep trainer (the `splits` count exchange is left out)."""
@@ -50,10 +50,10 @@ def drop_rate(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         experts.drop_rate of the worst layer, its first and last step, the capacity factor.
     """
     row = _worst(ctx.metrics.experts, "drop_rate")
-    if row is None or row["drop_rate"] < limits["medium"]:
+    rate = None if row is None else float(row["drop_rate"])
+    severity = grade(rate, limits)
+    if row is None or rate is None or severity is None:
         return []
-    rate = float(row["drop_rate"])
-    severity = "high" if rate >= limits["high"] else "medium"
     return [
         Finding(
             rule="MOE001",
@@ -100,10 +100,10 @@ def load_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
         experts.max_over_mean and load_cv of the worst layer, first and last step values.
     """
     row = _worst(ctx.metrics.experts, "max_over_mean")
-    if row is None or row["max_over_mean"] < limits["medium"]:
+    ratio = None if row is None else float(row["max_over_mean"])
+    severity = grade(ratio, limits)
+    if row is None or ratio is None or severity is None:
         return []
-    ratio = float(row["max_over_mean"])
-    severity = "high" if ratio >= limits["high"] else "medium"
     return [
         Finding(
             rule="MOE002",
