@@ -4,6 +4,7 @@ the topology, open the recorder with a complete manifest, and shut down cleanly.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -151,6 +152,14 @@ def delayed_allreduce_hook(delay_s: float) -> Any:
 
 
 def shutdown(rec: Recorder | NullRecorder, failed: bool = False) -> None:
+    """Close the recorder, then destroy the process groups while the interpreter is whole.
+
+    The caller drops its wrappers first (`del ddp`): DDP's reducer keeps the last step's futures,
+    whose callbacks are Python objects. Left to interpreter teardown, gloo's worker threads can
+    be the ones to free them, which aborts the process ("terminate called without an active
+    exception", SIGABRT) after a run that completed. `gc.collect()` frees them now, cycles too.
+    """
     rec.close("failed" if failed else "complete")
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()

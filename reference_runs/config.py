@@ -194,7 +194,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     run.add_argument(
         "--inject", type=_injection, action="append", default=[], metavar="SPEC",
         help="fault injection, repeatable (straggler:rank=R,ms=M, slow-comm:ms=M[,group=G], "
-        "skew:frac=F[,expert=E], skew-growth:per_step=G, leak:mb=X, no-set-epoch)",
+        "skew:frac=F[,expert=E], skew-growth:per_step=G, leak:mb=X, slowdown:ms=M[,rank=R], "
+        "no-set-epoch)",
     )  # fmt: skip
     run.add_argument("--no-collectors", action="store_true", help="run uninstrumented")
     return parser

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
     failed = True
     try:
-        for _ in range(cfg.steps):
+        for step_index in range(cfg.steps):
             with rec.step(tokens=tokens_per_step) as step:
                 for mb in range(cfg.grad_accum):
                     with rec.span("data", mb=mb):
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                     last = mb == cfg.grad_accum - 1
                     with contextlib.nullcontext() if last else ddp.no_sync():
                         with rec.span("fwd", mb=mb):
-                            faults.apply_compute_delay()
+                            faults.apply_compute_delay(step_index)
                             _, loss = ddp(inputs, targets)
                             if leak is not None:
                                 leak.step()
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                 step.loss = loss.item()
         failed = False
     finally:
+        del ddp  # its reducer holds the last futures: freed before the groups go (shutdown)
         shutdown(rec, failed=failed)
 
 

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                     with rec.span("data", mb=mb):
                         inputs, targets = (t.to(env.device) for t in next(batches))
                     with rec.span("fwd", mb=mb):
-                        faults.apply_compute_delay()
+                        faults.apply_compute_delay(step_index)
                         _, loss = model(inputs, targets)
                         aux = torch.stack([layer.aux_loss for layer in layers]).sum()
                         if leak is not None and mb == 0:  # X MiB a step

@@ -5,6 +5,7 @@
     skew:frac=F[,expert=E]            the router sends ~F of the tokens to expert E (default 0)
     skew-growth:per_step=G            the skew fraction grows by G each step
     leak:mb=X                         retain X MB more every step (held by autograd)
+    slowdown:ms=M[,rank=R]            compute slows by M ms more every step (rank R, or every rank)
     no-set-epoch                      the sampler is not re-seeded per epoch
 
 `parse_injection` turns one spec into a typed frozen dataclass; `FaultPlan` answers, for one
@@ -52,11 +53,19 @@ class MemoryLeak:
 
 
 @dataclass(frozen=True)
+class Slowdown:
+    """Compute that slows step after step (a throttling device, host-side work that grows)."""
+
+    ms: float  # extra sleep per micro-batch compute added each step, milliseconds
+    rank: int | None = None  # the slowing rank; None = every rank
+
+
+@dataclass(frozen=True)
 class NoSetEpoch:
     pass
 
 
-Injection = Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | NoSetEpoch
+Injection = Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | Slowdown | NoSetEpoch
 
 
 def _as_number(v: str, kind: type[int] | type[float]) -> float:
@@ -100,6 +109,7 @@ _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
     "skew": (Skew, {"frac": (_fraction, True), "expert": (_nonneg_int, False)}),
     "skew-growth": (SkewGrowth, {"per_step": (_fraction, True)}),
     "leak": (MemoryLeak, {"mb": (_nonneg_float, True)}),
+    "slowdown": (Slowdown, {"ms": (_nonneg_float, True), "rank": (_nonneg_int, False)}),
     "no-set-epoch": (NoSetEpoch, {}),
 }
 
@@ -153,11 +163,17 @@ class FaultPlan:
                 raise ValueError(f"at most one {kind.__name__} injection allowed, got {given}")
         return cls(rank=rank, injections=injections, specs=tuple(specs))
 
-    def compute_delay_s(self) -> float:
-        """Straggler sleep for this rank per micro-batch compute (0 on healthy ranks)."""
-        return sum(
-            i.ms / 1e3 for i in self.injections if isinstance(i, Straggler) and i.rank == self.rank
+    def compute_delay_s(self, step: int = 0) -> float:
+        """Sleep for this rank per micro-batch compute in step `step` (0 on healthy ranks)."""
+        straggler_ms = sum(
+            i.ms for i in self.injections if isinstance(i, Straggler) and i.rank == self.rank
         )
+        slowdown_ms = sum(
+            i.ms * step
+            for i in self.injections
+            if isinstance(i, Slowdown) and i.rank in (None, self.rank)
+        )
+        return (straggler_ms + slowdown_ms) / 1e3
 
     def comm_delay_s(self, group: str) -> float:
         """Extra latency for one collective of `group` (dp|tp|pp|ep|world)."""
@@ -183,8 +199,8 @@ class FaultPlan:
     def skew_growth(self) -> SkewGrowth | None:
         return next((i for i in self.injections if isinstance(i, SkewGrowth)), None)
 
-    def apply_compute_delay(self) -> None:
-        delay_s = self.compute_delay_s()
+    def apply_compute_delay(self, step: int = 0) -> None:
+        delay_s = self.compute_delay_s(step)
         if delay_s > 0:
             time.sleep(delay_s)
 

@@ -102,7 +102,9 @@ class Pipeline:
         )
         self.last_k = stages * cfg.virtual_stages - 1
 
-    def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float | None:
+    def run(
+        self, inputs: list[torch.Tensor], targets: list[torch.Tensor], step_index: int = 0
+    ) -> float | None:
         """One step's forwards and backwards; the mean micro-batch loss on the last stage."""
         m = self.cfg.microbatches
         state: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
@@ -113,7 +115,7 @@ class Pipeline:
             if action.kind == "fwd":
                 x = None if k == 0 else self.comms.recv_forward(k, action.mb).requires_grad_()
                 with self.rec.span("fwd", **span):
-                    self.faults.apply_compute_delay()
+                    self.faults.apply_compute_delay(step_index)
                     if self.leak is not None and action.mb == 0 and action.chunk == 0:
                         self.leak.step()
                     y = self.chunks[action.chunk](inputs[action.mb] if x is None else x)
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
 
     failed = True
     try:
-        for _ in range(cfg.steps):
+        for step_index in range(cfg.steps):
             with rec.step(tokens=cfg.micro_batch * cfg.seq * m) as step:
                 inputs: list[torch.Tensor] = []
                 targets: list[torch.Tensor] = []
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                             x, y = (t.to(env.device) for t in next(batches))
                             inputs.append(x)
                             targets.append(y)
-                step.loss = pipeline.run(inputs, targets)
+                step.loss = pipeline.run(inputs, targets, step_index)
                 if topology.dp > 1:
                     allreduce_grads(params, groups["dp"], topology.dp, rec,
                                     faults.comm_delay_s("dp"))  # fmt: skip

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
 
     failed = True
     try:
-        for _ in range(cfg.steps):
+        for step_index in range(cfg.steps):
             # tokens this rank processed; the analysis divides the sum over ranks by tp
             with rec.step(tokens=cfg.micro_batch * cfg.seq * num_mb) as step:
                 losses = []
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                     # DDP all-reduces the gradients once, in the last micro-batch's backward
                     with contextlib.nullcontext() if mb == num_mb - 1 else no_sync():
                         with rec.span("fwd", mb=mb):
-                            faults.apply_compute_delay()
+                            faults.apply_compute_delay(step_index)
                             _, loss = forward(inputs, targets)
                             if leak is not None and mb == 0:  # X MiB a step
                                 leak.step()

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
 
     failed = True
     try:
-        for _ in range(cfg.steps):
+        for step_index in range(cfg.steps):
             with rec.step(tokens=tokens_per_step) as step:
                 for mb in range(cfg.grad_accum):
                     with rec.span("data", mb=mb):
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                     if cfg.grad_accum > 1:  # reduce-scatter in the last micro-batch only
                         model.set_requires_gradient_sync(mb == cfg.grad_accum - 1)
                     with rec.span("fwd", mb=mb):
-                        faults.apply_compute_delay()
+                        faults.apply_compute_delay(step_index)
                         _, loss = model(inputs, targets)
                         if leak is not None:
                             leak.step()

@@ -4,7 +4,10 @@ rules (collapse patterns 2, 4, 5 and the set_epoch pitfall).
 Stability: each run below was made twice on the 2-core development machine with the verdicts
 checked both times. The magnitudes sit far from the thresholds: skew 0.9 with capacity factor
 0.5 drops ~50% of assignments (high: 20%; a healthy EP run drops ~0-11%); an 8 MiB/step leak
-over 21 steps grows activations ~2.5x (creep needs 20%); a 2 MB budget is exceeded ~5x.
+over 21 steps grows activations ~2.5x (creep needs 20%); a 2 MB budget is exceeded ~5x; a
+20 ms/step slowdown over 12 steps grows the step 102-134% (medium needs 15%, high 50%, with a
+lower confidence bound above zero), checked quiet and twice beside another 2-rank run (10 ms/step
+fell to a medium 47% there, ranked behind another medium finding).
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ def test_expert_skew_with_small_capacity_is_first_named_pattern_4(run_ep, tmp_pa
     findings = _findings(run_dir)
     assert findings and findings[0].pattern == 4, findings
     assert findings[0].rule == "MOE001" and findings[0].severity == "high"
+
+
+def test_steady_slowdown_is_first_named_pattern_2(run_dp, tmp_path: Path) -> None:
+    run_dir = tmp_path / "slowdown"
+    run_dp(run_dir, "--steps", "12", "--inject", "slowdown:ms=20")
+    findings = _findings(run_dir)
+    assert findings and (findings[0].rule, findings[0].pattern) == ("TRD001", 2), findings
+    assert findings[0].evidence["grows_in"] == "compute"
 
 
 def test_leak_is_named_memory_creep(run_dp, tmp_path: Path) -> None:

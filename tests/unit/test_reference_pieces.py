@@ -18,6 +18,7 @@ from reference_runs.faults import (
     Skew,
     SkewGrowth,
     SlowComm,
+    Slowdown,
     Straggler,
     parse_injection,
 )
@@ -227,6 +228,8 @@ def test_loader_validation() -> None:
         ("skew:frac=0.5,expert=3", Skew(frac=0.5, expert=3)),
         ("skew-growth:per_step=0.05", SkewGrowth(per_step=0.05)),
         ("leak:mb=1.5", MemoryLeak(mb=1.5)),
+        ("slowdown:ms=4", Slowdown(ms=4.0)),
+        ("slowdown:ms=4,rank=1", Slowdown(ms=4.0, rank=1)),
         ("no-set-epoch", NoSetEpoch()),
         (" straggler: ms=1 , rank=0 ", Straggler(rank=0, ms=1.0)),
     ],
@@ -294,6 +297,14 @@ def test_apply_compute_delay_sleeps_only_on_straggler(monkeypatch: pytest.Monkey
     assert slept == []
     FaultPlan.from_specs(["straggler:rank=1,ms=30"], rank=1).apply_compute_delay()
     assert slept == [pytest.approx(0.03)]
+
+
+def test_slowdown_grows_with_the_step_on_its_ranks() -> None:
+    everyone = FaultPlan.from_specs(["slowdown:ms=5"], rank=3)
+    assert [everyone.compute_delay_s(step) for step in (0, 1, 4)] == pytest.approx([0, 0.005, 0.02])
+    specs = ["slowdown:ms=5,rank=1", "straggler:rank=1,ms=10"]
+    assert FaultPlan.from_specs(specs, rank=1).compute_delay_s(2) == pytest.approx(0.02)
+    assert FaultPlan.from_specs(specs, rank=0).compute_delay_s(2) == 0
 
 
 def test_leak_retains_bytes_saved_for_backward() -> None:

@@ -65,6 +65,23 @@ def theil_sen(x: np.ndarray, y: np.ndarray, z: float, base: float | None = None)
     return Slope(per_step, lower, per_step * float(x.max() - x.min()) / base)
 
 
+_WALL_PARTS = {"busy_s": "compute", "exposed_comm_s": "exposed communication", "idle_s": "idle"}
+
+
+def growing_part(ctx: RuleContext, z: float) -> str | None:
+    """Which part of the slowest rank's step (compute, exposed communication, idle) grows
+    fastest, when one grows significantly."""
+    rank_steps = ctx.metrics.rank_steps
+    slowest = rank_steps.loc[rank_steps.groupby("step")["wall_s"].idxmax()].sort_values("step")
+    x = slowest["step"].to_numpy(float)
+    best: tuple[float, str] | None = None
+    for column, part in _WALL_PARTS.items():
+        slope = theil_sen(x, slowest[column].to_numpy(float), z, base=1.0)
+        if slope is not None and slope.lower > 0 and (best is None or slope.per_step > best[0]):
+            best = (slope.per_step, part)
+    return best[1] if best else None
+
+
 def step_walls(ctx: RuleContext) -> pd.Series:
     """Per analysed step, the slowest rank's wall time (s), indexed by step."""
     rank_steps = ctx.metrics.rank_steps
@@ -159,7 +176,8 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         settings, rebalance experts (aux-loss coefficient, capacity factor).
     Evidence:
         Slope (s/step) and its lower bound over the slowest rank's step walls, growth over the
-        run, and the named cause: the creeping memory field, all-to-all bytes growth, expert skew.
+        run, the part of the step that grows (compute, exposed communication or idle), and the
+        named cause: the creeping memory field, all-to-all bytes growth, expert skew.
     """
     walls = step_walls(ctx)
     if len(walls) < limits["min_steps"]:
@@ -194,8 +212,10 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         explains += ["MOE002", "BAL001", "BAL002"]  # the hot expert's rank computes longest
         evidence["expert_max_over_mean"] = {"layer": skew[0], "first": skew[1], "last": skew[2]}
     evidence["causes"] = causes
+    evidence["grows_in"] = part = growing_part(ctx, limits["z"])
     severity = "high" if slope.growth >= limits["high"] else "medium"
-    because = f": {', '.join(causes)}" if causes else " (no cause found in memory or experts)"
+    where = f", in {part}" if part else ""
+    because = f": {', '.join(causes)}" if causes else f"{where} (no cause in memory or experts)"
     return [
         Finding(
             rule="TRD001",
