@@ -15,8 +15,8 @@ import click
 
 from diag.analysis import analyze_path
 from diag.errors import InputError
-from diag.report import _bytes, _num, _pct, _si
 from diag.shell import fail, project_config, rule_thresholds
+from diag.units import num, pct, si, size
 
 EXIT_VIOLATED = 1
 DEFAULT_TOLERANCE = 0.1
@@ -129,12 +129,12 @@ def regressions(
 def format_metric(name: str, value: float | None) -> str:
     """A metric as a person reads it: shares in %, bytes in KiB/MiB/GiB, throughput as 1.4k."""
     if name.endswith("_share") or name.endswith("_fraction"):
-        return _pct(value)
+        return pct(value)
     if name.endswith("_bytes"):
-        return _bytes(value)
+        return size(value)
     if name.endswith("_per_s"):
-        return _si(value)
-    return _num(value)
+        return si(value)
+    return num(value)
 
 
 # --- The command --------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ from diag.check import (
     regressions,
 )
 from diag.errors import InputError
-from diag.report import PATTERN_NAMES, _aligned, _bytes, _num, _pct, _si
+from diag.report import PATTERN_NAMES
 from diag.shell import fail
+from diag.units import aligned, num, pct, si, size
 
 COMPARE_SCHEMA = "diag.compare/1"
 _DIMS = ("dp", "tp", "pp", "ep", "cp")
@@ -107,7 +108,7 @@ def _sweep(rows: list[dict[str, Any]]) -> dict[str, Any]:
         verdict = (
             f"pattern 1, {PATTERN_NAMES[1]}: throughput falls as GPUs are added "
             f"({worst['world_from']} -> {worst['world_to']} ranks: "
-            f"{_si(worst['tokens_per_s_from'])} -> {_si(worst['tokens_per_s_to'])} tokens/s)"
+            f"{si(worst['tokens_per_s_from'])} -> {si(worst['tokens_per_s_to'])} tokens/s)"
         )
         return {"kind": "sweep", "sweep": steps, "pattern": 1, "verdict": verdict}
     return {"kind": "sweep", "sweep": steps, "verdict": "throughput grows with every step up"}
@@ -137,20 +138,20 @@ def render_compare_text(result: dict[str, Any]) -> str:
     header = ["run", "world", "layout", "steps", "step s", "tokens/s", "comm", "exposed",
               "bubble", "peak mem", "high"]  # fmt: skip
     rows = [
-        [r["run"], _num(r["world_size"]), r["layout"], _num(r["steps"]), _num(r["step_time_s"]),
-         _si(r["tokens_per_s"]), _pct(r["comm_share"]), _pct(r["exposed_comm_share"]),
-         _pct(r["bubble_fraction"]), _bytes(r["peak_memory_bytes"]), str(r["high_findings"])]
+        [r["run"], num(r["world_size"]), r["layout"], num(r["steps"]), num(r["step_time_s"]),
+         si(r["tokens_per_s"]), pct(r["comm_share"]), pct(r["exposed_comm_share"]),
+         pct(r["bubble_fraction"]), size(r["peak_memory_bytes"]), str(r["high_findings"])]
         for r in result["runs"]
     ]  # fmt: skip
-    lines = [line[2:] for line in _aligned([header, *rows])]
+    lines = [line[2:] for line in aligned([header, *rows])]
     if result["kind"] == "sweep":
         lines += ["", "scaling sweep (same model):"]
         for s in result["sweep"]:
             efficiency = s["scaling_efficiency"]
             lines.append(
                 f"  {s['world_from']} -> {s['world_to']} ranks: tokens/s "
-                f"{_si(s['tokens_per_s_from'])} -> {_si(s['tokens_per_s_to'])}, "
-                f"scaling efficiency {_pct(efficiency)}"
+                f"{si(s['tokens_per_s_from'])} -> {si(s['tokens_per_s_to'])}, "
+                f"scaling efficiency {pct(efficiency)}"
                 + ("  (throughput falls)" if s["throughput_falls"] else "")
             )
     elif result["kind"] == "before_after":

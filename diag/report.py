@@ -19,6 +19,7 @@ import pandas as pd
 from diag import pipeline, schema
 from diag.load import RunData
 from diag.metrics import MEMORY_FIELDS, RunMetrics
+from diag.units import aligned, mib, num, pct, si, size
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -26,7 +27,6 @@ RUN_FIELDS = (
 )  # fmt: skip
 TEXT_MAX_ROWS = 32
 """Per-rank tables longer than this are cut in the text rendering (JSON keeps every row)."""
-MIB = 1024**2
 
 
 def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
@@ -84,16 +84,15 @@ def headline(report: dict[str, Any]) -> str:
         run.get("run_id") or "(unnamed run)",
         f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
         f"{summary.get('steps_analysed', 0)} steps",
-        f"step {_num(summary.get('step_time_s'))} s",
-        f"{_si(summary.get('tokens_per_s'))} tokens/s",
-        f"comm {_pct(summary.get('comm_share'))}"
-        f" (exposed {_pct(summary.get('exposed_comm_share'))})",
+        f"step {num(summary.get('step_time_s'))} s",
+        f"{si(summary.get('tokens_per_s'))} tokens/s",
+        f"comm {pct(summary.get('comm_share'))} (exposed {pct(summary.get('exposed_comm_share'))})",
     ]
     if summary.get("bubble_theory") is not None:
         bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]
-        parts.append(f"bubble {_pct(bubble)} (theory {_pct(theory)})")
+        parts.append(f"bubble {pct(bubble)} (theory {pct(theory)})")
         if summary.get("stage_imbalance") is not None:
-            parts.append(f"stage imbalance {_num(summary['stage_imbalance'])}")
+            parts.append(f"stage imbalance {num(summary['stage_imbalance'])}")
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
@@ -158,9 +157,9 @@ def sections(report: dict[str, Any]) -> list[Section]:
         "ranks (share of each rank's step wall time)",
         ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle"],
         [
-            [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), _num(r["step_time_s"]),
-             _pct(r["busy_frac"]), _pct(r["comm_share"]), _pct(r["exposed_comm_share"]),
-             _pct(r["idle_frac"])]
+            [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), num(r["step_time_s"]),
+             pct(r["busy_frac"]), pct(r["comm_share"]), pct(r["exposed_comm_share"]),
+             pct(r["idle_frac"])]
             for r in report["ranks"]
         ],
     )  # fmt: skip
@@ -168,26 +167,26 @@ def sections(report: dict[str, Any]) -> list[Section]:
         "collectives (per rank, over the analysed steps)",
         ["op", "group", "tag", "count", "bytes", "expected", "ratio", "time s", "busbw GB/s"],
         [
-            [str(c["op"]), str(c["group"]), str(c["tag"] or "-"), _num(c["count"]),
-             _bytes(c["bytes"]), _bytes(c["expected_bytes"]), _num(c["ratio"]),
-             _num(c["time_s"]), _num(c["busbw_GBps"])]
+            [str(c["op"]), str(c["group"]), str(c["tag"] or "-"), num(c["count"]),
+             size(c["bytes"]), size(c["expected_bytes"]), num(c["ratio"]),
+             num(c["time_s"]), num(c["busbw_GBps"])]
             for c in report["collectives"]
         ],
     )  # fmt: skip
     memory = Section(
         "memory (MiB, maximum over steps)",
         ["rank", *MEMORY_FIELDS],
-        [[str(m["rank"]), *(_mib(m[name]) for name in MEMORY_FIELDS)] for m in report["memory"]],
+        [[str(m["rank"]), *(mib(m[name]) for name in MEMORY_FIELDS)] for m in report["memory"]],
     )
     experts = Section(
         "experts (over the analysed steps and ranks)",
         ["layer", "experts", "load cv", "max/mean", "drop rate", "dead", "max/mean first->last",
          "drops first->last"],
         [
-            [str(e["layer"]), str(e["experts"]), _num(e["load_cv"]), _num(e["max_over_mean"]),
-             _pct(e["drop_rate"]), str(e["dead_experts"]),
-             f"{_num(e.get('max_over_mean_first'))}->{_num(e.get('max_over_mean_last'))}",
-             f"{_pct(e.get('drop_rate_first'))}->{_pct(e.get('drop_rate_last'))}"]
+            [str(e["layer"]), str(e["experts"]), num(e["load_cv"]), num(e["max_over_mean"]),
+             pct(e["drop_rate"]), str(e["dead_experts"]),
+             f"{num(e.get('max_over_mean_first'))}->{num(e.get('max_over_mean_last'))}",
+             f"{pct(e.get('drop_rate_first'))}->{pct(e.get('drop_rate_last'))}"]
             for e in report["experts"]
         ],
     )  # fmt: skip
@@ -195,9 +194,9 @@ def sections(report: dict[str, Any]) -> list[Section]:
         "tensor parallel collectives per rank and step, against the ledger",
         ["op", "direction", "count", "ledger count", "bytes", "ledger bytes", "ratio"],
         [
-            [str(t["op"]), str(t["direction"]), _num(t["count_per_step"]),
-             _num(t["ledger_count_per_step"]), _bytes(t["bytes_per_step"]),
-             _bytes(t["ledger_bytes_per_step"]), _num(t["ratio"])]
+            [str(t["op"]), str(t["direction"]), num(t["count_per_step"]),
+             num(t["ledger_count_per_step"]), size(t["bytes_per_step"]),
+             size(t["ledger_bytes_per_step"]), num(t["ratio"])]
             for t in report["summary"].get("tp_vs_ledger") or []
         ],
     )  # fmt: skip
@@ -208,50 +207,16 @@ def sections(report: dict[str, Any]) -> list[Section]:
 def _stage_section(report: dict[str, Any]) -> Section:
     """Pipeline stages (rows only for a pipeline run): compute per step and measured bubble."""
     ranks = pd.DataFrame(report["ranks"])
-    theory = _pct(report["summary"].get("bubble_theory"))
+    theory = pct(report["summary"].get("bubble_theory"))
     return Section(
         "pipeline stages (bubble = share of the step without compute)",
         ["stage", "ranks", "compute s/step", "bubble", "theory"],
         [
-            [str(s["stage"]), str(s["ranks"]), _num(s["busy_per_step_s"]),
-             _pct(s["bubble_frac"]), theory]
+            [str(s["stage"]), str(s["ranks"]), num(s["busy_per_step_s"]),
+             pct(s["bubble_frac"]), theory]
             for s in pipeline.stage_table(ranks).to_dict("records")
         ] if not ranks.empty else [],
     )  # fmt: skip
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return f"{value:.3g}"
-
-
-def _pct(value: Any) -> str:
-    return "n/a" if value is None else f"{100 * value:.0f}%"
-
-
-def _si(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
-
-
-def _bytes(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    for factor, unit in ((1024**3, "GiB"), (MIB, "MiB"), (1024, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
-def _mib(value: Any) -> str:
-    return "n/a" if value is None else f"{value / MIB:.1f}"
 
 
 # --- Renderers ----------------------------------------------------------------------------------
@@ -265,25 +230,10 @@ def render_text(report: dict[str, Any]) -> str:
         if len(rows) > TEXT_MAX_ROWS:
             cut = len(rows) - TEXT_MAX_ROWS
             rows = [*rows[:TEXT_MAX_ROWS], [f"... {cut} more rows (see --format json)"]]
-        lines += ["", section.title, *_aligned([section.header, *rows])]
+        lines += ["", section.title, *aligned([section.header, *rows])]
     if report["skipped"]:
         lines += ["", "skipped:", *(f"  - {note}" for note in report["skipped"])]
     return "\n".join(lines) + "\n"
-
-
-def _aligned(rows: list[list[str]]) -> list[str]:
-    width = max(len(r) for r in rows)
-    sizes = [max(len(r[i]) for r in rows if i < len(r) and len(r) == width) for i in range(width)]
-    out = []
-    for row in rows:
-        if len(row) < width:  # a note spanning the table
-            out.append("  " + " ".join(row))
-            continue
-        out.append(
-            "  "
-            + "  ".join(cell.ljust(size) for cell, size in zip(row, sizes, strict=True)).rstrip()
-        )
-    return out
 
 
 def render_markdown(report: dict[str, Any]) -> str:
