@@ -43,11 +43,12 @@ def mib(value: Any) -> str:
 
 
 def aligned(rows: list[list[str]]) -> list[str]:
-    width = max(len(r) for r in rows)
-    sizes = [max(len(r[i]) for r in rows if i < len(r) and len(r) == width) for i in range(width)]
+    """Rows of cells as left-aligned text columns; a shorter row is a note spanning the table."""
+    columns = max(len(r) for r in rows)
+    sizes = [max(len(r[i]) for r in rows if len(r) == columns) for i in range(columns)]
     out = []
     for row in rows:
-        if len(row) < width:  # a note spanning the table
+        if len(row) < columns:
             out.append("  " + " ".join(row))
             continue
         out.append(
