@@ -81,6 +81,23 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
         fail(error)
 
 
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--config", metavar="FILE", help="TOML file of rule thresholds.")
+def dashboard(paths: tuple[str, ...], host: str, port: int, config: str | None) -> None:
+    """Serve the Dash dashboard over the run directories PATHS (bubbles, stragglers, bytes,
+    memory, expert load, comparison). Only these runs are served."""
+    from dashboard.app import serve  # Dash is imported only for this command
+
+    try:
+        source, settings = project_config(config)
+        serve(list(paths), host, port, rule_thresholds(source, settings) if source else None)
+    except InputError as error:
+        fail(error)
+
+
 main.add_command(run)
 main.add_command(demo)
 main.add_command(check)

@@ -1,0 +1,313 @@
+"""Pure figure builders: tables in, `go.Figure` out, no Dash and no file access.
+
+Plotly renders a subset of HTML inside text (`<b>`, `<a href>`, `<br>`); names that come from
+traces and manifests (phases, ops, groups, hosts) go through `plain()` so they show as typed.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from diag import schema
+
+MIB = 1024**2
+PHASE_COLORS = {
+    "fwd": "#4C78A8",
+    "bwd": "#F58518",
+    "opt": "#54A24B",
+    "data": "#B279A2",
+    "comm_wait": "#E45756",
+}
+OTHER_COLOR = "#9D9D9D"
+BLAME_COLOR = "#D62728"
+CATEGORY_COLORS = dict(
+    zip(
+        schema.MEMORY_CATEGORIES,
+        ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#9D9D9D"),
+        strict=True,
+    )
+)
+
+
+def plain(text: object) -> str:
+    """Text that plotly shows literally (its HTML subset escaped)."""
+    return html.escape(str(text), quote=False)
+
+
+def _layout(fig: go.Figure, title: str, **kwargs: object) -> go.Figure:
+    fig.update_layout(
+        title=plain(title),
+        template="plotly_white",
+        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "y": -0.15},
+        **kwargs,
+    )
+    return fig
+
+
+def rank_label(rank: int, blamed: Sequence[int] = ()) -> str:
+    return f"rank {rank} !" if rank in blamed else f"rank {rank}"
+
+
+# --- Timeline -----------------------------------------------------------------------------------
+
+
+def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+    """Per rank (rows) the spans of the chosen steps as bars on one clock, coloured by phase,
+    text saying the micro-batch, and the collectives as thin dark bars over them. Both tables
+    have rank, step, start_ms, duration_ms; spans also phase and mb, comms op, group and tag."""
+    fig = go.Figure()
+    ranks = sorted(int(r) for r in spans["rank"].unique())
+    order = [rank_label(r, blamed) for r in ranks]
+    for phase, group in spans.groupby("phase", sort=False):
+        mb = group["mb"].map(lambda m: "" if pd.isna(m) else f"mb {int(m)}")
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                name=plain(phase),
+                y=[rank_label(int(r), blamed) for r in group["rank"]],
+                x=group["duration_ms"],
+                base=group["start_ms"],
+                text=mb,
+                textposition="inside",
+                insidetextanchor="middle",
+                marker={"color": PHASE_COLORS.get(str(phase), OTHER_COLOR)},
+                customdata=list(zip(group["step"], mb, strict=True)),
+                hovertemplate=f"{plain(phase)} %{{customdata[1]}} step %{{customdata[0]}}<br>"
+                "start %{base:.1f} ms, %{x:.1f} ms<extra>%{y}</extra>",
+            )
+        )
+    if not comms.empty:
+        names = _collective_names(comms)
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                name="collective",
+                y=[rank_label(int(r), blamed) for r in comms["rank"]],
+                x=comms["duration_ms"],
+                base=comms["start_ms"],
+                width=0.25,
+                marker={"color": "#222222"},
+                customdata=names,
+                hovertemplate="%{customdata}<br>start %{base:.1f} ms, %{x:.2f} ms"
+                "<extra>%{y}</extra>",
+            )
+        )
+    height = max(300, 28 * len(ranks) + 120)
+    fig = _layout(fig, "spans per rank (ms)", barmode="overlay", height=height)
+    fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category")
+    fig.update_xaxes(title="ms from the first span of the window")
+    return fig
+
+
+# --- Ranks --------------------------------------------------------------------------------------
+
+
+def rank_breakdown(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+    """Per rank, busy / exposed communication / idle as shares of its step wall time (stacked)."""
+    labels = [rank_label(int(r), blamed) for r in ranks["rank"]]
+    fig = go.Figure()
+    for column, name, color in (
+        ("busy_frac", "busy", "#4C78A8"),
+        ("exposed_comm_share", "exposed comm", "#E45756"),
+        ("idle_frac", "idle", "#BAB0AC"),
+    ):
+        fig.add_trace(go.Bar(x=labels, y=ranks[column], name=name, marker_color=color))
+    line = [3 if int(r) in blamed else 0 for r in ranks["rank"]]
+    fig.update_traces(marker_line={"width": line, "color": BLAME_COLOR}, selector={"name": "busy"})
+    fig = _layout(fig, "share of the step wall time per rank", barmode="stack")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1])
+    return fig
+
+
+def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+    """Histogram of per-rank busy time per step; blamed ranks marked on the axis."""
+    busy_ms = 1e3 * ranks["busy_s"] / ranks["steps"].clip(lower=1)
+    fig = go.Figure(go.Histogram(x=busy_ms, name="ranks", marker_color="#4C78A8"))
+    for rank, value in zip(ranks["rank"], busy_ms, strict=True):
+        if int(rank) in blamed:
+            fig.add_vline(
+                x=float(value),
+                line={"color": BLAME_COLOR, "dash": "dash"},
+                annotation_text=f"rank {int(rank)}",
+            )
+    fig = _layout(fig, "busy time per step across ranks (ms)", bargap=0.05)
+    fig.update_xaxes(title="busy ms per step")
+    fig.update_yaxes(title="ranks")
+    return fig
+
+
+# --- Communication ------------------------------------------------------------------------------
+
+
+def _collective_names(collectives: pd.DataFrame) -> list[str]:
+    return [
+        plain(f"{op} {group} {tag}".strip())
+        for op, group, tag in zip(
+            collectives["op"], collectives["group"], collectives["tag"].fillna(""), strict=True
+        )
+    ]
+
+
+def bytes_vs_expected(collectives: pd.DataFrame) -> go.Figure:
+    """Per op / group / tag, bytes per step measured and expected from the ledger (MiB)."""
+    names = _collective_names(collectives)
+    expected = collectives["bytes_per_step"] / collectives["ratio"]  # ratio = measured/expected
+    fig = go.Figure([
+        go.Bar(x=names, y=collectives["bytes_per_step"] / MIB, name="measured"),
+        go.Bar(x=names, y=expected / MIB, name="expected (ledger)"),
+    ])  # fmt: skip
+    fig = _layout(fig, "bytes per step per rank (MiB): measured vs expected", barmode="group")
+    fig.update_yaxes(title="MiB per step")
+    return fig
+
+
+def bus_bandwidth(collectives: pd.DataFrame) -> go.Figure:
+    """Per op / group / tag, the bus bandwidth (GB/s, nccl-tests' busbw)."""
+    fig = go.Figure(
+        go.Bar(
+            x=_collective_names(collectives),
+            y=collectives["busbw_GBps"],
+            marker_color="#72B7B2",
+            name="bus bandwidth",
+        )
+    )
+    fig = _layout(fig, "bus bandwidth per collective (GB/s)")
+    fig.update_yaxes(title="GB/s")
+    return fig
+
+
+def comm_share_over_steps(shares: pd.DataFrame) -> go.Figure:
+    """Per step, the communication share (median and slowest rank) and the exposed share."""
+    fig = go.Figure()
+    for column, name, dash in (
+        ("comm_median", "comm share (median rank)", "solid"),
+        ("comm_max", "comm share (max rank)", "dot"),
+        ("exposed_median", "exposed comm share (median rank)", "dash"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=shares["step"], y=shares[column], name=name, mode="lines+markers",
+                line={"dash": dash},
+            )
+        )  # fmt: skip
+    fig = _layout(fig, "communication share of the step over the run")
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(title="step")
+    return fig
+
+
+# --- Memory -------------------------------------------------------------------------------------
+
+
+def _budget_line(fig: go.Figure, budget_bytes: float | None) -> None:
+    if budget_bytes:
+        fig.add_hline(
+            y=budget_bytes / MIB,
+            line={"color": BLAME_COLOR, "dash": "dash"},
+            annotation_text=f"device budget {budget_bytes / MIB:.0f} MiB",
+        )
+
+
+def memory_by_rank(memory: pd.DataFrame, budget_bytes: float | None = None) -> go.Figure:
+    """Per rank, the six categories at their maximum over steps (MiB, stacked); n/a left out."""
+    labels = [f"rank {int(r)}" for r in memory["rank"]]
+    fig = go.Figure()
+    for category in schema.MEMORY_CATEGORIES:
+        if memory[category].notna().any():
+            fig.add_trace(
+                go.Bar(
+                    x=labels, y=memory[category] / MIB, name=category,
+                    marker_color=CATEGORY_COLORS[category],
+                )
+            )  # fmt: skip
+    _budget_line(fig, budget_bytes)
+    fig = _layout(fig, "memory per rank by category (MiB, maximum over steps)", barmode="stack")
+    fig.update_yaxes(title="MiB")
+    return fig
+
+
+def memory_over_steps(
+    per_step: pd.DataFrame, rank: int, budget_bytes: float | None = None
+) -> go.Figure:
+    """One rank's six categories per step (MiB, stacked areas)."""
+    fig = go.Figure()
+    for category in schema.MEMORY_CATEGORIES:
+        if per_step[category].notna().any():
+            fig.add_trace(
+                go.Scatter(
+                    x=per_step["step"], y=per_step[category] / MIB, name=category,
+                    stackgroup="memory", mode="lines",
+                    line={"color": CATEGORY_COLORS[category]},
+                )
+            )  # fmt: skip
+    _budget_line(fig, budget_bytes)
+    fig = _layout(fig, f"memory of rank {rank} over steps (MiB)")
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="MiB")
+    return fig
+
+
+# --- Experts ------------------------------------------------------------------------------------
+
+
+def expert_heatmap(layer: int, steps: Sequence[int], tokens: np.ndarray) -> go.Figure:
+    """Tokens routed to each expert (columns) at each step (rows) of one MoE layer."""
+    fig = go.Figure(
+        go.Heatmap(
+            z=tokens,
+            x=[f"e{e}" for e in range(tokens.shape[1])],
+            y=list(steps),
+            colorscale="Viridis",
+            colorbar={"title": "tokens"},
+            hovertemplate="step %{y}, expert %{x}: %{z:.0f} tokens<extra></extra>",
+        )
+    )
+    fig = _layout(fig, f"MoE layer {layer}: tokens per expert per step")
+    fig.update_yaxes(title="step", autorange="reversed")
+    fig.update_xaxes(title="expert", type="category")
+    return fig
+
+
+def drop_rate_over_steps(
+    layers: Sequence[tuple[int, Sequence[int], Sequence[float | None]]],
+) -> go.Figure:
+    """Per MoE layer, dropped over routed assignments at each step."""
+    fig = go.Figure([
+        go.Scatter(x=list(steps), y=list(rates), name=f"layer {layer}", mode="lines+markers")
+        for layer, steps, rates in layers
+    ])  # fmt: skip
+    fig = _layout(fig, "drop rate per step (dropped / routed)")
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(title="step")
+    return fig
+
+
+# --- Compare ------------------------------------------------------------------------------------
+
+
+def compare_runs(rows: pd.DataFrame) -> go.Figure:
+    """Runs side by side: throughput (bars) and exposed communication share (markers)."""
+    labels = [
+        plain(f"{run} ({layout})") for run, layout in zip(rows["run"], rows["layout"], strict=True)
+    ]
+    fig = go.Figure([
+        go.Bar(x=labels, y=rows["tokens_per_s"], name="tokens/s", marker_color="#4C78A8"),
+        go.Scatter(
+            x=labels, y=rows["exposed_comm_share"], name="exposed comm share", yaxis="y2",
+            mode="markers", marker={"size": 14, "color": "#E45756"},
+        ),
+    ])  # fmt: skip
+    fig = _layout(
+        fig,
+        "throughput and exposed communication per run",
+        yaxis={"title": "tokens/s"},
+        yaxis2={"title": "exposed comm", "overlaying": "y", "side": "right", "tickformat": ".0%",
+                "range": [0, 1]},
+    )  # fmt: skip
+    return fig

@@ -1,0 +1,199 @@
+"""The dashboard without a browser: figure builders, page layouts on a real run directory, the
+run selector's input handling and what the server answers to paths it must not serve."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from dashboard import figures
+from dashboard.app import PAGES, create_app
+from dashboard.data import (
+    comm_share_by_step,
+    expert_steps,
+    load_runs,
+    memory_of_rank,
+    peak_rank,
+    pick,
+    timeline_window,
+)
+from diag.errors import InputError
+
+GOLDEN = Path(__file__).parents[1] / "data" / "dp2-golden"
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+def _texts(component: Any) -> list[str]:
+    """Every string child in a Dash component tree."""
+    if isinstance(component, str):
+        return [component]
+    if isinstance(component, list | tuple):
+        return [t for child in component for t in _texts(child)]
+    children = getattr(component, "children", None)
+    return _texts(children) if children is not None else []
+
+
+def _graphs(component: Any) -> list[Any]:
+    found = [component] if type(component).__name__ == "Graph" else []
+    children = getattr(component, "children", None)
+    if isinstance(children, list | tuple):
+        return found + [g for child in children for g in _graphs(child)]
+    return found + (_graphs(children) if children is not None else [])
+
+
+@pytest.fixture(scope="module")
+def golden() -> Any:
+    return load_runs([GOLDEN])[0]
+
+
+def test_every_page_renders_the_golden_run(golden: Any) -> None:
+    layouts = {page.PATH: page.layout(golden, [golden]) for page in PAGES}
+    assert set(layouts) == {"/", "/timeline", "/ranks", "/communication", "/memory", "/experts",
+                            "/compare"}  # fmt: skip
+    for path in ("/timeline", "/ranks", "/communication", "/memory"):
+        graphs = _graphs(layouts[path])
+        assert graphs and all(isinstance(g.figure, go.Figure) for g in graphs), path
+        assert all(len(g.figure.data) > 0 for g in graphs), path
+    # a DP run has no experts, and one run has nothing to compare: said, not empty axes
+    assert any("not an expert-parallel run" in t for t in _texts(layouts["/experts"]))
+    assert any("two or more runs" in t for t in _texts(layouts["/compare"]))
+    overview = " ".join(_texts(layouts["/"]))
+    assert "step time" in overview and "tokens/s" in overview
+
+
+def test_overview_lists_findings_first_one_first(golden: Any) -> None:
+    texts = _texts(PAGES[0].layout(golden, [golden]))
+    rules = [f["rule"] for f in golden.report["findings"]]
+    shown = [t.strip() for t in texts if t.strip() in rules]
+    assert shown == rules
+
+
+def test_timeline_window_aligns_to_the_first_span(golden: Any) -> None:
+    window = timeline_window(golden.run, [1])
+    assert window.spans["start_ms"].min() == 0
+    assert (window.spans["duration_ms"] > 0).all()
+    assert set(window.spans["step"]) == {1} and set(window.comms["step"]) == {1}
+    fig = figures.timeline(window.spans, window.comms, blamed=[1])
+    names = {trace.name for trace in fig.data}
+    assert {"fwd", "bwd", "collective"} <= names
+    assert "rank 1 !" in fig.layout.yaxis.categoryarray
+
+
+def test_pick_only_accepts_an_index_in_range(golden: Any) -> None:
+    other = load_runs([GOLDEN])[0]
+    runs = [golden, other]
+    assert pick(runs, 1) is other
+    for bad in (-1, 2, "1", "../../etc/passwd", None, True, 1.0):
+        assert pick(runs, bad) is golden
+
+
+def test_run_names_are_unique(tmp_path: Path) -> None:
+    runs = load_runs([GOLDEN, GOLDEN])
+    assert [r.name for r in runs] == ["dp2-golden", "dp2-golden (2)"]
+
+
+def test_unusable_run_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="manifest"):
+        create_app([tmp_path])
+
+
+def test_names_from_manifests_stay_text(tmp_path: Path) -> None:
+    run_dir = tmp_path / "hostile"
+    shutil.copytree(GOLDEN, run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["run_id"] = HOSTILE
+    for rank in manifest["ranks"]:
+        rank["host"] = HOSTILE
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    loaded = load_runs([run_dir])[0]
+    assert loaded.name == HOSTILE
+    ranks_page = next(p for p in PAGES if p.PATH == "/ranks").layout(loaded, [loaded])
+    assert _texts(ranks_page).count(HOSTILE) == 2  # one cell a rank, as text: React escapes it
+    assert figures.plain(HOSTILE) == '&lt;img src=x onerror="alert(1)"&gt;'
+
+
+def test_server_answers_no_file_outside_its_assets() -> None:
+    client = create_app([GOLDEN]).server.test_client()
+    index = client.get("/")
+    assert index.status_code == 200 and b"diag dashboard" in index.data
+    assert client.get("/assets/style.css").status_code == 200
+    secret = (Path(__file__).parents[2] / "pyproject.toml").read_bytes()[:60]
+    for path in (
+        "/assets/../../pyproject.toml",
+        "/assets/..%2f..%2fpyproject.toml",
+        "/_dash-component-suites/../../pyproject.toml",
+        "/pyproject.toml",
+        "/..%2f..%2fpyproject.toml",
+    ):
+        answer = client.get(path)
+        assert secret not in answer.data, path
+
+
+# --- Figure builders on small tables --------------------------------------------------------------
+
+
+def test_rank_breakdown_stacks_to_one_and_marks_the_blamed() -> None:
+    ranks = pd.DataFrame({
+        "rank": [0, 1], "busy_frac": [0.9, 0.5], "exposed_comm_share": [0.05, 0.45],
+        "idle_frac": [0.05, 0.05], "busy_s": [0.9, 0.5], "steps": [1, 1],
+    })  # fmt: skip
+    fig = figures.rank_breakdown(ranks, blamed=[0])
+    assert [t.name for t in fig.data] == ["busy", "exposed comm", "idle"]
+    assert list(fig.data[0].x) == ["rank 0 !", "rank 1"]
+    assert list(fig.data[0].marker.line.width) == [3, 0]
+    hist = figures.busy_histogram(ranks, blamed=[0])
+    assert any("rank 0" in (a.text or "") for a in hist.layout.annotations)
+
+
+def test_bytes_vs_expected_derives_expected_per_step_from_the_ratio() -> None:
+    collectives = pd.DataFrame({
+        "op": ["all_to_all"], "group": ["ep"], "tag": [None], "bytes": [400.0 * 2**20],
+        "bytes_per_step": [100.0 * 2**20], "ratio": [2.0], "busbw_GBps": [1.0],
+    })  # fmt: skip
+    fig = figures.bytes_vs_expected(collectives)
+    assert list(fig.data[0].y) == [100.0] and list(fig.data[1].y) == [50.0]
+    assert list(fig.data[0].x) == ["all_to_all ep"]
+
+
+def test_comm_share_by_step() -> None:
+    rank_steps = pd.DataFrame({
+        "rank": [0, 1, 0, 1], "step": [1, 1, 2, 2], "wall_s": [1.0, 1.0, 2.0, 2.0],
+        "comm_s": [0.2, 0.4, 1.0, 1.0], "exposed_comm_s": [0.1, 0.1, 0.5, 0.5],
+    })  # fmt: skip
+    shares = comm_share_by_step(rank_steps)
+    assert shares["comm_median"].tolist() == pytest.approx([0.3, 0.5])
+    assert shares["comm_max"].tolist() == pytest.approx([0.4, 0.5])
+    assert figures.comm_share_over_steps(shares).data[0].name == "comm share (median rank)"
+
+
+def test_memory_pages_pick_the_peak_rank_and_draw_the_budget() -> None:
+    memory = pd.DataFrame({
+        "rank": [0, 1], "params": [10.0, 10.0], "grads": [10.0, 10.0], "optimizer": [20.0, 20.0],
+        "activations": [5.0, 50.0], "comm_buffers": [1.0, 1.0], "fragmentation": [None, None],
+    })  # fmt: skip
+    assert peak_rank(memory) == 1
+    fig = figures.memory_by_rank(memory, budget_bytes=2**20)
+    assert "fragmentation" not in {t.name for t in fig.data}  # null on CPU: not drawn as zero
+    assert fig.layout.shapes[0].y0 == 1.0  # budget line at 1 MiB
+    steps = memory.assign(step=[3, 3]).iloc[[1]]
+    assert memory_of_rank(steps, 1)["activations"].tolist() == [50.0]
+
+
+def test_expert_steps_sum_over_ranks_and_rate_drops() -> None:
+    experts = pd.DataFrame({
+        "rank": [0, 1, 0, 1], "step": [0, 0, 1, 1], "layer": [0, 0, 0, 0],
+        "tokens": [[3, 1], [3, 1], [4, 0], [4, 0]], "dropped": [0, 0, 2, 2],
+    })  # fmt: skip
+    (layer,) = expert_steps(experts)
+    assert layer.steps == [0, 1]
+    np.testing.assert_array_equal(layer.tokens, [[6, 2], [8, 0]])
+    assert layer.drop_rate == [0.0, 0.5]
+    fig = figures.expert_heatmap(layer.layer, layer.steps, layer.tokens)
+    assert list(fig.data[0].x) == ["e0", "e1"]
