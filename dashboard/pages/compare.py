@@ -11,6 +11,7 @@ from dash import html
 from dashboard import figures
 from dashboard.components import graph, no_data, page, table
 from dashboard.data import LoadedRun
+from diag.check import format_metric
 from diag.compare import compare_reports
 
 PATH = "/compare"
@@ -27,10 +28,14 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         return page(TITLE, no_data("one run loaded: start the dashboard with two or more runs"))
     result = compare_reports([(r.name, r.report) for r in runs])
     rows = pd.DataFrame(result["runs"])
-    shown = rows[list(_COLUMNS)].rename(columns=_COLUMNS).round(4)
+    shown = pd.DataFrame({
+        label: [format_metric(key, v) if isinstance(v, float) else v for v in rows[key]]
+        for key, label in _COLUMNS.items()
+    })  # fmt: skip
     regressions = [
         html.Li(
-            f"{r['run']}: {r['metric']} {r['before']:.4g} -> {r['after']:.4g} ({r['change']:+.0%})"
+            f"{r['run']}: {r['metric']} {format_metric(r['metric'], r['before'])} -> "
+            f"{format_metric(r['metric'], r['after'])} ({r['change']:+.0%})"
         )
         for r in result["regressions"]
     ]

@@ -1,0 +1,70 @@
+"""Browser tests: the dashboard served on 127.0.0.1 over real reference runs, driven by headless
+Chromium through chromedriver (Debian's `chromium` and `chromium-driver`; `.ci/run` installs
+them). Without them the tests skip here and fail under CI (CI=true)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug.serving import make_server
+
+from dashboard.app import create_app
+from tests.distributed.conftest import diag_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def _need_browser() -> None:
+    if CHROMIUM and CHROMEDRIVER:
+        return
+    message = (
+        "headless Chromium and chromedriver are needed (apt-get install chromium chromium-driver)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two real gloo runs: DP with a straggler on rank 1, and EP with a hot expert."""
+    root = tmp_path_factory.mktemp("browser-runs")
+    dp, ep = root / "dp-straggler", root / "ep-skew"
+    diag_run(dp, "--steps", "4", "--inject", "straggler:rank=1,ms=150")
+    diag_run(ep, "--steps", "4", "--inject", "skew:frac=0.8", trainer="ep")
+    return [dp, ep]
+
+
+@pytest.fixture(scope="session")
+def dashboard_url(reference_runs: list[Path]) -> Iterator[str]:
+    _need_browser()
+    server = make_server("127.0.0.1", 0, create_app(reference_runs).server, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser(dashboard_url: str) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM or ""
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000"):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()

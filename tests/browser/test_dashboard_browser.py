@@ -1,0 +1,136 @@
+"""Every page of the dashboard in a real browser over real runs: the figures render (plotly drew
+its SVG), pages without data say so, the console holds no error, and strings from manifests stay
+text. Screenshots go to the test's folder, or to $DIAG_SCREENSHOTS when set (docs/img uses it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboard.app import PAGES
+
+pytestmark = pytest.mark.browser
+
+RENDER_TIMEOUT_S = 60
+# (path, run in the selector, graphs at least, text that must show)
+EXPECTED = [
+    ("/", "dp-straggler", 0, "BAL001"),
+    ("/timeline", "dp-straggler", 1, "first step"),
+    ("/ranks", "dp-straggler", 2, "blamed by the findings: 1"),
+    ("/communication", "dp-straggler", 3, "Communication"),
+    ("/memory", "dp-straggler", 2, "Memory"),
+    ("/experts", "dp-straggler", 0, "not an expert-parallel run"),
+    ("/experts", "ep-skew", 3, "Experts"),
+    ("/compare", "dp-straggler", 1, "dp-straggler"),
+]
+
+
+def _rendered(driver: Any, min_graphs: int) -> bool:
+    """Dash finished its callbacks and plotly drew every graph on the page, `min_graphs` at
+    least (dcc.Graph loads its code lazily, so a graph can be missing for a moment)."""
+    from selenium.webdriver.common.by import By
+
+    if driver.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']"):
+        return False
+    page = driver.find_elements(By.CSS_SELECTOR, "#page .page, #page .no-data")
+    plots = driver.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot")
+    drawn = driver.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot .main-svg")
+    return (
+        bool(page)
+        and all(p.find_elements(By.CSS_SELECTOR, ".main-svg") for p in plots)
+        and (len(drawn) >= len(plots))
+    )
+
+
+def _wait_rendered(driver: Any, min_graphs: int = 0) -> None:
+    """Until the page is rendered on two polls 0.1 s apart (Dash may still swap a component
+    right after the first)."""
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    streak = 0
+    while streak < 2:
+        assert time.monotonic() < deadline, f"{driver.current_url} did not render"
+        streak = streak + 1 if _rendered(driver, min_graphs) else 0
+        time.sleep(0.1)
+
+
+def _select_run(driver: Any, name: str, min_graphs: int = 0) -> None:
+    from selenium.webdriver.common.by import By
+
+    current = driver.find_element(By.CSS_SELECTOR, "#run-select").text
+    if name in current:
+        return
+    driver.find_element(By.CSS_SELECTOR, "#run-select").click()
+    options = driver.find_elements(By.XPATH, f"//*[@role='option'][contains(., '{name}')]")
+    assert options, f"no run {name} in the selector"
+    options[0].click()
+    time.sleep(0.2)
+    _wait_rendered(driver, min_graphs)
+
+
+def _console_errors(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("DIAG_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_every_page_renders_without_console_errors(
+    browser: Any, dashboard_url: str, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    assert {p.PATH for p in PAGES} == {path for path, *_ in EXPECTED}
+    shots = _shots(tmp_path)
+    browser.get(dashboard_url + "/")
+    _wait_rendered(browser)
+    for path, run, min_graphs, text in EXPECTED:
+        browser.get(dashboard_url + path)
+        _wait_rendered(browser)
+        _select_run(browser, run, min_graphs)
+        _wait_rendered(browser, min_graphs)
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert text in body, (path, run, body[:500])
+        drawn = browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot .main-svg")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot")) >= min_graphs
+        assert (len(drawn) > 0) == (min_graphs > 0), (path, run)
+        if min_graphs == 0 and path != "/":
+            assert browser.find_elements(By.CSS_SELECTOR, ".no-data"), (path, run)
+        name = "overview" if path == "/" else path.strip("/")
+        browser.save_screenshot(str(shots / f"{name}-{run}.png"))
+        assert not _console_errors(browser), (path, run, _console_errors(browser))
+
+
+def test_the_first_finding_is_on_top_and_names_the_straggler(
+    browser: Any, dashboard_url: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(dashboard_url + "/")
+    _wait_rendered(browser)
+    _select_run(browser, "dp-straggler")
+    first = browser.find_elements(By.CSS_SELECTOR, ".finding")[0]
+    assert "main" in first.get_attribute("class")
+    assert "BAL001" in first.text and "ranks: 1" in first.text
+
+
+def test_timeline_step_selector_redraws(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(dashboard_url + "/timeline")
+    _wait_rendered(browser)
+    _select_run(browser, "dp-straggler", 1)
+    bars_one = len(browser.find_elements(By.CSS_SELECTOR, "#timeline-graph .bars .point"))
+    browser.find_element(By.XPATH, "//*[@id='timeline-window']//label[contains(., '2')]").click()
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    while len(browser.find_elements(By.CSS_SELECTOR, "#timeline-graph .bars .point")) <= bars_one:
+        assert time.monotonic() < deadline, "two steps drew no more bars than one"
+        time.sleep(0.05)
+    assert not _console_errors(browser)
