@@ -24,6 +24,9 @@ PHASE_COLORS = {
     "comm_wait": "#E45756",
 }
 OTHER_COLOR = "#9D9D9D"
+TIMELINE_MAX_LABELS = 300
+"""Above this many spans the timeline drops the micro-batch text inside bars (the hover keeps
+it): placing text costs the browser more than drawing the bars."""
 BLAME_COLOR = "#D62728"
 CATEGORY_COLORS = dict(
     zip(
@@ -62,6 +65,7 @@ def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = (
     text saying the micro-batch, and the collectives as thin dark bars over them. Both tables
     have rank, step, start_ms, duration_ms; spans also phase and mb, comms op, group and tag."""
     fig = go.Figure()
+    labelled = len(spans) <= TIMELINE_MAX_LABELS
     ranks = sorted(int(r) for r in spans["rank"].unique())
     order = [rank_label(r, blamed) for r in ranks]
     for phase, group in spans.groupby("phase", sort=False):
@@ -73,8 +77,9 @@ def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = (
                 y=[rank_label(int(r), blamed) for r in group["rank"]],
                 x=group["duration_ms"],
                 base=group["start_ms"],
-                text=mb,
+                text=mb if labelled else None,
                 textposition="inside",
+                textangle=0,
                 insidetextanchor="middle",
                 marker={"color": PHASE_COLORS.get(str(phase), OTHER_COLOR)},
                 customdata=list(zip(group["step"], mb, strict=True)),
