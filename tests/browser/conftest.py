@@ -4,6 +4,7 @@ them). Without them the tests skip here and fail under CI (CI=true)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -32,14 +33,25 @@ def _need_browser() -> None:
     pytest.skip(message)
 
 
+HOSTILE = 'hostile <img src=x id=injected onerror="document.title=1"><b>bold</b>'
+"""A run id and host name that would run script and change markup if rendered as HTML."""
+
+
 @pytest.fixture(scope="session")
 def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Two real gloo runs: DP with a straggler on rank 1, and EP with a hot expert."""
+    """Real gloo runs: DP with a straggler on rank 1, EP with a hot expert, and a copy of the DP
+    run whose manifest names its run and hosts in HTML."""
     root = tmp_path_factory.mktemp("browser-runs")
-    dp, ep = root / "dp-straggler", root / "ep-skew"
+    dp, ep, hostile = root / "dp-straggler", root / "ep-skew", root / "hostile"
     diag_run(dp, "--steps", "4", "--inject", "straggler:rank=1,ms=150")
     diag_run(ep, "--steps", "4", "--inject", "skew:frac=0.8", trainer="ep")
-    return [dp, ep]
+    shutil.copytree(dp, hostile)
+    manifest = json.loads((hostile / "manifest.json").read_text())
+    manifest["run_id"] = HOSTILE
+    for rank in manifest["ranks"]:
+        rank["host"] = HOSTILE
+    (hostile / "manifest.json").write_text(json.dumps(manifest))
+    return [dp, ep, hostile]
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dashboard.app import PAGES
+from tests.browser.conftest import HOSTILE
 
 pytestmark = pytest.mark.browser
 
@@ -133,4 +134,18 @@ def test_timeline_step_selector_redraws(browser: Any, dashboard_url: str) -> Non
     while len(browser.find_elements(By.CSS_SELECTOR, "#timeline-graph .bars .point")) <= bars_one:
         assert time.monotonic() < deadline, "two steps drew no more bars than one"
         time.sleep(0.05)
+    assert not _console_errors(browser)
+
+
+def test_names_from_manifests_render_as_text(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for path in ("/", "/ranks", "/timeline"):
+        browser.get(dashboard_url + path)
+        _wait_rendered(browser)
+        _select_run(browser, "hostile", 0 if path == "/" else 1)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#injected, #page b"), path
+        assert browser.title == "diag dashboard", path
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert HOSTILE in body, (path, body[:300])  # shown as typed, markup and all
     assert not _console_errors(browser)

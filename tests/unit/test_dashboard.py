@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +202,56 @@ def test_expert_steps_sum_over_ranks_and_rate_drops() -> None:
     assert layer.drop_rate == [0.0, 0.5]
     fig = figures.expert_heatmap(layer.layer, layer.steps, layer.tokens)
     assert list(fig.data[0].x) == ["e0", "e1"]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) of sockets listening on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_cli_serves_on_loopback_only_by_default() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "diag", "dashboard", str(GOLDEN), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert server.poll() is None, "the dashboard exited"
+                assert time.monotonic() < deadline, "the dashboard did not come up"
+                time.sleep(0.2)
+        if Path("/proc/net/tcp").exists():
+            assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, not 0.0.0.0
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_cli_unusable_run_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "dashboard", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("diag: error: ") and result.stderr.count("\n") == 1
+    assert str(tmp_path / "missing") in result.stderr
