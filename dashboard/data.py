@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.load import RunData, load_run
+from diag.analysis import load_any
+from diag.load import RunData
 from diag.metrics import RunMetrics, compute_metrics
 from diag.report import build_report
 from diag.rules import run_rules
@@ -50,7 +51,7 @@ def load_runs(paths: Sequence[str | Path], config: dict[str, Any] | None = None)
     loaded: list[LoadedRun] = []
     taken: set[str] = set()
     for path in paths:
-        run = load_run(path)
+        run = load_any(path)
         metrics = compute_metrics(run)
         metrics.findings = run_rules(run, metrics, config)
         name = _unique(run.manifest.run_id or Path(path).name, taken)

@@ -6,19 +6,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from diag.load import load_run
+from diag.load import RunData, load_run
 from diag.metrics import compute_metrics
 from diag.report import build_report
 from diag.rules import run_rules
 
 
 def analyze_path(path: str | Path, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Load a run directory, compute its metrics, run the rules and build the `diag.report/1`
-    report. `config` holds rule thresholds by rule code or name (a parsed TOML table).
+    """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
+    build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
+    parsed TOML table).
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
-    run = load_run(path)
+    run = load_any(path)
     metrics = compute_metrics(run)
     metrics.findings = run_rules(run, metrics, config)
     return build_report(run, metrics)
+
+
+def load_any(path: str | Path) -> RunData:
+    """A run directory (manifest.json) or a folder of PyTorch profiler (Kineto) traces."""
+    from diag.kineto import is_trace_dir, load_trace_dir
+
+    return load_trace_dir(path) if is_trace_dir(Path(path)) else load_run(path)

@@ -53,6 +53,29 @@ def subtract(
     return union_length(both) - union_length(arr_b)
 
 
+def difference(
+    a: Iterable[Sequence[float]] | np.ndarray, b: Iterable[Sequence[float]] | np.ndarray
+) -> np.ndarray:
+    """union(a) minus union(b), as sorted disjoint (start, end) rows."""
+    kept, cuts = merge(a), merge(b)
+    if len(kept) == 0 or len(cuts) == 0:
+        return kept
+    out: list[tuple[float, float]] = []
+    j = 0
+    for start, end in kept.tolist():
+        while j < len(cuts) and cuts[j, 1] <= start:
+            j += 1
+        k, cursor = j, start
+        while k < len(cuts) and cuts[k, 0] < end:
+            if cuts[k, 0] > cursor:
+                out.append((cursor, cuts[k, 0]))
+            cursor = max(cursor, cuts[k, 1])
+            k += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return np.array(out, dtype=kept.dtype).reshape(-1, 2)
+
+
 def clip(intervals: Iterable[Sequence[float]] | np.ndarray, lo: float, hi: float) -> np.ndarray:
     """The intervals cut to the window [lo, hi]; those left empty are dropped."""
     arr = _as_array(intervals)

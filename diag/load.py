@@ -92,11 +92,18 @@ def load_run(path: str | Path) -> RunData:
     if nan_loss:
         files = ", ".join(sorted(nan_loss))
         skipped.append(f"{files}: loss is NaN in {nan_loss.total()} step records (kept)")
+    return run_from_records(manifest, run_dir, records, skipped)
+
+
+def run_from_records(
+    manifest: Manifest, path: Path, records: dict[str, list[dict[str, Any]]], skipped: list[str]
+) -> RunData:
+    """A RunData from record dicts by kind (the rank files' records, or a trace's converted)."""
     tables = {kind: _frame(kind, records.get(kind, [])) for kind in _COLUMNS}
     tables["step"] = _drop_duplicate_steps(tables["step"], skipped)
     return RunData(
         manifest=manifest,
-        path=run_dir,
+        path=path,
         steps=tables[RecordKind.STEP.value],
         spans=tables[RecordKind.SPAN.value],
         comms=tables[RecordKind.COMM.value],

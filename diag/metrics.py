@@ -187,6 +187,7 @@ def _summary(
         ),
         "comm_share": _ratio(ranks["comm_s"].sum(), wall_sum),
         "exposed_comm_share": _ratio(ranks["exposed_comm_s"].sum(), wall_sum),
+        "hidden_comm_share": _hidden(ranks),
         "busy_imbalance": _ratio(ranks["busy_s"].max(), busy_mean),
         "bubble_theory": (
             ledger.bubble_fraction(pp, layout.microbatches or 1, layout.virtual_stages or 1)
@@ -203,6 +204,13 @@ def _summary(
     if pp > 1:  # pipeline runs only (docs/metrics.md, "Pipeline")
         summary["stage_imbalance"] = pipeline_metrics["stage_imbalance"]
     return summary
+
+
+def _hidden(ranks: pd.DataFrame) -> float | None:
+    """Share of the time collectives are in flight that overlaps compute (not exposed)."""
+    comm_s = ranks["comm_s"].sum()
+    hidden = _ratio(comm_s - ranks["exposed_comm_s"].sum(), comm_s)
+    return None if hidden is None else min(max(hidden, 0.0), 1.0)
 
 
 def _ratio(numerator: Any, denominator: Any) -> float | None:

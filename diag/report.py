@@ -86,7 +86,12 @@ def headline(report: dict[str, Any]) -> str:
         f"{summary.get('steps_analysed', 0)} steps",
         f"step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
-        f"comm {pct(summary.get('comm_share'))} (exposed {pct(summary.get('exposed_comm_share'))})",
+        f"comm {pct(summary.get('comm_share'))} (exposed {pct(summary.get('exposed_comm_share'))}"
+        + (
+            f", {pct(hidden)} of it hidden)"
+            if (hidden := summary.get("hidden_comm_share"))
+            else ")"
+        ),
     ]
     if summary.get("bubble_theory") is not None:
         bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]

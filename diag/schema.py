@@ -43,9 +43,14 @@ class Phase(StrEnum):
     OPT = "opt"
     DATA = "data"
     COMM_WAIT = "comm_wait"
+    KERNEL = "kernel"  # a GPU computation kernel (from a profiler trace)
+    MEMCPY = "memcpy"  # a GPU memory copy or set (from a profiler trace)
 
 
-COMPUTE_PHASES = frozenset({Phase.FWD.value, Phase.BWD.value, Phase.OPT.value, Phase.DATA.value})
+COMPUTE_PHASES = frozenset({
+    Phase.FWD.value, Phase.BWD.value, Phase.OPT.value, Phase.DATA.value, Phase.KERNEL.value,
+    Phase.MEMCPY.value,
+})  # fmt: skip
 
 
 class CollectiveOp(StrEnum):

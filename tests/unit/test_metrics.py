@@ -103,6 +103,7 @@ def test_golden_summary(golden) -> None:
         "tokens_per_s": approx(4000 / 0.230),  # 2 ranks x 2 steps x 1000 tokens, dp only
         "comm_share": approx(162 / 440),
         "exposed_comm_share": approx(82 / 440),
+        "hidden_comm_share": approx((162 - 82) / 162),
         "busy_imbalance": approx(1.0),
         "bubble_theory": None,
         "bubble_fraction": None,

@@ -1,0 +1,206 @@
+"""One rank's Kineto events as run-directory records, so the metrics, rules, reports and the
+dashboard read a profiler trace as they read our own runs.
+
+- steps: `ProfilerStep#N` on the CPU; a step's window on the device runs from the first to the
+  last end of the GPU work its CPU step launched (matched by correlation id). A CPU-only trace
+  keeps the CPU window. No `ProfilerStep` at all: the whole trace is step 0.
+- spans: computation kernels (phase `kernel`) and memory copies/sets (phase `memcpy`) are the
+  device's busy time.
+- comms: each communication kernel, with op, group, bytes and dtype from the
+  `record_param_comms` CPU op that launched it (`Collective name`, `In/Out msg nelems`, `dtype`,
+  `Process Group ...`), else the op read from the kernel's name and no bytes (DeepEP).
+- comm_wait spans: communication time not hidden under computation or copies (exposed).
+Times are Kineto's microseconds turned into integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from diag import intervals, schema
+from diag.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+
+NS_PER_US = 1000
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
+STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
+    "char": 1, "byte": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}  # fmt: skip
+_OP_BY_COLLECTIVE = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
+    "all_to_allv": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv",
+    "barrier": "barrier", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+}  # fmt: skip
+
+
+@dataclass
+class RankEvents:
+    """The parts of one rank's trace the analysis uses (times in ns)."""
+
+    gpu_name: list[str] = field(default_factory=list)
+    gpu_category: list[str] = field(default_factory=list)
+    gpu_t0: list[int] = field(default_factory=list)
+    gpu_t1: list[int] = field(default_factory=list)
+    gpu_correlation: list[int] = field(default_factory=list)
+    launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
+    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
+    cpu_t0: int | None = None
+    cpu_t1: int | None = None
+
+
+def scan(events: list[Any]) -> RankEvents:
+    """One pass over the trace's complete ('X') events."""
+    out = RankEvents()
+    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        ts = event.get("ts")
+        if not isinstance(ts, int | float):
+            continue
+        t0 = round(float(ts) * NS_PER_US)
+        duration = event.get("dur")
+        t1 = t0 + round(float(duration) * NS_PER_US) if isinstance(duration, int | float) else t0
+        category, name = event.get("cat"), str(event.get("name", ""))
+        args: dict[str, Any] = event["args"] if isinstance(event.get("args"), dict) else {}
+        if category in GPU_CATEGORIES:
+            out.gpu_name.append(name)
+            out.gpu_category.append(category)
+            out.gpu_t0.append(t0)
+            out.gpu_t1.append(t1)
+            out.gpu_correlation.append(int(args.get("correlation", -1)))
+            continue
+        out.cpu_t0 = t0 if out.cpu_t0 is None else min(out.cpu_t0, t0)
+        out.cpu_t1 = t1 if out.cpu_t1 is None else max(out.cpu_t1, t1)
+        if category in LAUNCH_CATEGORIES and "correlation" in args:
+            out.launches[int(args["correlation"])] = (event.get("tid"), t0)
+        elif category != "gpu_user_annotation" and (step := STEP_NAME.match(name)):
+            out.steps.append((int(step.group(1)), t0, t1))
+        elif name == "record_param_comms":
+            params[event.get("tid")].append((t0, t1, args))
+    out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
+    out.steps.sort(key=lambda s: s[1])
+    return out
+
+
+def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
+    """The ProfilerStep whose CPU window holds each time; -1 outside every window."""
+    if not steps:
+        return np.zeros(len(times), dtype=np.int64)
+    starts = np.array([s[1] for s in steps])
+    ends = np.array([s[2] for s in steps])
+    numbers = np.array([s[0] for s in steps])
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = (index >= 0) & (times < ends[np.clip(index, 0, None)])
+    return np.where(inside, numbers[np.clip(index, 0, None)], -1)
+
+
+def _collective(params: dict[str, Any]) -> dict[str, Any]:
+    """op, group, group_size, bytes and dtype of a record_param_comms event."""
+    name = str(params.get("Collective name", "")).lower()
+    dtype = str(params.get("dtype", "")).lower()
+    nelems = max(int(params.get("In msg nelems") or 0), int(params.get("Out msg nelems") or 0))
+    element_bytes = DTYPE_BYTES.get(dtype)
+    group = params.get("Process Group Description")
+    if not group or group == "undefined":
+        group = f"pg{params.get('Process Group Name', '')}"
+    return {
+        "op": _OP_BY_COLLECTIVE.get(name, name or None),
+        "group": str(group),
+        "group_size": params.get("Group size"),
+        "bytes": nelems * element_bytes if element_bytes and nelems else None,
+        "dtype": dtype or None,
+    }
+
+
+def _launching_params(rank: RankEvents, correlation: int, used: set[int]) -> dict[str, Any] | None:
+    """The record_param_comms around the CPU launch of a kernel, once per CPU op."""
+    launch = rank.launches.get(correlation)
+    if launch is None:
+        return None
+    tid, t = launch
+    rows = rank.params.get(tid)
+    if not rows:
+        return None
+    starts = [r[0] for r in rows]
+    i = int(np.searchsorted(starts, t, side="right")) - 1
+    if i < 0 or rows[i][1] < t or id(rows[i]) in used:
+        return None
+    used.add(id(rows[i]))
+    return rows[i][2]
+
+
+def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict[str, list[dict]]:
+    """Step, span (kernel, memcpy, comm_wait) and comm records of one rank."""
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    t0 = np.array(rank.gpu_t0, dtype=np.int64)
+    t1 = np.array(rank.gpu_t1, dtype=np.int64)
+    correlation = np.array(rank.gpu_correlation, dtype=np.int64)
+    kinds = patterns.classify(rank.gpu_name, rank.gpu_category)
+    launched_at = np.array(
+        [
+            rank.launches.get(int(c), (None, int(t)))[1]
+            for c, t in zip(correlation, t0, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    steps = _step_of(launched_at, rank.steps)
+    if len(t0) == 0:
+        for number, s0, s1 in rank.steps or _whole_trace(rank):
+            records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
+        return records
+    used: set[int] = set()
+    for number in sorted(set(steps.tolist()) - {-1}):
+        mine = steps == number
+        records["step"].append(
+            {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
+        )
+        busy = mine & (kinds != KernelClass.COMM.value)
+        comm = mine & (kinds == KernelClass.COMM.value)
+        for i in np.flatnonzero(busy):
+            phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
+            records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
+        for i in np.flatnonzero(comm):
+            found = _launching_params(rank, int(correlation[i]), used)
+            named = found is not None and "Collective name" in found  # older traces: no args
+            described = _collective(found) if found is not None and named else {
+                "op": op_from_kernel_name(rank.gpu_name[i]), "group": None,
+                "group_size": None, "bytes": None, "dtype": None,
+            }  # fmt: skip
+            records["comm"].append({
+                "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
+                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": True,
+                "blocking": False,
+            })  # fmt: skip
+        exposed = intervals.difference(
+            np.column_stack([t0[comm], t1[comm]]), np.column_stack([t0[busy], t1[busy]])
+        )
+        for start, end in exposed.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+    return records
+
+
+def _span(rank: int, step: int, phase: str, t0: Any, t1: Any) -> dict[str, Any]:
+    return {"rank": rank, "step": step, "mb": None, "phase": phase, "stage": None,
+            "chunk": None, "t0": int(t0), "t1": int(t1)}  # fmt: skip
+
+
+def _whole_trace(rank: RankEvents) -> list[tuple[int, int, int]]:
+    if rank.cpu_t0 is None or rank.cpu_t1 is None or rank.cpu_t1 <= rank.cpu_t0:
+        return []
+    return [(0, rank.cpu_t0, rank.cpu_t1)]

@@ -1,0 +1,82 @@
+"""GPU kernels classified as computation, communication or memory, by name.
+
+Communication covers NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL (ROCm's NCCL, same names,
+plus `rccl*`) and custom all-to-all libraries: DeepEP's `...ep::...dispatch/combine/notify...`
+(DeepSeek-V3's trace) and `deep_ep` kernels. Memory: Kineto's `gpu_memcpy` / `gpu_memset`
+events and kernels named `Memcpy*` / `Memset*`. Everything else computes. The patterns are
+regular expressions, replaceable through `KernelPatterns` (`[kineto]` in a --config file).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class KernelClass(StrEnum):
+    COMPUTE = "compute"
+    COMM = "comm"
+    MEMORY = "memory"
+
+
+DEFAULT_COMM_PATTERNS = (
+    r"^nccl",  # ncclKernel_AllReduce_..., ncclDevKernel_SendRecv(...)
+    r"^rccl",
+    r"ep::(?:\w+::)*\w*(?:dispatch|combine|notify)",  # DeepEP: dpsk::ep::internode::dispatch
+    r"deep_ep",
+)
+DEFAULT_MEMORY_PATTERNS = (r"^Memcpy", r"^Memset")
+MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
+
+# Collective from a communication kernel's name, when no record_param_comms names it.
+_OP_BY_NAME = (
+    (re.compile(r"allreduce", re.I), "all_reduce"),
+    (re.compile(r"allgather", re.I), "all_gather"),
+    (re.compile(r"reducescatter", re.I), "reduce_scatter"),
+    (re.compile(r"alltoall|dispatch|combine|notify", re.I), "all_to_all"),
+    (re.compile(r"broadcast", re.I), "broadcast"),
+    (re.compile(r"sendrecv|send", re.I), "send"),
+    (re.compile(r"recv", re.I), "recv"),
+    (re.compile(r"reduce", re.I), "reduce"),
+)
+
+
+@dataclass(frozen=True)
+class KernelPatterns:
+    comm: Sequence[str] = DEFAULT_COMM_PATTERNS
+    memory: Sequence[str] = DEFAULT_MEMORY_PATTERNS
+    _compiled: tuple[re.Pattern[str], re.Pattern[str]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        compiled = (re.compile("|".join(self.comm)), re.compile("|".join(self.memory)))
+        object.__setattr__(self, "_compiled", compiled)
+
+    def classify(self, names: Iterable[str], categories: Iterable[str]) -> np.ndarray:
+        """A `KernelClass` value per kernel (object array)."""
+        comm, memory = self._compiled
+        memo: dict[tuple[str, str], str] = {}
+        out = []
+        for name, category in zip(names, categories, strict=True):
+            key = (name, category)
+            kind = memo.get(key)
+            if kind is None:
+                if category in MEMORY_CATEGORIES or memory.search(name):
+                    kind = KernelClass.MEMORY.value
+                elif comm.search(name):
+                    kind = KernelClass.COMM.value
+                else:
+                    kind = KernelClass.COMPUTE.value
+                memo[key] = kind
+            out.append(kind)
+        return np.array(out, dtype=object)
+
+
+def op_from_kernel_name(name: str) -> str | None:
+    for pattern, op in _OP_BY_NAME:
+        if pattern.search(name):
+            return op
+    return None
