@@ -1,0 +1,194 @@
+"""Kineto trace folders: small hand-written traces (every number checkable by hand) for the
+loader's rules, then every real trace folder in ../shared/real-traces (skipped when absent)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diag.analysis import analyze_path, load_any
+from diag.errors import InputError
+from diag.kineto import KernelPatterns, is_trace_dir, load_trace_dir
+from diag.metrics import compute_metrics
+
+REAL_TRACES = Path(__file__).parents[3] / "shared" / "real-traces"
+US = 1.0  # Kineto times are microseconds
+
+
+def _x(name: str, cat: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 0, "tid": 1,
+            "args": args}  # fmt: skip
+
+
+def _trace(rank: int | None, world: int = 2, events: list[dict[str, Any]] | None = None) -> dict:
+    data: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events or []}
+    if rank is not None:
+        data["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    return data
+
+
+def _step_events(offset_us: float = 0.0, comm_dur: float = 40.0) -> list[dict[str, Any]]:
+    """One ProfilerStep#3 (CPU 0-100 us) launching: a GEMM 10-60 us, an NCCL all-reduce
+    40-40+comm_dur us (100 float elements through record_param_comms), a memcpy 90-95 us."""
+    o = offset_us
+    return [
+        _x("ProfilerStep#3", "user_annotation", o + 0, 100),
+        _x("cudaLaunchKernel", "cuda_runtime", o + 1, 1, correlation=11),
+        _x(
+            "record_param_comms",
+            "cpu_op",
+            o + 2,
+            5,
+            **{
+                "Collective name": "allreduce",
+                "In msg nelems": 100,
+                "Out msg nelems": 100,
+                "dtype": "Float",
+                "Process Group Description": "default_pg",
+                "Group size": 2,
+            },
+        ),
+        _x("cudaLaunchKernel", "cuda_runtime", o + 3, 1, correlation=12),
+        _x("cudaMemcpyAsync", "cuda_runtime", o + 4, 1, correlation=13),
+        _x("sm90_xmma_gemm_bf16", "kernel", o + 10, 50, correlation=11, stream=7),
+        _x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)",
+            "kernel",
+            o + 40,
+            comm_dur,
+            correlation=12,
+            stream=20,
+        ),
+        _x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", o + 90, 5, correlation=13, stream=7),
+    ]
+
+
+def _write(folder: Path, name: str, data: dict, compress: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    text = json.dumps(data)
+    if compress:
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_one_step_by_hand(tmp_path: Path) -> None:
+    _write(tmp_path, "a.pt.trace.json", _trace(0, events=_step_events()))
+    _write(tmp_path, "b.pt.trace.json.gz", _trace(1, events=_step_events()), compress=True)
+    assert is_trace_dir(tmp_path)
+    run = load_trace_dir(tmp_path)
+    assert run.manifest.world_size == 2 and run.manifest.trainer == "kineto"
+    steps = run.steps[run.steps["rank"] == 0].iloc[0]
+    assert (steps["step"], steps["t0"], steps["t1"]) == (3, 10_000, 95_000)  # device window, ns
+    comm = run.comms[run.comms["rank"] == 0].iloc[0]
+    assert (comm["op"], comm["group"], comm["bytes"], comm["dtype"]) == (
+        "all_reduce",
+        "default_pg",
+        400,
+        "float",
+    )
+    waits = run.spans[(run.spans["rank"] == 0) & (run.spans["phase"] == "comm_wait")]
+    assert waits[["t0", "t1"]].values.tolist() == [[60_000, 80_000]]  # comm 40-80, GEMM to 60
+    metrics = compute_metrics(run)
+    row = metrics.rank_steps.iloc[0]
+    # window 85 us: busy = GEMM 50 + memcpy 5, exposed comm 20, idle 10 (80-90)
+    assert (row["wall_s"], row["busy_s"], row["exposed_comm_s"], row["idle_s"]) == pytest.approx(
+        (85e-6, 55e-6, 20e-6, 10e-6)
+    )
+    assert metrics.summary["hidden_comm_share"] == pytest.approx(0.5)
+
+
+def test_rank_from_the_file_name_and_errors_that_list_files(tmp_path: Path) -> None:
+    _write(tmp_path / "named", "worker_rank-3.json", _trace(None, events=_step_events()))
+    run = load_trace_dir(tmp_path / "named")
+    assert run.steps["rank"].unique().tolist() == [3] and run.manifest.world_size == 4
+    _write(tmp_path / "twice", "x.json", _trace(1, events=_step_events()))
+    _write(tmp_path / "twice", "y.json", _trace(1, events=_step_events()))
+    with pytest.raises(
+        InputError, match=r"several trace files claim one rank \(rank 1: x.json, y.json\)"
+    ):
+        load_trace_dir(tmp_path / "twice")
+    _write(tmp_path / "anon", "p.json", _trace(None, events=_step_events()))
+    _write(tmp_path / "anon", "q.json", _trace(None, events=_step_events()))
+    with pytest.raises(InputError, match=re.escape("cannot tell the rank of p.json, q.json")):
+        load_trace_dir(tmp_path / "anon")
+
+
+def test_a_lone_trace_without_rank_is_rank_0_with_a_note(tmp_path: Path) -> None:
+    _write(tmp_path, "trace.json", _trace(None, events=_step_events()))
+    run = load_trace_dir(tmp_path)
+    assert run.steps["rank"].tolist() == [0]
+    assert any("taken as rank 0" in note for note in run.skipped)
+
+
+def test_truncated_file_is_skipped_with_a_note_and_the_rest_analysed(tmp_path: Path) -> None:
+    _write(tmp_path, "rank0.json", _trace(0, events=_step_events()))
+    good = gzip.compress(json.dumps(_trace(1, events=_step_events())).encode())
+    (tmp_path / "rank1.json.gz").write_bytes(good[: len(good) // 2])
+    report = analyze_path(tmp_path)
+    assert report["summary"]["ranks_analysed"] == 1
+    assert any("rank1.json.gz" in note and "truncated" in note for note in report["skipped"])
+    (tmp_path / "rank0.json").write_text('{"traceEvents": [')
+    with pytest.raises(InputError, match="no readable Kineto trace"):
+        load_trace_dir(tmp_path)
+
+
+def test_deepep_kernels_are_communication_and_patterns_are_configurable(tmp_path: Path) -> None:
+    events = [
+        _x("ProfilerStep#1", "user_annotation", 0, 100),
+        _x("void dpsk::ep::internode::dispatch<false, 8>(int4*)", "kernel", 10, 30, stream=3),
+        _x("my_fused_gemm", "kernel", 0, 50, stream=7),
+    ]
+    _write(tmp_path, "rank0.json", _trace(0, 1, events))
+    run = load_trace_dir(tmp_path)
+    assert run.comms["op"].tolist() == ["all_to_all"] and run.comms["bytes"].isna().all()
+    plain = load_trace_dir(tmp_path, KernelPatterns(comm=(r"^nccl",)))
+    assert plain.comms.empty  # as a tool that only knows NCCL names sees it
+
+
+def test_a_folder_without_traces_or_manifest_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(InputError) as info:
+        load_any(tmp_path)
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
+# --- Real traces --------------------------------------------------------------------------------
+
+REAL_FOLDERS = sorted(
+    p for p in (REAL_TRACES.iterdir() if REAL_TRACES.is_dir() else []) if is_trace_dir(p)
+)
+
+
+@pytest.mark.skipif(not REAL_FOLDERS, reason="../shared/real-traces is absent")
+@pytest.mark.parametrize("folder", REAL_FOLDERS, ids=lambda p: p.name)
+def test_every_real_trace_folder_analyses(folder: Path) -> None:
+    report = analyze_path(folder)
+    assert report["summary"]["steps_analysed"] >= 1
+    assert report["ranks"], folder
+
+
+@pytest.mark.skipif(not (REAL_TRACES / "deepseek-v3-train-ep64").is_dir(), reason="absent")
+def test_deepseek_all_to_all_is_mostly_hidden_under_compute() -> None:
+    report = analyze_path(REAL_TRACES / "deepseek-v3-train-ep64")
+    summary = report["summary"]
+    assert summary["comm_share"] > 0.5  # DeepEP kernels run most of the step, on a side stream
+    assert summary["hidden_comm_share"] > 0.9  # and compute hides nearly all of it
+    (a2a,) = [c for c in report["collectives"] if c["op"] == "all_to_all"]
+    assert a2a["count"] > 0
+
+
+@pytest.mark.skipif(not (REAL_TRACES / "hta-nccl-world2").is_dir(), reason="absent")
+def test_nccl_bytes_come_from_record_param_comms() -> None:
+    report = analyze_path(REAL_TRACES / "hta-nccl-world2")
+    ops = {c["op"]: c for c in report["collectives"]}
+    assert ops["all_reduce"]["group"] == "default_pg" and ops["all_reduce"]["bytes"] > 0
+    assert ops["all_reduce"]["busbw_GBps"] > 0
