@@ -243,12 +243,14 @@ def _collectives(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     per_rank = records.groupby([*COLLECTIVE_KEYS, "rank"], dropna=False).agg(
         count=("op", "size"),
         bytes=("bytes", "sum"),
+        measured=("bytes", "count"),  # profiler traces may not say (DeepEP, gloo)
         expected_bytes=("expected_bytes", "sum"),
         has_expected=("has_expected", "any"),
         duration_ns=("duration_ns", "sum"),
     )
     steps_per_rank = steps.groupby("rank").size()
     rank_steps = steps_per_rank.reindex(per_rank.index.get_level_values("rank")).to_numpy()
+    per_rank["bytes"] = per_rank["bytes"].where(per_rank["measured"] > 0)
     per_rank["bytes_per_step"] = per_rank["bytes"] / rank_steps
     per_rank["expected_bytes"] = per_rank["expected_bytes"].where(per_rank["has_expected"])
     table = per_rank.groupby(level=COLLECTIVE_KEYS, dropna=False, sort=False).mean()

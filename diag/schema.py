@@ -43,7 +43,7 @@ class Phase(StrEnum):
     OPT = "opt"
     DATA = "data"
     COMM_WAIT = "comm_wait"
-    KERNEL = "kernel"  # a GPU computation kernel (from a profiler trace)
+    KERNEL = "kernel"  # a GPU computation kernel or a CPU operator (from a profiler trace)
     MEMCPY = "memcpy"  # a GPU memory copy or set (from a profiler trace)
 
 

@@ -15,8 +15,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from collectors import NullRecorder, Recorder
+from collectors.profiler import ProfilerWindow
 from reference_runs.config import TrainConfig
 from reference_runs.topology import Topology
+
+
+_profiler_windows: list[ProfilerWindow] = []
+"""The open `--profile-steps` window of this process, closed by `shutdown`."""
 
 
 @dataclass
@@ -114,6 +119,11 @@ def open_recorder(
         rec.register_group(axis, group)
         if group is dist.group.WORLD:
             rec.register_group(axis, None)
+    if cfg.profile_steps and rec.enabled:
+        window = ProfilerWindow.open(rec.run_dir, env.rank, *cfg.profile_steps)  # type: ignore[union-attr]
+        if window is not None:
+            rec.on_step_end(window.step)
+            _profiler_windows.append(window)
     return rec
 
 
@@ -159,6 +169,9 @@ def shutdown(rec: Recorder | NullRecorder, failed: bool = False) -> None:
     be the ones to free them, which aborts the process ("terminate called without an active
     exception", SIGABRT) after a run that completed. `gc.collect()` frees them now, cycles too.
     """
+    for window in _profiler_windows:
+        window.close()  # writes RUN/traces/ if the window did not end on its own
+    _profiler_windows.clear()
     rec.close("failed" if failed else "complete")
     gc.collect()
     if dist.is_initialized():

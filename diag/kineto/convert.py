@@ -59,6 +59,9 @@ class RankEvents:
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
     params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
+    cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
+    gloo: list[tuple[str, int, int]] = field(default_factory=list)  # (op, t0, t1)
+    step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
 
@@ -91,8 +94,13 @@ def scan(events: list[Any]) -> RankEvents:
             out.launches[int(args["correlation"])] = (event.get("tid"), t0)
         elif category != "gpu_user_annotation" and (step := STEP_NAME.match(name)):
             out.steps.append((int(step.group(1)), t0, t1))
+            out.step_tid = event.get("tid")
         elif name == "record_param_comms":
             params[event.get("tid")].append((t0, t1, args))
+        elif name.startswith("gloo:"):
+            out.gloo.append((name.removeprefix("gloo:"), t0, t1))
+        elif category == "cpu_op" and not name.startswith("c10d::"):  # c10d ops only enqueue
+            out.cpu_ops.append((event.get("tid"), t0, t1))
     out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
     out.steps.sort(key=lambda s: s[1])
     return out
@@ -161,9 +169,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     )
     steps = _step_of(launched_at, rank.steps)
     if len(t0) == 0:
-        for number, s0, s1 in rank.steps or _whole_trace(rank):
-            records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
-        return records
+        return _cpu_records(rank_id, rank)
     used: set[int] = set()
     for number in sorted(set(steps.tolist()) - {-1}):
         mine = steps == number
@@ -191,6 +197,32 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             np.column_stack([t0[comm], t1[comm]]), np.column_stack([t0[busy], t1[busy]])
         )
         for start, end in exposed.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+    return records
+
+
+def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
+    """A trace without GPU work (gloo on CPU): the step thread's operators are the busy time,
+    `gloo:*` worker-thread events the collectives (c10d ops only enqueue them)."""
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(-1, 2)
+    gloo = np.array([(t0, t1) for _, t0, t1 in rank.gloo], dtype=np.int64).reshape(-1, 2)
+    for number, s0, s1 in rank.steps or _whole_trace(rank):
+        records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
+        busy = intervals.merge(intervals.clip(ops, s0, s1))
+        for start, end in busy.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
+        comm = intervals.clip(gloo, s0, s1)
+        for (op, _, _), (start, end) in zip(
+            [g for g in rank.gloo if g[2] > s0 and g[1] < s1], comm.tolist(), strict=True
+        ):
+            records["comm"].append({
+                "rank": rank_id, "step": number, "op": _OP_BY_COLLECTIVE.get(op, op),
+                "group": None, "group_size": None, "bytes": None, "dtype": None,
+                "t0": start, "t1": end, "expected_bytes": None, "tag": None, "async": True,
+                "blocking": False,
+            })  # fmt: skip
+        for start, end in intervals.difference(comm, busy).tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
 
