@@ -6,10 +6,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from diag.errors import InputError
 from diag.load import RunData, load_run
 from diag.metrics import compute_metrics
-from diag.report import build_report
+from diag.report import build_report, json_safe
 from diag.rules import run_rules
+
+TRACES_DIR = "traces"
+"""Where a run keeps its profiler window (collectors/profiler.py writes it)."""
 
 
 def analyze_path(path: str | Path, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -22,7 +26,30 @@ def analyze_path(path: str | Path, config: Mapping[str, Any] | None = None) -> d
     run = load_any(path)
     metrics = compute_metrics(run)
     metrics.findings = run_rules(run, metrics, config)
-    return build_report(run, metrics)
+    report = build_report(run, metrics)
+    window = Path(path) / TRACES_DIR
+    if run.manifest.trainer != "kineto" and window.is_dir():
+        report["traces"] = _profiler_window(window)
+    return report
+
+
+def _profiler_window(folder: Path) -> dict[str, Any]:
+    """The Kineto window a run captured (`--profile-steps`), measured the same way, or the
+    reason it could not be read."""
+    from diag.kineto import load_trace_dir
+
+    try:
+        run = load_trace_dir(folder)
+    except InputError as error:
+        return {"path": str(folder), "error": str(error)}
+    metrics = compute_metrics(run)
+    return json_safe({
+        "path": str(folder),
+        "summary": metrics.summary,
+        "ranks": metrics.ranks.to_dict("records"),
+        "collectives": metrics.collectives.to_dict("records"),
+        "skipped": [*run.skipped, *metrics.skipped],
+    })  # fmt: skip
 
 
 def load_any(path: str | Path) -> RunData:

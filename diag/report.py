@@ -206,7 +206,26 @@ def sections(report: dict[str, Any]) -> list[Section]:
         ],
     )  # fmt: skip
     stages = _stage_section(report)
-    return [s for s in (ranks, stages, collectives, tensor_parallel, memory, experts) if s.rows]
+    window = _window_section(report)
+    return [
+        s for s in (ranks, stages, collectives, tensor_parallel, memory, experts, window) if s.rows
+    ]
+
+
+def _window_section(report: dict[str, Any]) -> Section:
+    """The profiler window the run captured (RUN/traces/), seen from the profiler's side."""
+    traces = report.get("traces") or {}
+    if "error" in traces:
+        return Section("profiler window", ["error"], [[str(traces["error"])]])
+    return Section(
+        f"profiler window ({traces.get('path')}): share of each rank's step in the trace",
+        ["rank", "steps", "step s", "busy", "comm", "exposed", "idle"],
+        [
+            [str(r["rank"]), str(r["steps"]), num(r["step_time_s"]), pct(r["busy_frac"]),
+             pct(r["comm_share"]), pct(r["exposed_comm_share"]), pct(r["idle_frac"])]
+            for r in traces.get("ranks") or []
+        ],
+    )  # fmt: skip
 
 
 def _stage_section(report: dict[str, Any]) -> Section:

@@ -19,7 +19,6 @@ from collectors.profiler import ProfilerWindow
 from reference_runs.config import TrainConfig
 from reference_runs.topology import Topology
 
-
 _profiler_windows: list[ProfilerWindow] = []
 """The open `--profile-steps` window of this process, closed by `shutdown`."""
 

@@ -205,7 +205,9 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     """A trace without GPU work (gloo on CPU): the step thread's operators are the busy time,
     `gloo:*` worker-thread events the collectives (c10d ops only enqueue them)."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
-    ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(-1, 2)
+    ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(
+        -1, 2
+    )
     gloo = np.array([(t0, t1) for _, t0, t1 in rank.gloo], dtype=np.int64).reshape(-1, 2)
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from diag import ledger
+from diag.analysis import analyze_path
 from diag.launch import torchrun_command
 from diag.load import load_run
 from diag.metrics import compute_metrics
@@ -122,3 +123,15 @@ def test_slow_comm_and_leak_injections_show_where_they_belong(tmp_path: Path, ru
     growth = [b - a for a, b in itertools.pairwise(activations)]
     assert len(growth) >= 2 and all(g == leak_mib * 2**20 for g in growth)
     assert memory["host_rss"].iloc[-1] > memory["host_rss"].iloc[0]
+
+
+def test_profile_steps_capture_a_kineto_window_read_with_the_run(tmp_path: Path, run_dp) -> None:
+    run_dp(tmp_path, "--steps", "4", "--profile-steps", "1:3")
+    traces = sorted((tmp_path / "traces").glob("rank*.pt.trace.json.gz"))
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
+    report = analyze_path(tmp_path)
+    window = report["traces"]
+    assert [r["rank"] for r in window["ranks"]] == [0, 1]
+    assert all(r["steps"] == 2 for r in window["ranks"])  # ProfilerStep#1 and #2
+    assert "all_reduce" in {c["op"] for c in window["collectives"]}  # gloo worker events
+    assert report["summary"]["steps_analysed"] == 3  # the run's own records, 4 steps - warm-up
