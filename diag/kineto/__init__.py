@@ -2,42 +2,57 @@
 
 A user's own job profiled with `torch.profiler` and `tensorboard_trace_handler` leaves one
 `*.pt.trace.json[.gz]` per rank; `diag analyze TRACE_DIR/` reads them like a run directory.
+Ranks are parsed in parallel processes; the converted tables are cached (diag/kineto/cache.py)
+so the next analysis of an unchanged folder skips the JSON entirely.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from diag import schema
-from diag.kineto.convert import scan, to_records
-from diag.kineto.files import TraceFile, is_trace_dir, load_files
+from diag.errors import InputError
+from diag.kineto import cache
+from diag.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData, run_from_records
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
+
+PROGRESS_AFTER_S = 2.0
+"""A load still running after this long reports its progress on stderr (a terminal only)."""
 
 
 def load_trace_dir(
     path: str | Path,
     patterns: KernelPatterns | None = None,
     layout: schema.Layout | None = None,
+    use_cache: bool = True,
+    workers: int | None = None,
 ) -> RunData:
     """Load a folder of Kineto traces; raises InputError (one line) when it is unusable."""
     folder = Path(path)
-    skipped: list[str] = []
-    traces = load_files(folder, skipped)
     patterns = patterns or KernelPatterns()
+    files = trace_files(folder)
+    if not files:
+        raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
+    key = cache.key(files, patterns, layout)
+    if use_cache and (hit := cache.read(folder, key)) is not None:
+        return hit
+    skipped: list[str] = []
+    traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
-    device_traces = 0
     for trace in traces:
-        events = scan(trace.events)
-        device_traces += bool(events.gpu_t0)
-        for kind, rows in to_records(trace.rank, events, patterns).items():
+        for kind, rows in trace.records.items():
             records[kind] += rows
-        if not any(r["rank"] == trace.rank for r in records["step"]):
+        if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = _manifest(folder, traces, layout, device_traces > 0)
+    manifest = _manifest(folder, traces, layout)
     missing = manifest.world_size - len(traces)
     if missing > 0:
         shown = ", ".join(str(t.rank) for t in traces[:8]) + (" ..." if len(traces) > 8 else "")
@@ -45,16 +60,41 @@ def load_trace_dir(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
-    return run_from_records(manifest, folder, records, skipped)
+    run = run_from_records(manifest, folder, records, skipped)
+    if use_cache:
+        cache.write(folder, key, run)
+    return run
+
+
+def _parse_all(
+    files: list[Path], patterns: KernelPatterns, workers: int | None
+) -> list[ParsedTrace]:
+    """Every file parsed, in parallel processes when there are several."""
+    workers = min(len(files), workers or os.cpu_count() or 1)
+    if workers <= 1:
+        return [parse_file(f, patterns) for f in files]
+    started = time.monotonic()
+    parsed: list[ParsedTrace] = []
+    with ProcessPoolExecutor(workers) as pool:
+        pending = [pool.submit(parse_file, f, patterns) for f in files]
+        for done in as_completed(pending):
+            parsed.append(done.result())
+            if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
+                print(f"\rdiag: parsed {len(parsed)}/{len(files)} trace files", end="",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
+        print(file=sys.stderr)
+    return sorted(parsed, key=lambda t: t.path)
 
 
 def _manifest(
-    folder: Path, traces: list[TraceFile], layout: schema.Layout | None, on_device: bool
+    folder: Path, traces: list[ParsedTrace], layout: schema.Layout | None
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
-    world_size = max([*worlds, max(t.rank for t in traces) + 1])
+    world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
     backends = {t.backend for t in traces if t.backend}
-    device = next((d.get("name") for t in traces for d in t.device_properties), None)
+    device = next((t.device_name for t in traces if t.device_name), None)
+    on_device = any(t.on_device for t in traces)
     return schema.Manifest(
         run_id=folder.resolve().name,
         created=_dt.datetime.fromtimestamp(folder.stat().st_mtime, _dt.UTC).isoformat(),
@@ -64,6 +104,6 @@ def _manifest(
         backend=backends.pop() if len(backends) == 1 else None,
         device_type="cuda" if on_device else "cpu",
         layout=layout or schema.Layout(dp=world_size),
-        ranks=[schema.RankInfo(rank=t.rank, device_name=device) for t in traces],
+        ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=schema.RunStatus.COMPLETE.value,
     )

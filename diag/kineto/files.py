@@ -13,20 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from diag.errors import InputError
+from diag.kineto.convert import scan, to_records
+from diag.kineto.kernels import KernelPatterns
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 
 
-@dataclass(frozen=True)
-class TraceFile:
+@dataclass
+class ParsedTrace:
+    """One trace file read and converted (in a worker process when there are several)."""
+
     path: Path
-    rank: int
+    rank: int | None  # None: neither distributedInfo nor the file name says
     world_size: int | None  # from distributedInfo
     backend: str | None
-    groups: list[dict[str, Any]]  # distributedInfo.pg_config
-    events: list[dict[str, Any]]
-    device_properties: list[dict[str, Any]]
+    device_name: str | None
+    records: dict[str, list[dict[str, Any]]]  # converted with rank 0 when `rank` is None
+    error: str | None = None  # the one-line reason the file is unusable
+    on_device: bool = False  # the trace has GPU kernels or copies
 
 
 def trace_files(folder: Path) -> list[Path]:
@@ -82,60 +87,59 @@ def rank_of(path: Path, data: dict[str, Any]) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def load_files(folder: Path, skipped: list[str]) -> list[TraceFile]:
-    """Every readable trace of the folder with its rank. Unreadable files are skipped with a
-    note; InputError when none is left, or when ranks are missing or claimed twice."""
-    paths = trace_files(folder)
-    if not paths:
-        raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
-    loaded: list[TraceFile] = []
-    unknown: list[str] = []
-    for path in paths:
-        try:
-            data = read_trace(path)
-        except InputError as error:
-            skipped.append(f"{error} (file skipped)")
-            continue
-        rank = rank_of(path, data)
-        if rank is None:
-            unknown.append(path.name)
-            continue
-        info: dict[str, Any] = (
-            data["distributedInfo"] if isinstance(data.get("distributedInfo"), dict) else {}
-        )
-        loaded.append(
-            TraceFile(
-                path=path,
-                rank=rank,
-                world_size=info.get("world_size")
-                if isinstance(info.get("world_size"), int)
-                else None,
-                backend=info.get("backend"),
-                groups=[g for g in info.get("pg_config") or [] if isinstance(g, dict)],
-                events=data["traceEvents"],
-                device_properties=[
-                    d for d in data.get("deviceProperties") or [] if isinstance(d, dict)
-                ],
-            )
-        )
-    if unknown and (loaded or len(unknown) > 1):
+def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
+    """Read one trace and convert its events to records; errors are kept, not raised."""
+    try:
+        data = read_trace(path)
+    except InputError as error:
+        return ParsedTrace(path, None, None, None, None, {}, error=str(error))
+    info: dict[str, Any] = (
+        data["distributedInfo"] if isinstance(data.get("distributedInfo"), dict) else {}
+    )
+    world = info.get("world_size")
+    devices = [d for d in data.get("deviceProperties") or [] if isinstance(d, dict)]
+    rank = rank_of(path, data)
+    events = scan(data["traceEvents"])
+    return ParsedTrace(
+        path=path,
+        rank=rank,
+        world_size=world if isinstance(world, int) else None,
+        backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
+        device_name=str(devices[0].get("name")) if devices else None,
+        records=to_records(rank or 0, events, patterns),
+        on_device=bool(events.gpu_t0),
+    )
+
+
+def assign_ranks(folder: Path, parsed: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:
+    """The usable traces by rank. Unreadable files are skipped with a note; InputError when
+    none is left, when ranks cannot be told, or when two files claim one rank."""
+    usable = []
+    for trace in parsed:
+        if trace.error:
+            skipped.append(f"{trace.error} (file skipped)")
+        else:
+            usable.append(trace)
+    unknown = [t for t in usable if t.rank is None]
+    known = [t for t in usable if t.rank is not None]
+    if unknown and (known or len(unknown) > 1):
         raise InputError(
             folder,
-            "cannot tell the rank of " + ", ".join(unknown)
+            "cannot tell the rank of " + ", ".join(t.path.name for t in unknown)
             + " (no distributedInfo and no rank number in the name); rename them rank<N>.json",
         )  # fmt: skip
     if unknown:  # a single trace without any rank: rank 0 of its own
-        path = folder / unknown[0]
-        data = read_trace(path)
-        skipped.append(f"{path}: no distributedInfo and no rank in the name (taken as rank 0)")
-        loaded.append(TraceFile(path, 0, None, None, [], data["traceEvents"], []))
-    if not loaded:
+        skipped.append(f"{unknown[0].path}: no distributedInfo and no rank in the name "
+                       "(taken as rank 0)")  # fmt: skip
+        unknown[0].rank = 0
+        known = unknown
+    if not known:
         raise InputError(folder, "no readable Kineto trace in the folder")
     by_rank: dict[int, list[str]] = {}
-    for trace in loaded:
-        by_rank.setdefault(trace.rank, []).append(trace.path.name)
+    for trace in known:
+        by_rank.setdefault(int(trace.rank or 0), []).append(trace.path.name)
     twice = {rank: names for rank, names in by_rank.items() if len(names) > 1}
     if twice:
         listed = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in sorted(twice.items()))
         raise InputError(folder, f"several trace files claim one rank ({listed})")
-    return sorted(loaded, key=lambda t: t.rank)
+    return sorted(known, key=lambda t: int(t.rank or 0))

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from diag.analysis import analyze_path, load_any
@@ -192,3 +193,47 @@ def test_nccl_bytes_come_from_record_param_comms() -> None:
     ops = {c["op"]: c for c in report["collectives"]}
     assert ops["all_reduce"]["group"] == "default_pg" and ops["all_reduce"]["bytes"] > 0
     assert ops["all_reduce"]["busbw_GBps"] > 0
+
+
+# --- Parallel parsing and the cache -------------------------------------------------------------
+
+
+def _two_ranks(folder: Path) -> None:
+    _write(folder, "rank0.json", _trace(0, events=_step_events()))
+    _write(folder, "rank1.json", _trace(1, events=_step_events(comm_dur=60.0)))
+
+
+def test_parallel_parsing_gives_the_serial_result(tmp_path: Path) -> None:
+    _two_ranks(tmp_path)
+    serial = load_trace_dir(tmp_path, use_cache=False, workers=1)
+    parallel = load_trace_dir(tmp_path, use_cache=False, workers=2)
+    for table in ("steps", "spans", "comms"):
+        pd.testing.assert_frame_equal(getattr(serial, table), getattr(parallel, table))
+
+
+def test_cache_beside_the_traces_serves_an_unchanged_folder(tmp_path: Path) -> None:
+    _two_ranks(tmp_path)
+    first = load_trace_dir(tmp_path)
+    assert (tmp_path / ".diag-cache" / "kineto.pickle").is_file()
+    again = load_trace_dir(tmp_path)
+    pd.testing.assert_frame_equal(first.comms, again.comms)
+    # a changed file changes the key: parsed again, the new comm duration shows
+    _write(tmp_path, "rank1.json", _trace(1, events=_step_events(comm_dur=20.0)))
+    changed = load_trace_dir(tmp_path)
+    durations = changed.comms.assign(d=changed.comms["t1"] - changed.comms["t0"])["d"].tolist()
+    assert durations == [40_000, 20_000]
+
+
+def test_read_only_trace_folder_caches_in_the_user_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traces, home = tmp_path / "traces", tmp_path / "home-cache"
+    _two_ranks(traces)
+    traces.chmod(0o555)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    try:
+        load_trace_dir(traces)
+        assert not (traces / ".diag-cache").exists()
+        assert list(home.glob("diag/*/kineto.pickle"))
+    finally:
+        traces.chmod(0o755)

@@ -1,0 +1,85 @@
+"""A cache of converted trace folders: the second analysis of an unchanged folder reads one
+pickle instead of parsing the JSON again.
+
+The cache sits beside the traces (`TRACE_DIR/.diag-cache/`), or, when that folder is read-only,
+under `$XDG_CACHE_HOME/diag/` (default `~/.cache/diag/`) keyed by the folder's absolute path.
+An entry is used only when its key matches: the files' names, sizes and modification times,
+the kernel patterns, the layout and the format version. Only diag writes these files; a cache
+folder writable by others should not be trusted (pickle), so the user cache is the fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import stat
+from pathlib import Path
+from typing import Any
+
+from diag import schema
+from diag.kineto.kernels import KernelPatterns
+from diag.load import RunData
+
+FORMAT = 1  # bump when the cached objects change shape
+_CONVERTERS = ("convert.py", "files.py", "kernels.py", "__init__.py")
+CACHE_DIR = ".diag-cache"
+CACHE_FILE = "kineto.pickle"
+
+
+def key(files: list[Path], patterns: KernelPatterns, layout: schema.Layout | None) -> str:
+    parts: list[Any] = [FORMAT, _code_digest(), list(patterns.comm), list(patterns.memory),
+                        repr(layout)]  # fmt: skip
+    for path in files:
+        stat = path.stat()
+        parts.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _code_digest() -> str:
+    """The converter's own source, so a changed diag never reads an older conversion."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in _CONVERTERS:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _places(folder: Path) -> list[Path]:
+    """Beside the traces unless their folder is read-only by its mode (root may write
+    anywhere: the mode says what the owner meant), then the user's cache."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    user = home / "diag" / digest / CACHE_FILE
+    try:
+        writable = bool(folder.stat().st_mode & stat.S_IWUSR)
+    except OSError:
+        writable = False
+    return [folder / CACHE_DIR / CACHE_FILE, user] if writable else [user]
+
+
+def read(folder: Path, wanted: str) -> RunData | None:
+    for place in _places(folder):
+        try:
+            with place.open("rb") as fh:
+                stored_key, run = pickle.load(fh)
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError):
+            continue
+        if stored_key == wanted and isinstance(run, RunData):
+            return run
+    return None
+
+
+def write(folder: Path, new_key: str, run: RunData) -> Path | None:
+    """Store the run in the first writable place; None when none is (the analysis goes on)."""
+    for place in _places(folder):
+        try:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            partial = place.with_suffix(".partial")
+            with partial.open("wb") as fh:
+                pickle.dump((new_key, run), fh, protocol=pickle.HIGHEST_PROTOCOL)
+            partial.replace(place)
+            return place
+        except OSError:
+            continue
+    return None
