@@ -23,12 +23,13 @@ ASSETS = Path(__file__).with_name("assets")
 
 
 def create_app(
-    runs: Sequence[LoadedRun | str | Path], config: dict[str, Any] | None = None
+    runs: Sequence[LoadedRun | str | Path], config: dict[str, Any] | None = None, hta: bool = False
 ) -> Dash:
-    """A Dash app over `runs` (loaded runs, or run directories to load now with the rule
-    thresholds in `config`). Raises `diag.errors.InputError` on an unusable run."""
+    """A Dash app over `runs` (loaded runs, or run directories / trace folders to load now with
+    the rule thresholds in `config`, and HTA's analyses if `hta`). Raises
+    `diag.errors.InputError` on an unusable run."""
     loaded = [r for r in runs if isinstance(r, LoadedRun)]
-    loaded += load_runs([r for r in runs if not isinstance(r, LoadedRun)], config)
+    loaded += load_runs([r for r in runs if not isinstance(r, LoadedRun)], config, hta)
     if not loaded:
         raise ValueError("the dashboard needs at least one run")
     app = Dash(
@@ -83,7 +84,8 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8050,
     config: dict[str, Any] | None = None,
+    hta: bool = False,
 ) -> None:
     """Load the runs and serve the dashboard until interrupted."""
-    app = create_app(paths, config)
+    app = create_app(paths, config, hta)
     app.run(host=host, port=port, debug=False)

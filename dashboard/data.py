@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.analysis import load_any
+from diag.analysis import load_any, with_traces
 from diag.load import RunData
 from diag.metrics import RunMetrics, compute_metrics
 from diag.report import build_report
@@ -46,8 +46,11 @@ class LoadedRun:
         return float(declared) if declared else None
 
 
-def load_runs(paths: Sequence[str | Path], config: dict[str, Any] | None = None) -> list[LoadedRun]:
-    """Load, measure and diagnose every run; raises `diag.errors.InputError` on unusable input."""
+def load_runs(
+    paths: Sequence[str | Path], config: dict[str, Any] | None = None, hta: bool = False
+) -> list[LoadedRun]:
+    """Load, measure and diagnose every run (`hta`: with HTA's analyses of its traces);
+    raises `diag.errors.InputError` on unusable input."""
     loaded: list[LoadedRun] = []
     taken: set[str] = set()
     for path in paths:
@@ -55,7 +58,8 @@ def load_runs(paths: Sequence[str | Path], config: dict[str, Any] | None = None)
         metrics = compute_metrics(run)
         metrics.findings = run_rules(run, metrics, config)
         name = _unique(run.manifest.run_id or Path(path).name, taken)
-        loaded.append(LoadedRun(name, run, metrics, build_report(run, metrics)))
+        report = with_traces(build_report(run, metrics), run, hta)
+        loaded.append(LoadedRun(name, run, metrics, report))
     return loaded
 
 

@@ -16,20 +16,31 @@ TRACES_DIR = "traces"
 """Where a run keeps its profiler window (collectors/profiler.py writes it)."""
 
 
-def analyze_path(path: str | Path, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def analyze_path(
+    path: str | Path, config: Mapping[str, Any] | None = None, hta: bool = False
+) -> dict[str, Any]:
     """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
     build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
-    parsed TOML table).
+    parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again).
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
     run = load_any(path)
     metrics = compute_metrics(run)
     metrics.findings = run_rules(run, metrics, config)
-    report = build_report(run, metrics)
-    window = Path(path) / TRACES_DIR
-    if run.manifest.trainer != "kineto" and window.is_dir():
-        report["traces"] = _profiler_window(window)
+    return with_traces(build_report(run, metrics), run, hta)
+
+
+def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:
+    """The report with what the run's profiler traces add: the `--profile-steps` window of a
+    run directory (`traces`) and, on request, HTA's analyses of the trace folder (`hta`)."""
+    traces = run.path if run.manifest.trainer == "kineto" else run.path / TRACES_DIR
+    if run.manifest.trainer != "kineto" and traces.is_dir():
+        report["traces"] = _profiler_window(traces)
+    if hta and traces.is_dir():
+        from diag.kineto.hta_bridge import hta_analyses
+
+        report["hta"] = json_safe(hta_analyses(traces))
     return report
 
 

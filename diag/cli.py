@@ -63,12 +63,16 @@ def main() -> None:
     metavar="FILE",
     help="TOML file of rule thresholds [default: [tool.diag] in ./pyproject.toml].",
 )
-def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> None:
-    """Analyse the run directory PATH and report busy/comm/idle, bytes, memory and experts."""
+@click.option(
+    "--hta", is_flag=True, help="Add HTA's analyses of the profiler traces (slow: HTA re-parses)."
+)
+def analyze(path: str, fmt: str | None, out: str | None, config: str | None, hta: bool) -> None:
+    """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
+    busy/comm/idle, bytes, memory and experts with the findings."""
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        report = analyze_path(path, thresholds)
+        report = analyze_path(path, thresholds, hta=hta)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         text = FORMATS[fmt](report)
@@ -86,14 +90,16 @@ def analyze(path: str, fmt: str | None, out: str | None, config: str | None) -> 
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--config", metavar="FILE", help="TOML file of rule thresholds.")
-def dashboard(paths: tuple[str, ...], host: str, port: int, config: str | None) -> None:
+@click.option("--hta", is_flag=True, help="Add HTA's analyses of the runs' profiler traces.")
+def dashboard(paths: tuple[str, ...], host: str, port: int, config: str | None, hta: bool) -> None:
     """Serve the Dash dashboard over the run directories PATHS (bubbles, stragglers, bytes,
     memory, expert load, comparison). Only these runs are served."""
     from dashboard.app import serve  # Dash is imported only for this command
 
     try:
         source, settings = project_config(config)
-        serve(list(paths), host, port, rule_thresholds(source, settings) if source else None)
+        thresholds = rule_thresholds(source, settings) if source else None
+        serve(list(paths), host, port, thresholds, hta)
     except InputError as error:
         fail(error)
 

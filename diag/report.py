@@ -207,9 +207,44 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    return [
-        s for s in (ranks, stages, collectives, tensor_parallel, memory, experts, window) if s.rows
-    ]
+    tables = (ranks, stages, collectives, tensor_parallel, memory, experts, window)
+    return [s for s in (*tables, *hta_sections(report)) if s.rows]
+
+
+_HTA_SHARES = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg")
+
+
+def hta_sections(report: dict[str, Any]) -> list[Section]:
+    """HTA's own view of the traces (`--hta`): temporal breakdown with its overlap, the
+    critical path's bottlenecks, then its notes and the analyses it could not run."""
+    hta = report.get("hta")
+    if not hta:
+        return []
+    overlap = {
+        o.get("rank"): o.get("comp_comm_overlap_pctg") for o in hta.get("comm_comp_overlap") or []
+    }
+    temporal = Section(
+        "HTA temporal breakdown (% of each rank's kernel time)",
+        ["rank", "idle", "compute", "non-compute", "kernel time s", "comm under compute"],
+        [
+            [str(t["rank"]), *(f"{num(t.get(k))}%" for k in _HTA_SHARES),
+             num((t.get("kernel_time(us)") or 0) / 1e6), f"{num(overlap.get(t['rank']))}%"]
+            for t in hta.get("temporal_breakdown") or []
+        ],
+    )  # fmt: skip
+    path = hta.get("critical_path") or {}
+    critical = Section(
+        f"HTA critical path (rank {path.get('rank')}, step {path.get('step')}): share bound by",
+        ["bound by", "share"],
+        [[str(k), f"{num(v)}%"] for k, v in (path.get("share") or {}).items()],
+    )
+    notes = Section(
+        "HTA notes",
+        ["note"],
+        [[n] for n in hta.get("notes") or []]
+        + [[f"{name} not available: {why}"] for name, why in (hta.get("errors") or {}).items()],
+    )
+    return [temporal, critical, notes]
 
 
 def _window_section(report: dict[str, Any]) -> Section:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pandas as pd
 from dash import html
 
-from dashboard.components import finding_card, no_data, page, tiles
+from dashboard.components import finding_card, no_data, page, table, tiles
 from dashboard.data import LoadedRun
+from diag.report import hta_sections
 from diag.units import pct, si, size
 
 PATH = "/"
@@ -55,10 +57,16 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         if skipped
         else []
     )
+    hta = [
+        html.Div([html.H3(s.title), table(pd.DataFrame(s.rows, columns=s.header), f"hta-{i}")])
+        for i, s in enumerate(hta_sections(loaded.report))
+        if s.rows
+    ]
     return page(
         f"{TITLE}: {loaded.name}",
         tiles(headline(loaded)),
         html.H3("findings"),
         html.Div(diagnosis, className="findings"),
+        *hta,
         *notes,
     )

@@ -237,3 +237,25 @@ def test_read_only_trace_folder_caches_in_the_user_cache(
         assert list(home.glob("diag/*/kineto.pickle"))
     finally:
         traces.chmod(0o755)
+
+
+# --- HTA, reachable from the report -------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (REAL_TRACES / "hta-nccl-world2").is_dir(), reason="absent")
+def test_hta_analyses_join_the_report_on_request() -> None:
+    report = analyze_path(REAL_TRACES / "hta-nccl-world2", hta=True)
+    (temporal,) = report["hta"]["temporal_breakdown"]
+    # HTA's own figures on its own sample (../shared/real-traces/README.md)
+    assert (temporal["idle_time_pctg"], temporal["compute_time_pctg"]) == (77.78, 17.26)
+    assert report["hta"]["comm_comp_overlap"][0]["comp_comm_overlap_pctg"] == pytest.approx(14.31)
+    assert "hta" not in analyze_path(REAL_TRACES / "hta-nccl-world2")
+
+
+@pytest.mark.skipif(not (REAL_TRACES / "deepseek-v3-train-ep64").is_dir(), reason="absent")
+def test_hta_blind_spot_on_deepep_is_said() -> None:
+    report = analyze_path(REAL_TRACES / "deepseek-v3-train-ep64", hta=True)
+    (temporal,) = report["hta"]["temporal_breakdown"]
+    assert temporal["compute_time_pctg"] > 95  # HTA sees the all-to-all as computation
+    assert report["summary"]["comm_share"] > 0.5  # diag sees it as communication
+    assert any("DeepEP" in note for note in report["hta"]["notes"])
