@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from diag.arrival import arrivals
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 STRAGGLER_LIMITS = {
@@ -125,6 +126,68 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             },
             advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
             "per rank or exclude a persistently slow node",
+            explains=["BAL003"],  # a slow rank starts every collective last
+        )
+    ]
+
+
+@rule(
+    "BAL003",
+    "balance.late_arrival",
+    pattern=3,
+    thresholds={
+        "min_matched": Threshold(4, "collectives", "collectives matched with peers: at least"),
+        "last_share": Threshold(0.6, "fraction", "share of collectives the rank starts last"),
+        "min_late_s": Threshold(0.002, "s", "median lateness behind the first rank: at least"),
+        "late_ratio": Threshold(3.0, "ratio", "its median lateness over the other ranks' median"),
+    },
+)
+def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """One rank starts most collectives last, well behind its peers, which wait for it.
+
+    Symptom:
+        Matched across ranks (the n-th collective of an op in a group), the rank starts last in
+        most of them, and its median lateness behind the first rank to start is large and well
+        above the other ranks'.
+    Likely cause:
+        Whatever delays the rank before it reaches the collective: more compute (see BAL001),
+        a host-side stall (data loading, garbage collection, logging, checkpoint I/O), a slow
+        CPU launch path, or, across hosts, clocks that disagree (profiler traces keep host
+        clocks).
+    Fix:
+        Profile the named rank's host side before the collective (data loader workers, pinned
+        memory, synchronous logging); if its compute also stands out, treat it as a straggler.
+    Evidence:
+        Per rank: collectives matched, median lateness (s) and the share started last.
+    """
+    table = arrivals(ctx.run.comms, ctx.metrics.rank_steps, ctx.run.manifest)
+    table = table[table["matched"] >= limits["min_matched"]]
+    if len(table) < 2:
+        return []
+    found = []
+    for idx in table.index:
+        others = float(table.drop(index=idx)["late_median_s"].median())
+        row = table.loc[idx]
+        if (
+            row["last_share"] >= limits["last_share"]
+            and row["late_median_s"] >= limits["min_late_s"]
+            and row["late_median_s"] >= limits["late_ratio"] * others
+        ):
+            found.append(int(row["rank"]))
+    if not found:
+        return []
+    worst = table.set_index("rank").loc[found, "late_median_s"].max()
+    return [
+        Finding(
+            rule="BAL003",
+            pattern=3,
+            severity="medium",
+            title=f"late arrival: rank {', '.join(map(str, found))} starts collectives last, "
+            f"{worst * 1e3:.1f} ms behind the first (median)",
+            ranks=found,
+            evidence={"arrivals": table.to_dict("records")},
+            advice=f"look at what rank(s) {found} do before each collective: data loading, "
+            "host stalls, launch path; compare their compute with BAL001",
         )
     ]
 

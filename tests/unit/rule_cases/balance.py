@@ -27,7 +27,30 @@ def _dp(runs: Any, busy_ms: list[float], step_ms: float = 100) -> Path:
     return runs.write(ranks, runs.manifest(world_size=len(busy_ms)))
 
 
+def _late(runs: Any, delay_ms: list[float]) -> Path:
+    """DP ranks, 6 steps of equal compute (40 ms); rank r starts its non-blocking all-reduce
+    `delay_ms[r]` after its compute (a host stall, not compute), all finish together."""
+    ranks: dict[int, list[dict[str, Any] | str]] = {}
+    for rank, delay in enumerate(delay_ms):
+        rows: list[dict[str, Any] | str] = []
+        for step in range(6):
+            t0 = step * 100
+            rows += [
+                runs.step(step, t0, t0 + 90),
+                runs.span(step, "fwd", t0, t0 + 40),
+                runs.comm(step, t0 + 40 + delay, t0 + 85, group_size=len(delay_ms)),
+            ]
+        ranks[rank] = rows
+    return runs.write(ranks, runs.manifest(world_size=len(delay_ms)))
+
+
 CASES = [
+    RuleCase("BAL003", True, lambda runs: _late(runs, [0, 0.5, 12, 1]),
+             "rank 2 starts every all-reduce 12 ms after the first", ranks=(2,)),
+    RuleCase("BAL003", False, lambda runs: _late(runs, [0, 0.5, 1.5, 1]),
+             "arrivals within 2 ms of each other"),
+    RuleCase("BAL003", False, lambda runs: _late(runs, [0, 10, 11, 12]),
+             "three of four ranks late alike: no one rank holds the group back"),
     RuleCase("BAL001", True, lambda runs: _dp(runs, [40, 80, 42, 41]),
              "rank 1 computes 2x the others, who wait for it", ranks=(1,)),
     RuleCase("BAL001", False, lambda runs: _dp(runs, [40, 44, 42, 41]),

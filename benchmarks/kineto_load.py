@@ -1,0 +1,367 @@
+"""Kineto trace loading: diag's loader against HTA's, side by side in one run.
+
+    python benchmarks/kineto_load.py [--repeats N] [--large-ranks N] [--large-repeats N]
+
+For every trace folder of ../shared/real-traces (see its README; `--traces DIR` elsewhere),
+plus one LARGE folder built here (the 216k-event trace copied `--large-ranks` times into a
+temporary folder, `distributedInfo.rank` rewritten to 0..N-1 and `world_size` to N, gzipped),
+it measures:
+
+1. cold analysis: `load_trace_dir(use_cache=False)` + `compute_metrics` (ours) against
+   `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours (goal >= 3x);
+2. peak memory of that cold analysis, MiB: the measuring process's own max RSS plus the largest
+   max RSS among its finished children (both loaders parse several files in forked workers),
+   read by `getrusage` right after the cold analysis; an upper bound, as pages a forked worker
+   shares with its parent are counted twice (goal: ours <= HTA's);
+3. second analysis: ours served from diag's cache (a first `load_trace_dir(use_cache=True)`
+   writes it; the timed call reads it, plus `compute_metrics`) against HTA's re-parse (a second
+   `TraceAnalysis` in the same process, as HTA keeps no cache), HTA/ours (goal >= 10x).
+
+Every measurement runs in a fresh Python process (this file with `--child`), so imports,
+caches and the allocator of one never help the next; import time is not counted. Each timing
+is repeated `--repeats` times (the LARGE folder `--large-repeats` times, to stay near five
+minutes on two cores) and shown as the median and the spread (max / min). diag's cache goes to
+a temporary `XDG_CACHE_HOME` (the real traces are read-only) or beside the LARGE folder's
+copies; nothing is written to the real traces. A folder HTA cannot load is reported in one line
+and its HTA columns are left empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_TRACES = REPO.parent / "shared" / "real-traces"
+FOLDERS = (
+    "hta-nccl-world2",
+    "hta-sampled-world128",
+    "hta-alltoall-world16",
+    "hta-large-216k-events",
+    "deepseek-v3-train-ep64",
+    "hta-cpu-only-gloo",
+    "hta-no-distributed-info",
+)
+LARGE_SOURCE = "hta-large-216k-events"
+COLD_GOAL_X = 3.0
+CACHE_GOAL_X = 10.0
+CHILD_TIMEOUT_S = 600
+KIB_PER_MIB = 1024
+_DISTRIBUTED_INFO = re.compile(r'"distributedInfo"\s*:\s*\{[^{}]*\}')
+
+
+# ---------------------------------------------------------------- child side (one measurement)
+
+
+def _peak_mib() -> tuple[float, float]:
+    """(own max RSS, largest max RSS of a finished child) in MiB; Linux reports KiB."""
+    own_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return own_kib / KIB_PER_MIB, children_kib / KIB_PER_MIB
+
+
+def _silence_hta() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("hta", "root", ""):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)
+
+
+def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
+    from diag.kineto import cache, load_trace_dir
+    from diag.kineto.files import trace_files
+    from diag.kineto.kernels import KernelPatterns
+    from diag.metrics import compute_metrics
+
+    started = time.perf_counter()
+    compute_metrics(load_trace_dir(folder, use_cache=False))
+    cold_s = time.perf_counter() - started
+    own_mib, children_mib = _peak_mib()
+    second_s: list[float] = []
+    cache_hit = None
+    if second_repeats:
+        load_trace_dir(folder, use_cache=True)  # writes the cache
+        key = cache.key(trace_files(folder), KernelPatterns(), None)
+        cache_hit = cache.read(folder, key) is not None
+        for _ in range(second_repeats):
+            started = time.perf_counter()
+            compute_metrics(load_trace_dir(folder, use_cache=True))
+            second_s.append(time.perf_counter() - started)
+    return {"cold_s": cold_s, "own_mib": own_mib, "children_mib": children_mib,
+            "second_s": second_s, "cache_hit": cache_hit}  # fmt: skip
+
+
+def _child_hta(folder: Path, second_repeats: int) -> dict[str, Any]:
+    _silence_hta()
+    from hta.trace_analysis import TraceAnalysis
+
+    _silence_hta()  # again: importing HTA may configure its loggers
+    started = time.perf_counter()
+    TraceAnalysis(trace_dir=str(folder))
+    cold_s = time.perf_counter() - started
+    own_mib, children_mib = _peak_mib()
+    second_s = []
+    for _ in range(second_repeats):
+        started = time.perf_counter()
+        TraceAnalysis(trace_dir=str(folder))
+        second_s.append(time.perf_counter() - started)
+    return {"cold_s": cold_s, "own_mib": own_mib, "children_mib": children_mib,
+            "second_s": second_s}  # fmt: skip
+
+
+def _child_main(kind: str, folder: Path, second_repeats: int, out: Path) -> None:
+    measure = _child_ours if kind == "ours" else _child_hta
+    try:
+        result = measure(folder, second_repeats)
+    except BaseException as error:  # HTA fails in many ways (asserts, KeyError, SystemExit)
+        result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+                  if str(error) else type(error).__name__}  # fmt: skip
+    out.write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------- parent side
+
+
+@dataclass
+class Measured:
+    """One loader's samples on one folder."""
+
+    cold_s: list[float] = field(default_factory=list)
+    peak_mib: list[float] = field(default_factory=list)  # own + children, per cold run
+    own_mib: list[float] = field(default_factory=list)
+    children_mib: list[float] = field(default_factory=list)
+    second_s: list[float] = field(default_factory=list)
+    cache_hit: bool | None = None
+    error: str | None = None
+
+
+@dataclass
+class FolderResult:
+    name: str
+    files: int
+    disk_mib: float
+    repeats: int
+    ours: Measured
+    hta: Measured
+
+
+def _run_child(kind: str, folder: Path, second_repeats: int, env: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kineto-bench-out-") as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(folder),
+                   "--second", str(second_repeats), "--out", str(out)]  # fmt: skip
+        try:
+            done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=CHILD_TIMEOUT_S, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {CHILD_TIMEOUT_S} s"}
+        if out.exists():
+            return json.loads(out.read_text())
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"error": tail[:160]}
+
+
+def _measure(kind: str, folder: Path, repeats: int, env: dict[str, str]) -> Measured:
+    """`repeats` cold runs, each in a fresh process. Ours: the first process then times
+    `repeats` cached analyses; HTA: every process times one second construction."""
+    measured = Measured()
+    for index in range(repeats):
+        second = (repeats if index == 0 else 0) if kind == "ours" else 1
+        result = _run_child(kind, folder, second, env)
+        if "error" in result:
+            measured.error = result["error"]
+            return measured
+        measured.cold_s.append(result["cold_s"])
+        measured.own_mib.append(result["own_mib"])
+        measured.children_mib.append(result["children_mib"])
+        measured.peak_mib.append(result["own_mib"] + result["children_mib"])
+        measured.second_s += result["second_s"]
+        if result.get("cache_hit") is not None:
+            measured.cache_hit = result["cache_hit"]
+    return measured
+
+
+def _trace_files(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.is_file() and p.name.endswith((".json", ".gz"))]
+
+
+def build_large(source: Path, ranks: int, dest: Path) -> Path:
+    """`ranks` gzipped copies of the source folder's single trace, rank r in copy r."""
+    (trace,) = _trace_files(source)
+    opener = gzip.open if trace.name.endswith(".gz") else open
+    with opener(trace, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    info = _DISTRIBUTED_INFO.search(text)
+    if info is None:
+        raise SystemExit(f"{trace}: no distributedInfo to rewrite")
+    dest.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        new_info = re.sub(r'"rank":\s*\d+', f'"rank": {rank}', info.group(0))
+        new_info = re.sub(r'"world_size":\s*\d+', f'"world_size": {ranks}', new_info)
+        with gzip.open(dest / f"rank{rank}.json.gz", "wt", encoding="utf-8", compresslevel=1) as fh:
+            fh.write(text[: info.start()])
+            fh.write(new_info)
+            fh.write(text[info.end() :])
+    return dest
+
+
+def measure_folder(name: str, folder: Path, repeats: int, env: dict[str, str]) -> FolderResult:
+    files = _trace_files(folder)
+    disk_mib = sum(p.stat().st_size for p in files) / 2**20
+    ours = _measure("ours", folder, repeats, env)
+    hta = _measure("hta", folder, repeats, env)
+    return FolderResult(name, len(files), disk_mib, repeats, ours, hta)
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return "n=1"
+    return f"x{max(values) / min(values):.2f}"
+
+
+def _seconds(values: list[float]) -> str:
+    return f"{_median(values):7.3f} s ({_spread(values)})" if values else "      -"
+
+
+def _ratio(hta: list[float], ours: list[float]) -> float | None:
+    if not hta or not ours or _median(ours) <= 0:
+        return None
+    return _median(hta) / _median(ours)
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return f"{ratio:6.1f}x" if ratio is not None else "      -"
+
+
+def print_folder(result: FolderResult) -> None:
+    ours, hta = result.ours, result.hta
+    print(f"\n{result.name}: {result.files} file(s), {result.disk_mib:.1f} MiB on disk, "
+          f"{result.repeats} repeat(s)")  # fmt: skip
+    if ours.error:
+        print(f"  ours failed: {ours.error}")
+        return
+    if hta.error:
+        print(f"  HTA skipped: {hta.error}")
+    print(f"  cold load+metrics  ours {_seconds(ours.cold_s)}   HTA {_seconds(hta.cold_s)}"
+          f"   HTA/ours {_ratio_text(_ratio(hta.cold_s, ours.cold_s))}")  # fmt: skip
+    print(f"  peak memory        ours {_median(ours.peak_mib):7.0f} MiB "
+          f"(self {_median(ours.own_mib):.0f} + children {_median(ours.children_mib):.0f})"
+          + (f"   HTA {_median(hta.peak_mib):7.0f} MiB (self {_median(hta.own_mib):.0f}"
+             f" + children {_median(hta.children_mib):.0f})" if hta.peak_mib else ""))  # fmt: skip
+    hit = {True: "cache hit", False: "CACHE MISS", None: "?"}[ours.cache_hit]
+    print(f"  second analysis    ours {_seconds(ours.second_s)} [{hit}]   "
+          f"HTA {_seconds(hta.second_s)} [re-parse]   "
+          f"HTA/ours {_ratio_text(_ratio(hta.second_s, ours.second_s))}")  # fmt: skip
+
+
+def _goal(ratio: float | None, goal: float) -> str:
+    if ratio is None:
+        return "  -"
+    return "yes" if ratio >= goal else " NO"
+
+
+def print_table(results: list[FolderResult], cores: str) -> None:
+    print(f"\nSummary ({cores}); goals: cold HTA/ours >= {COLD_GOAL_X:g}x, "
+          f"peak ours <= HTA, cached HTA/ours >= {CACHE_GOAL_X:g}x")  # fmt: skip
+    header = (f"{'folder':<26}{'n':>3} {'cold':>8} {'met':>4}  {'ours MiB':>8} {'HTA MiB':>8}"
+              f" {'met':>4}  {'cached':>8} {'met':>4}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if r.ours.error:
+            print(f"{r.name:<26}{r.repeats:>3} ours failed")
+            continue
+        cold = _ratio(r.hta.cold_s, r.ours.cold_s)
+        second = _ratio(r.hta.second_s, r.ours.second_s)
+        ours_mib, hta_mib = (
+            _median(r.ours.peak_mib),
+            (_median(r.hta.peak_mib) if r.hta.peak_mib else None),
+        )
+        mem_met = "  -" if hta_mib is None else ("yes" if ours_mib <= hta_mib else " NO")
+        hta_text = f"{hta_mib:8.0f}" if hta_mib is not None else f"{'-':>8}"
+        print(f"{r.name:<26}{r.repeats:>3} {_ratio_text(cold):>8} {_goal(cold, COLD_GOAL_X):>4}"
+              f"  {ours_mib:8.0f} {hta_text} {mem_met:>4}"
+              f"  {_ratio_text(second):>8} {_goal(second, CACHE_GOAL_X):>4}")  # fmt: skip
+    print("(n: repeats; cold/cached: HTA time / ours; MiB: median peak, self + children)")
+
+
+# ---------------------------------------------------------------- main
+
+
+def _cores() -> str:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return f"{os.cpu_count()} cores, {usable} usable"
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timings per folder (3)")
+    parser.add_argument("--large-ranks", type=int, default=8, help="ranks of the LARGE input")
+    parser.add_argument("--large-repeats", type=int, default=1, help="timings of LARGE (1)")
+    parser.add_argument("--traces", type=Path, default=REAL_TRACES, help="real-traces folder")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--second", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if args.child:
+        _child_main(args.child[0], Path(args.child[1]), args.second, args.out)
+        return 0
+    started = time.perf_counter()
+    cores = _cores()
+    print(f"Kineto load benchmark: diag vs HTA; {cores}; python {sys.version.split()[0]}")
+    print(f"repeats: {args.repeats} per folder, {args.large_repeats} for LARGE "
+          f"({args.large_ranks} ranks; fewer to keep the run near five minutes)")  # fmt: skip
+    results: list[FolderResult] = []
+    with tempfile.TemporaryDirectory(prefix="kineto-bench-") as tmp:
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "xdg-cache")}
+        for name in FOLDERS:
+            folder = args.traces / name
+            if not folder.is_dir():
+                print(f"\n{name}: not found under {args.traces} (skipped)")
+                continue
+            results.append(measure_folder(name, folder, args.repeats, env))
+            print_folder(results[-1])
+        source = args.traces / LARGE_SOURCE
+        if source.is_dir() and args.large_ranks > 0:
+            build_started = time.perf_counter()
+            large = build_large(source, args.large_ranks, Path(tmp) / "large")
+            print(f"\nLARGE: built {args.large_ranks} ranks of {LARGE_SOURCE} in "
+                  f"{time.perf_counter() - build_started:.1f} s")  # fmt: skip
+            name = f"LARGE-{args.large_ranks}x216k"
+            results.append(measure_folder(name, large, args.large_repeats, env))
+            print_folder(results[-1])
+            shutil.rmtree(large, ignore_errors=True)
+    print_table(results, cores)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
