@@ -33,6 +33,8 @@ def _need_browser() -> None:
     pytest.skip(message)
 
 
+REAL_TRACE = Path(__file__).parents[3] / "shared" / "real-traces" / "hta-sampled-world128"
+"""Two ranks of a real 128-GPU NCCL job's profiler traces (served when ../shared is there)."""
 HOSTILE = 'hostile <img src=x id=injected onerror="document.title=1"><b>bold</b>'
 """A run id and host name that would run script and change markup if rendered as HTML."""
 
@@ -51,7 +53,7 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for rank in manifest["ranks"]:
         rank["host"] = HOSTILE
     (hostile / "manifest.json").write_text(json.dumps(manifest))
-    return [dp, ep, hostile]
+    return [dp, ep, hostile, *([REAL_TRACE] if REAL_TRACE.is_dir() else [])]
 
 
 @pytest.fixture(scope="session")

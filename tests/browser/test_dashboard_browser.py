@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dashboard.app import PAGES
-from tests.browser.conftest import HOSTILE
+from tests.browser.conftest import HOSTILE, REAL_TRACE
 
 pytestmark = pytest.mark.browser
 
@@ -148,4 +148,17 @@ def test_names_from_manifests_render_as_text(browser: Any, dashboard_url: str) -
         assert browser.title == "diag dashboard", path
         body = browser.find_element(By.TAG_NAME, "body").text
         assert HOSTILE in body, (path, body[:300])  # shown as typed, markup and all
+    assert not _console_errors(browser)
+
+
+@pytest.mark.skipif(not REAL_TRACE.is_dir(), reason="../shared/real-traces is absent")
+def test_a_profiler_trace_folder_is_served_like_a_run(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for path, graphs in (("/", 0), ("/timeline", 1), ("/ranks", 2), ("/communication", 3)):
+        browser.get(dashboard_url + path)
+        _wait_rendered(browser)
+        _select_run(browser, REAL_TRACE.name, graphs)
+        _wait_rendered(browser, graphs)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot")) >= graphs
     assert not _console_errors(browser)
