@@ -90,10 +90,13 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     from diag.metrics import compute_metrics
 
     started = time.perf_counter()
-    compute_metrics(load_trace_dir(folder, use_cache=False))
-    cold_s = time.perf_counter() - started
+    run = load_trace_dir(folder, use_cache=False)
+    loaded = time.perf_counter()
+    compute_metrics(run)
+    cold_s, cold_metrics_s = time.perf_counter() - started, time.perf_counter() - loaded
     own_mib, children_mib = _peak_mib()
     second_s: list[float] = []
+    second_metrics_s: list[float] = []
     cache_hit = None
     if second_repeats:
         load_trace_dir(folder, use_cache=True)  # writes the cache
@@ -101,10 +104,14 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
         cache_hit = cache.read(folder, key) is not None
         for _ in range(second_repeats):
             started = time.perf_counter()
-            compute_metrics(load_trace_dir(folder, use_cache=True))
+            run = load_trace_dir(folder, use_cache=True)
+            loaded = time.perf_counter()
+            compute_metrics(run)
             second_s.append(time.perf_counter() - started)
-    return {"cold_s": cold_s, "own_mib": own_mib, "children_mib": children_mib,
-            "second_s": second_s, "cache_hit": cache_hit}  # fmt: skip
+            second_metrics_s.append(time.perf_counter() - loaded)
+    return {"cold_s": cold_s, "cold_metrics_s": [cold_metrics_s], "own_mib": own_mib,
+            "children_mib": children_mib, "second_s": second_s,
+            "second_metrics_s": second_metrics_s, "cache_hit": cache_hit}  # fmt: skip
 
 
 def _child_hta(folder: Path, second_repeats: int) -> dict[str, Any]:
@@ -147,6 +154,8 @@ class Measured:
     own_mib: list[float] = field(default_factory=list)
     children_mib: list[float] = field(default_factory=list)
     second_s: list[float] = field(default_factory=list)
+    cold_metrics_s: list[float] = field(default_factory=list)  # ours: the metrics' share
+    second_metrics_s: list[float] = field(default_factory=list)
     cache_hit: bool | None = None
     error: str | None = None
 
@@ -192,6 +201,8 @@ def _measure(kind: str, folder: Path, repeats: int, env: dict[str, str]) -> Meas
         measured.children_mib.append(result["children_mib"])
         measured.peak_mib.append(result["own_mib"] + result["children_mib"])
         measured.second_s += result["second_s"]
+        measured.cold_metrics_s += result.get("cold_metrics_s", [])
+        measured.second_metrics_s += result.get("second_metrics_s", [])
         if result.get("cache_hit") is not None:
             measured.cache_hit = result["cache_hit"]
     return measured
@@ -243,7 +254,7 @@ def _spread(values: list[float]) -> str:
 
 
 def _seconds(values: list[float]) -> str:
-    return f"{_median(values):7.3f} s ({_spread(values)})" if values else "      -"
+    return f"{_median(values):6.3f} s {_spread(values):>5}" if values else f"{'-':>14}"
 
 
 def _ratio(hta: list[float], ours: list[float]) -> float | None:
@@ -253,10 +264,18 @@ def _ratio(hta: list[float], ours: list[float]) -> float | None:
 
 
 def _ratio_text(ratio: float | None) -> str:
-    return f"{ratio:6.1f}x" if ratio is not None else "      -"
+    return f"{ratio:.1f}x" if ratio is not None else "-"
+
+
+def _memory(measured: Measured) -> str:
+    if not measured.peak_mib:
+        return "-"
+    return (f"{_median(measured.peak_mib):.0f} (self {_median(measured.own_mib):.0f}"
+            f" + children {_median(measured.children_mib):.0f})")  # fmt: skip
 
 
 def print_folder(result: FolderResult) -> None:
+    """Median seconds, spread (max / min) and, in brackets, the metrics' share of ours."""
     ours, hta = result.ours, result.hta
     print(f"\n{result.name}: {result.files} file(s), {result.disk_mib:.1f} MiB on disk, "
           f"{result.repeats} repeat(s)")  # fmt: skip
@@ -265,16 +284,16 @@ def print_folder(result: FolderResult) -> None:
         return
     if hta.error:
         print(f"  HTA skipped: {hta.error}")
-    print(f"  cold load+metrics  ours {_seconds(ours.cold_s)}   HTA {_seconds(hta.cold_s)}"
-          f"   HTA/ours {_ratio_text(_ratio(hta.cold_s, ours.cold_s))}")  # fmt: skip
-    print(f"  peak memory        ours {_median(ours.peak_mib):7.0f} MiB "
-          f"(self {_median(ours.own_mib):.0f} + children {_median(ours.children_mib):.0f})"
-          + (f"   HTA {_median(hta.peak_mib):7.0f} MiB (self {_median(hta.own_mib):.0f}"
-             f" + children {_median(hta.children_mib):.0f})" if hta.peak_mib else ""))  # fmt: skip
+    cold_metrics_s = _median(ours.cold_metrics_s)
+    print(f"  cold    ours {_seconds(ours.cold_s)} [metrics {cold_metrics_s:.3f}]"
+          f"  HTA {_seconds(hta.cold_s)}  HTA/ours "
+          f"{_ratio_text(_ratio(hta.cold_s, ours.cold_s))}")  # fmt: skip
+    print(f"  peak    ours {_memory(ours)} MiB  HTA {_memory(hta)} MiB")
     hit = {True: "cache hit", False: "CACHE MISS", None: "?"}[ours.cache_hit]
-    print(f"  second analysis    ours {_seconds(ours.second_s)} [{hit}]   "
-          f"HTA {_seconds(hta.second_s)} [re-parse]   "
-          f"HTA/ours {_ratio_text(_ratio(hta.second_s, ours.second_s))}")  # fmt: skip
+    second_metrics_s = _median(ours.second_metrics_s) if ours.second_metrics_s else 0.0
+    print(f"  second  ours {_seconds(ours.second_s)} [metrics {second_metrics_s:.3f}, {hit}]"
+          f"  HTA {_seconds(hta.second_s)}  HTA/ours "
+          f"{_ratio_text(_ratio(hta.second_s, ours.second_s))}")  # fmt: skip
 
 
 def _goal(ratio: float | None, goal: float) -> str:
@@ -316,6 +335,12 @@ def _cores() -> str:
     return f"{os.cpu_count()} cores, {usable} usable"
 
 
+def _load_average() -> str:
+    """Other processes' load: on a shared machine it explains noisy timings."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timings per folder (3)")
@@ -335,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     cores = _cores()
-    print(f"Kineto load benchmark: diag vs HTA; {cores}; python {sys.version.split()[0]}")
+    print(f"Kineto load benchmark: diag vs HTA; {cores}; python {sys.version.split()[0]}; "
+          f"{_load_average()}")  # fmt: skip
     print(f"repeats: {args.repeats} per folder, {args.large_repeats} for LARGE "
           f"({args.large_ranks} ranks; fewer to keep the run near five minutes)")  # fmt: skip
     results: list[FolderResult] = []
@@ -359,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             print_folder(results[-1])
             shutil.rmtree(large, ignore_errors=True)
     print_table(results, cores)
-    print(f"total {time.perf_counter() - started:.0f} s")
+    print(f"total {time.perf_counter() - started:.0f} s; {_load_average()} at the end")
     return 0
 
 

@@ -19,6 +19,7 @@ from diag.load import RunData
 KEYS = ["rank", "step"]
 NS_PER_S = 1e9
 MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
+DEVICE_TIME_EVENT = "device_time"  # written by diag/kineto/files.py
 WARMUP_MIN_STEPS = 3
 """A rank with at least this many step records has its first step excluded as warm-up."""
 
@@ -39,6 +40,8 @@ class RunMetrics:
     memory_steps: pd.DataFrame
     """Every mem record (rank, step, fields), for trends."""
     experts: pd.DataFrame
+    device: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
     findings: list[Any] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -62,6 +65,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
         memory=_memory(run.memory),
         memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
         experts=_experts(run.experts, windows),
+        device=_device_time(run.events),
         findings=[],
         skipped=skipped,
     )
@@ -316,6 +320,25 @@ def _tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | N
             "ratio": measured / expected if expected else None,
         })  # fmt: skip
     return rows
+
+
+def _device_time(events: pd.DataFrame) -> pd.DataFrame:
+    rows = events[events["name"] == DEVICE_TIME_EVENT]
+    columns = ["rank", "kernel_time_s", "idle_share", "compute_share", "non_compute_share",
+               "comm_s", "comm_overlap"]  # fmt: skip
+    table = []
+    for rank, fields in zip(rows["rank"], rows["fields"], strict=True):
+        kernel_us = fields.get("kernel_time_us") or float("nan")
+        table.append({
+            "rank": int(rank),
+            "kernel_time_s": kernel_us / 1e6,
+            "idle_share": fields.get("idle_us", 0) / kernel_us,
+            "compute_share": fields.get("compute_us", 0) / kernel_us,
+            "non_compute_share": fields.get("non_compute_us", 0) / kernel_us,
+            "comm_s": fields.get("comm_us", 0) / 1e6,
+            "comm_overlap": fields.get("overlap"),
+        })  # fmt: skip
+    return pd.DataFrame(table, columns=columns).sort_values("rank").reset_index(drop=True)
 
 
 def _memory(memory: pd.DataFrame) -> pd.DataFrame:

@@ -40,6 +40,7 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "collectives": metrics.collectives.to_dict("records"),
         "memory": metrics.memory.to_dict("records"),
         "experts": metrics.experts.to_dict("records"),
+        **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         "findings": list(metrics.findings),
         "skipped": [*run.skipped, *metrics.skipped],
     }
@@ -207,7 +208,17 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    tables = (ranks, stages, collectives, tensor_parallel, memory, experts, window)
+    device = Section(
+        "device time per rank (HTA's definitions; diag's kernel classes)",
+        ["rank", "kernel time s", "idle", "compute", "non-compute", "comm s", "comm under compute"],
+        [
+            [str(d["rank"]), num(d["kernel_time_s"]), pct(d["idle_share"]),
+             pct(d["compute_share"]), pct(d["non_compute_share"]), num(d["comm_s"]),
+             pct(d["comm_overlap"])]
+            for d in report.get("device") or []
+        ],
+    )  # fmt: skip
+    tables = (ranks, stages, collectives, tensor_parallel, device, memory, experts, window)
     return [s for s in (*tables, *hta_sections(report)) if s.rows]
 
 

@@ -46,7 +46,7 @@ def load_trace_dir(
         return hit
     skipped: list[str] = []
     traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
-    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": [], "event": []}
     for trace in traces:
         for kind, rows in trace.records.items():
             records[kind] += rows

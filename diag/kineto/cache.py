@@ -22,14 +22,13 @@ from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData
 
 FORMAT = 1  # bump when the cached objects change shape
-_CONVERTERS = ("convert.py", "files.py", "kernels.py", "__init__.py")
+_CONVERTERS = ("convert.py", "device.py", "files.py", "kernels.py", "__init__.py")
 CACHE_DIR = ".diag-cache"
 CACHE_FILE = "kineto.pickle"
 
 
 def key(files: list[Path], patterns: KernelPatterns, layout: schema.Layout | None) -> str:
-    parts: list[Any] = [FORMAT, _code_digest(), list(patterns.comm), list(patterns.memory),
-                        repr(layout)]  # fmt: skip
+    parts: list[Any] = [FORMAT, _code_digest(), repr(patterns), repr(layout)]
     for path in files:
         stat = path.stat()
         parts.append((path.name, stat.st_size, stat.st_mtime_ns))

@@ -5,6 +5,7 @@ claiming one rank, is an error that lists the files."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -14,7 +15,9 @@ from typing import Any
 
 from diag.errors import InputError
 from diag.kineto.convert import scan, to_records
+from diag.kineto.device import device_time
 from diag.kineto.kernels import KernelPatterns
+from diag.metrics import DEVICE_TIME_EVENT
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -100,13 +103,19 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     devices = [d for d in data.get("deviceProperties") or [] if isinstance(d, dict)]
     rank = rank_of(path, data)
     events = scan(data["traceEvents"])
+    records = to_records(rank or 0, events, patterns)
+    measured = device_time(data["traceEvents"], patterns)
+    if measured is not None:
+        first_step = min((r["step"] for r in records["step"]), default=0)
+        records["event"] = [{"rank": rank or 0, "step": first_step, "name": DEVICE_TIME_EVENT,
+                             "fields": dataclasses.asdict(measured)}]  # fmt: skip
     return ParsedTrace(
         path=path,
         rank=rank,
         world_size=world if isinstance(world, int) else None,
         backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
         device_name=str(devices[0].get("name")) if devices else None,
-        records=to_records(rank or 0, events, patterns),
+        records=records,
         on_device=bool(events.gpu_t0),
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +91,11 @@ def _call(out: dict[str, Any], name: str, fn: Any) -> Any:
 
 
 def _quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """HTA logs and prints freely; keep the terminal for diag's own report."""
+    """HTA logs, prints and warns (pandas deprecations) freely; keep the terminal for diag's
+    own report."""
     logging.getLogger("hta").setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         return fn(*args, **kwargs)
 
 

@@ -21,6 +21,7 @@ class KernelClass(StrEnum):
     COMPUTE = "compute"
     COMM = "comm"
     MEMORY = "memory"
+    OTHER = "other"  # on the `other` list: neither (HTA's synchronisation events, launches)
 
 
 DEFAULT_COMM_PATTERNS = (
@@ -47,27 +48,38 @@ _OP_BY_NAME = (
 
 @dataclass(frozen=True)
 class KernelPatterns:
+    """Regular expressions (searched in the name) for communication and memory kernels, and
+    names that are neither computation nor those (`other`); `by_category`: Kineto's
+    gpu_memcpy / gpu_memset categories are memory whatever the name."""
+
     comm: Sequence[str] = DEFAULT_COMM_PATTERNS
     memory: Sequence[str] = DEFAULT_MEMORY_PATTERNS
-    _compiled: tuple[re.Pattern[str], re.Pattern[str]] = field(init=False, repr=False)
+    other: Sequence[str] = ()
+    by_category: bool = True
+    _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        compiled = (re.compile("|".join(self.comm)), re.compile("|".join(self.memory)))
+        never = r"(?!)"
+        compiled = tuple(
+            re.compile("|".join(p) if p else never) for p in (self.comm, self.memory, self.other)
+        )
         object.__setattr__(self, "_compiled", compiled)
 
     def classify(self, names: Iterable[str], categories: Iterable[str]) -> np.ndarray:
         """A `KernelClass` value per kernel (object array)."""
-        comm, memory = self._compiled
+        comm, memory, other = self._compiled
         memo: dict[tuple[str, str], str] = {}
         out = []
         for name, category in zip(names, categories, strict=True):
             key = (name, category)
             kind = memo.get(key)
             if kind is None:
-                if category in MEMORY_CATEGORIES or memory.search(name):
-                    kind = KernelClass.MEMORY.value
-                elif comm.search(name):
+                if comm.search(name):
                     kind = KernelClass.COMM.value
+                elif memory.search(name) or (self.by_category and category in MEMORY_CATEGORIES):
+                    kind = KernelClass.MEMORY.value
+                elif other.search(name):
+                    kind = KernelClass.OTHER.value
                 else:
                     kind = KernelClass.COMPUTE.value
                 memo[key] = kind

@@ -259,3 +259,42 @@ def test_hta_blind_spot_on_deepep_is_said() -> None:
     assert temporal["compute_time_pctg"] > 95  # HTA sees the all-to-all as computation
     assert report["summary"]["comm_share"] > 0.5  # diag sees it as communication
     assert any("DeepEP" in note for note in report["hta"]["notes"])
+
+
+# --- Our device time against HTA's, on HTA's own samples ----------------------------------------
+
+HTA_SAMPLES = [f for f in ("hta-nccl-world2", "hta-sampled-world128", "hta-alltoall-world16")
+               if (REAL_TRACES / f).is_dir()]  # fmt: skip
+
+
+@pytest.mark.skipif(not HTA_SAMPLES, reason="../shared/real-traces is absent")
+@pytest.mark.parametrize("name", HTA_SAMPLES)
+def test_device_time_agrees_with_hta_within_1_percent(name: str, tmp_path: Path) -> None:
+    from diag.kineto.device import HTA_PATTERNS
+    from diag.kineto.hta_bridge import hta_analyses
+
+    ours = compute_metrics(load_trace_dir(REAL_TRACES / name, HTA_PATTERNS)).device
+    theirs = hta_analyses(REAL_TRACES / name)
+    temporal = {t["rank"]: t for t in theirs["temporal_breakdown"]}
+    overlap = {o["rank"]: o["comp_comm_overlap_pctg"] for o in theirs["comm_comp_overlap"]}
+    assert sorted(ours["rank"]) == sorted(temporal)
+    for row in ours.to_dict("records"):
+        hta = temporal[row["rank"]]
+        assert row["kernel_time_s"] * 1e6 == pytest.approx(hta["kernel_time(us)"], rel=0.01)
+        for ours_key, hta_key in (("idle_share", "idle_time(us)"),
+                                  ("compute_share", "compute_time(us)"),
+                                  ("non_compute_share", "non_compute_time(us)")):  # fmt: skip
+            share = hta[hta_key] / hta["kernel_time(us)"]
+            assert row[ours_key] == pytest.approx(share, rel=0.01, abs=1e-4), (ours_key, row)
+        assert 100 * row["comm_overlap"] == pytest.approx(overlap[row["rank"]], rel=0.01, abs=0.01)
+
+
+@pytest.mark.skipif(not (REAL_TRACES / "deepseek-v3-train-ep64").is_dir(), reason="absent")
+def test_where_hta_is_blind_diag_sees_the_hidden_all_to_all() -> None:
+    from diag.kineto.device import HTA_PATTERNS
+
+    folder = REAL_TRACES / "deepseek-v3-train-ep64"
+    as_hta = compute_metrics(load_trace_dir(folder, HTA_PATTERNS)).device.iloc[0]
+    ours = compute_metrics(load_trace_dir(folder)).device.iloc[0]
+    assert as_hta["comm_s"] == 0 and as_hta["compute_share"] > 0.99  # no communication at all
+    assert ours["comm_s"] > 0.1 * ours["kernel_time_s"] and ours["comm_overlap"] > 0.9
