@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,15 @@ def runs(tmp_path: Path) -> RunWriter:
 def golden_dp2() -> Path:
     """tests/data/dp2-golden: 2 DP ranks, 3 steps, every metric computed by hand in test_metrics."""
     return DATA / "dp2-golden"
+
+
+def copy_with_names(run_dir: Path, dest: Path, name: str) -> Path:
+    """A copy of a run whose manifest calls the run and every host `name` (tests feed it
+    markup to check that the names render as text)."""
+    shutil.copytree(run_dir, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["run_id"] = name
+    for rank in manifest["ranks"]:
+        rank["host"] = name
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest

@@ -4,7 +4,6 @@ them). Without them the tests skip here and fail under CI (CI=true)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -16,6 +15,7 @@ import pytest
 from werkzeug.serving import make_server
 
 from dashboard.app import create_app
+from tests.conftest import copy_with_names
 from tests.distributed.conftest import diag_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,12 +47,7 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     dp, ep, hostile = root / "dp-straggler", root / "ep-skew", root / "hostile"
     diag_run(dp, "--steps", "4", "--inject", "straggler:rank=1,ms=150")
     diag_run(ep, "--steps", "4", "--inject", "skew:frac=0.8", trainer="ep")
-    shutil.copytree(dp, hostile)
-    manifest = json.loads((hostile / "manifest.json").read_text())
-    manifest["run_id"] = HOSTILE
-    for rank in manifest["ranks"]:
-        rank["host"] = HOSTILE
-    (hostile / "manifest.json").write_text(json.dumps(manifest))
+    copy_with_names(dp, hostile, HOSTILE)
     return [dp, ep, hostile, *([REAL_TRACE] if REAL_TRACE.is_dir() else [])]
 
 

@@ -3,8 +3,6 @@ run selector's input handling and what the server answers to paths it must not s
 
 from __future__ import annotations
 
-import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from dashboard.data import (
     timeline_window,
 )
 from diag.errors import InputError
+from tests.conftest import copy_with_names
 
 GOLDEN = Path(__file__).parents[1] / "data" / "dp2-golden"
 HOSTILE = '<img src=x onerror="alert(1)">'
@@ -110,14 +109,7 @@ def test_unusable_run_is_an_input_error(tmp_path: Path) -> None:
 
 
 def test_names_from_manifests_stay_text(tmp_path: Path) -> None:
-    run_dir = tmp_path / "hostile"
-    shutil.copytree(GOLDEN, run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    manifest["run_id"] = HOSTILE
-    for rank in manifest["ranks"]:
-        rank["host"] = HOSTILE
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    loaded = load_runs([run_dir])[0]
+    loaded = load_runs([copy_with_names(GOLDEN, tmp_path / "hostile", HOSTILE)])[0]
     assert loaded.name == HOSTILE
     ranks_page = next(p for p in PAGES if p.PATH == "/ranks").layout(loaded, [loaded])
     assert _texts(ranks_page).count(HOSTILE) == 2  # one cell a rank, as text: React escapes it
