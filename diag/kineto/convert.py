@@ -15,6 +15,7 @@ Times are Kineto's microseconds turned into integer nanoseconds.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class RankEvents:
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
     params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
+    param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
     cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
     gloo: list[tuple[str, int, int]] = field(default_factory=list)  # (op, t0, t1)
     step_tid: Any = None  # the thread that runs the steps
@@ -67,41 +69,55 @@ class RankEvents:
 
 
 def scan(events: list[Any]) -> RankEvents:
-    """One pass over the trace's complete ('X') events."""
+    """One pass over the trace's complete ('X') events (the hot loop of a trace load: plain
+    type checks and local names, no regex unless the name can be a step)."""
     out = RankEvents()
     params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+    gpu_name, gpu_category = out.gpu_name, out.gpu_category
+    gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
+    cpu_ops, launches = out.cpu_ops, out.launches
+    cpu_first, cpu_last = [], []
     for event in events:
-        if not isinstance(event, dict) or event.get("ph") != "X":
+        if type(event) is not dict or event.get("ph") != "X":
             continue
         ts = event.get("ts")
-        if not isinstance(ts, int | float):
+        if type(ts) is not int and type(ts) is not float:
             continue
-        t0 = round(float(ts) * NS_PER_US)
+        t0 = round(ts * NS_PER_US)
         duration = event.get("dur")
-        t1 = t0 + round(float(duration) * NS_PER_US) if isinstance(duration, int | float) else t0
-        category, name = event.get("cat"), str(event.get("name", ""))
-        args: dict[str, Any] = event["args"] if isinstance(event.get("args"), dict) else {}
+        t1 = t0 + round(duration * NS_PER_US) if isinstance(duration, int | float) else t0
+        category, name = event.get("cat"), event.get("name", "")
+        if type(name) is not str:
+            name = str(name)
+        args = event.get("args")
+        if type(args) is not dict:
+            args = {}
         if category in GPU_CATEGORIES:
-            out.gpu_name.append(name)
-            out.gpu_category.append(category)
-            out.gpu_t0.append(t0)
-            out.gpu_t1.append(t1)
-            out.gpu_correlation.append(int(args.get("correlation", -1)))
+            gpu_name.append(name)
+            gpu_category.append(category)
+            gpu_t0.append(t0)
+            gpu_t1.append(t1)
+            gpu_correlation.append(int(args.get("correlation", -1)))
             continue
-        out.cpu_t0 = t0 if out.cpu_t0 is None else min(out.cpu_t0, t0)
-        out.cpu_t1 = t1 if out.cpu_t1 is None else max(out.cpu_t1, t1)
-        if category in LAUNCH_CATEGORIES and "correlation" in args:
-            out.launches[int(args["correlation"])] = (event.get("tid"), t0)
-        elif category != "gpu_user_annotation" and (step := STEP_NAME.match(name)):
-            out.steps.append((int(step.group(1)), t0, t1))
-            out.step_tid = event.get("tid")
-        elif name == "record_param_comms":
-            params[event.get("tid")].append((t0, t1, args))
+        cpu_first.append(t0)
+        cpu_last.append(t1)
+        if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
+            cpu_ops.append((event.get("tid"), t0, t1))  # c10d ops only enqueue
+        elif category in LAUNCH_CATEGORIES:
+            if "correlation" in args:
+                launches[int(args["correlation"])] = (event.get("tid"), t0)
+        elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
+            if step := STEP_NAME.match(name):
+                out.steps.append((int(step.group(1)), t0, t1))
+                out.step_tid = event.get("tid")
         elif name.startswith("gloo:"):
             out.gloo.append((name.removeprefix("gloo:"), t0, t1))
-        elif category == "cpu_op" and not name.startswith("c10d::"):  # c10d ops only enqueue
-            out.cpu_ops.append((event.get("tid"), t0, t1))
+        if name == "record_param_comms":
+            params[event.get("tid")].append((t0, t1, args))
+    if cpu_first:
+        out.cpu_t0, out.cpu_t1 = min(cpu_first), max(cpu_last)
     out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
+    out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
     out.steps.sort(key=lambda s: s[1])
     return out
 
@@ -136,7 +152,9 @@ def _collective(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _launching_params(rank: RankEvents, correlation: int, used: set[int]) -> dict[str, Any] | None:
+def _launching_params(
+    rank: RankEvents, correlation: int, used: set[tuple[Any, int]]
+) -> dict[str, Any] | None:
     """The record_param_comms around the CPU launch of a kernel, once per CPU op."""
     launch = rank.launches.get(correlation)
     if launch is None:
@@ -145,11 +163,10 @@ def _launching_params(rank: RankEvents, correlation: int, used: set[int]) -> dic
     rows = rank.params.get(tid)
     if not rows:
         return None
-    starts = [r[0] for r in rows]
-    i = int(np.searchsorted(starts, t, side="right")) - 1
-    if i < 0 or rows[i][1] < t or id(rows[i]) in used:
+    i = bisect.bisect_right(rank.param_starts[tid], t) - 1
+    if i < 0 or rows[i][1] < t or (tid, i) in used:
         return None
-    used.add(id(rows[i]))
+    used.add((tid, i))
     return rows[i][2]
 
 
@@ -170,7 +187,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     steps = _step_of(launched_at, rank.steps)
     if len(t0) == 0:
         return _cpu_records(rank_id, rank)
-    used: set[int] = set()
+    used: set[tuple[Any, int]] = set()
     for number in sorted(set(steps.tolist()) - {-1}):
         mine = steps == number
         records["step"].append(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,35 +75,58 @@ def _number(value: Any, default: float = -1) -> float:
 
 def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | None:
     """The rank's device time over its kept events; None when it has no device events."""
-    records = [e for e in events if isinstance(e, dict)]
-    whole_us = all(type(e.get("ts")) is int for e in records)  # else HTA rounds every event
-    timed = [e for e in records if e.get("dur") is not None and e.get("ts") is not None
-             and e.get("cat") not in (None, "Trace")]  # fmt: skip
-    cpu: list[tuple[float, Any, str]] = []  # (start, correlation, name)
-    device: list[tuple[float, float, Any, str, str]] = []  # (start, end, corr, name, category)
-    for event in timed:
-        args: dict[str, Any] = event["args"] if isinstance(event.get("args"), dict) else {}
-        start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
-        if not whole_us:
-            start, end = math.ceil(start), math.floor(end)
-        name, correlation = str(event.get("name", "")), args.get("correlation", -1)
-        stream = _number(args.get("stream", -1))
+    whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
+    cpu_start: list[float] = []
+    cpu_correlation: list[Any] = []
+    step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
+    device: list[tuple[float, float, Any, str, str]] = []  # (ts, dur, corr, name, category)
+    for event in events:
+        if type(event) is not dict:
+            continue
+        ts = event.get("ts")
+        if type(ts) is not int:
+            whole_us = False
+        duration, category = event.get("dur"), event.get("cat")
+        if ts is None or duration is None or category is None or category == "Trace":
+            continue
+        args = event.get("args")
+        stream, correlation = (
+            (args.get("stream", -1), args.get("correlation", -1))
+            if type(args) is dict
+            else (-1, -1)
+        )
+        if type(stream) is not int:
+            stream = _number(stream)
+        name = event.get("name", "")
         if (stream >= 0 and _number(correlation) >= 0) or name in _SYNC_NAMES:
             if stream >= 0:
-                device.append((start, end, correlation, name, str(event.get("cat"))))
-        else:
-            cpu.append((start, correlation, name))
-    device = _launched_before_last_step(cpu, device)
+                device.append((ts, duration, correlation, str(name), str(category)))
+            continue
+        cpu_start.append(ts)
+        cpu_correlation.append(correlation)
+        if _STEP.match(str(name)):
+            step_starts[str(name)] = max(ts, step_starts.get(str(name), ts))
     if not device:
         return None
+    raw = np.array([(d[0], d[1]) for d in device], dtype=float)
+    starts, ends = raw[:, 0], raw[:, 0] + raw[:, 1]
+    if not whole_us:
+        starts, ends = np.ceil(starts), np.floor(ends)
+    keep = _launches_before_last_step(
+        cpu_start, cpu_correlation, step_starts, [d[2] for d in device], whole_us
+    )
+    if keep is not None:
+        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
+        device = [d for d, n in zip(device, keep, strict=True) for _ in range(n)]
+        if not device:
+            return None
     kinds = patterns.classify([d[3] for d in device], [d[4] for d in device])
-    spans = np.array([(d[0], d[1]) for d in device], dtype=float)
-    kernel_time = float(spans[:, 1].max() - spans[:, 0].min())
+    spans = np.column_stack([starts, ends])
+    kernel_time = float(ends.max() - starts.min())
     busy = intervals.union_length(spans)
     compute = intervals.merge(spans[kinds == KernelClass.COMPUTE.value])
     comm = intervals.merge(spans[kinds == KernelClass.COMM.value])
-    compute_us = _length(compute)
-    comm_us = _length(comm)
+    compute_us, comm_us = _length(compute), _length(comm)
     overlap_us = comm_us - intervals.subtract(comm, compute)
     return DeviceTime(
         kernel_time_us=kernel_time,
@@ -114,22 +138,24 @@ def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | Non
     )
 
 
+def _launches_before_last_step(
+    cpu_start: list[float],
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    device_correlation: list[Any],
+    whole_us: bool,
+) -> list[int] | None:
+    """How many times to count each device event: once per CPU event with its correlation id
+    that starts before the last ProfilerStep; None (all, once) with fewer than two steps."""
+    if len(step_starts) < 2:
+        return None
+    last_start = max(step_starts.values())
+    starts = np.array(cpu_start, dtype=float)
+    if not whole_us:
+        starts, last_start = np.ceil(starts), math.ceil(last_start)
+    launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
+    return [launches.get(c, 0) for c in device_correlation]
+
+
 def _length(merged: np.ndarray) -> float:
     return float((merged[:, 1] - merged[:, 0]).sum()) if len(merged) else 0.0
-
-
-def _launched_before_last_step(
-    cpu: list[tuple[float, Any, str]], device: list[tuple[float, float, Any, str, str]]
-) -> list[tuple[float, float, Any, str, str]]:
-    """Device events launched by CPU events that start before the last ProfilerStep (one copy
-    per launching CPU event); all of them when the trace has fewer than two steps."""
-    step_names = {name for _, _, name in cpu if _STEP.match(name)}
-    if len(step_names) < 2 or not cpu:
-        return device
-    starts = [start for start, _, name in cpu if _STEP.match(name)]
-    last_start = max(starts) if starts else min(start for start, _, _ in cpu)
-    launches: dict[Any, int] = {}
-    for start, correlation, _ in cpu:
-        if start < last_start:
-            launches[correlation] = launches.get(correlation, 0) + 1
-    return [d for d in device for _ in range(launches.get(d[2], 0))]
