@@ -24,6 +24,8 @@ from diag.load import RunData, run_from_records
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
+PARALLEL_FROM_BYTES = 8 * 2**20
+"""Below this much trace on disk, one process parses faster than starting a pool."""
 PROGRESS_AFTER_S = 2.0
 """A load still running after this long reports its progress on stderr (a terminal only)."""
 
@@ -69,7 +71,11 @@ def load_trace_dir(
 def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
 ) -> list[ParsedTrace]:
-    """Every file parsed, in parallel processes when there are several."""
+    """Every file parsed, in parallel processes when there are several and enough bytes to
+    repay starting them (`workers` forces a count)."""
+    total_bytes = sum(f.stat().st_size for f in files)
+    if workers is None and total_bytes < PARALLEL_FROM_BYTES:
+        workers = 1
     workers = min(len(files), workers or os.cpu_count() or 1)
     if workers <= 1:
         return [parse_file(f, patterns) for f in files]

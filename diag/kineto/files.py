@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from diag.errors import InputError
 from diag.kineto.convert import scan, to_records
 from diag.kineto.device import device_time
@@ -69,26 +67,19 @@ def _looks_like_trace(path: Path) -> bool:
 
 def read_trace(path: Path) -> dict[str, Any]:
     """The parsed JSON object; InputError naming the file on a truncated or invalid one.
-
-    orjson parses (a third faster than the standard library on large traces); what it refuses,
-    such as the NaN that some writers emit, goes to the standard parser, which says why."""
+    (orjson parses a third faster here but peaks 40% higher in memory: the standard parser.)"""
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rb") as fh:
-            raw = fh.read()
+        with opener(path, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
     except (EOFError, gzip.BadGzipFile) as err:
         raise InputError(path, f"truncated or corrupt gzip ({err})") from None
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}") from None
+    except UnicodeDecodeError as err:
+        raise InputError(path, f"not UTF-8 text ({err.reason})") from None
     except OSError as err:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}") from None
-        except UnicodeDecodeError as err:
-            raise InputError(path, f"not UTF-8 text ({err.reason})") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise InputError(path, "not a Kineto trace (no traceEvents list)")
     return data
