@@ -25,10 +25,21 @@ def analyze_path(
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
+    from diag.kineto import cache, is_trace_dir
+
+    folder = Path(path)
+    key = None
+    if is_trace_dir(folder):  # traces do not change: the same analysis is served from a cache
+        key = cache.report_key(folder, (dict(config or {}), hta))
+        if (report := cache.read_report(folder, key)) is not None:
+            return report
     run = load_any(path)
     metrics = compute_metrics(run)
     metrics.findings = run_rules(run, metrics, config)
-    return with_traces(build_report(run, metrics), run, hta)
+    report = with_traces(build_report(run, metrics), run, hta)
+    if key is not None:
+        cache.write_report(folder, key, report)
+    return report
 
 
 def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""A cache of converted trace folders: the second analysis of an unchanged folder reads one
-pickle instead of parsing the JSON again.
+"""A cache of converted trace folders: the second load of an unchanged folder reads one
+pickle instead of parsing the JSON again, and the second analysis with the same options reads
+the finished report.
 
 The cache sits beside the traces (`TRACE_DIR/.diag-cache/`), or, when that folder is read-only,
 under `$XDG_CACHE_HOME/diag/` (default `~/.cache/diag/`) keyed by the folder's absolute path.
@@ -11,6 +12,7 @@ folder writable by others should not be trusted (pickle), so the user cache is t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import stat
@@ -82,3 +84,44 @@ def write(folder: Path, new_key: str, run: RunData) -> Path | None:
         except OSError:
             continue
     return None
+
+
+REPORT_FILE = "report.json"
+
+
+def report_key(folder: Path, options: Any) -> str:
+    """The key of a finished analysis: the traces (as for the tables), every source file of
+    diag (rules and reports change with it) and the analysis options (thresholds, --hta)."""
+    digest = hashlib.sha256(repr(options).encode())
+    for source in sorted(Path(__file__).parents[1].rglob("*.py")):
+        digest.update(source.read_bytes())
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat_result = path.stat()
+        digest.update(repr((path.name, stat_result.st_size, stat_result.st_mtime_ns)).encode())
+    return digest.hexdigest()
+
+
+def read_report(folder: Path, wanted: str) -> dict[str, Any] | None:
+    for place in _places(folder):
+        try:
+            stored = json.loads(place.with_name(REPORT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(stored, dict) and stored.get("key") == wanted:
+            report = stored.get("report")
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def write_report(folder: Path, new_key: str, report: dict[str, Any]) -> None:
+    """Store a finished report (JSON) where the tables go; silently nowhere if unwritable."""
+    for place in _places(folder):
+        try:
+            target = place.with_name(REPORT_FILE)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".partial")
+            partial.write_text(json.dumps({"key": new_key, "report": report}), encoding="utf-8")
+            partial.replace(target)
+            return
+        except (OSError, TypeError, ValueError):
+            continue

@@ -298,3 +298,17 @@ def test_where_hta_is_blind_diag_sees_the_hidden_all_to_all() -> None:
     ours = compute_metrics(load_trace_dir(folder)).device.iloc[0]
     assert as_hta["comm_s"] == 0 and as_hta["compute_share"] > 0.99  # no communication at all
     assert ours["comm_s"] > 0.1 * ours["kernel_time_s"] and ours["comm_overlap"] > 0.9
+
+
+def test_second_analysis_is_the_cached_report_for_the_same_traces_and_options(
+    tmp_path: Path,
+) -> None:
+    _two_ranks(tmp_path)
+    first = analyze_path(tmp_path)
+    assert (tmp_path / ".diag-cache" / "report.json").is_file()
+    assert analyze_path(tmp_path) == first
+    assert "COM001" in [f["rule"] for f in first["findings"]]
+    looser = analyze_path(tmp_path, {"COM001": {"medium": 0.9, "high": 0.95}})
+    assert "COM001" not in [f["rule"] for f in looser["findings"]]  # other options: analysed
+    _write(tmp_path, "rank1.json", _trace(1, events=_step_events(comm_dur=5.0)))
+    assert analyze_path(tmp_path)["summary"] != first["summary"]  # changed traces: analysed anew
