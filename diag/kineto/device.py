@@ -98,13 +98,16 @@ def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | Non
         if type(stream) is not int:
             stream = _number(stream)
         name = event.get("name", "")
-        if (stream >= 0 and _number(correlation) >= 0) or name in _SYNC_NAMES:
+        on_device = stream >= 0 and (
+            correlation >= 0 if type(correlation) is int else _number(correlation) >= 0
+        )
+        if on_device or name in _SYNC_NAMES:
             if stream >= 0:
                 device.append((ts, duration, correlation, str(name), str(category)))
             continue
         cpu_start.append(ts)
         cpu_correlation.append(correlation)
-        if _STEP.match(str(name)):
+        if type(name) is str and name.startswith("ProfilerStep") and _STEP.match(name):
             step_starts[str(name)] = max(ts, step_starts.get(str(name), ts))
     if not device:
         return None
