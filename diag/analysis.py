@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from diag import schema
 from diag.errors import InputError
 from diag.load import RunData, load_run
 from diag.metrics import compute_metrics
@@ -17,11 +18,15 @@ TRACES_DIR = "traces"
 
 
 def analyze_path(
-    path: str | Path, config: Mapping[str, Any] | None = None, hta: bool = False
+    path: str | Path,
+    config: Mapping[str, Any] | None = None,
+    hta: bool = False,
+    layout: schema.Layout | None = None,
 ) -> dict[str, Any]:
     """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
     build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
-    parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again).
+    parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again);
+    `layout` says how a trace folder's ranks are laid out (a run directory has its manifest).
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
@@ -30,10 +35,12 @@ def analyze_path(
     folder = Path(path)
     key = None
     if is_trace_dir(folder):  # traces do not change: the same analysis is served from a cache
-        key = cache.report_key(folder, (dict(config or {}), hta))
+        key = cache.report_key(folder, (dict(config or {}), hta, layout))
         if (report := cache.read_report(folder, key)) is not None:
             return report
-    run = load_any(path)
+    elif layout is not None:
+        raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
+    run = load_any(path, layout)
     metrics = compute_metrics(run)
     metrics.findings = run_rules(run, metrics, config)
     report = with_traces(build_report(run, metrics), run, hta)
@@ -74,8 +81,8 @@ def _profiler_window(folder: Path) -> dict[str, Any]:
     })  # fmt: skip
 
 
-def load_any(path: str | Path) -> RunData:
+def load_any(path: str | Path, layout: schema.Layout | None = None) -> RunData:
     """A run directory (manifest.json) or a folder of PyTorch profiler (Kineto) traces."""
     from diag.kineto import is_trace_dir, load_trace_dir
 
-    return load_trace_dir(path) if is_trace_dir(Path(path)) else load_run(path)
+    return load_trace_dir(path, layout=layout) if is_trace_dir(Path(path)) else load_run(path)

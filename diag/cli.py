@@ -22,7 +22,15 @@ from diag.errors import InputError
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
 from diag.rules_cli import rules
-from diag.shell import EXIT_INPUT, fail, project_config, read_config, rule_thresholds
+from diag.schema import Layout
+from diag.shell import (
+    EXIT_INPUT,
+    fail,
+    parse_layout,
+    project_config,
+    read_config,
+    rule_thresholds,
+)
 
 FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text": render_text,
@@ -66,13 +74,27 @@ def main() -> None:
 @click.option(
     "--hta", is_flag=True, help="Add HTA's analyses of the profiler traces (slow: HTA re-parses)."
 )
-def analyze(path: str, fmt: str | None, out: str | None, config: str | None, hta: bool) -> None:
+@click.option(
+    "--layout",
+    metavar="dp=N,tp=N,pp=N,ep=N,m=N,v=N",
+    callback=lambda _ctx, _param, value: parse_layout(value),
+    help="How a trace folder's ranks are laid out (grid order, tp innermost; m micro-batches, "
+    "v virtual stages): stages and the bubble against theory.",
+)
+def analyze(
+    path: str,
+    fmt: str | None,
+    out: str | None,
+    config: str | None,
+    hta: bool,
+    layout: Layout | None,
+) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
     busy/comm/idle, bytes, memory and experts with the findings."""
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        report = analyze_path(path, thresholds, hta=hta)
+        report = analyze_path(path, thresholds, hta=hta, layout=layout)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         text = FORMATS[fmt](report)

@@ -9,6 +9,7 @@ so the next analysis of an unchanged folder skips the JSON entirely.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ def load_trace_dir(
     files = trace_files(folder)
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
+    layout = layout or _layout_beside(folder)
     key = cache.key(files, patterns, layout)
     if use_cache and (hit := cache.read(folder, key)) is not None:
         return hit
@@ -55,6 +57,10 @@ def load_trace_dir(
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
     manifest = _manifest(folder, traces, layout)
+    grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
+    if layout is not None and grid != manifest.world_size:
+        raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
+                                 f"world size {manifest.world_size}")  # fmt: skip
     missing = manifest.world_size - len(traces)
     if missing > 0:
         shown = ", ".join(str(t.rank) for t in traces[:8]) + (" ..." if len(traces) > 8 else "")
@@ -91,6 +97,16 @@ def _parse_all(
     if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
         print(file=sys.stderr)
     return sorted(parsed, key=lambda t: t.path)
+
+
+def _layout_beside(folder: Path) -> schema.Layout | None:
+    """The layout of the run a `--profile-steps` window belongs to (RUN/traces/ -> RUN/)."""
+    try:
+        return schema.Manifest.from_dict(
+            json.loads((folder.parent / schema.MANIFEST_FILE).read_text(encoding="utf-8"))
+        ).layout
+    except (OSError, ValueError, schema.SchemaError):
+        return None
 
 
 def _manifest(

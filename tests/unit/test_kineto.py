@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import click
 import pandas as pd
 import pytest
 
@@ -16,6 +17,7 @@ from diag.analysis import analyze_path, load_any
 from diag.errors import InputError
 from diag.kineto import KernelPatterns, is_trace_dir, load_trace_dir
 from diag.metrics import compute_metrics
+from diag.shell import parse_layout
 
 REAL_TRACES = Path(__file__).parents[3] / "shared" / "real-traces"
 US = 1.0  # Kineto times are microseconds
@@ -312,3 +314,35 @@ def test_second_analysis_is_the_cached_report_for_the_same_traces_and_options(
     assert "COM001" not in [f["rule"] for f in looser["findings"]]  # other options: analysed
     _write(tmp_path, "rank1.json", _trace(1, events=_step_events(comm_dur=5.0)))
     assert analyze_path(tmp_path)["summary"] != first["summary"]  # changed traces: analysed anew
+
+
+# --- The layout of a trace folder ---------------------------------------------------------------
+
+
+def test_a_stated_layout_gives_stages_and_the_bubble_against_theory(tmp_path: Path) -> None:
+    for rank in range(4):  # 4 ranks, one kernel each, stage s busy 20 of its 100 us window
+        events = [_x("ProfilerStep#1", "user_annotation", 0, 200),
+                  _x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation=5),
+                  _x("gemm", "kernel", 20 * rank, 20, correlation=5, stream=7),
+                  _x("cudaLaunchKernel", "cuda_runtime", 2, 1, correlation=6),
+                  _x("gemm", "kernel", 100, 0.001, correlation=6, stream=7)]  # fmt: skip
+        _write(tmp_path, f"rank{rank}.json", _trace(rank, 4, events))
+    layout = parse_layout("pp=4,m=4")
+    report = analyze_path(tmp_path, layout=layout)
+    assert report["summary"]["bubble_theory"] == pytest.approx(3 / 7)
+    assert [r["stage"] for r in report["ranks"]] == [0, 1, 2, 3]
+    assert report["summary"]["bubble_fraction"] is not None
+    with pytest.raises(InputError, match=r"dp x tp x pp x ep = 2 is not the traces' world size 4"):
+        analyze_path(tmp_path, layout=parse_layout("pp=2"))
+    with pytest.raises(click.BadParameter, match="unknown dimension 'dq'"):
+        parse_layout("dq=2")
+
+
+def test_a_runs_profiler_window_takes_the_runs_layout(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"schema": "diag.run/1", "run_id": "r", "created": "now", "world_size": 2,
+         "layout": {"dp": 1, "pp": 2, "microbatches": 4}}
+    ))  # fmt: skip
+    _two_ranks(tmp_path / "traces")
+    run = load_trace_dir(tmp_path / "traces")
+    assert (run.manifest.layout.pp, run.manifest.layout.microbatches) == (2, 4)
