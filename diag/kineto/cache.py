@@ -24,7 +24,7 @@ from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData
 
 FORMAT = 1  # bump when the cached objects change shape
-_CONVERTERS = ("convert.py", "device.py", "files.py", "kernels.py", "__init__.py")
+_CONVERTERS = ("convert.py", "device.py", "events.py", "files.py", "kernels.py", "__init__.py")
 CACHE_DIR = ".diag-cache"
 CACHE_FILE = "kineto.pickle"
 

@@ -16,6 +16,7 @@ Times are Kineto's microseconds turned into integer nanoseconds.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from diag import intervals, schema
+from diag.kineto.events import Event
 from diag.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
 
 NS_PER_US = 1000
@@ -68,7 +70,7 @@ class RankEvents:
     cpu_t1: int | None = None
 
 
-def scan(events: list[Any]) -> RankEvents:
+def scan(events: list[Event]) -> RankEvents:
     """One pass over the trace's complete ('X') events (the hot loop of a trace load: plain
     type checks and local names, no regex unless the name can be a step)."""
     out = RankEvents()
@@ -78,18 +80,19 @@ def scan(events: list[Any]) -> RankEvents:
     cpu_ops, launches = out.cpu_ops, out.launches
     cpu_first, cpu_last = [], []
     for event in events:
-        if type(event) is not dict or event.get("ph") != "X":
+        if event.ph != "X":
             continue
-        ts = event.get("ts")
-        if type(ts) is not int and type(ts) is not float:
+        ts = event.ts
+        if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
             continue
         t0 = round(ts * NS_PER_US)
-        duration = event.get("dur")
-        t1 = t0 + round(duration * NS_PER_US) if isinstance(duration, int | float) else t0
-        category, name = event.get("cat"), event.get("name", "")
+        duration = event.dur
+        timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
+        t1 = t0 + round(duration * NS_PER_US) if timed else t0
+        category, name = event.cat, event.name
         if type(name) is not str:
             name = str(name)
-        args = event.get("args")
+        args = event.args
         if type(args) is not dict:
             args = {}
         if category in GPU_CATEGORIES:
@@ -102,18 +105,18 @@ def scan(events: list[Any]) -> RankEvents:
         cpu_first.append(t0)
         cpu_last.append(t1)
         if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-            cpu_ops.append((event.get("tid"), t0, t1))  # c10d ops only enqueue
+            cpu_ops.append((event.tid, t0, t1))  # c10d ops only enqueue
         elif category in LAUNCH_CATEGORIES:
             if "correlation" in args:
-                launches[int(args["correlation"])] = (event.get("tid"), t0)
+                launches[int(args["correlation"])] = (event.tid, t0)
         elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
             if step := STEP_NAME.match(name):
                 out.steps.append((int(step.group(1)), t0, t1))
-                out.step_tid = event.get("tid")
+                out.step_tid = event.tid
         elif name.startswith("gloo:"):
             out.gloo.append((name.removeprefix("gloo:"), t0, t1))
         if name == "record_param_comms":
-            params[event.get("tid")].append((t0, t1, args))
+            params[event.tid].append((t0, t1, args))
     if cpu_first:
         out.cpu_t0, out.cpu_t1 = min(cpu_first), max(cpu_last)
     out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from diag import intervals
+from diag.kineto.events import Event
 from diag.kineto.kernels import KernelClass, KernelPatterns
 
 HTA_PATTERNS = KernelPatterns(
@@ -73,7 +74,7 @@ def _number(value: Any, default: float = -1) -> float:
         return default
 
 
-def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | None:
+def device_time(events: list[Event], patterns: KernelPatterns) -> DeviceTime | None:
     """The rank's device time over its kept events; None when it has no device events."""
     whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
     cpu_start: list[float] = []
@@ -81,15 +82,15 @@ def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | Non
     step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
     device: list[tuple[float, float, Any, str, str]] = []  # (ts, dur, corr, name, category)
     for event in events:
-        if type(event) is not dict:
-            continue
-        ts = event.get("ts")
+        ts = event.ts
         if type(ts) is not int:
             whole_us = False
-        duration, category = event.get("dur"), event.get("cat")
+        duration, category = event.dur, event.cat
         if ts is None or duration is None or category is None or category == "Trace":
             continue
-        args = event.get("args")
+        if not (_finite(ts) and _finite(duration)):
+            continue  # a NaN or a string where a time should be
+        args = event.args
         stream, correlation = (
             (args.get("stream", -1), args.get("correlation", -1))
             if type(args) is dict
@@ -97,7 +98,7 @@ def device_time(events: list[Any], patterns: KernelPatterns) -> DeviceTime | Non
         )
         if type(stream) is not int:
             stream = _number(stream)
-        name = event.get("name", "")
+        name = event.name
         on_device = stream >= 0 and (
             correlation >= 0 if type(correlation) is int else _number(correlation) >= 0
         )
@@ -158,6 +159,10 @@ def _launches_before_last_step(
         starts, last_start = np.ceil(starts), math.ceil(last_start)
     launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
     return [launches.get(c, 0) for c in device_correlation]
+
+
+def _finite(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
 
 
 def _length(merged: np.ndarray) -> float:

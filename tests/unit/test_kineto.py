@@ -346,3 +346,11 @@ def test_a_runs_profiler_window_takes_the_runs_layout(tmp_path: Path) -> None:
     _two_ranks(tmp_path / "traces")
     run = load_trace_dir(tmp_path / "traces")
     assert (run.manifest.layout.pp, run.manifest.layout.microbatches) == (2, 4)
+
+
+def test_a_trace_the_typed_decoder_refuses_is_read_as_plain_json(tmp_path: Path) -> None:
+    data = _trace(0, 1, _step_events())
+    data["traceEvents"] = [7, "junk", *data["traceEvents"]]  # not objects: skipped
+    (tmp_path / "rank0.json").write_text(json.dumps(data).replace('"dur": 5', '"dur": NaN', 1))
+    run = load_trace_dir(tmp_path)
+    assert run.comms["op"].tolist() == ["all_reduce"] and len(run.steps) == 1
