@@ -88,7 +88,9 @@ def device_time(events: list[Event], patterns: KernelPatterns) -> DeviceTime | N
         duration, category = event.dur, event.cat
         if ts is None or duration is None or category is None or category == "Trace":
             continue
-        if not (_finite(ts) and _finite(duration)):
+        if (type(ts) is not int and not _finite(ts)) or (
+            type(duration) is not int and not _finite(duration)
+        ):
             continue  # a NaN or a string where a time should be
         args = event.args
         stream, correlation = (
