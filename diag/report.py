@@ -208,7 +208,14 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    device = Section(
+    tables = (ranks, stages, collectives, tensor_parallel, device_section(report), memory,
+              experts, window)  # fmt: skip
+    return [s for s in (*tables, *hta_sections(report)) if s.rows]
+
+
+def device_section(report: dict[str, Any]) -> Section:
+    """Profiler traces: each rank's device time in HTA's terms, diag's kernel classes."""
+    return Section(
         "device time per rank (HTA's definitions; diag's kernel classes)",
         ["rank", "kernel time s", "idle", "compute", "non-compute", "comm s", "comm under compute"],
         [
@@ -218,8 +225,6 @@ def sections(report: dict[str, Any]) -> list[Section]:
             for d in report.get("device") or []
         ],
     )  # fmt: skip
-    tables = (ranks, stages, collectives, tensor_parallel, device, memory, experts, window)
-    return [s for s in (*tables, *hta_sections(report)) if s.rows]
 
 
 _HTA_SHARES = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg")

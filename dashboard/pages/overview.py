@@ -9,7 +9,7 @@ from dash import html
 
 from dashboard.components import finding_card, no_data, page, table, tiles
 from dashboard.data import LoadedRun
-from diag.report import hta_sections
+from diag.report import device_section, hta_sections
 from diag.units import pct, si, size
 
 PATH = "/"
@@ -57,9 +57,9 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         if skipped
         else []
     )
-    hta = [
-        html.Div([html.H3(s.title), table(pd.DataFrame(s.rows, columns=s.header), f"hta-{i}")])
-        for i, s in enumerate(hta_sections(loaded.report))
+    traces = [  # profiler traces: device time, and HTA's own tables with --hta
+        html.Div([html.H3(s.title), table(pd.DataFrame(s.rows, columns=s.header), f"trace-{i}")])
+        for i, s in enumerate([device_section(loaded.report), *hta_sections(loaded.report)])
         if s.rows
     ]
     return page(
@@ -67,6 +67,6 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         tiles(headline(loaded)),
         html.H3("findings"),
         html.Div(diagnosis, className="findings"),
-        *hta,
+        *traces,
         *notes,
     )
