@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diag.arrival import arrivals
@@ -16,6 +17,25 @@ STRAGGLER_LIMITS = {
     "min_step_share": Threshold(0.5, "fraction", "share of steps in which the rank stands out"),
     "high_ratio": Threshold(1.5, "ratio", "busy ratio at which the finding is high"),
 }
+
+
+def median_of_the_others(values: np.ndarray) -> np.ndarray:
+    """For each element, the median of all the others (n log n, not n^2: ranks run to 10^4)."""
+    n = len(values)
+    if n < 2:
+        return np.full(n, np.nan)
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    m = n - 1  # the others, sorted, are `ranked` without one entry at `position`
+
+    def others_at(j: np.ndarray) -> np.ndarray:
+        return ranked[np.where(j < position, j, j + 1)]
+
+    low = others_at(np.full(n, (m - 1) // 2))
+    high = others_at(np.full(n, m // 2))
+    return (low + high) / 2
 
 
 def _peer_sets(ranks: pd.DataFrame) -> list[pd.DataFrame]:
@@ -49,25 +69,24 @@ def find_stragglers(
     found: list[dict[str, Any]] = []
     for peers in _peer_sets(ranks[ranks["steps"] > 0]):
         standing_out: list[dict[str, Any]] = []
-        busy = peers["busy_s"] / peers["steps"]
-        exposed = peers["exposed_comm_s"] / peers["steps"]
-        for idx in peers.index:
-            others = peers.index != idx
-            median_busy = float(busy[others].median())
-            excess_s = float(busy[idx]) - median_busy
+        busy = (peers["busy_s"] / peers["steps"]).to_numpy(float)
+        exposed = (peers["exposed_comm_s"] / peers["steps"]).to_numpy(float)
+        busy_others, exposed_others = median_of_the_others(busy), median_of_the_others(exposed)
+        for i, rank in enumerate(peers["rank"].to_numpy()):
+            median_busy = float(busy_others[i])
+            excess_s = float(busy[i]) - median_busy
             if median_busy <= 0 or excess_s < limits["min_excess_s"]:
                 continue
-            ratio = float(busy[idx]) / median_busy
-            rank = int(peers.at[idx, "rank"])
-            if ratio < limits["busy_ratio"] or float(exposed[others].median()) <= exposed[idx]:
+            ratio = float(busy[i]) / median_busy
+            if ratio < limits["busy_ratio"] or float(exposed_others[i]) <= exposed[i]:
                 continue
             standing_out.append({
-                "rank": rank,
+                "rank": int(rank),
                 "busy_ratio": ratio,
-                "busy_per_step_s": float(busy[idx]),
+                "busy_per_step_s": float(busy[i]),
                 "peers_median_busy_per_step_s": median_busy,
-                "exposed_comm_per_step_s": float(exposed[idx]),
-                "peers_median_exposed_comm_per_step_s": float(exposed[others].median()),
+                "exposed_comm_per_step_s": float(exposed[i]),
+                "peers_median_exposed_comm_per_step_s": float(exposed_others[i]),
             })  # fmt: skip
         if len(standing_out) > max(1, (len(peers) - 1) // 2):
             continue  # more than a minority: imbalance, not stragglers
@@ -164,16 +183,13 @@ def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
     table = table[table["matched"] >= limits["min_matched"]]
     if len(table) < 2:
         return []
-    found = []
-    for idx in table.index:
-        others = float(table.drop(index=idx)["late_median_s"].median())
-        row = table.loc[idx]
-        if (
-            row["last_share"] >= limits["last_share"]
-            and row["late_median_s"] >= limits["min_late_s"]
-            and row["late_median_s"] >= limits["late_ratio"] * others
-        ):
-            found.append(int(row["rank"]))
+    others = median_of_the_others(table["late_median_s"].to_numpy(float))
+    standing_out = (
+        (table["last_share"].to_numpy() >= limits["last_share"])
+        & (table["late_median_s"].to_numpy() >= limits["min_late_s"])
+        & (table["late_median_s"].to_numpy() >= limits["late_ratio"] * others)
+    )
+    found = [int(r) for r in table["rank"].to_numpy()[standing_out]]
     if not found:
         return []
     worst = table.set_index("rank").loc[found, "late_median_s"].max()

@@ -105,26 +105,36 @@ def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
     found: list[Creep] = []
     if memory.empty:
         return found
-    for rank, frame in memory.groupby("rank", sort=True):
-        for name in (*schema.MEMORY_CATEGORIES, "host_rss"):
-            if name not in frame:
-                continue
-            series = frame[["step", name]].dropna().sort_values("step")
-            if len(series) < limits["min_points"]:
-                continue
-            x, y = series["step"].to_numpy(float), series[name].to_numpy(float)
-            if y[0] <= 0:
-                continue
+    memory = memory.sort_values(["rank", "step"], kind="stable")
+    for name in (*schema.MEMORY_CATEGORIES, "host_rss"):
+        if name not in memory:
+            continue
+        series = memory[["rank", "step", name]].dropna()
+        for rank in _creep_candidates(series, name, limits):
+            mine = series[series["rank"] == rank]
+            x, y = mine["step"].to_numpy(float), mine[name].to_numpy(float)
             slope = theil_sen(x, y, limits["z"], base=float(y[0]))
-            rises = float(np.mean(np.diff(y) >= 0))
-            if (
-                slope is not None
-                and slope.lower > 0
-                and rises >= limits["monotonic"]
-                and slope.growth >= limits["medium"]
-            ):
+            if slope is not None and slope.lower > 0 and slope.growth >= limits["medium"]:
                 found.append(Creep(int(rank), name, float(y[0]), float(y[-1]), slope))
-    return found
+    return sorted(found, key=lambda c: c.rank)
+
+
+def _creep_candidates(series: pd.DataFrame, name: str, limits: Mapping[str, float]) -> list[int]:
+    """Ranks whose `name` series could creep, by the cheap tests (enough points, a positive
+    first value, rising record to record often enough, not constant), all ranks at once."""
+    by_rank = series.groupby("rank", sort=True)[name]
+    rises = (by_rank.diff() >= 0).groupby(series["rank"]).sum() / (by_rank.size() - 1).clip(lower=1)
+    table = pd.DataFrame({
+        "points": by_rank.size(), "first": by_rank.first(), "rises": rises,
+        "spread": by_rank.max() - by_rank.min(),
+    })  # fmt: skip
+    keep = (
+        (table["points"] >= limits["min_points"])
+        & (table["first"] > 0)
+        & (table["rises"] >= limits["monotonic"])
+        & (table["spread"] > 0)
+    )
+    return [int(r) for r in table.index[keep]]
 
 
 def _main_creep(creeps: list[Creep]) -> tuple[Creep, list[int]] | None:
