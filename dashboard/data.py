@@ -15,11 +15,9 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.analysis import load_any, with_traces
+from diag.analysis import diagnose, load_any
 from diag.load import RunData
-from diag.metrics import RunMetrics, compute_metrics
-from diag.report import build_report
-from diag.rules import run_rules
+from diag.metrics import RunMetrics
 
 NS_PER_MS = 1e6
 
@@ -55,10 +53,8 @@ def load_runs(
     taken: set[str] = set()
     for path in paths:
         run = load_any(path)
-        metrics = compute_metrics(run)
-        metrics.findings = run_rules(run, metrics, config)
+        metrics, report = diagnose(run, config, hta)
         name = _unique(run.manifest.run_id or Path(path).name, taken)
-        report = with_traces(build_report(run, metrics), run, hta)
         loaded.append(LoadedRun(name, run, metrics, report))
     return loaded
 

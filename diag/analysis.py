@@ -9,7 +9,7 @@ from typing import Any
 from diag import schema
 from diag.errors import InputError
 from diag.load import RunData, load_run
-from diag.metrics import compute_metrics
+from diag.metrics import RunMetrics, compute_metrics
 from diag.report import build_report, json_safe
 from diag.rules import run_rules
 
@@ -40,13 +40,19 @@ def analyze_path(
             return report
     elif layout is not None:
         raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
-    run = load_any(path, layout)
-    metrics = compute_metrics(run)
-    metrics.findings = run_rules(run, metrics, config)
-    report = with_traces(build_report(run, metrics), run, hta)
+    _, report = diagnose(load_any(path, layout), config, hta)
     if key is not None:
         cache.write_report(folder, key, report)
     return report
+
+
+def diagnose(
+    run: RunData, config: Mapping[str, Any] | None = None, hta: bool = False
+) -> tuple[RunMetrics, dict[str, Any]]:
+    """A loaded run's metrics (findings included) and its report, profiler traces added."""
+    metrics = compute_metrics(run)
+    metrics.findings = run_rules(run, metrics, config)
+    return metrics, with_traces(build_report(run, metrics), run, hta)
 
 
 def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:
