@@ -19,6 +19,7 @@ import pandas as pd
 
 from diag import schema
 from diag.errors import InputError
+from diag.records import Column, Packed, decode_rank_file, pack, unpack
 from diag.schema import Manifest, RecordKind
 
 STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
@@ -77,7 +78,9 @@ class RunData:
 
 
 def load_run(path: str | Path) -> RunData:
-    """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable."""
+    """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable.
+
+    Rank files are parsed in parallel processes when the run is large (`parallel.py`)."""
     run_dir = Path(path)
     manifest = _load_manifest(run_dir)
     skipped: list[str] = []
@@ -85,21 +88,44 @@ def load_run(path: str | Path) -> RunData:
         rank_files = _rank_files(run_dir, manifest.world_size, skipped)
     except OSError as err:
         raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
-    records: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    nan_loss: Counter[str] = Counter()
-    for rank, file in rank_files.items():
-        _read_rank_file(file, rank, records, skipped, nan_loss)
+    from diag.parallel import map_files
+
+    parsed = map_files(read_rank_file, list(rank_files.items()))
+    nan_loss = {
+        file.name: part.nan_loss
+        for file, part in zip(rank_files.values(), parsed, strict=True)
+        if part.nan_loss
+    }
+    for part in parsed:
+        skipped += part.skipped
     if nan_loss:
         files = ", ".join(sorted(nan_loss))
-        skipped.append(f"{files}: loss is NaN in {nan_loss.total()} step records (kept)")
-    return run_from_records(manifest, run_dir, records, skipped)
+        skipped.append(f"{files}: loss is NaN in {sum(nan_loss.values())} step records (kept)")
+    columns = {
+        kind: {name: unpack([part.columns[kind][name] for part in parsed]) for name in names}
+        for kind, names in _COLUMNS.items()
+    }
+    return _run_from_columns(manifest, run_dir, columns, skipped)
 
 
 def run_from_records(
     manifest: Manifest, path: Path, records: dict[str, list[dict[str, Any]]], skipped: list[str]
 ) -> RunData:
     """A RunData from record dicts by kind (the rank files' records, or a trace's converted)."""
-    tables = {kind: _frame(kind, records.get(kind, [])) for kind in _COLUMNS}
+    return _run_from_columns(manifest, path, _as_columns(records), skipped)
+
+
+def _as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[Any]]]:
+    return {
+        kind: {name: [row.get(name) for row in records.get(kind, [])] for name in names}
+        for kind, names in _COLUMNS.items()
+    }
+
+
+def _run_from_columns(
+    manifest: Manifest, path: Path, columns: dict[str, dict[str, Column]], skipped: list[str]
+) -> RunData:
+    tables = {kind: _frame(kind, columns[kind]) for kind in _COLUMNS}
     tables["step"] = _drop_duplicate_steps(tables["step"], skipped)
     return RunData(
         manifest=manifest,
@@ -172,54 +198,83 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
     return found
 
 
-def _read_rank_file(
-    file: Path,
-    rank: int,
-    records: dict[str, list[dict[str, Any]]],
-    skipped: list[str],
-    nan_loss: Counter[str],
-) -> None:
-    """Parse one rank file into `records` (grouped by kind), noting what is skipped and why."""
+@dataclass
+class RankFile:
+    """One rank file parsed: its records as columns by kind (rank included), what was skipped
+    and why, and how many step records have a NaN loss (kept: a diverged loss is data)."""
+
+    columns: dict[str, dict[str, Packed]]
+    skipped: list[str]
+    nan_loss: int = 0
+
+
+def read_rank_file(rank: int, file: Path) -> RankFile:
+    """Parse one rank file: the typed fast path (`diag.records`) when every line allows it,
+    otherwise line by line, noting what is skipped and why."""
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        return RankFile(
+            pack(_as_columns({})),
+            [f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"],
+        )
+    decoded = decode_rank_file(data, _COLUMNS)
+    if decoded is None:
+        return _read_lines(data, rank, file.name)
+    columns = decoded.columns
+    events = [_event_row({**json.loads(line), "rank": rank}) for line in decoded.event_lines]
+    columns[RecordKind.EVENT.value] = _as_columns({RecordKind.EVENT.value: events})[
+        RecordKind.EVENT.value
+    ]
+    for table in columns.values():
+        table["rank"] = [rank] * len(table["step"])
+    skipped = [
+        f"{file.name}: {count} {'record' if count == 1 else 'records'} skipped "
+        f"({kind} record with t1 before t0)"
+        for kind, count in decoded.reversed_times.items()
+    ]
+    return RankFile(pack(columns), skipped)
+
+
+def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
+    """The line-by-line path: every record checked on its own, with the reason it is not used."""
+    records: dict[str, list[dict[str, Any]]] = defaultdict(list)
     bad_lines: list[int] = []
     rejected: Counter[str] = Counter()
-    try:
-        with file.open("rb") as stream:
-            for lineno, line in enumerate(stream, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    bad_lines.append(lineno)
-                    continue
-                reason = schema.check_record(record) or _check_values(record)
-                if reason:
-                    rejected[reason] += 1
-                    continue
-                kind = record["kind"]
-                if kind not in _COLUMNS:
-                    continue
-                record["rank"] = rank
-                if kind == RecordKind.EVENT.value:
-                    record = _event_row(record)
-                elif kind == RecordKind.STEP.value and _is_nan(record.get("loss")):
-                    nan_loss[file.name] += 1
-                records[kind].append(record)
-    except OSError as err:
-        skipped.append(
-            f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"
-        )
-        return
+    nan_loss = 0
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad_lines.append(lineno)
+            continue
+        reason = schema.check_record(record) or _check_values(record)
+        if reason:
+            rejected[reason] += 1
+            continue
+        kind = record["kind"]
+        if kind not in _COLUMNS:
+            continue
+        record["rank"] = rank
+        if kind == RecordKind.EVENT.value:
+            record = _event_row(record)
+        elif kind == RecordKind.STEP.value and _is_nan(record.get("loss")):
+            nan_loss += 1
+        records[kind].append(record)
+    skipped: list[str] = []
     if len(bad_lines) == 1:
-        skipped.append(f"{file.name} line {bad_lines[0]}: not valid JSON (truncated?), skipped")
+        skipped.append(f"{name} line {bad_lines[0]}: not valid JSON (truncated?), skipped")
     elif bad_lines:
         skipped.append(
-            f"{file.name}: {len(bad_lines)} lines not valid JSON (truncated?), skipped "
+            f"{name}: {len(bad_lines)} lines not valid JSON (truncated?), skipped "
             f"(first at line {bad_lines[0]})"
         )
     for reason, count in rejected.items():
         plural = "record" if count == 1 else "records"
-        skipped.append(f"{file.name}: {count} {plural} skipped ({reason})")
+        skipped.append(f"{name}: {count} {plural} skipped ({reason})")
+    return RankFile(pack(_as_columns(records)), skipped, nan_loss)
 
 
 def _check_values(record: dict[str, Any]) -> str | None:
@@ -266,10 +321,13 @@ def _event_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
     """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
-    columns = _COLUMNS[kind]
-    frame = pd.DataFrame.from_records(rows, columns=list(columns))
+    names = list(_COLUMNS[kind])
+    if len(columns[names[0]]):
+        frame = pd.DataFrame({name: columns[name] for name in names})
+    else:  # no rows: every column an object column (lists of nothing infer float)
+        frame = pd.DataFrame(columns=names)
     for name in ("rank", "step", "t0", "t1"):
         if name in frame.columns:
             frame[name] = frame[name].astype("int64")

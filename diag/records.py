@@ -1,0 +1,207 @@
+"""Typed decoding of a rank file: the fast path of `diag.load`.
+
+A rank file whose every line is a well-formed record of a known kind is decoded in one msgspec
+call into slotted structs, checked for the few constraints types cannot say (t1 before t0), and
+turned into columns. Anything else (a truncated line, NaN, a float time, a wrong type, a record
+kind this version does not know) makes `decode_rank_file` return None, and the loader reads
+that file line by line with the standard parser, which names every problem. Both paths give the
+same tables; the fast one is several times quicker and holds no per-record dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, NamedTuple
+
+import msgspec
+import numpy as np
+from msgspec.structs import astuple
+
+from diag.schema import RecordKind
+
+StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+TimeNs = Annotated[int, msgspec.Meta(ge=1 - 2**63, le=2**63 - 1)]
+Label = str | int | None
+"""What the analysis groups by (phase, op, group, tag, layer, name): a string, an int or null."""
+
+
+class _Record(msgspec.Struct, tag_field="kind"):
+    pass
+
+
+class MetaRecord(_Record, tag="meta"):
+    """The first line of a rank file (collectors/recorder.py); the loader needs none of it."""
+
+
+class StepRecord(_Record, tag=RecordKind.STEP.value):
+    step: StepIndex
+    t0: TimeNs
+    t1: TimeNs
+    tokens: float | None = None
+    loss: float | None = None
+
+
+class SpanRecord(_Record, tag=RecordKind.SPAN.value):
+    step: StepIndex
+    phase: Label
+    t0: TimeNs
+    t1: TimeNs
+    mb: int | None = None
+    stage: int | None = None
+    chunk: int | None = None
+
+
+class CommRecord(_Record, tag=RecordKind.COMM.value):
+    step: StepIndex
+    op: Label
+    group: Label
+    group_size: float | None
+    bytes: float | None
+    t0: TimeNs
+    t1: TimeNs
+    dtype: str | None = None
+    expected_bytes: float | None = None
+    tag: Label = None
+    is_async: bool | None = msgspec.field(default=None, name="async")
+    blocking: bool | None = None
+
+
+class MemRecord(_Record, tag=RecordKind.MEM.value):
+    step: StepIndex
+    params: float | None
+    grads: float | None
+    optimizer: float | None
+    activations: float | None
+    comm_buffers: float | None
+    fragmentation: float | None
+    device_peak: float | None = None
+    host_rss: float | None = None
+    source: str | None = None
+
+
+class ExpertsRecord(_Record, tag=RecordKind.EXPERTS.value):
+    step: StepIndex
+    layer: Label
+    tokens: list[float]
+    dropped: float | None = None
+    capacity: float | None = None
+    aux_loss: float | None = None
+
+
+class EventRecord(_Record, tag=RecordKind.EVENT.value):
+    """Only the kind is typed: events keep free fields, re-read from their line."""
+
+    step: StepIndex
+    name: Label
+
+
+AnyRecord = (
+    MetaRecord | StepRecord | SpanRecord | CommRecord | MemRecord | ExpertsRecord | EventRecord
+)
+_DECODER = msgspec.json.Decoder(list[AnyRecord])
+_STRUCTS: dict[str, type[_Record]] = {
+    RecordKind.STEP.value: StepRecord,
+    RecordKind.SPAN.value: SpanRecord,
+    RecordKind.COMM.value: CommRecord,
+    RecordKind.MEM.value: MemRecord,
+    RecordKind.EXPERTS.value: ExpertsRecord,
+}
+_ATTRIBUTE = {"async": "is_async"}
+_TIMED = (StepRecord, SpanRecord, CommRecord)
+
+
+class Decoded(msgspec.Struct):
+    """One rank file's records as columns by kind (column name -> values, rank excluded), the
+    event lines (decoded by the caller, free fields and all) and how many records were
+    dropped for t1 before t0, by kind."""
+
+    columns: dict[str, dict[str, list[Any]]]
+    event_lines: list[bytes]
+    reversed_times: dict[str, int]
+
+
+def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decoded | None:
+    """Decode a whole rank file; None when any line needs the line-by-line path."""
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        records = _DECODER.decode(b"[" + b",".join(lines) + b"]")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    by_type: dict[type[_Record], list[Any]] = {cls: [] for cls in _STRUCTS.values()}
+    event_lines: list[bytes] = []
+    reversed_times: dict[str, int] = {}
+    for index, record in enumerate(records):
+        cls = type(record)
+        if cls is EventRecord:
+            event_lines.append(lines[index])
+        elif cls is not MetaRecord:
+            by_type[cls].append(record)
+    out: dict[str, dict[str, list[Any]]] = {}
+    for kind, cls in _STRUCTS.items():
+        rows = by_type[cls]
+        if cls in _TIMED:
+            kept = [r for r in rows if r.t1 >= r.t0]
+            if len(kept) < len(rows):
+                reversed_times[kind] = len(rows) - len(kept)
+            rows = kept
+        fields = cls.__struct_fields__
+        transposed = list(zip(*map(astuple, rows), strict=True)) or [()] * len(fields)
+        by_field = dict(zip(fields, transposed, strict=True))
+        out[kind] = {
+            name: list(by_field[_ATTRIBUTE.get(name, name)])
+            for name in columns[kind]
+            if name != "rank"
+        }
+    return Decoded(out, event_lines, reversed_times)
+
+
+INT_COLUMNS = frozenset({"rank", "step", "t0", "t1"})
+"""Integers in every table, on both paths (the line-by-line path converts them)."""
+
+
+class Encoded(NamedTuple):
+    """A column of repeated labels as its distinct values and one code per row."""
+
+    values: list[Any]
+    codes: np.ndarray
+
+
+Packed = np.ndarray | Encoded | list[Any]
+Column = np.ndarray | list[Any]
+
+
+def pack(columns: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, Packed]]:
+    """Columns in a form that crosses a process boundary cheaply: integer columns as int64
+    arrays, repeated hashable labels dictionary-encoded, anything else (lists, dicts) as is."""
+    return {
+        kind: {name: _pack_column(name, values) for name, values in table.items()}
+        for kind, table in columns.items()
+    }
+
+
+def _pack_column(name: str, values: list[Any]) -> Packed:
+    if name in INT_COLUMNS:
+        return np.asarray(values, dtype=np.int64)
+    index: dict[Any, int] = {}
+    try:
+        codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32)
+    except TypeError:  # unhashable: lists of tokens, event fields
+        return values
+    if len(index) > len(values) // 2:
+        return values
+    return Encoded(list(index), codes)
+
+
+def unpack(parts: list[Packed]) -> Column:
+    """One column from every file's packed part, in order: an int64 array if every part is
+    one, otherwise a list with the values as they were decoded (pandas infers the dtype)."""
+    if parts and all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    out: list[Any] = []
+    for part in parts:
+        if isinstance(part, Encoded):
+            out += map(part.values.__getitem__, part.codes.tolist())
+        elif isinstance(part, np.ndarray):
+            out += part.tolist()
+        else:
+            out += part
+    return out
