@@ -41,7 +41,8 @@ def create_app(
     )
     app.layout = _shell(loaded)
     _register_router(app, loaded)
-    timeline.register(app, loaded)
+    for module in (timeline, ranks, memory):  # the pages with callbacks of their own
+        module.register(app, loaded)
     return app
 
 

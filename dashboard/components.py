@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import dcc, html
 
+from dashboard.data import GROUPINGS
+from dashboard.figures import plain
 from diag.report import PATTERN_NAMES, rank_list
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
@@ -67,3 +69,76 @@ def table(frame: pd.DataFrame, table_id: str) -> html.Table:
         for row in frame.itertuples(index=False)
     ]
     return html.Table([head, html.Tbody(rows)], id=table_id, className="table")
+
+
+# --- Grouping controls --------------------------------------------------------------------------
+
+HIDDEN: dict[str, str] = {"display": "none"}
+
+
+def grouping_control(prefix: str, choices: Sequence[str], value: str) -> html.Div:
+    """The "group ranks by" selector (`{prefix}-group-by`); present but hidden when the run has
+    one way only, so the page's callbacks always find it."""
+    options = [{"label": GROUPINGS[c], "value": c} for c in choices]
+    return html.Div(
+        [
+            html.Label("group ranks by", htmlFor=f"{prefix}-group-by"),
+            dcc.Dropdown(
+                id=f"{prefix}-group-by", options=options, value=value, clearable=False,
+                className="group-by-select",
+            ),
+        ],
+        className="control",
+        style=HIDDEN if len(choices) < 2 else None,
+    )  # fmt: skip
+
+
+def group_options(groups: pd.DataFrame) -> list[dict[str, Any]]:
+    """One option per group of `groups` (dashboard.data.rank_groups), with its rank count."""
+    sizes = groups.groupby("order", sort=True)["group"].agg(["first", "size"])
+    return [
+        {"label": f"{name} ({size} ranks)", "value": name}
+        for name, size in zip(sizes["first"], sizes["size"], strict=True)
+    ]
+
+
+def group_control(prefix: str, groups: pd.DataFrame | None, value: str | None) -> html.Div:
+    """The group selector of the drill-down (`{prefix}-group`); hidden when ranks are not
+    grouped (`groups` None)."""
+    return html.Div(
+        [
+            html.Label("group", htmlFor=f"{prefix}-group"),
+            dcc.Dropdown(
+                id=f"{prefix}-group",
+                options=group_options(groups) if groups is not None else [],
+                value=value, clearable=False, className="group-select",
+            ),
+        ],
+        id=f"{prefix}-group-box",
+        className="control",
+        style=HIDDEN if groups is None else None,
+    )  # fmt: skip
+
+
+def clicked_group(click: Any, groups: pd.DataFrame, axis: str = "y") -> str | None:
+    """The group a click on a group heatmap row (`axis` y) or group bar (x) landed on: figures
+    label a group with its name through `plain()`, with " !" when it holds a blamed rank."""
+    try:
+        label = click["points"][0][axis]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(label, str):
+        return None
+    for name in groups["group"].unique():
+        if label in (plain(str(name)), plain(str(name)) + " !"):
+            return str(name)
+    return None
+
+
+def clicked_step(click: Any) -> int | None:
+    """The step (x) of a click on a group x step heatmap."""
+    try:
+        step = click["points"][0]["x"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None

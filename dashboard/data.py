@@ -91,10 +91,17 @@ class Window:
     comms: pd.DataFrame
 
 
-def timeline_window(run: RunData, steps: Sequence[int]) -> Window:
+def timeline_window(
+    run: RunData, steps: Sequence[int], ranks: Sequence[int] | None = None
+) -> Window:
+    """The spans and collectives of `steps` (of `ranks` only, when given), on a clock that starts
+    at the first span of those steps on any rank (so two groups' windows share it)."""
     spans = run.spans[run.spans["step"].isin(list(steps))]
     comms = run.comms[run.comms["step"].isin(list(steps))]
     origin_ns = int(spans["t0"].min()) if not spans.empty else 0
+    if ranks is not None:
+        spans = spans[spans["rank"].isin(list(ranks))]
+        comms = comms[comms["rank"].isin(list(ranks))]
     return Window(_in_ms(spans, origin_ns), _in_ms(comms, origin_ns))
 
 
@@ -169,3 +176,247 @@ def expert_steps(experts: pd.DataFrame) -> list[ExpertSteps]:
         ]
         layers.append(ExpertSteps(int(layer), steps, tokens, rates))
     return layers
+
+
+# --- Rank groups --------------------------------------------------------------------------------
+
+PER_RANK_MAX = 64
+"""Up to this many ranks the pages draw every rank (bars, rows, table lines); above it they group
+the ranks and draw one group's ranks at a time (the drill-down), at most this many of them."""
+BLOCK_RANKS = 32
+"""The ranks of one group when a run has no other grouping: ranks 0-31, 32-63, ..."""
+GROUPINGS = {
+    "none": "each rank",
+    "host": "host",
+    "stage": "pipeline stage",
+    "replica": "DP replica",
+    "block": f"blocks of {BLOCK_RANKS} ranks",
+}
+"""The ways to group ranks, by key, and what the selector calls them."""
+
+
+def world_ranks(loaded: LoadedRun) -> np.ndarray:
+    """Every rank of the run, sorted: the manifest's world and any rank with analysed time."""
+    manifest = loaded.run.manifest
+    known = [np.arange(manifest.world_size), np.asarray([r.rank for r in manifest.ranks], int)]
+    if not loaded.metrics.ranks.empty:
+        known.append(loaded.metrics.ranks["rank"].to_numpy(dtype=np.int64))
+    return np.unique(np.concatenate(known)).astype(np.int64)
+
+
+def dp_replicas(manifest: schema.Manifest, ranks: Sequence[int] | np.ndarray) -> pd.Series:
+    """The DP replica of every rank in `ranks` (a Series indexed by rank): the ranks holding one
+    copy of the model share a replica, the index of their position along the data-parallel axis.
+
+    From `groups["dp"]` (docs/run-format.md): the i-th rank of every DP group, sorted, is in
+    replica i (each DP group holds one rank per replica). Without DP groups the layout decides:
+    `dp` <= 1 is one replica of the whole world, otherwise the world splits into `dp` blocks of
+    consecutive ranks (dp is the outermost axis of the rank grid). Ranks in no DP group are
+    replica 0."""
+    index = pd.Index(np.asarray(ranks, dtype=np.int64), name="rank")
+    dp_groups = [sorted(int(r) for r in group) for group in manifest.groups.get("dp") or []]
+    if dp_groups:
+        rank_of = np.concatenate([np.asarray(g, dtype=np.int64) for g in dp_groups])
+        position = np.concatenate([np.arange(len(g), dtype=np.int64) for g in dp_groups])
+        found = pd.Series(position, index=rank_of).groupby(level=0).first()
+        return found.reindex(index, fill_value=0).astype(np.int64)
+    dp = manifest.layout.dp or 1
+    world = max(manifest.world_size, int(index.max()) + 1 if len(index) else 1)
+    if dp <= 1 or world % dp != 0:
+        return pd.Series(0, index=index, dtype=np.int64)
+    return pd.Series(index.to_numpy() // (world // dp), index=index, dtype=np.int64)
+
+
+def rank_groups(loaded: LoadedRun, by: str) -> pd.DataFrame:
+    """Every rank with its group's label under grouping `by` (a key of GROUPINGS; anything else
+    is "none"): columns rank, group, order (the group's position: groups ordered by their first
+    rank), sorted by order then rank."""
+    ranks = world_ranks(loaded)
+    labels = _group_labels(loaded, by, ranks)
+    frame = pd.DataFrame({"rank": ranks, "group": labels.astype(str)})
+    first = frame.groupby("group", sort=False)["rank"].transform("min")
+    frame["order"] = first.rank(method="dense").astype(np.int64) - 1
+    return frame.sort_values(["order", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _group_labels(loaded: LoadedRun, by: str, ranks: np.ndarray) -> np.ndarray:
+    index = pd.Index(ranks, name="rank")
+    if by == "host":
+        hosts = {r.rank: r.host for r in loaded.run.manifest.ranks if r.host}
+        table = loaded.metrics.ranks
+        if not table.empty and "host" in table:
+            known = table.dropna(subset=["host"])
+            hosts = {**dict(zip(known["rank"].astype(int), known["host"], strict=True)), **hosts}
+        return pd.Series(hosts, dtype=object).reindex(index).fillna("unknown host").to_numpy()
+    if by == "stage":
+        table = loaded.metrics.ranks
+        stages = (
+            table.dropna(subset=["stage"]).set_index("rank")["stage"]
+            if not table.empty and "stage" in table
+            else pd.Series(dtype=object)
+        )
+        stage = stages.reindex(index)
+        named = "stage " + stage.astype("Int64").astype(str)
+        return named.where(stage.notna(), "no stage").to_numpy()
+    if by == "replica":
+        return ("replica " + dp_replicas(loaded.run.manifest, ranks).astype(str)).to_numpy()
+    if by == "block":
+        start = ranks // BLOCK_RANKS * BLOCK_RANKS
+        stop = np.minimum(start + BLOCK_RANKS - 1, ranks.max(initial=0))
+        return (
+            "ranks " + pd.Series(start).astype(str) + "-" + pd.Series(stop).astype(str)
+        ).to_numpy()
+    return ("rank " + pd.Series(ranks).astype(str)).to_numpy()
+
+
+def groupings(loaded: LoadedRun) -> list[str]:
+    """The groupings that make sense for this run, the default first: "none" up to
+    PER_RANK_MAX ranks; host, stage (pp > 1) and DP replica when they split the ranks into more
+    than one group of more than one rank; blocks of consecutive ranks above PER_RANK_MAX."""
+    ranks = world_ranks(loaded)
+    choices = ["none"] if len(ranks) <= PER_RANK_MAX else []
+    for by in ("host", "stage", "replica"):
+        if by == "stage" and (loaded.run.manifest.layout.pp or 1) <= 1:
+            continue
+        count = rank_groups(loaded, by)["group"].nunique()
+        if 1 < count < len(ranks):
+            choices.append(by)
+    if len(ranks) > PER_RANK_MAX:
+        choices.append("block")
+    return choices
+
+
+def pick_grouping(loaded: LoadedRun, by: Any) -> str:
+    """`by` if it is one of this run's groupings (as the browser sent it), else the default."""
+    choices = groupings(loaded)
+    return by if isinstance(by, str) and by in choices else choices[0]
+
+
+def pick_group(groups: pd.DataFrame, value: Any, blamed: Sequence[int] = ()) -> str:
+    """The group named `value` if there is one, else the group of the first blamed rank, else
+    the first group."""
+    names = groups["group"]
+    if isinstance(value, str) and (names == value).any():
+        return value
+    group_of = dict(zip(groups["rank"], names, strict=True))
+    held = [group_of[r] for r in blamed if r in group_of]
+    if held:
+        return str(held[0])
+    return str(names.iloc[0]) if len(names) else ""
+
+
+def group_members(
+    groups: pd.DataFrame, group: str, blamed: Sequence[int] = (), limit: int = PER_RANK_MAX
+) -> tuple[list[int], int]:
+    """The ranks of `group` to draw, in rank order, and how many ranks the group has. A group of
+    more than `limit` ranks is cut to `limit`: its blamed ranks first, then the lowest."""
+    ranks = groups.loc[groups["group"] == group, "rank"].to_numpy(dtype=np.int64)
+    if len(ranks) <= limit:
+        return sorted(int(r) for r in ranks), len(ranks)
+    is_blamed = np.isin(ranks, np.asarray(list(blamed), dtype=np.int64))
+    kept = np.concatenate([ranks[is_blamed], ranks[~is_blamed]])[:limit]
+    return sorted(int(r) for r in kept), len(ranks)
+
+
+# --- Per-group statistics -----------------------------------------------------------------------
+
+RANK_METRICS = {
+    "busy": ("busy_s", "busy"),
+    "exposed": ("exposed_comm_s", "exposed comm"),
+    "idle": ("idle_s", "idle"),
+    "wall": ("wall_s", "step wall"),
+}
+"""The per-rank times a heatmap or group chart can show, by key: (column, name)."""
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    """A value per row (a group, or a rank) and step: the maximum over the row's ranks, the
+    median, and the rank that holds the maximum (-1 where the row has no value)."""
+
+    rows: list[str]
+    steps: list[int]
+    maximum: np.ndarray  # (rows, steps), NaN where no rank of the row has a value
+    median: np.ndarray  # (rows, steps)
+    top_rank: np.ndarray  # (rows, steps), int64
+
+
+def step_grid(values: pd.DataFrame, groups: pd.DataFrame) -> StepGrid:
+    """`values` (rank, step, value) per row of `groups` (rank_groups) and step."""
+    merged = values.merge(groups, on="rank", how="inner").dropna(subset=["value"])
+    rows = groups.drop_duplicates("order")["group"].tolist()
+    steps = sorted(int(s) for s in merged["step"].unique())
+    shape = (len(rows), len(steps))
+    if merged.empty:
+        empty = np.full(shape, np.nan)
+        return StepGrid(rows, steps, empty, empty.copy(), np.full(shape, -1, dtype=np.int64))
+    column = pd.Index(steps).get_indexer(merged["step"])
+    merged = merged.assign(col=column)
+    median = merged.groupby(["order", "col"])["value"].median()
+    top = merged.sort_values(["value", "rank"], ascending=[False, True], kind="stable")
+    top = top.drop_duplicates(["order", "col"])
+    grid_max, grid_median = np.full(shape, np.nan), np.full(shape, np.nan)
+    grid_rank = np.full(shape, -1, dtype=np.int64)
+    order, col = top["order"].to_numpy(), top["col"].to_numpy()
+    grid_max[order, col] = top["value"].to_numpy(dtype=float)
+    grid_rank[order, col] = top["rank"].to_numpy(dtype=np.int64)
+    at = median.index
+    grid_median[at.get_level_values(0), at.get_level_values(1)] = median.to_numpy(dtype=float)
+    return StepGrid(rows, steps, grid_max, grid_median, grid_rank)
+
+
+def group_stats(
+    values: pd.DataFrame, groups: pd.DataFrame, blamed: Sequence[int] = ()
+) -> pd.DataFrame:
+    """Per group of `groups`, over its ranks' `values` (rank, value): ranks (how many have a
+    value), median, maximum, max_rank (the rank holding it, the lowest on a tie) and blamed
+    (whether a blamed rank is in the group), in group order."""
+    merged = values.merge(groups, on="rank", how="inner").dropna(subset=["value"])
+    top = merged.sort_values(["value", "rank"], ascending=[False, True], kind="stable")
+    top = top.drop_duplicates("order").set_index("order")
+    by_group = merged.groupby("order")
+    named = groups.drop_duplicates("order").set_index("order")["group"]
+    stats = pd.DataFrame({
+        "group": named,
+        "ranks": by_group.size(),
+        "median": by_group["value"].median(),
+        "maximum": top["value"],
+        "max_rank": top["rank"],
+        "blamed": groups.assign(b=groups["rank"].isin(list(blamed))).groupby("order")["b"].any(),
+    }).dropna(subset=["maximum"])  # fmt: skip
+    return stats.astype({"ranks": np.int64, "max_rank": np.int64}).reset_index(drop=True)
+
+
+def rank_step_values(rank_steps: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """rank, step and value: a RANK_METRICS time of every rank at every step, in ms."""
+    column = RANK_METRICS.get(metric, RANK_METRICS["busy"])[0]
+    return pd.DataFrame({
+        "rank": rank_steps["rank"], "step": rank_steps["step"],
+        "value": 1e3 * rank_steps[column].astype(float),
+    })  # fmt: skip
+
+
+def rank_values(ranks: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """rank and value: a RANK_METRICS time of every rank per analysed step, in ms."""
+    column = RANK_METRICS.get(metric, RANK_METRICS["busy"])[0]
+    per_step = 1e3 * ranks[column].astype(float) / ranks["steps"].clip(lower=1)
+    return pd.DataFrame({"rank": ranks["rank"], "value": per_step})
+
+
+def memory_totals(memory_steps: pd.DataFrame) -> pd.DataFrame:
+    """rank, step and value: the sum of the measured memory categories of every rank at every
+    step (bytes), the last record of each step; a category a step did not sample (activations
+    are sampled every few steps) keeps the rank's last sampled value."""
+    if memory_steps.empty:
+        return pd.DataFrame(columns=["rank", "step", "value"])
+    columns = list(schema.MEMORY_CATEGORIES)
+    last = memory_steps.groupby(["rank", "step"], sort=True)[columns].last()
+    filled = last.groupby(level="rank").ffill()
+    total = filled.sum(axis=1, min_count=1)
+    return total.rename("value").reset_index()
+
+
+def memory_peaks(memory: pd.DataFrame) -> pd.DataFrame:
+    """rank and value: the sum of every rank's measured categories at their maximum (bytes)."""
+    total = memory[list(schema.MEMORY_CATEGORIES)].sum(axis=1, min_count=1)
+    return pd.DataFrame({"rank": memory["rank"], "value": total})

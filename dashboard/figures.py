@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.data import StepGrid
 from diag import schema
 
 MIB = 1024**2
@@ -57,24 +58,39 @@ def rank_label(rank: int, blamed: Sequence[int] = ()) -> str:
     return f"rank {rank} !" if rank in blamed else f"rank {rank}"
 
 
+def rank_labels(ranks: pd.Series | Sequence[int], blamed: Sequence[int] = ()) -> list[str]:
+    """rank_label of every rank, computed once per distinct rank."""
+    series = pd.Series(ranks, dtype="int64")
+    distinct = series.unique()
+    labels = dict(zip(distinct, (rank_label(int(r), blamed) for r in distinct), strict=True))
+    return series.map(labels).tolist()
+
+
 # --- Timeline -----------------------------------------------------------------------------------
 
 
-def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+def timeline(
+    spans: pd.DataFrame,
+    comms: pd.DataFrame,
+    blamed: Sequence[int] = (),
+    title: str = "spans per rank (ms)",
+) -> go.Figure:
     """Per rank (rows) the spans of the chosen steps as bars on one clock, coloured by phase,
     text saying the micro-batch, and the collectives as thin dark bars over them. Both tables
-    have rank, step, start_ms, duration_ms; spans also phase and mb, comms op, group and tag."""
+    have rank, step, start_ms, duration_ms; spans also phase and mb, comms op, group and tag.
+    One bar trace per phase: the cost grows with the spans drawn, so callers keep the ranks few
+    (dashboard.data.PER_RANK_MAX)."""
     fig = go.Figure()
     labelled = len(spans) <= TIMELINE_MAX_LABELS
     ranks = sorted(int(r) for r in spans["rank"].unique())
     order = [rank_label(r, blamed) for r in ranks]
     for phase, group in spans.groupby("phase", sort=False):
-        mb = group["mb"].map(lambda m: "" if pd.isna(m) else f"mb {int(m)}")
+        mb = ("mb " + group["mb"].astype("Int64").astype(str)).where(group["mb"].notna(), "")
         fig.add_trace(
             go.Bar(
                 orientation="h",
                 name=plain(phase),
-                y=[rank_label(int(r), blamed) for r in group["rank"]],
+                y=rank_labels(group["rank"], blamed),
                 x=group["duration_ms"],
                 base=group["start_ms"],
                 text=mb if labelled else None,
@@ -93,7 +109,7 @@ def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = (
             go.Bar(
                 orientation="h",
                 name="collective",
-                y=[rank_label(int(r), blamed) for r in comms["rank"]],
+                y=rank_labels(comms["rank"], blamed),
                 x=comms["duration_ms"],
                 base=comms["start_ms"],
                 width=0.25,
@@ -104,7 +120,7 @@ def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = (
             )
         )
     height = max(300, 28 * len(ranks) + 120)
-    fig = _layout(fig, "spans per rank (ms)", barmode="overlay", height=height)
+    fig = _layout(fig, title, barmode="overlay", height=height)
     fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category")
     fig.update_xaxes(title="ms from the first span of the window")
     return fig
@@ -113,9 +129,13 @@ def timeline(spans: pd.DataFrame, comms: pd.DataFrame, blamed: Sequence[int] = (
 # --- Ranks --------------------------------------------------------------------------------------
 
 
-def rank_breakdown(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+def rank_breakdown(
+    ranks: pd.DataFrame,
+    blamed: Sequence[int] = (),
+    title: str = "share of the step wall time per rank",
+) -> go.Figure:
     """Per rank, busy / exposed communication / idle as shares of its step wall time (stacked)."""
-    labels = [rank_label(int(r), blamed) for r in ranks["rank"]]
+    labels = rank_labels(ranks["rank"], blamed)
     fig = go.Figure()
     for column, name, color in (
         ("busy_frac", "busy", "#4C78A8"),
@@ -123,9 +143,9 @@ def rank_breakdown(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure
         ("idle_frac", "idle", "#BAB0AC"),
     ):
         fig.add_trace(go.Bar(x=labels, y=ranks[column], name=name, marker_color=color))
-    line = [3 if int(r) in blamed else 0 for r in ranks["rank"]]
+    line = np.where(ranks["rank"].isin(list(blamed)), 3, 0).tolist()
     fig.update_traces(marker_line={"width": line, "color": BLAME_COLOR}, selector={"name": "busy"})
-    fig = _layout(fig, "share of the step wall time per rank", barmode="stack")
+    fig = _layout(fig, title, barmode="stack")
     fig.update_yaxes(tickformat=".0%", range=[0, 1])
     return fig
 
@@ -144,6 +164,82 @@ def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure
     fig = _layout(fig, "busy time per step across ranks (ms)", bargap=0.05)
     fig.update_xaxes(title="busy ms per step")
     fig.update_yaxes(title="ranks")
+    return fig
+
+
+# --- Groups of ranks ----------------------------------------------------------------------------
+
+
+def step_heatmap(
+    grid: StepGrid,
+    title: str,
+    unit: str = "ms",
+    blamed_rows: Sequence[str] = (),
+    scale: float = 1.0,
+    colorscale: str = "Viridis",
+) -> go.Figure:
+    """One row per group (or rank) of `grid`, one column per step, coloured by the maximum over
+    the row's ranks (a straggler is not averaged away); the hover adds the median and the rank
+    holding the maximum. Values are divided by `scale` (bytes to MiB); rows in `blamed_rows`
+    are labelled with a `!`. The data goes once, as typed arrays."""
+    blamed = set(blamed_rows)
+    labels = [plain(f"{row} !" if row in blamed else row) for row in grid.rows]
+    maximum = (grid.maximum / scale).astype(np.float32)
+    custom = np.dstack([grid.median / scale, grid.top_rank]).astype(np.float32)
+    fig = go.Figure(
+        go.Heatmap(
+            z=maximum,
+            x=list(grid.steps),
+            y=labels,
+            customdata=custom,
+            colorscale=colorscale,
+            colorbar={"title": plain(unit)},
+            hoverongaps=False,
+            hovertemplate=f"%{{y}}, step %{{x}}<br>max %{{z:.1f}} {plain(unit)} "
+            f"(rank %{{customdata[1]:.0f}})<br>median %{{customdata[0]:.1f}} {plain(unit)}"
+            "<extra></extra>",
+        )
+    )
+    height = int(min(900, max(320, 8 * len(labels) + 140)))
+    fig = _layout(fig, title, height=height)
+    fig.update_yaxes(type="category", autorange="reversed", title=None)
+    fig.update_xaxes(title="step")
+    return fig
+
+
+def group_bars(
+    stats: pd.DataFrame,
+    title: str,
+    unit: str = "ms",
+    scale: float = 1.0,
+    budget_bytes: float | None = None,
+) -> go.Figure:
+    """Per group (dashboard.data.group_stats): a bar at the median of its ranks and a marker at
+    its maximum, the hover naming the rank that holds it; groups holding a blamed rank have a
+    `!` and a red marker, which names the rank. Clicking a group selects it."""
+    labels = (stats["group"].astype(str) + np.where(stats["blamed"], " !", "")).map(plain)
+    max_rank = stats["max_rank"].astype("int64")
+    color = np.where(stats["blamed"], BLAME_COLOR, "#222222")
+    fig = go.Figure([
+        go.Bar(
+            x=labels, y=stats["median"] / scale, name="median rank", marker_color="#4C78A8",
+            customdata=stats["ranks"],
+            hovertemplate=f"%{{x}}: median %{{y:.1f}} {plain(unit)} over %{{customdata}} ranks"
+            "<extra></extra>",
+        ),
+        go.Scatter(
+            x=labels, y=stats["maximum"] / scale, name="max rank", mode="markers+text",
+            marker={"color": color, "size": 9, "symbol": "diamond"},
+            text=("rank " + max_rank.astype(str)).where(stats["blamed"], ""),
+            textposition="top center", customdata=max_rank,
+            hovertemplate=f"%{{x}}: max %{{y:.1f}} {plain(unit)} on rank %{{customdata}}"
+            "<extra></extra>",
+        ),
+    ])  # fmt: skip
+    _budget_line(fig, budget_bytes)
+    fig = _layout(fig, title, bargap=0.15)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title=plain(unit), rangemode="tozero")
     return fig
 
 
@@ -219,9 +315,13 @@ def _budget_line(fig: go.Figure, budget_bytes: float | None) -> None:
         )
 
 
-def memory_by_rank(memory: pd.DataFrame, budget_bytes: float | None = None) -> go.Figure:
+def memory_by_rank(
+    memory: pd.DataFrame,
+    budget_bytes: float | None = None,
+    title: str = "memory per rank by category (MiB, maximum over steps)",
+) -> go.Figure:
     """Per rank, the six categories at their maximum over steps (MiB, stacked); n/a left out."""
-    labels = [f"rank {int(r)}" for r in memory["rank"]]
+    labels = rank_labels(memory["rank"])
     fig = go.Figure()
     for category in schema.MEMORY_CATEGORIES:
         if memory[category].notna().any():
@@ -232,7 +332,7 @@ def memory_by_rank(memory: pd.DataFrame, budget_bytes: float | None = None) -> g
                 )
             )  # fmt: skip
     _budget_line(fig, budget_bytes)
-    fig = _layout(fig, "memory per rank by category (MiB, maximum over steps)", barmode="stack")
+    fig = _layout(fig, title, barmode="stack")
     fig.update_yaxes(title="MiB")
     return fig
 

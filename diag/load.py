@@ -115,7 +115,7 @@ def run_from_records(
     return _run_from_columns(manifest, path, _as_columns(records), skipped)
 
 
-def _as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[Any]]]:
+def _as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Column]]:
     return {
         kind: {name: [row.get(name) for row in records.get(kind, [])] for name in names}
         for kind, names in _COLUMNS.items()

@@ -20,6 +20,7 @@ from diag.schema import RecordKind
 
 StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 TimeNs = Annotated[int, msgspec.Meta(ge=1 - 2**63, le=2**63 - 1)]
+Column = np.ndarray | list[Any]
 Label = str | int | None
 """What the analysis groups by (phase, op, group, tag, layer, name): a string, an int or null."""
 
@@ -114,7 +115,7 @@ class Decoded(msgspec.Struct):
     event lines (decoded by the caller, free fields and all) and how many records were
     dropped for t1 before t0, by kind."""
 
-    columns: dict[str, dict[str, list[Any]]]
+    columns: dict[str, dict[str, Column]]
     event_lines: list[bytes]
     reversed_times: dict[str, int]
 
@@ -130,12 +131,11 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
     event_lines: list[bytes] = []
     reversed_times: dict[str, int] = {}
     for index, record in enumerate(records):
-        cls = type(record)
-        if cls is EventRecord:
+        if isinstance(record, EventRecord):
             event_lines.append(lines[index])
-        elif cls is not MetaRecord:
-            by_type[cls].append(record)
-    out: dict[str, dict[str, list[Any]]] = {}
+        elif not isinstance(record, MetaRecord):
+            by_type[type(record)].append(record)
+    out: dict[str, dict[str, Column]] = {}
     for kind, cls in _STRUCTS.items():
         rows = by_type[cls]
         if cls in _TIMED:
@@ -166,10 +166,9 @@ class Encoded(NamedTuple):
 
 
 Packed = np.ndarray | Encoded | list[Any]
-Column = np.ndarray | list[Any]
 
 
-def pack(columns: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, Packed]]:
+def pack(columns: dict[str, dict[str, Column]]) -> dict[str, dict[str, Packed]]:
     """Columns in a form that crosses a process boundary cheaply: integer columns as int64
     arrays, repeated hashable labels dictionary-encoded, anything else (lists, dicts) as is."""
     return {
@@ -178,7 +177,7 @@ def pack(columns: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, Packed
     }
 
 
-def _pack_column(name: str, values: list[Any]) -> Packed:
+def _pack_column(name: str, values: Column) -> Packed:
     if name in INT_COLUMNS:
         return np.asarray(values, dtype=np.int64)
     index: dict[Any, int] = {}
@@ -195,7 +194,8 @@ def unpack(parts: list[Packed]) -> Column:
     """One column from every file's packed part, in order: an int64 array if every part is
     one, otherwise a list with the values as they were decoded (pandas infers the dtype)."""
     if parts and all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        arrays = [p for p in parts if isinstance(p, np.ndarray)]
+        return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
     out: list[Any] = []
     for part in parts:
         if isinstance(part, Encoded):

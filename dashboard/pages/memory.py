@@ -1,14 +1,41 @@
-"""Memory: the six categories per rank and over steps, against the device budget."""
+"""Memory: the six categories per rank and over steps, against the device budget.
+
+Above `PER_RANK_MAX` ranks the ranks are grouped as on the Ranks page: a group x step heatmap of
+the measured memory of each group's fullest rank, every group's median and fullest rank against
+the budget, and the categories of one group's ranks at a time (click a group, or pick it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from dash import html
+from dash import Dash, Input, Output, State, ctx, html, no_update
 
 from dashboard import figures
-from dashboard.components import graph, no_data, page
-from dashboard.data import LoadedRun, memory_of_rank, peak_rank
+from dashboard.components import (
+    clicked_group,
+    graph,
+    group_control,
+    grouping_control,
+    no_data,
+    page,
+)
+from dashboard.data import (
+    GROUPINGS,
+    LoadedRun,
+    group_members,
+    group_stats,
+    groupings,
+    memory_of_rank,
+    memory_peaks,
+    memory_totals,
+    peak_rank,
+    pick,
+    pick_group,
+    pick_grouping,
+    rank_groups,
+    step_grid,
+)
 
 PATH = "/memory"
 TITLE = "Memory"
@@ -22,9 +49,103 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
     budget = loaded.budget_bytes
     per_step = memory_of_rank(loaded.metrics.memory_steps, rank)
     notes = [] if budget else [html.Div("no device budget declared (--device-memory-gb)")]
+    by = pick_grouping(loaded, None)
     return page(
         TITLE,
         *notes,
-        graph(figures.memory_by_rank(memory, budget), "memory-ranks"),
+        html.Div(grouping_control("memory", groupings(loaded), by), className="controls"),
+        html.Div(body(loaded, by), id="memory-body"),
         graph(figures.memory_over_steps(per_step, rank, budget), "memory-steps"),
     )
+
+
+def body(loaded: LoadedRun, by: str) -> list[Any]:
+    """Everything under the grouping selector, for grouping `by`."""
+    memory, budget = loaded.metrics.memory, loaded.budget_bytes
+    if by == "none":
+        return [graph(figures.memory_by_rank(memory, budget), "memory-ranks")]
+    groups = rank_groups(loaded, by)
+    group = pick_group(groups, None, _fullest(loaded))
+    stats = group_stats(memory_peaks(memory), groups, loaded.blamed_ranks)
+    grid = step_grid(memory_totals(loaded.metrics.memory_steps), groups)
+    kind = GROUPINGS[by]
+    flagged = stats.loc[stats["blamed"], "group"].tolist()
+    heatmap = figures.step_heatmap(
+        grid, f"measured memory per step, fullest rank of each {kind} (MiB)", "MiB",
+        blamed_rows=flagged, scale=figures.MIB,
+    )  # fmt: skip
+    bars = figures.group_bars(
+        stats, f"measured memory by {kind}: median rank and fullest rank (MiB, maximum over steps)",
+        "MiB", scale=figures.MIB, budget_bytes=budget,
+    )  # fmt: skip
+    return [
+        graph(heatmap, "memory-heatmap"),
+        graph(bars, "memory-groups"),
+        html.Div(group_control("memory", groups, group), className="controls"),
+        html.Div(detail(loaded, by, group), id="memory-detail"),
+    ]
+
+
+def _fullest(loaded: LoadedRun) -> list[int]:
+    """The rank with the most measured memory: the drill-down starts at its group."""
+    rank = peak_rank(loaded.metrics.memory)
+    return [] if rank is None else [rank]
+
+
+def detail(loaded: LoadedRun, by: str, group: str) -> list[Any]:
+    """One group's ranks one by one: their categories at the maximum over steps."""
+    groups = rank_groups(loaded, by)
+    members, size = group_members(groups, group, _fullest(loaded))
+    memory = loaded.metrics.memory
+    shown = memory[memory["rank"].isin(members)]
+    cut = (
+        [html.Div(f"{len(members)} of the {size} ranks of {group} shown", className="note")]
+        if size > len(members) else []
+    )  # fmt: skip
+    title = f"memory per rank by category (MiB, maximum over steps): {group}"
+    fig = figures.memory_by_rank(shown, loaded.budget_bytes, title)
+    return [*cut, graph(fig, "memory-ranks")]
+
+
+def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
+    @app.callback(
+        Output("memory-body", "children"),
+        Input("memory-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def regroup(by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        return body(loaded, pick_grouping(loaded, by))
+
+    @app.callback(
+        Output("memory-group", "value"),
+        Input("memory-heatmap", "clickData"),
+        Input("memory-groups", "clickData"),
+        State("memory-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def select(row_click: Any, bar_click: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        groups = rank_groups(loaded, pick_grouping(loaded, by))
+        if ctx.triggered_id == "memory-groups":
+            group = clicked_group(bar_click, groups, "x")
+        else:
+            group = clicked_group(row_click, groups, "y")
+        return group if group is not None else no_update
+
+    @app.callback(
+        Output("memory-detail", "children"),
+        Input("memory-group", "value"),
+        State("memory-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def drill(group: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        chosen = pick_grouping(loaded, by)
+        if chosen == "none":
+            return no_update
+        groups = rank_groups(loaded, chosen)
+        return detail(loaded, chosen, pick_group(groups, group, _fullest(loaded)))

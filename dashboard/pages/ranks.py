@@ -1,20 +1,50 @@
 """Ranks: busy / exposed comm / idle per rank and the histogram of busy time; the ranks the
-findings blame are marked (`!` in labels, red outlines and lines)."""
+findings blame are marked (`!` in labels, red outlines and lines).
+
+Up to `PER_RANK_MAX` ranks every rank is drawn. Above it the ranks are grouped (by host,
+pipeline stage, DP replica or blocks of consecutive ranks): a group x step heatmap (the slowest
+rank of each group at each step) and a chart of every group's median and slowest rank lead, and
+one group's ranks at a time are drawn one by one below them (the drill-down: click a heatmap row
+or a group, or pick the group)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
-from dash import html
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard import figures
-from dashboard.components import graph, no_data, page, table
-from dashboard.data import LoadedRun
+from dashboard.components import (
+    clicked_group,
+    graph,
+    group_control,
+    grouping_control,
+    no_data,
+    page,
+    table,
+)
+from dashboard.data import (
+    GROUPINGS,
+    RANK_METRICS,
+    LoadedRun,
+    group_members,
+    group_stats,
+    groupings,
+    pick,
+    pick_group,
+    pick_grouping,
+    rank_groups,
+    rank_step_values,
+    rank_values,
+    step_grid,
+)
 from diag.report import rank_list
 
 PATH = "/ranks"
 TITLE = "Ranks"
+DEFAULT_METRIC = "busy"
 
 
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
@@ -23,26 +53,148 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         return page(TITLE, no_data("no analysed steps: there is no per-rank time to show"))
     blamed = loaded.blamed_ranks
     note = f"blamed by the findings: {rank_list(blamed)}" if blamed else "no rank is blamed"
+    by = pick_grouping(loaded, None)
     return page(
         TITLE,
         html.Div(note, className="blamed"),
-        graph(figures.rank_breakdown(ranks, blamed), "ranks-breakdown"),
-        graph(figures.busy_histogram(ranks, blamed), "ranks-histogram"),
-        _table(loaded),
+        html.Div(grouping_control("ranks", groupings(loaded), by), className="controls"),
+        html.Div(body(loaded, by), id="ranks-body"),
     )
 
 
-def _table(loaded: LoadedRun) -> html.Table:
-    """Rank, host, stage and the time split per step; blamed ranks first."""
+def body(loaded: LoadedRun, by: str) -> list[Any]:
+    """Everything under the grouping selector, for grouping `by`."""
+    ranks, blamed = loaded.metrics.ranks, loaded.blamed_ranks
+    histogram = graph(figures.busy_histogram(ranks, blamed), "ranks-histogram")
+    if by == "none":
+        return [graph(figures.rank_breakdown(ranks, blamed), "ranks-breakdown"), histogram,
+                _table(loaded, ranks)]  # fmt: skip
+    groups = rank_groups(loaded, by)
+    group = pick_group(groups, None, blamed)
+    metric_options = [{"label": name, "value": key} for key, (_, name) in RANK_METRICS.items()]
+    heatmap, bars = group_figures(loaded, by, DEFAULT_METRIC)
+    return [
+        html.Div(
+            [
+                html.Label("time shown", htmlFor="ranks-metric"),
+                dcc.RadioItems(
+                    id="ranks-metric", options=metric_options, value=DEFAULT_METRIC, inline=True
+                ),
+            ],
+            className="controls",
+        ),
+        graph(heatmap, "ranks-heatmap"),
+        graph(bars, "ranks-groups"),
+        html.Div(group_control("ranks", groups, group), className="controls"),
+        html.Div(detail(loaded, by, group), id="ranks-detail"),
+        histogram,
+    ]
+
+
+def group_figures(loaded: LoadedRun, by: str, metric: str) -> tuple[Any, Any]:
+    """The group x step heatmap and the per-group median / slowest rank chart of `metric`."""
+    groups = rank_groups(loaded, by)
+    blamed = loaded.blamed_ranks
+    name = RANK_METRICS.get(metric, RANK_METRICS[DEFAULT_METRIC])[1]
+    grid = step_grid(rank_step_values(loaded.metrics.rank_steps, metric), groups)
+    stats = group_stats(rank_values(loaded.metrics.ranks, metric), groups, blamed)
+    flagged = stats.loc[stats["blamed"], "group"].tolist()
+    kind = GROUPINGS[by]
+    heatmap = figures.step_heatmap(
+        grid, f"{name} per step, slowest rank of each {kind} (ms)", blamed_rows=flagged
+    )
+    bars = figures.group_bars(
+        stats, f"{name} per step by {kind}: median rank and slowest rank (ms)"
+    )
+    return heatmap, bars
+
+
+def detail(loaded: LoadedRun, by: str, group: str) -> list[Any]:
+    """One group's ranks one by one: the time split of each, and their table."""
+    groups = rank_groups(loaded, by)
+    members, size = group_members(groups, group, loaded.blamed_ranks)
     ranks = loaded.metrics.ranks
+    shown = ranks[ranks["rank"].isin(members)]
+    cut = (
+        [html.Div(f"{len(members)} of the {size} ranks of {group} shown (blamed ranks first)",
+                  className="note")]
+        if size > len(members) else []
+    )  # fmt: skip
+    title = f"share of the step wall time per rank: {group}"
+    return [
+        *cut,
+        graph(figures.rank_breakdown(shown, loaded.blamed_ranks, title), "ranks-breakdown"),
+        _table(loaded, shown),
+    ]
+
+
+def _table(loaded: LoadedRun, ranks: pd.DataFrame) -> html.Table:
+    """Rank, host, stage and the time split per step; blamed ranks first."""
     steps = ranks["steps"].clip(lower=1)
     rows = pd.DataFrame({
         "rank": ranks["rank"],
         "host": ranks["host"].astype(str),
         "stage": ranks["stage"],
-        "blamed": ["yes" if int(r) in loaded.blamed_ranks else "" for r in ranks["rank"]],
+        "blamed": ranks["rank"].isin(loaded.blamed_ranks).map({True: "yes", False: ""}),
         "busy ms": (1e3 * ranks["busy_s"] / steps).round(1),
         "exposed comm ms": (1e3 * ranks["exposed_comm_s"] / steps).round(1),
         "idle ms": (1e3 * ranks["idle_s"] / steps).round(1),
     }).sort_values(["blamed", "rank"], ascending=[False, True])  # fmt: skip
     return table(rows, "ranks-table")
+
+
+def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
+    @app.callback(
+        Output("ranks-body", "children"),
+        Input("ranks-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def regroup(by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        return body(loaded, pick_grouping(loaded, by))
+
+    @app.callback(
+        Output("ranks-heatmap", "figure"),
+        Output("ranks-groups", "figure"),
+        Input("ranks-metric", "value"),
+        State("ranks-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def remetric(metric: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        chosen = metric if metric in RANK_METRICS else DEFAULT_METRIC
+        return group_figures(loaded, pick_grouping(loaded, by), chosen)
+
+    @app.callback(
+        Output("ranks-group", "value"),
+        Input("ranks-heatmap", "clickData"),
+        Input("ranks-groups", "clickData"),
+        State("ranks-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def select(row_click: Any, bar_click: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        groups = rank_groups(loaded, pick_grouping(loaded, by))
+        if ctx.triggered_id == "ranks-groups":
+            group = clicked_group(bar_click, groups, "x")
+        else:
+            group = clicked_group(row_click, groups, "y")
+        return group if group is not None else no_update
+
+    @app.callback(
+        Output("ranks-detail", "children"),
+        Input("ranks-group", "value"),
+        State("ranks-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def drill(group: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        chosen = pick_grouping(loaded, by)
+        if chosen == "none":
+            return no_update
+        groups = rank_groups(loaded, chosen)
+        return detail(loaded, chosen, pick_group(groups, group, loaded.blamed_ranks))
