@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from diag import schema
+from diag import cache, schema
 from diag.errors import InputError
 from diag.load import RunData, load_run
 from diag.metrics import RunMetrics, compute_metrics
@@ -15,6 +16,12 @@ from diag.rules import run_rules
 
 TRACES_DIR = "traces"
 """Where a run keeps its profiler window (collectors/profiler.py writes it)."""
+CACHE_MIN_BYTES = 8 * 2**20
+"""Run directories smaller than this are parsed again each time (well under a second)."""
+RUN_CACHE_FILE = "run.pickle"
+RUN_CACHE_FORMAT = 1  # bump when RunData changes shape
+_DIAG = Path(__file__).parent
+_LOADERS = ("load.py", "records.py", "schema.py")
 
 
 def analyze_path(
@@ -30,16 +37,16 @@ def analyze_path(
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
-    from diag.kineto import cache, is_trace_dir
+    from diag.kineto import is_trace_dir
 
     folder = Path(path)
+    if layout is not None and not is_trace_dir(folder):
+        raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
     key = None
-    if is_trace_dir(folder):  # traces do not change: the same analysis is served from a cache
+    if is_trace_dir(folder) or _input_bytes(folder) >= CACHE_MIN_BYTES:
         key = cache.report_key(folder, (dict(config or {}), hta, layout))
         if (report := cache.read_report(folder, key)) is not None:
             return report
-    elif layout is not None:
-        raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
     _, report = diagnose(load_any(path, layout), config, hta)
     if key is not None:
         cache.write_report(folder, key, report)
@@ -88,7 +95,43 @@ def _profiler_window(folder: Path) -> dict[str, Any]:
 
 
 def load_any(path: str | Path, layout: schema.Layout | None = None) -> RunData:
-    """A run directory (manifest.json) or a folder of PyTorch profiler (Kineto) traces."""
+    """A run directory (manifest.json) or a folder of PyTorch profiler (Kineto) traces; a
+    large run's tables come from the cache beside it when its files have not changed."""
     from diag.kineto import is_trace_dir, load_trace_dir
 
-    return load_trace_dir(path, layout=layout) if is_trace_dir(Path(path)) else load_run(path)
+    folder = Path(path)
+    if is_trace_dir(folder):
+        return load_trace_dir(folder, layout=layout)
+    if _input_bytes(folder) < CACHE_MIN_BYTES:
+        return load_run(folder)
+    key = _run_key(folder)
+    if (hit := cache.read(folder, RUN_CACHE_FILE, key)) is not None:
+        return hit
+    run = load_run(folder)
+    cache.write(folder, RUN_CACHE_FILE, key, run)
+    return run
+
+
+def _run_files(folder: Path) -> list[Path]:
+    """The manifest and the rank files, sorted; empty if the folder cannot be listed."""
+    try:
+        return sorted(
+            p
+            for p in folder.iterdir()
+            if p.name == schema.MANIFEST_FILE or schema.RANK_FILE_RE.match(p.name)
+        )
+    except OSError:
+        return []
+
+
+def _input_bytes(folder: Path) -> int:
+    try:
+        return sum(stamp[1] for stamp in cache.file_stamps(_run_files(folder)))
+    except OSError:
+        return 0
+
+
+def _run_key(folder: Path) -> str:
+    code = cache.code_digest(*(_DIAG / name for name in _LOADERS))
+    parts = [RUN_CACHE_FORMAT, code, cache.file_stamps(_run_files(folder))]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()

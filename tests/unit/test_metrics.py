@@ -52,6 +52,25 @@ def test_union_length_by_matches_the_plain_union_on_random_data() -> None:
         assert measured.loc[(rank, step)] == expected
 
 
+@pytest.mark.parametrize("keys", [["rank"], ["rank", "step"]])
+def test_union_length_by_numpy_and_pandas_paths_agree(keys: list[str]) -> None:
+    rng = np.random.default_rng(11)
+    n = 2000
+    starts = rng.integers(0, 10_000, n) + 1_700_000_000_000_000_000
+    frame = pd.DataFrame({
+        "rank": rng.integers(0, 64, n),
+        "step": rng.integers(0, 9, n),
+        "t0": starts,
+        "t1": starts + rng.integers(-50, 900, n),  # some empty or reversed
+    })  # fmt: skip
+    fast = intervals.union_length_by(frame, keys)
+    slow = intervals._union_length_by_frame(frame, keys, "t0", "t1")
+    pd.testing.assert_series_equal(fast, slow, check_names=False)
+    small = frame.assign(t0=frame["t0"] - starts.min(), t1=frame["t1"] - starts.min())
+    as_float = small.astype({"t0": "float64", "t1": "float64"})  # not integers: pandas path
+    assert intervals.union_length_by(as_float, keys).sum() == fast.sum()
+
+
 # --- the golden run: every number below is computed by hand from tests/data/dp2-golden -----------
 # Step 0 is warm-up (each rank has 3 steps). Windows: rank 0 [100,200] [200,320] ms,
 # rank 1 [100,210] [210,320] ms.

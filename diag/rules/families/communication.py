@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import numpy as np
 import pandas as pd
 
 from diag import intervals
@@ -168,21 +167,16 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
         return []
     analysed = ctx.metrics.rank_steps[["rank", "step"]]
     comms = comms.merge(analysed, on=["rank", "step"], how="inner")
-    waits_all = pd.concat([
+    waits = pd.concat([
         run.spans.loc[run.spans["phase"] == "comm_wait", ["rank", "t0", "t1"]],
         run.comms.loc[_blocking_all(run.comms), ["rank", "t0", "t1"]],
     ])  # fmt: skip
-    waits_by_rank = {
-        rank: group[["t0", "t1"]].to_numpy(dtype="float64")
-        for rank, group in waits_all.groupby("rank")
-    }
-    no_waits = np.empty((0, 2))
-    dp_s = hidden_s = 0.0
-    for rank, group in comms.groupby("rank"):
-        spans = group[["t0", "t1"]].to_numpy(dtype="float64")
-        waits = waits_by_rank.get(rank, no_waits)
-        dp_s += intervals.union_length(spans) / NS_PER_S
-        hidden_s += intervals.subtract(spans, waits) / NS_PER_S
+    waits = waits[waits["rank"].isin(comms["rank"].unique())]
+    # hidden = |dp \ waits| = |dp U waits| - |waits|, per rank, in integer ns
+    either = intervals.union_length_by(pd.concat([comms[["rank", "t0", "t1"]], waits]), ["rank"])
+    waiting = intervals.union_length_by(waits, ["rank"]).reindex(either.index, fill_value=0)
+    dp_s = float(intervals.union_length_by(comms, ["rank"]).sum()) / NS_PER_S
+    hidden_s = float((either - waiting).sum()) / NS_PER_S
     wall_s = float(ranks.loc[ranks["rank"].isin(comms["rank"]), "wall_s"].sum())
     if dp_s <= 0 or wall_s <= 0:
         return []

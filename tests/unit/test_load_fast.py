@@ -1,0 +1,140 @@
+"""The fast paths of diag.load (typed decoding, worker processes, the cache beside the run) give
+exactly the tables of the line-by-line path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diag import load, parallel, records
+from diag.load import load_run
+
+TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
+
+
+def _rich_rank(runs, rank: int) -> list[dict[str, Any] | str]:
+    """Every record kind, with nulls, labels, flags and free event fields."""
+    rows: list[dict[str, Any] | str] = [{"kind": "meta", "step": None, "rank": rank, "pid": 7}]
+    for s in range(4):
+        t = s * 100.0
+        rows += [
+            runs.span(s, "fwd", t, t + 30, mb=s % 2, stage=rank, chunk=0),
+            runs.span(s, "bwd", t + 30, t + 70, mb=None, stage=None),
+            runs.span(s, "comm_wait", t + 70, t + 75),
+            runs.comm(
+                s,
+                t + 60,
+                t + 75,
+                tag="dp.bucket",
+                dtype="float32",
+                expected_bytes=1000,
+                **{"async": True, "blocking": False},
+            ),
+            runs.comm(s, t + 76, t + 80, op="send", group="pp", bytes=None, layer=3),
+            runs.mem(s, activations=None if s % 2 else 123, device_peak=None, source="tensors"),
+            runs.experts(s, layer=rank, tokens=[5, 0, 7.5], dropped=1, capacity=8, aux_loss=1.1),
+            {"kind": "event", "step": s, "name": "grad_norm", "local": 1.5, "global": 2.0},
+            runs.step(s, t, t + 100, loss=2.0 - s / 10),
+        ]
+    return rows
+
+
+@pytest.fixture
+def rich_run(runs) -> Path:
+    return runs.write({r: _rich_rank(runs, r) for r in range(3)}, runs.manifest(3))
+
+
+def _line_by_line(monkeypatch: pytest.MonkeyPatch, run_dir: Path) -> load.RunData:
+    with monkeypatch.context() as patch:
+        patch.setattr(load, "decode_rank_file", lambda data, columns: None)
+        return load_run(run_dir)
+
+
+def _assert_same(a: load.RunData, b: load.RunData) -> None:
+    assert a.skipped == b.skipped
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), obj=name)
+
+
+def test_typed_decoding_gives_the_line_by_line_tables(rich_run, monkeypatch) -> None:
+    data = (rich_run / "rank-00001.jsonl").read_bytes()
+    assert records.decode_rank_file(data, load._COLUMNS) is not None  # the fast path is taken
+    fast = load_run(rich_run)
+    _assert_same(fast, _line_by_line(monkeypatch, rich_run))
+    assert len(fast.spans) == 36 and len(fast.events) == 12
+    assert fast.events["fields"].iloc[0] == {"local": 1.5, "global": 2.0}
+    assert fast.steps["t0"].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"kind":"span","step":0,"phase":"fwd","t0":1.5,"t1":2}',  # a float time
+        '{"kind":"step","step":0,"t0":1,"t1":2,"loss":NaN}',  # NaN (not JSON)
+        '{"kind":"future-kind","x":1}',  # a kind this version does not know
+        '{"kind":"span","step":-1,"phase":"fwd","t0":1,"t1":2}',  # a negative step
+        '{"kind":"span","step":0,"phase":"fwd","t0":1',  # truncated
+        '{"kind":"comm","step":0,"op":"all_reduce","t0":1,"t1":2}',  # required fields missing
+    ],
+)
+def test_lines_the_typed_decoder_refuses_go_line_by_line(runs, monkeypatch, line: str) -> None:
+    rows = [*runs.simple_rank(3), line]
+    run_dir = runs.write({0: rows, 1: runs.simple_rank(3)})
+    assert (
+        records.decode_rank_file((run_dir / "rank-00000.jsonl").read_bytes(), load._COLUMNS) is None
+    )
+    _assert_same(load_run(run_dir), _line_by_line(monkeypatch, run_dir))
+
+
+def test_reversed_times_are_noted_on_the_fast_path_as_on_the_slow(runs, monkeypatch) -> None:
+    rows = [*runs.simple_rank(3), runs.span(1, "fwd", 50, 40), runs.comm(2, 90, 80)]
+    run_dir = runs.write({0: rows})
+    fast = load_run(run_dir)
+    _assert_same(fast, _line_by_line(monkeypatch, run_dir))
+    assert "rank-00000.jsonl: 1 record skipped (span record with t1 before t0)" in fast.skipped
+
+
+def _pid_of(key: int, path: Path) -> tuple[int, str, int]:
+    return key, path.name, os.getpid()
+
+
+def test_map_files_uses_worker_processes_and_keeps_order(tmp_path, monkeypatch) -> None:
+    files = [(k, tmp_path / f"f{k}") for k in range(10)]
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    results = parallel.map_files(_pid_of, files)
+    assert [(k, name) for k, name, _ in results] == [(k, p.name) for k, p in files]
+    assert os.getpid() not in {pid for _, _, pid in results}
+    monkeypatch.setenv("DIAG_WORKERS", "1")
+    assert {pid for _, _, pid in parallel.map_files(_pid_of, files)} == {os.getpid()}
+
+
+def test_worker_processes_give_the_same_tables(rich_run, monkeypatch) -> None:
+    one = load_run(rich_run)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    _assert_same(load_run(rich_run), one)
+
+
+def test_pack_round_trip_keeps_values_and_order() -> None:
+    columns = {
+        "span": {
+            "step": [0, 1, 2, 3],
+            "phase": ["fwd", "bwd", "fwd", "fwd"],
+            "mb": [0, None, 0, 0],
+            "tokens": [[1], [2], [3], [4]],
+            "name": ["a", "b", "c", "d"],
+        }
+    }
+    parts = [records.pack(columns), records.pack(columns)]
+    for name, values in columns["span"].items():
+        merged = records.unpack([part["span"][name] for part in parts])
+        assert list(merged) == values + values, name
+    assert isinstance(parts[0]["span"]["phase"], records.Encoded)
+    assert isinstance(parts[0]["span"]["step"], np.ndarray)
+    assert isinstance(parts[0]["span"]["name"], list)  # all distinct: not worth a dictionary
