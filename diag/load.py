@@ -233,7 +233,7 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
         f"({kind} record with t1 before t0)"
         for kind, count in decoded.reversed_times.items()
     ]
-    return RankFile(pack(columns), skipped)
+    return RankFile(pack(columns, floats=_NUMERIC), skipped)
 
 
 def _read_lines(data: bytes, rank: int, name: str) -> RankFile:

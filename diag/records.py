@@ -10,6 +10,9 @@ same tables; the fast one is several times quicker and holds no per-record dicts
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from itertools import compress
 from typing import Annotated, Any, NamedTuple
 
 import msgspec
@@ -127,25 +130,23 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
         records = _DECODER.decode(b"[" + b",".join(lines) + b"]")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    by_type: dict[type[_Record], list[Any]] = {cls: [] for cls in _STRUCTS.values()}
-    event_lines: list[bytes] = []
+    by_type: dict[type[_Record], list[Any]] = defaultdict(list)
+    for record in records:
+        by_type[type(record)].append(record)
+    event_lines = []
+    if by_type[EventRecord]:
+        event_lines = [lines[i] for i, r in enumerate(records) if type(r) is EventRecord]
     reversed_times: dict[str, int] = {}
-    for index, record in enumerate(records):
-        if isinstance(record, EventRecord):
-            event_lines.append(lines[index])
-        elif not isinstance(record, MetaRecord):
-            by_type[type(record)].append(record)
     out: dict[str, dict[str, Column]] = {}
     for kind, cls in _STRUCTS.items():
-        rows = by_type[cls]
-        if cls in _TIMED:
-            kept = [r for r in rows if r.t1 >= r.t0]
-            if len(kept) < len(rows):
-                reversed_times[kind] = len(rows) - len(kept)
-            rows = kept
         fields = cls.__struct_fields__
-        transposed = list(zip(*map(astuple, rows), strict=True)) or [()] * len(fields)
+        transposed = list(zip(*map(astuple, by_type[cls]), strict=True)) or [()] * len(fields)
         by_field = dict(zip(fields, transposed, strict=True))
+        if cls in _TIMED:
+            kept = np.asarray(by_field["t1"]) >= np.asarray(by_field["t0"])
+            if not kept.all():
+                reversed_times[kind] = int((~kept).sum())
+                by_field = {k: tuple(compress(v, kept)) for k, v in by_field.items()}
         out[kind] = {
             name: list(by_field[_ATTRIBUTE.get(name, name)])
             for name in columns[kind]
@@ -168,26 +169,36 @@ class Encoded(NamedTuple):
 Packed = np.ndarray | Encoded | list[Any]
 
 
-def pack(columns: dict[str, dict[str, Column]]) -> dict[str, dict[str, Packed]]:
+def pack(
+    columns: dict[str, dict[str, Column]], floats: Mapping[str, Collection[str]] | None = None
+) -> dict[str, dict[str, Packed]]:
     """Columns in a form that crosses a process boundary cheaply: integer columns as int64
-    arrays, repeated hashable labels dictionary-encoded, anything else (lists, dicts) as is."""
+    arrays, `floats` (by kind, the columns known to hold only numbers or null) as float64
+    arrays with NaN,
+    repeated hashable labels dictionary-encoded, anything else (lists, dicts) as is."""
     return {
-        kind: {name: _pack_column(name, values) for name, values in table.items()}
+        kind: {
+            name: _pack_column(name, values, (floats or {}).get(kind, ()))
+            for name, values in table.items()
+        }
         for kind, table in columns.items()
     }
 
 
-def _pack_column(name: str, values: Column) -> Packed:
+def _pack_column(name: str, values: Column, floats: Collection[str]) -> Packed:
     if name in INT_COLUMNS:
         return np.asarray(values, dtype=np.int64)
-    index: dict[Any, int] = {}
+    if name in floats:
+        return np.asarray(values, dtype=np.float64)  # None -> NaN
     try:
-        codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32)
+        distinct = dict.fromkeys(values)
     except TypeError:  # unhashable: lists of tokens, event fields
-        return values
-    if len(index) > len(values) // 2:
-        return values
-    return Encoded(list(index), codes)
+        return values if isinstance(values, list) else list(values)
+    if len(distinct) > len(values) // 2:
+        return values if isinstance(values, list) else list(values)
+    code = {value: i for i, value in enumerate(distinct)}
+    codes = np.fromiter(map(code.__getitem__, values), np.int32, count=len(values))
+    return Encoded(list(distinct), codes)
 
 
 def unpack(parts: list[Packed]) -> Column:
