@@ -1,0 +1,190 @@
+"""How `diag analyze` grows with the run: time and peak memory for 64 to 4,096 ranks.
+
+    python benchmarks/scale.py [--ranks 64,256,1024,4096] [--steps 100] [--work DIR] [--keep]
+
+For each world size it writes a run directory (benchmarks/synthetic_run.py: data parallel,
+hosts of 8 ranks, rank 1 a straggler, 4 micro-batches, about 17 records per rank and step) and
+analyses it in a fresh process three times:
+- cold: no cache (what the first `diag analyze` of a finished run costs),
+- tables cached: the cache beside the run (RUN/.diag-cache/run.pickle) holds the parsed tables,
+  the metrics, rules and report are computed again (another `--config`, a new diag version),
+- report cached: the same analysis again (what the dashboard and a re-run read).
+Each analysis prints its phases (load, metrics and rules, report) from inside, the process's
+peak resident memory, and that of its largest parse worker. The table ends with the growth from
+one size to the next: time and memory ratios over the ratio of rank-steps (1.0 = linear).
+
+Ratios, not absolute seconds, are what to compare across machines: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from synthetic_run import write_synthetic_run
+
+GOAL_1024_S = 10.0
+"""The issue's goal: a 1,024-rank, 100-step run analysed in at most this long on 2 cores."""
+CACHE_DIR = ".diag-cache"
+
+
+def analyse_here(run_dir: Path) -> dict[str, Any]:
+    """One analysis in this process, timed by phase (the child side of `measure`)."""
+    started = time.perf_counter()
+    from diag import cache
+    from diag.analysis import _input_bytes, diagnose, load_any
+
+    imported = time.perf_counter()
+    baseline_bytes = _current_rss_bytes()
+    key = cache.report_key(run_dir, ({}, False, None))
+    report = cache.read_report(run_dir, key)
+    loaded = time.perf_counter()
+    if report is None:
+        run = load_any(run_dir)
+        loaded = time.perf_counter()
+        _, report = diagnose(run)
+        cache.write_report(run_dir, key, report)
+    done = time.perf_counter()
+    return {
+        "import_s": imported - started,
+        "load_s": loaded - imported,
+        "analyse_s": done - loaded,
+        "total_s": done - started,
+        "input_bytes": _input_bytes(run_dir),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "baseline_rss_bytes": baseline_bytes,
+        "worker_peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+        "findings": [f["rule"] for f in report["findings"]],
+    }
+
+
+def _current_rss_bytes() -> int:
+    """Resident memory now (Linux /proc; 0 elsewhere): the interpreter with diag imported."""
+    try:
+        with open("/proc/self/statm") as stream:
+            return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def measure(run_dir: Path) -> dict[str, Any]:
+    """`analyse_here` in a fresh Python process: wall and CPU seconds seen from outside."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, __file__, "--analyse-one", str(run_dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    wall_s = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["wall_s"] = wall_s
+    result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
+
+
+def one_size(work: Path, ranks: int, steps: int) -> dict[str, Any]:
+    run_dir = work / f"r{ranks}"
+    started = time.perf_counter()
+    write_synthetic_run(run_dir, ranks, steps)
+    write_s = time.perf_counter() - started
+    shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)
+    cold = measure(run_dir)
+    (run_dir / CACHE_DIR / "report.json").unlink(missing_ok=True)
+    tables = measure(run_dir)
+    cached = measure(run_dir)
+    return {"ranks": ranks, "steps": steps, "write_s": write_s, "cold": cold,
+            "tables": tables, "cached": cached}  # fmt: skip
+
+
+def _data_bytes(result: dict[str, Any]) -> int:
+    """Peak resident memory above the interpreter with diag imported."""
+    return max(1, result["peak_rss_bytes"] - result["baseline_rss_bytes"])
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    mib = 2**20
+    print(
+        f"{'ranks':>6} {'steps':>5} {'input MiB':>9} | {'cold s':>6} {'cpu s':>6} "
+        f"{'load':>5} {'analyse':>7} {'peak MiB':>8} {'worker':>6} | {'tables s':>8} "
+        f"{'cached s':>8} | {'MiB above imports':>17} {'per 1k rank-steps':>17}"
+    )
+    for row in rows:
+        cold, rank_steps = row["cold"], row["ranks"] * row["steps"]
+        data_bytes = cold["peak_rss_bytes"] - cold["baseline_rss_bytes"]
+        print(
+            f"{row['ranks']:>6} {row['steps']:>5} {cold['input_bytes'] / mib:>9.0f} | "
+            f"{cold['wall_s']:>6.2f} {cold['cpu_s']:>6.2f} {cold['load_s']:>5.2f} "
+            f"{cold['analyse_s']:>7.2f} {cold['peak_rss_bytes'] / mib:>8.0f} "
+            f"{cold['worker_peak_rss_bytes'] / mib:>6.0f} | {row['tables']['wall_s']:>8.2f} "
+            f"{row['cached']['wall_s']:>8.2f} | "
+            f"{data_bytes / mib:>17.0f} {data_bytes / mib / rank_steps * 1000:>17.2f}"
+        )
+    print("\ngrowth from one size to the next (ratio / ratio of rank-steps; 1.0 = linear):")
+    for small, large in itertools.pairwise(rows):
+        scale = (large["ranks"] * large["steps"]) / (small["ranks"] * small["steps"])
+        cpu = large["cold"]["cpu_s"] / small["cold"]["cpu_s"] / scale
+        wall = large["cold"]["wall_s"] / small["cold"]["wall_s"] / scale
+        peak = _data_bytes(large["cold"]) / _data_bytes(small["cold"]) / scale
+        print(
+            f"  {small['ranks']:>5} -> {large['ranks']:<5} x{scale:<4.0f} cold cpu {cpu:.2f}  "
+            f"cold wall {wall:.2f}  peak memory above imports {peak:.2f}"
+        )
+    for row in rows:
+        if row["ranks"] == 1024 and row["steps"] >= 100:
+            seconds = row["cold"]["wall_s"]
+            verdict = "met" if seconds <= GOAL_1024_S else "NOT met"
+            print(f"\ngoal: 1,024 ranks x {row['steps']} steps cold in <= {GOAL_1024_S:.0f} s: "
+                  f"{seconds:.1f} s, {verdict}")  # fmt: skip
+    print(f"findings at the largest size: {', '.join(rows[-1]['cold']['findings']) or 'none'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", default="64,256,1024,4096", help="comma-separated world sizes")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--work", type=Path, help="where to write the runs (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the runs afterwards")
+    p.add_argument("--analyse-one", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.analyse_one:
+        print(json.dumps(analyse_here(args.analyse_one)))
+        return 0
+    sizes = [int(n) for n in args.ranks.split(",") if n.strip()]
+    work = args.work or Path(tempfile.mkdtemp(prefix="diag-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{os.cpu_count()} CPUs; runs under {work}", flush=True)
+    rows = []
+    try:
+        for ranks in sizes:
+            rows.append(one_size(work, ranks, args.steps))
+            row = rows[-1]
+            print(f"  {ranks} ranks: written in {row['write_s']:.1f} s, cold analysis "
+                  f"{row['cold']['wall_s']:.1f} s", flush=True)  # fmt: skip
+            if not args.keep:
+                shutil.rmtree(work / f"r{ranks}", ignore_errors=True)
+    finally:
+        if not args.keep and args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
