@@ -31,6 +31,7 @@ from diag.shell import (
     read_config,
     rule_thresholds,
 )
+from simulator.cli import simulate
 
 FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text": render_text,
@@ -131,5 +132,6 @@ main.add_command(demo)
 main.add_command(check)
 main.add_command(compare)
 main.add_command(rules)
+main.add_command(simulate)
 
 __all__ = ["EXIT_INPUT", "fail", "main", "read_config", "write_output"]

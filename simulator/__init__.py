@@ -1,0 +1,70 @@
+"""A discrete-event cluster simulator: a run directory (`diag.run/1`) of a job of any size.
+
+    from simulator import ModelSpec, SimConfig, simulate
+    result = simulate(SimConfig(dp=128, pp=4, tp=2, microbatches=8, steps=100), "runs/sim")
+
+Compute from FLOPs over a device rate, every collective's bytes from the ledger over the
+intra- or inter-node link its group sits on, the pipeline schedule's dependencies, and the
+injections of `diag run`. See docs/simulator.md for the model, its defaults and its limits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from diag.schema import write_manifest
+from simulator.config import ModelSpec, SimConfig, SimulationError, model_params
+from simulator.engine import Engine
+from simulator.hardware import HardwareSpec
+from simulator.injections import parse_faults
+from simulator.writer import RankFiles, build_manifest, finish, prepare
+
+__all__ = [
+    "HardwareSpec",
+    "ModelSpec",
+    "SimConfig",
+    "SimResult",
+    "SimulationError",
+    "model_params",
+    "simulate",
+]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    path: Path
+    world_size: int
+    steps: int
+    records: int  # lines written over all rank files
+    bytes: int  # bytes written over all rank files
+    seconds: float  # wall time of the simulation and the writing
+
+
+def simulate(config: SimConfig, out: str | Path, command: str | None = None) -> SimResult:
+    """Simulate `config` and write its run directory at `out` (created; the manifest and rank
+    files of an earlier run there are replaced). SimulationError (one line) when the
+    configuration cannot be simulated."""
+    started = time.perf_counter()
+    config.check()
+    try:
+        faults = parse_faults(config.inject, config.world_size, config.model.experts)
+    except ValueError as err:
+        raise SimulationError(str(err)) from None
+    engine = Engine(config, faults)
+    path = Path(out)
+    prepare(path)
+    buckets = engine.grad_buckets[0]
+    bucket_mb = max(buckets) / 2**20 if buckets else None
+    manifest = build_manifest(path, config, command, bucket_mb)
+    write_manifest(path, manifest)
+    files = RankFiles(path, config, engine.stage_ranks)
+    for _step, batches in engine.steps():
+        files.add_step(batches)
+    files.flush()
+    finish(path, manifest, config.steps)
+    return SimResult(
+        path, config.world_size, config.steps, files.records, files.bytes,
+        time.perf_counter() - started,
+    )  # fmt: skip
