@@ -19,7 +19,7 @@ TRACES_DIR = "traces"
 CACHE_MIN_BYTES = 8 * 2**20
 """Run directories smaller than this are parsed again each time (well under a second)."""
 RUN_CACHE_FILE = "run.pickle"
-RUN_CACHE_FORMAT = 1  # bump when RunData changes shape
+RUN_CACHE_FORMAT = 2  # bump when RunData changes shape
 _DIAG = Path(__file__).parent
 _LOADERS = ("load.py", "records.py", "schema.py")
 

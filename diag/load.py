@@ -11,6 +11,7 @@ import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ import pandas as pd
 
 from diag import schema
 from diag.errors import InputError
-from diag.records import Column, Packed, decode_rank_file, pack, unpack
+from diag.parallel import map_chunks, total_bytes
+from diag.records import Column, Packed, decode_rank_file, pack, take, unpack
 from diag.schema import Manifest, RecordKind
 
 STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
@@ -60,6 +62,9 @@ _LABELS: dict[str, tuple[str, ...]] = {
 _LAYOUT_INTS = ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages", "grad_accum")
 _INT64_LIMIT = 2**63
 KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
+REDUCE_SPANS_FROM_BYTES = 128 * 2**20
+"""Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
+SPAN_WINDOW_STEPS = 8
 
 
 @dataclass
@@ -75,6 +80,13 @@ class RunData:
     experts: pd.DataFrame
     events: pd.DataFrame
     skipped: list[str] = field(default_factory=list)
+    rank_steps: pd.DataFrame | None = None
+    """The per-(rank, step) time breakdown (`diag.metrics`), computed while loading when the
+    run was too large to keep every span; None otherwise (the metrics compute it)."""
+    span_steps: int | None = None
+    """When set, `spans` holds every span only for steps below this (plus every comm_wait span
+    and the spans of steps without a step record): enough for timelines, stages and the
+    rules, at a memory that does not grow with the run's length. None: every span."""
 
 
 def load_run(path: str | Path) -> RunData:
@@ -88,9 +100,10 @@ def load_run(path: str | Path) -> RunData:
         rank_files = _rank_files(run_dir, manifest.world_size, skipped)
     except OSError as err:
         raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
-    from diag.parallel import map_files
-
-    parsed = map_files(read_rank_file, list(rank_files.items()))
+    files = list(rank_files.items())
+    reduce_spans = total_bytes(files) >= REDUCE_SPANS_FROM_BYTES
+    chunks = map_chunks(partial(read_rank_chunk, reduce_spans=reduce_spans), files)
+    parsed = [part for chunk in chunks for part in chunk.files]
     nan_loss = {
         file.name: part.nan_loss
         for file, part in zip(rank_files.values(), parsed, strict=True)
@@ -99,13 +112,17 @@ def load_run(path: str | Path) -> RunData:
     for part in parsed:
         skipped += part.skipped
     if nan_loss:
-        files = ", ".join(sorted(nan_loss))
-        skipped.append(f"{files}: loss is NaN in {sum(nan_loss.values())} step records (kept)")
+        names = ", ".join(sorted(nan_loss))
+        skipped.append(f"{names}: loss is NaN in {sum(nan_loss.values())} step records (kept)")
     columns = {
         kind: {name: unpack([part.columns[kind][name] for part in parsed]) for name in names}
         for kind, names in _COLUMNS.items()
     }
-    return _run_from_columns(manifest, run_dir, columns, skipped)
+    run = _run_from_columns(manifest, run_dir, columns, skipped)
+    if reduce_spans:
+        run.rank_steps = pd.concat([c.breakdown for c in chunks], ignore_index=True)
+        run.span_steps = SPAN_WINDOW_STEPS
+    return run
 
 
 def run_from_records(
@@ -206,6 +223,46 @@ class RankFile:
     columns: dict[str, dict[str, Packed]]
     skipped: list[str]
     nan_loss: int = 0
+
+
+@dataclass
+class RankChunk:
+    """Consecutive rank files parsed by one worker, and their time breakdown per (rank, step)
+    when the spans were reduced to a window (`read_rank_chunk`)."""
+
+    files: list[RankFile]
+    breakdown: pd.DataFrame | None = None
+
+
+def read_rank_chunk(files: list[tuple[int, Path]], reduce_spans: bool = False) -> RankChunk:
+    """Parse a few rank files; with `reduce_spans`, measure their time breakdown from every
+    span, then keep only the spans `RunData.span_steps` describes."""
+    parsed = [read_rank_file(rank, path) for rank, path in files]
+    if not reduce_spans:
+        return RankChunk(parsed)
+    from diag.metrics import step_breakdown  # diag.metrics imports this module
+
+    kinds = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
+    steps, spans, comms = (
+        _frame(kind, {name: unpack([p.columns[kind][name] for p in parsed]) for name in names})
+        for kind, names in ((k, _COLUMNS[k]) for k in kinds)
+    )
+    breakdown = step_breakdown(_drop_duplicate_steps(steps, []), spans, comms)
+    for part in parsed:
+        part.columns[RecordKind.SPAN.value] = _span_window(part.columns)
+    return RankChunk(parsed, breakdown)
+
+
+def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:
+    """One rank file's spans of the first SPAN_WINDOW_STEPS steps, its comm_wait spans and
+    those of steps without a step record (reported as orphans by the metrics)."""
+    spans = columns[RecordKind.SPAN.value]
+    step = np.asarray(unpack([spans["step"]]))
+    phase = np.asarray(unpack([spans["phase"]]), dtype=object)
+    recorded = np.asarray(unpack([columns[RecordKind.STEP.value]["step"]]))
+    keep = (step < SPAN_WINDOW_STEPS) | (phase == schema.Phase.COMM_WAIT.value)
+    keep |= ~np.isin(step, recorded)
+    return {name: take(values, keep) for name, values in spans.items()}
 
 
 def read_rank_file(rank: int, file: Path) -> RankFile:
@@ -325,7 +382,7 @@ def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
     """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
     names = list(_COLUMNS[kind])
     if len(columns[names[0]]):
-        frame = pd.DataFrame({name: columns[name] for name in names})
+        frame = pd.DataFrame({name: columns[name] for name in names}, copy=False)
     else:  # no rows: every column an object column (lists of nothing infer float)
         frame = pd.DataFrame(columns=names)
     for name in ("rank", "step", "t0", "t1"):

@@ -51,7 +51,9 @@ def compute_metrics(run: RunData) -> RunMetrics:
     skipped: list[str] = []
     windows, warmup_steps = _analysed_steps(run.steps)
     _note_orphans(run, skipped)
-    rank_steps = _time_breakdown(run.spans, run.comms, windows)
+    rank_steps = run.rank_steps
+    if rank_steps is None:
+        rank_steps = _time_breakdown(run.spans, run.comms, windows)
     ranks = pipeline.with_stages(_rank_table(rank_steps, run.manifest), run.spans, run.manifest)
     summary = _summary(run, windows, ranks, warmup_steps)
     tp_rows = _tp_vs_ledger(run, windows)
@@ -69,6 +71,12 @@ def compute_metrics(run: RunData) -> RunMetrics:
         findings=[],
         skipped=skipped,
     )
+
+
+def step_breakdown(steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
+    """The `rank_steps` table of some ranks' records (each (rank, step) on its own, so the
+    loader may measure a large run a few ranks at a time and concatenate)."""
+    return _time_breakdown(spans, comms, _analysed_steps(steps)[0])
 
 
 def _analysed_steps(steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -20,6 +20,7 @@ Result = TypeVar("Result")
 PARALLEL_MIN_BYTES = 16 * 2**20
 CHUNKS_PER_WORKER = 4
 """Files go to workers in a few chunks each: fewer round trips, still balanced."""
+MAX_CHUNK_FILES = 64
 
 
 def workers() -> int:
@@ -33,32 +34,28 @@ def workers() -> int:
         return os.cpu_count() or 1
 
 
-def map_files(
-    parse: Callable[[int, Path], Result], files: Sequence[tuple[int, Path]]
+def map_chunks(
+    parse: Callable[[list[tuple[int, Path]]], Result], files: Sequence[tuple[int, Path]]
 ) -> list[Result]:
-    """`parse(key, path)` for every (key, path), in order, in parallel when it pays."""
+    """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
+    worker processes when it pays; a chunk holds at most MAX_CHUNK_FILES files, so a worker's
+    memory does not grow with the run."""
     count = min(workers(), len(files))
-    if count < 2 or _total_bytes(files) < PARALLEL_MIN_BYTES:
-        return [parse(key, path) for key, path in files]
-    size = max(1, len(files) // (count * CHUNKS_PER_WORKER))
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    parallel = count >= 2 and total_bytes(files) >= PARALLEL_MIN_BYTES
+    size = max(1, min(MAX_CHUNK_FILES, -(-len(files) // (count * CHUNKS_PER_WORKER))))
+    chunks = [list(files[i : i + size]) for i in range(0, len(files), size)]
+    if not parallel:
+        return [parse(chunk) for chunk in chunks]
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
-            parts = list(pool.map(_parse_chunk, [parse] * len(chunks), chunks))
+            return list(pool.map(parse, chunks))
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
-        return [parse(key, path) for key, path in files]
-    return [result for part in parts for result in part]
+        return [parse(chunk) for chunk in chunks]
 
 
-def _parse_chunk(
-    parse: Callable[[int, Path], Result], chunk: Sequence[tuple[int, Path]]
-) -> list[Result]:
-    return [parse(key, path) for key, path in chunk]
-
-
-def _total_bytes(files: Sequence[tuple[int, Path]]) -> int:
+def total_bytes(files: Sequence[tuple[int, Path]]) -> int:
     total = 0
     for _, path in files:
         with contextlib.suppress(OSError):

@@ -26,10 +26,12 @@ def rank_stages(spans: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int
     stages = {r: (r // inner) % pp for r in range(manifest.world_size)}
     for group in manifest.groups.get("pp", []):
         stages.update((r, i) for i, r in enumerate(sorted(group)))
-    staged = spans.loc[spans["stage"].notna(), ["rank", "stage"]]
-    if not staged.empty:
-        modes = staged.astype("int64").groupby("rank")["stage"].agg(lambda s: s.mode().min())
-        stages.update((int(r), int(s)) for r, s in modes.items())
+    staged = spans.loc[spans["stage"].notna(), ["rank", "stage"]].astype("int64")
+    if not staged.empty:  # each rank's most frequent stage, the lowest on a tie
+        counts = staged.value_counts().reset_index(name="n")
+        counts = counts.sort_values(["rank", "n", "stage"], ascending=[True, False, True])
+        modes = counts.drop_duplicates("rank")
+        stages.update(zip(modes["rank"].tolist(), modes["stage"].tolist(), strict=True))
     return stages
 
 

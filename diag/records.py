@@ -201,12 +201,24 @@ def _pack_column(name: str, values: Column, floats: Collection[str]) -> Packed:
     return Encoded(list(distinct), codes)
 
 
+def take(values: Packed, keep: np.ndarray) -> Packed:
+    """The rows of a packed column where `keep` (a boolean array) is true."""
+    if isinstance(values, Encoded):
+        return Encoded(values.values, values.codes[keep])
+    if isinstance(values, np.ndarray):
+        return values[keep]
+    return list(compress(values, keep))
+
+
 def unpack(parts: list[Packed]) -> Column:
-    """One column from every file's packed part, in order: an int64 array if every part is
-    one, otherwise a list with the values as they were decoded (pandas infers the dtype)."""
+    """One column from every file's packed part, in order. Arrays are concatenated; labels
+    that every part dictionary-encoded are decoded in one vectorised lookup into the array
+    pandas would infer from their values; anything else becomes a list (pandas infers)."""
     if parts and all(isinstance(p, np.ndarray) for p in parts):
         arrays = [p for p in parts if isinstance(p, np.ndarray)]
         return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+    if parts and all(isinstance(p, Encoded) for p in parts):
+        return _decode_labels([p for p in parts if isinstance(p, Encoded)])
     out: list[Any] = []
     for part in parts:
         if isinstance(part, Encoded):
@@ -216,3 +228,34 @@ def unpack(parts: list[Packed]) -> Column:
         else:
             out += part
     return out
+
+
+def _decode_labels(parts: list[Encoded]) -> np.ndarray:
+    """Merge the parts' dictionaries, then look every code up at once."""
+    merged: dict[Any, int] = {}
+    codes = []
+    for part in parts:
+        remap = np.fromiter(
+            (merged.setdefault(v, len(merged)) for v in part.values), np.int64, len(part.values)
+        )
+        codes.append(remap[part.codes])
+    table = _label_array(list(merged))
+    return table[np.concatenate(codes)]
+
+
+def _label_array(values: list[Any]) -> np.ndarray:
+    """The distinct values as the array pandas would infer from a list holding them: ints
+    (float with NaN when null is among them), floats, bools without nulls; objects
+    otherwise (strings become pandas' str dtype from there, as from a list)."""
+    present = [v for v in values if v is not None]
+    has_null = len(present) < len(values)
+    kinds = {type(v) for v in present}
+    if kinds == {int}:
+        return np.array(values, dtype=np.float64 if has_null else np.int64)
+    if kinds and kinds <= {int, float}:
+        return np.array(values, dtype=np.float64)
+    if kinds == {bool} and not has_null:
+        return np.array(values, dtype=bool)
+    table = np.empty(len(values), dtype=object)
+    table[:] = values
+    return table
