@@ -143,3 +143,30 @@ def test_pack_round_trip_keeps_values_order_and_inferred_type() -> None:
     assert isinstance(parts[0]["span"]["phase"], records.Encoded)
     assert isinstance(parts[0]["span"]["step"], np.ndarray)
     assert isinstance(parts[0]["span"]["name"], list)  # all distinct: not worth a dictionary
+
+
+def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeypatch) -> None:
+    from diag.analysis import diagnose
+
+    rows = {r: [*_rich_rank(runs, r), *runs.simple_rank(12)[12:]] for r in range(3)}
+    for r in rows:  # steps 4..11 of fwd/bwd, and an orphan span of a step never recorded
+        rows[r] = [row for row in rows[r] if not (isinstance(row, dict) and row.get("step") == 4
+                   and row["kind"] == "step")]  # fmt: skip
+        rows[r].append(runs.span(40, "fwd", 4000, 4010))
+    run_dir = runs.write(rows, runs.manifest(3))
+    full = load_run(run_dir)
+    monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
+    monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 2)
+    reduced = load_run(run_dir)
+    assert full.span_steps is None and full.rank_steps is None
+    assert reduced.span_steps == 2 and reduced.rank_steps is not None
+    kept = reduced.spans
+    assert len(kept) < len(full.spans)
+    outside = kept[kept["step"] >= 2]
+    assert set(outside["phase"]) <= {"comm_wait", "fwd", "bwd"}
+    assert set(outside.loc[outside["phase"] != "comm_wait", "step"]) == {4, 40}  # no step record
+    assert (full.spans["phase"] == "comm_wait").sum() == (kept["phase"] == "comm_wait").sum()
+    metrics_full, report_full = diagnose(full)
+    metrics_reduced, report_reduced = diagnose(reduced)
+    pd.testing.assert_frame_equal(metrics_full.rank_steps, metrics_reduced.rank_steps)
+    assert report_full == report_reduced
