@@ -19,6 +19,7 @@ from diag.load import RunData
 KEYS = ["rank", "step"]
 NS_PER_S = 1e9
 MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
+PIPELINE_GROUP = "pp"
 DEVICE_TIME_EVENT = "device_time"  # written by diag/kineto/files.py
 WARMUP_MIN_STEPS = 3
 """A rank with at least this many step records has its first step excluded as warm-up."""
@@ -33,7 +34,9 @@ class RunMetrics:
     """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions;
     stage and bubble_frac (null unless pp > 1, diag.pipeline)."""
     rank_steps: pd.DataFrame
-    """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s."""
+    """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s and
+    stage_work_s (compute, comm_wait spans and blocking collectives outside the pipeline group:
+    the time not lost to the pipeline, the complement of its bubble)."""
     collectives: pd.DataFrame
     memory: pd.DataFrame
     """Per rank, the maximum over steps of each memory field (bytes; null stays null)."""
@@ -140,9 +143,19 @@ def _time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFram
     in_flight = union_length_by(_clipped(comms, windows), KEYS)
     exposed = union_length_by(waits, KEYS)
     compute_or_wait = union_length_by(pd.concat([compute, waits]), KEYS)
+    blocking = comms[_blocking(comms)]
+    own_waits = pd.concat([
+        _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows),
+        _clipped(blocking[blocking["group"] != PIPELINE_GROUP], windows),
+    ])  # fmt: skip
+    stage_work = union_length_by(pd.concat([compute, own_waits]), KEYS)
     out = windows[KEYS].copy()
     out["wall_ns"] = windows["w1"] - windows["w0"]
-    for name, measure in (("comm", in_flight), ("exposed", exposed), ("either", compute_or_wait)):
+    measures = (
+        ("comm", in_flight), ("exposed", exposed), ("either", compute_or_wait),
+        ("stage_work", stage_work),
+    )  # fmt: skip
+    for name, measure in measures:
         joined = out.join(measure.rename(name), on=KEYS)[name]
         out[name] = joined.fillna(0).astype("int64")
     busy_ns = out["either"] - out["exposed"]
@@ -155,13 +168,16 @@ def _time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFram
         "comm_s": out["comm"] / NS_PER_S,
         "exposed_comm_s": out["exposed"] / NS_PER_S,
         "idle_s": idle_ns / NS_PER_S,
+        "stage_work_s": out["stage_work"] / NS_PER_S,
     })  # fmt: skip
 
 
 def _rank_table(rank_steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
     hosts = {info.rank: info.host for info in manifest.ranks}
     by_rank = rank_steps.groupby("rank")
-    totals = by_rank[["wall_s", "busy_s", "comm_s", "exposed_comm_s", "idle_s"]].sum()
+    totals = by_rank[
+        ["wall_s", "busy_s", "comm_s", "exposed_comm_s", "idle_s", "stage_work_s"]
+    ].sum()
     table = pd.DataFrame({
         "rank": totals.index.astype("int64"),
         "host": [hosts.get(int(r)) for r in totals.index],

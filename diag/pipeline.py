@@ -1,9 +1,12 @@
 """Pipeline metrics: each rank's stage, its measured bubble, and the stage imbalance.
 
 Pure functions over the loaded tables and the per-rank table of `diag.metrics` (docs/metrics.md,
-"Pipeline"). A rank's bubble is the share of its step wall time in which it does no compute,
-1 - busy / wall: waiting in a blocking receive for a neighbour counts as bubble, the idle time the
-schedule's theory (p-1)/(v·m+p-1) (`ledger.bubble_fraction`) predicts.
+"Pipeline"). A rank's bubble is the share of its step wall time lost to the pipeline,
+1 - stage_work / wall, where the stage's work is its compute, its blocking collectives in
+other groups (a TP all-reduce inside a layer belongs to the micro-batch's time, as in the
+schedule's theory) and its comm_wait spans (the DP all-reduce after the flush: COM003's
+business, not the schedule's): waiting in a blocking receive for a neighbour, and idling, are
+the bubble the theory (p-1)/(v·m+p-1) (`ledger.bubble_fraction`) predicts.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def rank_stages(spans: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int
 def with_stages(
     ranks: pd.DataFrame, spans: pd.DataFrame, manifest: schema.Manifest
 ) -> pd.DataFrame:
-    """The per-rank table with `stage` and `bubble_frac` = 1 - busy_s / wall_s (null if pp = 1)."""
+    """The per-rank table with `stage` and `bubble_frac` = 1 - stage_work_s / wall_s (null if
+    pp = 1)."""
     out = ranks.copy()
     if (manifest.layout.pp or 1) <= 1 or out.empty:
         out["stage"] = pd.Series([None] * len(out), index=out.index, dtype=object)
@@ -46,13 +50,13 @@ def with_stages(
         return out
     stages = rank_stages(spans, manifest)
     out["stage"] = [stages.get(int(r)) for r in out["rank"]]
-    out["bubble_frac"] = 1 - out["busy_s"] / out["wall_s"].where(out["wall_s"] > 0)
+    out["bubble_frac"] = 1 - out["stage_work_s"] / out["wall_s"].where(out["wall_s"] > 0)
     return out
 
 
 def stage_table(ranks: pd.DataFrame) -> pd.DataFrame:
     """One row per stage: how many ranks hold it, their mean compute per step, and the stage's
-    bubble (1 - summed busy / summed wall over its ranks). Empty without stages."""
+    bubble (1 - summed stage work / summed wall over its ranks). Empty without stages."""
     if "stage" not in ranks or ranks["stage"].isna().all():
         return pd.DataFrame(columns=STAGE_COLUMNS)
     staged = ranks[ranks["stage"].notna() & (ranks["steps"] > 0)].copy()
@@ -64,7 +68,7 @@ def stage_table(ranks: pd.DataFrame) -> pd.DataFrame:
         "stage": wall.index.astype("int64"),
         "ranks": by_stage.size().to_numpy(),
         "busy_per_step_s": by_stage["busy_per_step_s"].mean().to_numpy(),
-        "bubble_frac": (1 - by_stage["busy_s"].sum() / wall.where(wall > 0)).to_numpy(),
+        "bubble_frac": (1 - by_stage["stage_work_s"].sum() / wall.where(wall > 0)).to_numpy(),
     })  # fmt: skip
     return table[STAGE_COLUMNS]
 

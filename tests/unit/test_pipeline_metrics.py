@@ -33,8 +33,9 @@ def test_stage_from_the_grid_the_groups_and_the_spans() -> None:
 
 
 def _ranks(rows: list[tuple[int, int, float, float]]) -> pd.DataFrame:
-    """rank, steps, busy_s, wall_s."""
-    return pd.DataFrame(rows, columns=["rank", "steps", "busy_s", "wall_s"])
+    """rank, steps, busy_s, wall_s (no collectives: the stage's work is its compute)."""
+    frame = pd.DataFrame(rows, columns=["rank", "steps", "busy_s", "wall_s"])
+    return frame.assign(stage_work_s=frame["busy_s"])
 
 
 def test_bubble_per_rank_per_stage_and_imbalance() -> None:
@@ -93,6 +94,35 @@ def test_a_blocking_receive_is_bubble_not_idle(runs) -> None:
     text = render_text(report)
     assert "bubble 40% (theory 33%)" in text and "stage imbalance 1" in text
     assert "pipeline stages" in text
+
+
+def test_tp_collectives_and_the_dp_wait_are_the_stage_s_work_not_bubble(runs) -> None:
+    """pp=2 x tp: each stage computes 40 ms, then a blocking TP all-reduce of 20 ms; stage 1
+    first waits 20 ms in a pp recv; both end with a 20 ms comm_wait for the DP all-reduce.
+    Bubble: stage 0 20% (idle from 80 to 100 ms), stage 1 20% (the recv); the TP all-reduce
+    and the DP wait are the stages' own time, as in the schedule's theory."""
+    records: dict[int, list] = {0: [], 1: []}
+    for s in range(3):
+        t = 100 * s
+        records[0] += [
+            runs.span(s, "fwd", t, t + 40, stage=0),
+            runs.comm(s, t + 40, t + 60, op="all_reduce", group="tp", group_size=2),
+            runs.span(s, "comm_wait", t + 60, t + 80, mb=None),
+            runs.step(s, t, t + 100),
+        ]
+        records[1] += [
+            runs.comm(s, t, t + 20, op="recv", group="pp", group_size=2),
+            runs.span(s, "fwd", t + 20, t + 60, stage=1),
+            runs.comm(s, t + 60, t + 80, op="all_reduce", group="tp", group_size=2),
+            runs.span(s, "comm_wait", t + 80, t + 100, mb=None),
+            runs.step(s, t, t + 100),
+        ]
+    manifest = runs.manifest(2, layout={"dp": 1, "pp": 2, "microbatches": 1})
+    metrics = compute_metrics(load_run(runs.write(records, manifest)))
+    ranks = metrics.ranks.set_index("rank")
+    assert ranks["bubble_frac"].tolist() == approx([0.2, 0.2])
+    assert ranks["busy_frac"].tolist() == approx([0.4, 0.4])
+    assert metrics.summary["bubble_fraction"] == approx(0.2)
 
 
 def test_dp_report_has_no_pipeline_section(golden_dp2) -> None:
