@@ -137,9 +137,7 @@ def _union_length_by_ints(
     return pd.Series(totals, index=index)
 
 
-def _union_length_by_frame(
-    frame: pd.DataFrame, keys: list[str], start: str, end: str
-) -> pd.Series:
+def _union_length_by_frame(frame: pd.DataFrame, keys: list[str], start: str, end: str) -> pd.Series:
     ordered = frame.sort_values([*keys, start], kind="stable")
     group_ids = ordered.groupby(keys, sort=False).ngroup().to_numpy()
     ends_so_far = ordered.groupby(keys, sort=False)[end].cummax().to_numpy()
