@@ -6,7 +6,9 @@ path: no request reaches a file the user did not name on the command line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,20 +157,23 @@ def expert_steps(experts: pd.DataFrame) -> list[ExpertSteps]:
     """Per MoE layer, the load of every expert at every step, and the drop rate per step."""
     layers: list[ExpertSteps] = []
     for layer, frame in experts.groupby("layer", sort=True):
-        width = max((len(t) for t in frame["tokens"]), default=0)
+        lengths = frame["tokens"].map(len).to_numpy()
+        width = int(lengths.max(initial=0))
         if width == 0:
             continue
         steps = sorted(int(s) for s in frame["step"].unique())
-        row_of = {step: i for i, step in enumerate(steps)}
+        rows = pd.Index(steps).get_indexer(frame["step"])
+        if (lengths == width).all():  # every record names every expert: one array at once
+            loads = np.array([list(t) for t in frame["tokens"]], dtype=float)
+        else:
+            loads = np.zeros((len(frame), width))
+            for i, load in enumerate(frame["tokens"]):
+                loads[i, : len(load)] = load
         tokens = np.zeros((len(steps), width))
-        dropped = np.zeros(len(steps))
-        known = np.zeros(len(steps), dtype=bool)
-        for step, load, drops in zip(frame["step"], frame["tokens"], frame["dropped"], strict=True):
-            i = row_of[int(step)]
-            tokens[i, : len(load)] += load
-            if pd.notna(drops):
-                dropped[i] += drops
-                known[i] = True
+        np.add.at(tokens, rows, loads)
+        drops = pd.to_numeric(frame["dropped"], errors="coerce").to_numpy(dtype=float)
+        known = np.bincount(rows, weights=~np.isnan(drops), minlength=len(steps)) > 0
+        dropped = np.bincount(rows, weights=np.nan_to_num(drops), minlength=len(steps))
         routed = tokens.sum(axis=1)
         rates = [
             float(d / r) if ok and r > 0 else None
@@ -227,10 +232,36 @@ def dp_replicas(manifest: schema.Manifest, ranks: Sequence[int] | np.ndarray) ->
     return pd.Series(index.to_numpy() // (world // dp), index=index, dtype=np.int64)
 
 
+_MEMO: OrderedDict[tuple[int, str], tuple[LoadedRun, Any]] = OrderedDict()
+_MEMO_SIZE = 64
+_MEMO_LOCK = threading.Lock()
+
+
+def _memo(loaded: LoadedRun, key: str, compute: Callable[[], Any]) -> Any:
+    """`compute()` once per run and key (the server's runs never change); the value is shared,
+    so callers must not modify it. Held with its run, so a run's id is not reused meanwhile."""
+    slot = (id(loaded), key)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(slot)
+        if hit is not None and hit[0] is loaded:
+            _MEMO.move_to_end(slot)
+            return hit[1]
+    value = compute()
+    with _MEMO_LOCK:
+        _MEMO[slot] = (loaded, value)
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return value
+
+
 def rank_groups(loaded: LoadedRun, by: str) -> pd.DataFrame:
     """Every rank with its group's label under grouping `by` (a key of GROUPINGS; anything else
     is "none"): columns rank, group, order (the group's position: groups ordered by their first
-    rank), sorted by order then rank."""
+    rank), sorted by order then rank. Computed once per run and grouping: do not modify it."""
+    return _memo(loaded, f"groups:{by}", lambda: _rank_groups(loaded, by))
+
+
+def _rank_groups(loaded: LoadedRun, by: str) -> pd.DataFrame:
     ranks = world_ranks(loaded)
     labels = _group_labels(loaded, by, ranks)
     frame = pd.DataFrame({"rank": ranks, "group": labels.astype(str)})
@@ -273,6 +304,10 @@ def groupings(loaded: LoadedRun) -> list[str]:
     """The groupings that make sense for this run, the default first: "none" up to
     PER_RANK_MAX ranks; host, stage (pp > 1) and DP replica when they split the ranks into more
     than one group of more than one rank; blocks of consecutive ranks above PER_RANK_MAX."""
+    return list(_memo(loaded, "groupings", lambda: tuple(_groupings(loaded))))
+
+
+def _groupings(loaded: LoadedRun) -> list[str]:
     ranks = world_ranks(loaded)
     choices = ["none"] if len(ranks) <= PER_RANK_MAX else []
     for by in ("host", "stage", "replica"):

@@ -86,6 +86,7 @@ def timeline(
     order = [rank_label(r, blamed) for r in ranks]
     for phase, group in spans.groupby("phase", sort=False):
         mb = ("mb " + group["mb"].astype("Int64").astype(str)).where(group["mb"].notna(), "")
+        mb = mb.tolist()
         fig.add_trace(
             go.Bar(
                 orientation="h",
@@ -200,7 +201,7 @@ def step_heatmap(
             "<extra></extra>",
         )
     )
-    height = int(min(900, max(320, 8 * len(labels) + 140)))
+    height = int(min(900, max(320, 14 * len(labels) + 140)))  # rows of 14 px, then thinner
     fig = _layout(fig, title, height=height)
     fig.update_yaxes(type="category", autorange="reversed", title=None)
     fig.update_xaxes(title="step")

@@ -101,11 +101,9 @@ def group_figures(loaded: LoadedRun, by: str, metric: str) -> tuple[Any, Any]:
     flagged = stats.loc[stats["blamed"], "group"].tolist()
     kind = GROUPINGS[by]
     heatmap = figures.step_heatmap(
-        grid, f"{name} per step, slowest rank of each {kind} (ms)", blamed_rows=flagged
+        grid, f"{name} per step, the most of any rank in each {kind} (ms)", blamed_rows=flagged
     )
-    bars = figures.group_bars(
-        stats, f"{name} per step by {kind}: median rank and slowest rank (ms)"
-    )
+    bars = figures.group_bars(stats, f"{name} per step by {kind}: median rank and max rank (ms)")
     return heatmap, bars
 
 

@@ -4,6 +4,7 @@ them). Without them the tests skip here and fail under CI (CI=true)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from werkzeug.serving import make_server
 
+from benchmarks.synthetic_run import write_synthetic_run
 from dashboard.app import create_app
 from tests.conftest import copy_with_names
 from tests.distributed.conftest import diag_run
@@ -51,19 +53,43 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [dp, ep, hostile, *([REAL_TRACE] if REAL_TRACE.is_dir() else [])]
 
 
+LARGE_RANKS = 256
+"""The synthetic run of the large-run tests: 256 ranks on 32 hosts of 8, rank 1 a straggler."""
+
+
+@pytest.fixture(scope="session")
+def large_dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The dashboard over a synthetic 256-rank x 4-step DP run (benchmarks/synthetic_run.py),
+    where it groups the ranks."""
+    _need_browser()
+    run = tmp_path_factory.mktemp("browser-large") / "dp256"
+    write_synthetic_run(run, ranks=LARGE_RANKS, steps=4, microbatches=1)
+    with _serving(create_app([run])) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def dashboard_url(reference_runs: list[Path]) -> Iterator[str]:
     _need_browser()
-    server = make_server("127.0.0.1", 0, create_app(reference_runs).server, threaded=True)
+    with _serving(create_app(reference_runs)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serving(app: Any) -> Iterator[str]:
+    server = make_server("127.0.0.1", 0, app.server, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")
-def browser(dashboard_url: str) -> Iterator[Any]:
+def browser() -> Iterator[Any]:
+    _need_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
