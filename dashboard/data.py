@@ -85,6 +85,14 @@ def analysed_steps(loaded: LoadedRun) -> list[int]:
     return sorted(int(s) for s in steps.unique()) if not steps.empty else []
 
 
+def timeline_steps(loaded: LoadedRun) -> list[int]:
+    """The analysed steps whose spans the run holds: all of them, or those below
+    `RunData.span_steps` for a run too large to keep every span."""
+    limit = loaded.run.span_steps
+    steps = analysed_steps(loaded)
+    return steps if limit is None else [s for s in steps if s < limit]
+
+
 @dataclass(frozen=True)
 class Window:
     """The spans and collectives of some steps, start and duration in ms from the first span."""

@@ -28,7 +28,6 @@ from dashboard.components import (
 from dashboard.data import (
     GROUPINGS,
     LoadedRun,
-    analysed_steps,
     group_members,
     group_stats,
     groupings,
@@ -39,6 +38,7 @@ from dashboard.data import (
     rank_step_values,
     rank_values,
     step_grid,
+    timeline_steps,
     timeline_window,
 )
 
@@ -52,7 +52,7 @@ def figure(
 ) -> tuple[go.Figure, str]:
     """The timeline of the chosen steps (of one group's ranks when ranks are grouped), and a
     line saying which ranks it shows."""
-    steps = analysed_steps(loaded)
+    steps = timeline_steps(loaded)
     start = first_step if first_step in steps else steps[0]
     count = window if window in WINDOWS else WINDOWS[0]
     chosen = steps[steps.index(start) : steps.index(start) + count]
@@ -92,9 +92,15 @@ def grouped_parts(loaded: LoadedRun, by: str) -> tuple[list[Any], list[Any], Any
 
 
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
-    steps = analysed_steps(loaded)
+    steps = timeline_steps(loaded)
     if not steps or loaded.run.spans.empty:
         return page(TITLE, no_data("no spans in the analysed steps: nothing to draw"))
+    window_note = (
+        f"a large run: spans are kept for steps below {loaded.run.span_steps} only (every "
+        "step's time is in the heatmap)"
+        if loaded.run.span_steps is not None
+        else ""
+    )
     by = pick_grouping(loaded, None)
     heatmap, _, group, _ = grouped_parts(loaded, by)
     groups = rank_groups(loaded, by) if by != "none" else None
@@ -117,6 +123,7 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         TITLE,
         html.Div(heatmap, id="timeline-overview"),
         controls,
+        html.Div(window_note, className="note"),
         html.Div(shown, id="timeline-shown", className="note"),
         graph(fig, "timeline-graph"),
     )
@@ -150,7 +157,7 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
         group, step = clicked_group(click, groups), clicked_step(click)
         return (
             no_update if group is None else group,
-            step if step in analysed_steps(loaded) else no_update,
+            step if step in timeline_steps(loaded) else no_update,
         )
 
     @app.callback(

@@ -297,3 +297,31 @@ def test_group_figures_keep_names_as_text() -> None:
     assert clicked_group({"points": [{"y": HOSTILE}]}, groups) is None
     assert clicked_group({"points": []}, groups) is None and clicked_group(None, groups) is None
     assert clicked_step(click) == 0 and clicked_step({"points": [{"x": "2"}]}) is None
+
+
+def _texts(component: Any) -> list[str]:
+    """Every string in a component tree."""
+    if isinstance(component, str):
+        return [component]
+    children = getattr(component, "children", None)
+    if isinstance(children, str):
+        return [children]
+    items = children if isinstance(children, list | tuple) else [children]
+    return [t for child in items if child is not None for t in _texts(child)]
+
+
+def test_timeline_of_a_large_run_offers_only_the_steps_whose_spans_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diag import load
+
+    run_dir = write_synthetic_run(tmp_path / "run", ranks=16, steps=12)
+    monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
+    monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 4)
+    (loaded,) = load_runs([run_dir])
+    assert loaded.run.span_steps == 4
+    assert timeline.timeline_steps(loaded) == [1, 2, 3]  # step 0 is warm-up
+    page = timeline.layout(loaded, [loaded])
+    assert any("spans are kept for steps below 4" in text for text in _texts(page))
+    fig, _ = timeline.figure(loaded, 9, 1)  # a step without spans: the first step is drawn
+    assert sum(len(trace.x or ()) for trace in fig.data) > 0
