@@ -23,7 +23,7 @@ from diag.schema import RecordKind
 
 StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 TimeNs = Annotated[int, msgspec.Meta(ge=1 - 2**63, le=2**63 - 1)]
-Column = np.ndarray | list[Any]
+Column = np.ndarray | list[Any] | tuple[Any, ...]
 Label = str | int | None
 """What the analysis groups by (phase, op, group, tag, layer, name): a string, an int or null."""
 
@@ -125,9 +125,13 @@ class Decoded(msgspec.Struct):
 
 def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decoded | None:
     """Decode a whole rank file; None when any line needs the line-by-line path."""
-    lines = [line for line in data.split(b"\n") if line.strip()]
+    body = data.strip()
+    if b"\n\n" in body:  # blank lines: join the others
+        body = b",".join(line for line in body.split(b"\n") if line.strip())
+    else:
+        body = body.replace(b"\n", b",")
     try:
-        records = _DECODER.decode(b"[" + b",".join(lines) + b"]")
+        records = _DECODER.decode(b"[" + body + b"]")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     by_type: dict[type[_Record], list[Any]] = defaultdict(list)
@@ -135,6 +139,7 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
         by_type[type(record)].append(record)
     event_lines = []
     if by_type[EventRecord]:
+        lines = [line for line in data.split(b"\n") if line.strip()]
         event_lines = [lines[i] for i, r in enumerate(records) if type(r) is EventRecord]
     reversed_times: dict[str, int] = {}
     out: dict[str, dict[str, Column]] = {}
@@ -148,9 +153,7 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
                 reversed_times[kind] = int((~kept).sum())
                 by_field = {k: tuple(compress(v, kept)) for k, v in by_field.items()}
         out[kind] = {
-            name: list(by_field[_ATTRIBUTE.get(name, name)])
-            for name in columns[kind]
-            if name != "rank"
+            name: by_field[_ATTRIBUTE.get(name, name)] for name in columns[kind] if name != "rank"
         }
     return Decoded(out, event_lines, reversed_times)
 
@@ -193,9 +196,9 @@ def _pack_column(name: str, values: Column, floats: Collection[str]) -> Packed:
     try:
         distinct = dict.fromkeys(values)
     except TypeError:  # unhashable: lists of tokens, event fields
-        return values if isinstance(values, list) else list(values)
+        return list(values)
     if len(distinct) > len(values) // 2:
-        return values if isinstance(values, list) else list(values)
+        return list(values)
     code = {value: i for i, value in enumerate(distinct)}
     codes = np.fromiter(map(code.__getitem__, values), np.int32, count=len(values))
     return Encoded(list(distinct), codes)
