@@ -10,6 +10,7 @@ their clocks: our collectors align them at a start barrier; profiler traces keep
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diag import schema
@@ -17,45 +18,64 @@ from diag import schema
 KEYS = ["rank", "step"]
 
 
-def _group_index(manifest: schema.Manifest) -> dict[tuple[str, int], int]:
-    """(axis, rank) -> which of the axis's groups holds the rank."""
-    index: dict[tuple[str, int], int] = {}
-    for axis, groups in manifest.groups.items():
+def _member_of(
+    manifest: schema.Manifest, group_codes: np.ndarray, group_names: pd.Index, ranks: np.ndarray
+) -> np.ndarray:
+    """For each record, which of its axis's groups (manifest.groups) holds its rank; 0 when
+    the manifest does not say."""
+    member_of = np.zeros(len(ranks), dtype=np.int64)
+    for code, name in enumerate(group_names):
+        groups = manifest.groups.get(str(name))
+        if not groups:
+            continue
+        lookup = np.zeros(max(max(m) for m in groups if m) + 1, dtype=np.int64)
         for i, members in enumerate(groups):
-            for rank in members:
-                index[(axis, int(rank))] = i
-    return index
+            lookup[np.asarray(members, dtype=np.int64)] = i
+        mask = group_codes == code
+        inside = mask & (ranks < len(lookup))
+        member_of[inside] = lookup[ranks[inside]]
+    return member_of
 
 
 def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
     columns = ["rank", "matched", "late_median_s", "last_share"]
-    records = comms.merge(steps[KEYS], on=KEYS, how="inner")
+    analysed = pd.MultiIndex.from_frame(steps[KEYS])
+    records = comms.loc[
+        pd.MultiIndex.from_frame(comms[KEYS]).isin(analysed), ["rank", "op", "group", "t0"]
+    ]
     if records.empty or records["rank"].nunique() < 2:
         return pd.DataFrame(columns=columns)
-    where = _group_index(manifest)
-    records = records.sort_values(["rank", "t0"], kind="stable").assign(
-        group=records["group"].fillna("").astype(str),
-        op=records["op"].fillna("").astype(str),
-    )
-    records["member_of"] = [
-        where.get((g, int(r)), 0) for g, r in zip(records["group"], records["rank"], strict=True)
-    ]
-    instance = ["group", "member_of", "op"]
-    records["n"] = records.groupby(["rank", *instance]).cumcount()
-    by_instance = records.groupby([*instance, "n"])["t0"]
-    records["ranks_in"] = by_instance.transform("size")
-    records = records[records["ranks_in"] >= 2]
-    if records.empty:
+    records = records.sort_values(["rank", "t0"], kind="stable")
+    ranks = records["rank"].to_numpy(dtype=np.int64)
+    group_codes, group_names = pd.factorize(records["group"].fillna("").astype(str))
+    op_codes, op_names = pd.factorize(records["op"].fillna("").astype(str))
+    member_of = _member_of(manifest, group_codes, group_names, ranks)
+    # one integer per (group, member_of, op): the collective's stream on that group
+    stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes
+    frame = pd.DataFrame({"rank": ranks, "stream": stream, "t0": records["t0"].to_numpy()})
+    n = frame.groupby(["rank", "stream"], sort=False).cumcount().to_numpy()
+    frame["instance"] = stream * (int(n.max()) + 1) + n
+    by_instance = frame.groupby("instance", sort=False)["t0"]
+    size = by_instance.transform("size").to_numpy()
+    first = by_instance.transform("min").to_numpy()
+    latest = by_instance.transform("max").to_numpy()
+    kept = size >= 2
+    if not kept.any():
         return pd.DataFrame(columns=columns)
-    late_ns = records["t0"] - by_instance.transform("min").loc[records.index]
-    last = records["t0"] == by_instance.transform("max").loc[records.index]
+    t0 = frame["t0"].to_numpy()
+    matched = pd.DataFrame({
+        "rank": ranks[kept],
+        "late_s": (t0[kept] - first[kept]) / 1e9,
+        "last": t0[kept] == latest[kept],
+    })  # fmt: skip
     table = (
-        records.assign(late_s=late_ns / 1e9, last=last)
-        .groupby("rank")
+        matched.groupby("rank")
         .agg(
-            matched=("t0", "size"), late_median_s=("late_s", "median"), last_share=("last", "mean")
+            matched=("late_s", "size"),
+            late_median_s=("late_s", "median"),
+            last_share=("last", "mean"),
         )
         .reset_index()
     )

@@ -6,6 +6,7 @@ integers until they are turned into seconds at the end, so nanoseconds are never
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,7 +314,9 @@ def _tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | N
     2 x layers x microbatches of `micro_batch x seq x hidden x dtype` bytes each (sequence
     parallel: as many reduce-scatters and all-gathers). None without such collectives."""
     comms = run.comms[run.comms["group"] == "tp"]
-    direction = comms["tag"].astype("string").str.extract(TP_LAYER_TAG, expand=False)
+    codes, tags = pd.factorize(comms["tag"])  # the regex runs once per distinct tag
+    ways = [m.group(1) if (m := re.match(TP_LAYER_TAG, str(t))) else None for t in tags]
+    direction = np.array([*ways, None], dtype=object)[codes]  # code -1 (null tag) -> None
     records = comms.assign(direction=direction).dropna(subset=["direction"])
     records = records.merge(steps[KEYS], on=KEYS, how="inner")
     model, layout = run.manifest.model, run.manifest.layout
@@ -331,7 +334,8 @@ def _tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | N
     rows = []
     groups = records.groupby(["op", "direction"])
     for (op, way), group in sorted(groups, key=lambda item: (item[0][0], item[0][1] != "fwd")):
-        count = theory.forward if way == "fwd" else theory.backward
+        # a rank holds layers / pp of the model (its stage's): the ledger counts per rank
+        count = (theory.forward if way == "fwd" else theory.backward) / (layout.pp or 1)
         measured = float(group["bytes"].sum()) / rank_steps
         expected = count * payload if payload else None
         rows.append({

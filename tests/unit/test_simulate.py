@@ -104,6 +104,16 @@ def test_tp_across_nodes_loses_an_order_of_magnitude(tmp_path: Path) -> None:
 # --- 3. A straggler paces the whole job ------------------------------------------------------
 
 
+def test_tp_collectives_of_a_3d_layout_match_the_ledger_per_rank(tmp_path: Path) -> None:
+    """With pp = 2 each rank holds half the layers: 2 x (L / pp) x m all-reduces each way."""
+    metrics, _ = run(tmp_path, dp=2, tp=2, pp=2, microbatches=4, steps=3, gpus_per_node=8)
+    rows = {row["direction"]: row for row in metrics.summary["tp_vs_ledger"]}
+    for way in ("fwd", "bwd"):
+        assert rows[way]["count_per_step"] == 2 * (SMALL["layers"] / 2) * 4
+        assert rows[way]["ledger_count_per_step"] == rows[way]["count_per_step"]
+        assert rows[way]["ratio"] == pytest.approx(1.0)
+
+
 def test_straggler_in_one_dp_replica_paces_the_job(tmp_path: Path) -> None:
     layout = {"dp": 4, "tp": 2, "steps": 8}
     healthy, _ = run(tmp_path, "healthy", **layout)
