@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.metrics import in_steps
 
 KEYS = ["rank", "step"]
 
@@ -41,10 +42,7 @@ def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
     columns = ["rank", "matched", "late_median_s", "last_share"]
-    analysed = pd.MultiIndex.from_frame(steps[KEYS])
-    records = comms.loc[
-        pd.MultiIndex.from_frame(comms[KEYS]).isin(analysed), ["rank", "op", "group", "t0"]
-    ]
+    records = comms.loc[in_steps(comms, steps), ["rank", "op", "group", "t0"]]
     if records.empty or records["rank"].nunique() < 2:
         return pd.DataFrame(columns=columns)
     records = records.sort_values(["rank", "t0"], kind="stable")

@@ -149,3 +149,33 @@ def _union_length_by_frame(frame: pd.DataFrame, keys: list[str], start: str, end
     gain = np.clip(ends - cover_from, 0, None)
     gains = pd.Series(gain, index=ordered.index)
     return gains.groupby([ordered[k] for k in keys]).sum()
+
+
+def overlapping(reference: pd.DataFrame, frame: pd.DataFrame, key: str = "rank") -> np.ndarray:
+    """Which rows of `frame` overlap some interval of `reference` with the same `key` (a
+    boolean array; all true if the times span too much to tell). Integer times: each key's
+    intervals are shifted into a band of their own on one axis, merged, and every row is
+    located with a binary search."""
+    mask = np.zeros(len(frame), dtype=bool)
+    if reference.empty or frame.empty:
+        return mask
+    lo = min(int(reference["t0"].min()), int(frame["t0"].min()))
+    hi = max(int(reference["t1"].max()), int(frame["t1"].max()))
+    band = hi - lo + 1
+    top = max(int(reference[key].max()), int(frame[key].max())) + 1
+    if band * top >= 2**62:  # the bands would not fit in int64: every row may overlap
+        return np.ones(len(frame), dtype=bool)
+    shift = reference[key].to_numpy(np.int64) * band - lo
+    merged = merge(
+        np.column_stack([reference["t0"].to_numpy(np.int64) + shift,
+                         reference["t1"].to_numpy(np.int64) + shift])
+    )  # fmt: skip
+    if len(merged) == 0:
+        return mask
+    shift = frame[key].to_numpy(np.int64) * band - lo
+    starts = frame["t0"].to_numpy(np.int64) + shift
+    ends = frame["t1"].to_numpy(np.int64) + shift
+    before = np.searchsorted(merged[:, 0], ends, side="left") - 1  # last one starting before
+    found = before >= 0
+    mask[found] = merged[before[found], 1] > starts[found]
+    return mask & (ends > starts)

@@ -71,6 +71,34 @@ def test_union_length_by_numpy_and_pandas_paths_agree(keys: list[str]) -> None:
     assert intervals.union_length_by(as_float, keys).sum() == fast.sum()
 
 
+def test_overlapping_matches_a_brute_force_check() -> None:
+    rng = np.random.default_rng(3)
+    base = 1_700_000_000_000_000_000
+
+    def frame(n: int) -> pd.DataFrame:
+        t0 = base + rng.integers(0, 50_000, n)
+        return pd.DataFrame({"rank": rng.integers(0, 16, n), "t0": t0,
+                             "t1": t0 + rng.integers(0, 400, n)})  # fmt: skip
+
+    reference, rows = frame(300), frame(3000)
+    mask = intervals.overlapping(reference, rows)
+    for i, row in enumerate(rows.itertuples()):
+        mine = reference[reference["rank"] == row.rank]
+        expected = bool(((mine["t0"] < row.t1) & (mine["t1"] > row.t0)).any()) and row.t1 > row.t0
+        assert mask[i] == expected, row
+    assert 0 < mask.sum() < len(rows)
+    assert not intervals.overlapping(reference.iloc[:0], rows).any()
+
+
+def test_in_steps_selects_the_analysed_rank_steps() -> None:
+    from diag.metrics import in_steps
+
+    frame = pd.DataFrame({"rank": [0, 0, 1, 1, 2], "step": [0, 1, 0, 1, 1]})
+    steps = pd.DataFrame({"rank": [0, 1], "step": [1, 0]})
+    assert in_steps(frame, steps).tolist() == [False, True, True, False, False]
+    assert not in_steps(frame, steps.iloc[:0]).any()
+
+
 # --- the golden run: every number below is computed by hand from tests/data/dp2-golden -----------
 # Step 0 is warm-up (each rank has 3 steps). Windows: rank 0 [100,200] [200,320] ms,
 # rank 1 [100,210] [210,320] ms.

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from diag import intervals
-from diag.metrics import NS_PER_S
+from diag.metrics import NS_PER_S, in_steps
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import find_stragglers
 
@@ -165,13 +165,12 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
     comms = run.comms[run.comms["group"] == "dp"]
     if comms.empty or ranks.empty:
         return []
-    analysed = ctx.metrics.rank_steps[["rank", "step"]]
-    comms = comms.merge(analysed, on=["rank", "step"], how="inner")
+    comms = comms[in_steps(comms, ctx.metrics.rank_steps)]
     waits = pd.concat([
         run.spans.loc[run.spans["phase"] == "comm_wait", ["rank", "t0", "t1"]],
         run.comms.loc[_blocking_all(run.comms), ["rank", "t0", "t1"]],
     ])  # fmt: skip
-    waits = waits[waits["rank"].isin(comms["rank"].unique())]
+    waits = waits[intervals.overlapping(comms, waits)]  # only these can hide DP time
     # hidden = |dp \ waits| = |dp U waits| - |waits|, per rank, in integer ns
     either = intervals.union_length_by(pd.concat([comms[["rank", "t0", "t1"]], waits]), ["rank"])
     waiting = intervals.union_length_by(waits, ["rank"]).reindex(either.index, fill_value=0)
