@@ -251,7 +251,10 @@ def _collective_names(collectives: pd.DataFrame) -> list[str]:
     return [
         plain(f"{op} {group} {tag}".strip())
         for op, group, tag in zip(
-            collectives["op"], collectives["group"], collectives["tag"].fillna(""), strict=True
+            collectives["op"],
+            collectives["group"],
+            collectives["tag"].astype(object).fillna(""),
+            strict=True,
         )
     ]
 

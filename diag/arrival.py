@@ -20,13 +20,13 @@ KEYS = ["rank", "step"]
 
 
 def _member_of(
-    manifest: schema.Manifest, group_codes: np.ndarray, group_names: pd.Index, ranks: np.ndarray
+    manifest: schema.Manifest, group_codes: np.ndarray, group_names: list[str], ranks: np.ndarray
 ) -> np.ndarray:
     """For each record, which of its axis's groups (manifest.groups) holds its rank; 0 when
     the manifest does not say."""
     member_of = np.zeros(len(ranks), dtype=np.int64)
     for code, name in enumerate(group_names):
-        groups = manifest.groups.get(str(name))
+        groups = manifest.groups.get(name)
         if not groups:
             continue
         lookup = np.zeros(max(max(m) for m in groups if m) + 1, dtype=np.int64)
@@ -38,6 +38,12 @@ def _member_of(
     return member_of
 
 
+def _codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """One integer a distinct label (null is "", code 0) and the labels, as strings."""
+    codes, uniques = pd.factorize(labels)
+    return codes + 1, ["", *(str(u) for u in uniques)]
+
+
 def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
@@ -47,8 +53,8 @@ def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
         return pd.DataFrame(columns=columns)
     records = records.sort_values(["rank", "t0"], kind="stable")
     ranks = records["rank"].to_numpy(dtype=np.int64)
-    group_codes, group_names = pd.factorize(records["group"].fillna("").astype(str))
-    op_codes, op_names = pd.factorize(records["op"].fillna("").astype(str))
+    group_codes, group_names = _codes(records["group"])
+    op_codes, op_names = _codes(records["op"])
     member_of = _member_of(manifest, group_codes, group_names, ranks)
     # one integer per (group, member_of, op): the collective's stream on that group
     stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes

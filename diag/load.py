@@ -51,6 +51,8 @@ _NUMERIC: dict[str, tuple[str, ...]] = {
     RecordKind.MEM.value: (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss"),
     RecordKind.EXPERTS.value: ("dropped", "capacity", "aux_loss"),
 }
+_CATEGORIES: dict[str, tuple[str, ...]] = {RecordKind.COMM.value: ("op", "group", "tag", "dtype")}
+"""Labels repeated on millions of records: categorical (one small code a row)."""
 _TIMED = frozenset({RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value})
 _LABELS: dict[str, tuple[str, ...]] = {
     RecordKind.SPAN.value: ("phase",),
@@ -396,6 +398,8 @@ def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
             frame[name] = pd.Series(numbers, index=frame.index, dtype="float64")
         if name != "loss":  # a diverged loss is data; an infinite byte count is not
             frame[name] = frame[name].where(np.isfinite(frame[name]))
+    for name in _CATEGORIES.get(kind, ()):
+        frame[name] = frame[name].astype("category")
     return frame
 
 
