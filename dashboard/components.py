@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from dashboard.data import GROUPINGS
+from dashboard.data import GROUPINGS, LoadedRun, pick, pick_grouping, rank_groups
 from dashboard.figures import plain
 from diag.report import PATTERN_NAMES, rank_list
 
@@ -142,3 +142,25 @@ def clicked_step(click: Any) -> int | None:
     except (KeyError, IndexError, TypeError):
         return None
     return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
+
+
+def register_group_click(app: Dash, runs: Sequence[LoadedRun], prefix: str) -> None:
+    """A click on a row of the `{prefix}-heatmap` (group x step) or on a bar of the
+    `{prefix}-groups` chart picks that group in the `{prefix}-group` selector."""
+
+    @app.callback(
+        Output(f"{prefix}-group", "value"),
+        Input(f"{prefix}-heatmap", "clickData"),
+        Input(f"{prefix}-groups", "clickData"),
+        State(f"{prefix}-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def select(row_click: Any, bar_click: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        groups = rank_groups(loaded, pick_grouping(loaded, by))
+        if ctx.triggered_id == f"{prefix}-groups":
+            group = clicked_group(bar_click, groups, "x")
+        else:
+            group = clicked_group(row_click, groups, "y")
+        return group if group is not None else no_update

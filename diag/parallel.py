@@ -21,6 +21,7 @@ PARALLEL_MIN_BYTES = 16 * 2**20
 CHUNKS_PER_WORKER = 4
 """Files go to workers in a few chunks each: fewer round trips, still balanced."""
 MAX_CHUNK_FILES = 64
+"""At most this many rank files a chunk: what one worker holds at once, however large the run."""
 
 
 def workers() -> int:

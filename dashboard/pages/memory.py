@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx, html, no_update
+from dash import Dash, Input, Output, State, html, no_update
 
 from dashboard import figures
 from dashboard.components import (
-    clicked_group,
     graph,
     group_control,
     grouping_control,
     no_data,
     page,
+    register_group_click,
 )
 from dashboard.data import (
     GROUPINGS,
@@ -118,22 +118,7 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
         loaded = pick(runs, run_index)
         return body(loaded, pick_grouping(loaded, by))
 
-    @app.callback(
-        Output("memory-group", "value"),
-        Input("memory-heatmap", "clickData"),
-        Input("memory-groups", "clickData"),
-        State("memory-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def select(row_click: Any, bar_click: Any, by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        groups = rank_groups(loaded, pick_grouping(loaded, by))
-        if ctx.triggered_id == "memory-groups":
-            group = clicked_group(bar_click, groups, "x")
-        else:
-            group = clicked_group(row_click, groups, "y")
-        return group if group is not None else no_update
+    register_group_click(app, runs, "memory")
 
     @app.callback(
         Output("memory-detail", "children"),

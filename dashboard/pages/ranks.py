@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard import figures
 from dashboard.components import (
-    clicked_group,
     graph,
     group_control,
     grouping_control,
     no_data,
     page,
+    register_group_click,
     table,
 )
 from dashboard.data import (
@@ -165,22 +165,7 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
         chosen = metric if metric in RANK_METRICS else DEFAULT_METRIC
         return group_figures(loaded, pick_grouping(loaded, by), chosen)
 
-    @app.callback(
-        Output("ranks-group", "value"),
-        Input("ranks-heatmap", "clickData"),
-        Input("ranks-groups", "clickData"),
-        State("ranks-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def select(row_click: Any, bar_click: Any, by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        groups = rank_groups(loaded, pick_grouping(loaded, by))
-        if ctx.triggered_id == "ranks-groups":
-            group = clicked_group(bar_click, groups, "x")
-        else:
-            group = clicked_group(row_click, groups, "y")
-        return group if group is not None else no_update
+    register_group_click(app, runs, "ranks")
 
     @app.callback(
         Output("ranks-detail", "children"),
