@@ -157,16 +157,32 @@ def finding_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ranks_to_show(report: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The rank rows in rank order, or, when there are more than a terminal shows, the ranks
+    the findings blame first and then the others by busy share (the straggler's end first),
+    with a note on the order for the table's title."""
+    rows = list(report["ranks"])
+    if len(rows) <= TEXT_MAX_ROWS:
+        return rows, ""
+    blamed: list[int] = []
+    for finding in report["findings"]:
+        blamed += [r for r in finding.get("ranks") or [] if r not in blamed]
+    first = {rank: i for i, rank in enumerate(blamed)}
+    rows.sort(key=lambda r: (first.get(r["rank"], len(first)), -(r["busy_frac"] or 0.0), r["rank"]))
+    return rows, "; blamed ranks first, then by busy share"
+
+
 def sections(report: dict[str, Any]) -> list[Section]:
     """The tables every rendering shows, values already formatted."""
+    rank_rows, order = _ranks_to_show(report)
     ranks = Section(
-        "ranks (share of each rank's step wall time)",
+        f"ranks (share of each rank's step wall time{order})",
         ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle"],
         [
             [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), num(r["step_time_s"]),
              pct(r["busy_frac"]), pct(r["comm_share"]), pct(r["exposed_comm_share"]),
              pct(r["idle_frac"])]
-            for r in report["ranks"]
+            for r in rank_rows
         ],
     )  # fmt: skip
     collectives = Section(

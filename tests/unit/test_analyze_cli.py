@@ -222,3 +222,17 @@ def test_thresholds_come_from_pyproject_when_no_config_is_given(
     report = json.loads(analyze(str(golden_dp2), "--format", "json").output)
     com001 = [f for f in report["findings"] if f["rule"] == "COM001"]
     assert com001 and com001[0]["severity"] == "high"  # 19% exposed against a 2% limit
+
+
+def test_text_report_of_many_ranks_shows_the_blamed_rank_first(tmp_path: Path) -> None:
+    from benchmarks.synthetic_run import write_synthetic_run
+    from diag.analysis import analyze_path
+    from diag.report import TEXT_MAX_ROWS, render_text
+
+    run_dir = write_synthetic_run(tmp_path / "run", ranks=48, steps=8, straggler_rank=37)
+    text = render_text(analyze_path(run_dir))
+    lines = text.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("ranks ("))
+    assert "blamed ranks first" in lines[title]
+    assert lines[title + 2].split()[0] == "37"  # after the header row
+    assert f"... {48 - TEXT_MAX_ROWS} more rows" in text
