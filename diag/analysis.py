@@ -29,11 +29,13 @@ def analyze_path(
     config: Mapping[str, Any] | None = None,
     hta: bool = False,
     layout: schema.Layout | None = None,
+    steps: range | None = None,
 ) -> dict[str, Any]:
     """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
     build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
     parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again);
-    `layout` says how a trace folder's ranks are laid out (a run directory has its manifest).
+    `layout` says how a trace folder's ranks are laid out (a run directory has its manifest);
+    `steps` analyses a window of a run directory's steps.
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
@@ -42,12 +44,14 @@ def analyze_path(
     folder = Path(path)
     if layout is not None and not is_trace_dir(folder):
         raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
+    if steps is not None and is_trace_dir(folder):
+        raise InputError(folder, "--steps is for run directories; a trace holds its own window")
     key = None
     if is_trace_dir(folder) or _input_bytes(folder) >= CACHE_MIN_BYTES:
-        key = cache.report_key(folder, (dict(config or {}), hta, layout))
+        key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
         if (report := cache.read_report(folder, key)) is not None:
             return report
-    _, report = diagnose(load_any(path, layout), config, hta)
+    _, report = diagnose(load_any(path, layout, steps), config, hta)
     if key is not None:
         cache.write_report(folder, key, report)
     return report
@@ -94,20 +98,23 @@ def _profiler_window(folder: Path) -> dict[str, Any]:
     })  # fmt: skip
 
 
-def load_any(path: str | Path, layout: schema.Layout | None = None) -> RunData:
-    """A run directory (manifest.json) or a folder of PyTorch profiler (Kineto) traces; a
-    large run's tables come from the cache beside it when its files have not changed."""
+def load_any(
+    path: str | Path, layout: schema.Layout | None = None, steps: range | None = None
+) -> RunData:
+    """A run directory (manifest.json; only `steps` when given) or a folder of PyTorch
+    profiler (Kineto) traces; a large run's tables come from the cache beside it when its
+    files have not changed."""
     from diag.kineto import is_trace_dir, load_trace_dir
 
     folder = Path(path)
     if is_trace_dir(folder):
         return load_trace_dir(folder, layout=layout)
     if _input_bytes(folder) < CACHE_MIN_BYTES:
-        return load_run(folder)
-    key = _run_key(folder)
+        return load_run(folder, steps)
+    key = _run_key(folder, steps)
     if (hit := cache.read(folder, RUN_CACHE_FILE, key)) is not None:
         return hit
-    run = load_run(folder)
+    run = load_run(folder, steps)
     cache.write(folder, RUN_CACHE_FILE, key, run)
     return run
 
@@ -131,7 +138,7 @@ def _input_bytes(folder: Path) -> int:
         return 0
 
 
-def _run_key(folder: Path) -> str:
+def _run_key(folder: Path, steps: range | None) -> str:
     code = cache.code_digest(*(_DIAG / name for name in _LOADERS))
-    parts = [RUN_CACHE_FORMAT, code, cache.file_stamps(_run_files(folder))]
+    parts = [RUN_CACHE_FORMAT, code, repr(steps), cache.file_stamps(_run_files(folder))]
     return hashlib.sha256(repr(parts).encode()).hexdigest()

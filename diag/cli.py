@@ -27,6 +27,7 @@ from diag.shell import (
     EXIT_INPUT,
     fail,
     parse_layout,
+    parse_steps,
     project_config,
     read_config,
     rule_thresholds,
@@ -82,6 +83,13 @@ def main() -> None:
     help="How a trace folder's ranks are laid out (grid order, tp innermost; m micro-batches, "
     "v virtual stages): stages and the bubble against theory.",
 )
+@click.option(
+    "--steps",
+    metavar="A:B",
+    callback=lambda _ctx, _param, value: parse_steps(value),
+    help="Analyse only steps A to B-1 of a run directory (A: or :B open-ended): a long run's "
+    "window in the memory of the window.",
+)
 def analyze(
     path: str,
     fmt: str | None,
@@ -89,13 +97,14 @@ def analyze(
     config: str | None,
     hta: bool,
     layout: Layout | None,
+    steps: range | None,
 ) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
     busy/comm/idle, bytes, memory and experts with the findings."""
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        report = analyze_path(path, thresholds, hta=hta, layout=layout)
+        report = analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         text = FORMATS[fmt](report)

@@ -85,14 +85,19 @@ class RunData:
     rank_steps: pd.DataFrame | None = None
     """The per-(rank, step) time breakdown (`diag.metrics`), computed while loading when the
     run was too large to keep every span; None otherwise (the metrics compute it)."""
+    starts_at_warmup: bool = True
+    """False when only a window of steps after the first was read (`steps`): its first step
+    is an ordinary one, not the run's warm-up."""
     span_steps: int | None = None
     """When set, `spans` holds every span only for steps below this (plus every comm_wait span
     and the spans of steps without a step record): enough for timelines, stages and the
     rules, at a memory that does not grow with the run's length. None: every span."""
 
 
-def load_run(path: str | Path) -> RunData:
+def load_run(path: str | Path, steps: range | None = None) -> RunData:
     """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable.
+    `steps`: keep only the records of these steps (the others are dropped while parsing, so
+    a long run's window costs the memory of the window).
 
     Rank files are parsed in parallel processes when the run is large (`parallel.py`)."""
     run_dir = Path(path)
@@ -104,7 +109,7 @@ def load_run(path: str | Path) -> RunData:
         raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
     files = list(rank_files.items())
     reduce_spans = total_bytes(files) >= REDUCE_SPANS_FROM_BYTES
-    chunks = map_chunks(partial(read_rank_chunk, reduce_spans=reduce_spans), files)
+    chunks = map_chunks(partial(read_rank_chunk, reduce_spans=reduce_spans, window=steps), files)
     parsed = [part for chunk in chunks for part in chunk.files]
     nan_loss = {
         file.name: part.nan_loss
@@ -120,7 +125,11 @@ def load_run(path: str | Path) -> RunData:
         kind: {name: unpack([part.columns[kind][name] for part in parsed]) for name in names}
         for kind, names in _COLUMNS.items()
     }
+    if steps is not None:
+        shown = f"{steps.start}:{steps.stop}" if steps.stop < 2**62 else f"{steps.start}:"
+        skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
+    run.starts_at_warmup = steps is None or steps.start == 0
     if reduce_spans:
         run.rank_steps = pd.concat([c.breakdown for c in chunks], ignore_index=True)
         run.span_steps = SPAN_WINDOW_STEPS
@@ -236,10 +245,16 @@ class RankChunk:
     breakdown: pd.DataFrame | None = None
 
 
-def read_rank_chunk(files: list[tuple[int, Path]], reduce_spans: bool = False) -> RankChunk:
-    """Parse a few rank files; with `reduce_spans`, measure their time breakdown from every
-    span, then keep only the spans `RunData.span_steps` describes."""
+def read_rank_chunk(
+    files: list[tuple[int, Path]], reduce_spans: bool = False, window: range | None = None
+) -> RankChunk:
+    """Parse a few rank files (only the records of the steps in `window` when given); with
+    `reduce_spans`, measure their time breakdown from every span, then keep only the spans
+    `RunData.span_steps` describes."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
+    if window is not None:
+        for part in parsed:
+            part.columns = {kind: _in_window(table, window) for kind, table in part.columns.items()}
     if not reduce_spans:
         return RankChunk(parsed)
     from diag.metrics import step_breakdown  # diag.metrics imports this module
@@ -249,10 +264,18 @@ def read_rank_chunk(files: list[tuple[int, Path]], reduce_spans: bool = False) -
         _frame(kind, {name: unpack([p.columns[kind][name] for p in parsed]) for name in names})
         for kind, names in ((k, _COLUMNS[k]) for k in kinds)
     )
-    breakdown = step_breakdown(_drop_duplicate_steps(steps, []), spans, comms)
+    warmup = window is None or window.start == 0
+    breakdown = step_breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
     for part in parsed:
         part.columns[RecordKind.SPAN.value] = _span_window(part.columns)
     return RankChunk(parsed, breakdown)
+
+
+def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
+    """A packed table's rows whose step is in `steps`."""
+    step = np.asarray(unpack([table["step"]]), dtype=np.int64)
+    keep = (step >= steps.start) & (step < steps.stop)
+    return table if keep.all() else {name: take(values, keep) for name, values in table.items()}
 
 
 def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:

@@ -53,7 +53,7 @@ class RunMetrics:
 def compute_metrics(run: RunData) -> RunMetrics:
     """Derive the metrics of a loaded run (see docs/metrics.md)."""
     skipped: list[str] = []
-    windows, warmup_steps = _analysed_steps(run.steps)
+    windows, warmup_steps = _analysed_steps(run.steps, run.starts_at_warmup)
     _note_orphans(run, skipped)
     rank_steps = run.rank_steps
     if rank_steps is None:
@@ -77,15 +77,20 @@ def compute_metrics(run: RunData) -> RunMetrics:
     )
 
 
-def step_breakdown(steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
+def step_breakdown(
+    steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame, warmup: bool = True
+) -> pd.DataFrame:
     """The `rank_steps` table of some ranks' records (each (rank, step) on its own, so the
     loader may measure a large run a few ranks at a time and concatenate)."""
-    return _time_breakdown(spans, comms, _analysed_steps(steps)[0])
+    return _time_breakdown(spans, comms, _analysed_steps(steps, warmup)[0])
 
 
-def _analysed_steps(steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Step records left after dropping each rank's warm-up step, and the warm-up step count."""
+def _analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFrame, int]:
+    """Step records left after dropping each rank's warm-up step (when the records start at
+    the run's start: `warmup`), and the warm-up step count."""
     steps = steps.sort_values(KEYS, kind="stable")
+    if not warmup:
+        return steps.reset_index(drop=True), 0
     by_rank = steps.groupby("rank")["step"]
     warmup = (by_rank.transform("size") >= WARMUP_MIN_STEPS) & (
         steps["step"] == by_rank.transform("min")

@@ -87,3 +87,20 @@ def parse_layout(text: str | None) -> schema.Layout | None:
         if values[field] < 1:
             raise click.BadParameter(f"{key.strip()}={raw} must be at least 1")
     return schema.Layout(**values)
+
+
+def parse_steps(text: str | None) -> range | None:
+    """`A:B` (steps A to B-1), `A:` (from A) or `:B` -> range; click.BadParameter (exit 2)."""
+    if not text:
+        return None
+    first, colon, last = text.partition(":")
+    if not colon:
+        raise click.BadParameter(f"{text!r} is not a window A:B (steps A to B-1)")
+    try:
+        start = int(first) if first.strip() else 0
+        stop = int(last) if last.strip() else 2**62
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: A and B must be whole numbers") from None
+    if start < 0 or stop <= start:
+        raise click.BadParameter(f"{text!r}: need 0 <= A < B")
+    return range(start, stop)

@@ -170,3 +170,42 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
     metrics_reduced, report_reduced = diagnose(reduced)
     pd.testing.assert_frame_equal(metrics_full.rank_steps, metrics_reduced.rank_steps)
     assert report_full == report_reduced
+
+
+@pytest.mark.parametrize("reduce", [False, True])
+def test_a_window_of_steps_is_read_and_analysed_alone(runs, monkeypatch, reduce: bool) -> None:
+    from diag.analysis import analyze_path
+
+    run_dir = runs.write({r: _rich_rank(runs, r) for r in range(3)}, runs.manifest(3))
+    if reduce:
+        monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
+    window = load_run(run_dir, steps=range(1, 3))
+    for name in TABLES:
+        assert set(getattr(window, name)["step"]) == {1, 2}, name
+    assert not window.starts_at_warmup
+    assert any("only steps 1:3 read" in note for note in window.skipped)
+    report = analyze_path(run_dir, steps=range(1, 3))
+    assert report["summary"]["steps_analysed"] == 2  # step 1 is not a warm-up step here
+    assert report["summary"]["warmup_steps_excluded"] == 0
+    whole = analyze_path(run_dir)
+    assert whole["summary"]["steps_analysed"] == 3  # steps 1-3; step 0 is the warm-up
+
+
+def test_cli_steps_window_and_its_errors(runs, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    run_dir = runs.write({r: _rich_rank(runs, r) for r in range(2)}, runs.manifest(2))
+    result = CliRunner().invoke(
+        main, ["analyze", str(run_dir), "--steps", "2:", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    for bad in ("5:2", "x", "3"):
+        result = CliRunner().invoke(main, ["analyze", str(run_dir), "--steps", bad])
+        assert result.exit_code == 2 and "--steps" in result.output
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "rank0.1.pt.trace.json").write_text('{"traceEvents": []}')
+    result = CliRunner().invoke(main, ["analyze", str(traces), "--steps", "1:2"])
+    assert result.exit_code == 2 and "--steps is for run directories" in result.output
