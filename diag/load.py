@@ -21,7 +21,7 @@ import pandas as pd
 from diag import schema
 from diag.errors import InputError
 from diag.parallel import map_chunks, total_bytes
-from diag.records import Column, Packed, decode_rank_file, pack, take, unpack
+from diag.records import Column, Packed, concat, decode_rank_file, pack, take, unpack
 from diag.schema import Manifest, RecordKind
 
 STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
@@ -110,7 +110,7 @@ def load_run(path: str | Path, steps: range | None = None) -> RunData:
     files = list(rank_files.items())
     reduce_spans = total_bytes(files) >= REDUCE_SPANS_FROM_BYTES
     chunks = map_chunks(partial(read_rank_chunk, reduce_spans=reduce_spans, window=steps), files)
-    parsed = [part for chunk in chunks for part in chunk.files]
+    parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
         file.name: part.nan_loss
         for file, part in zip(rank_files.values(), parsed, strict=True)
@@ -122,7 +122,7 @@ def load_run(path: str | Path, steps: range | None = None) -> RunData:
         names = ", ".join(sorted(nan_loss))
         skipped.append(f"{names}: loss is NaN in {sum(nan_loss.values())} step records (kept)")
     columns = {
-        kind: {name: unpack([part.columns[kind][name] for part in parsed]) for name in names}
+        kind: {name: unpack([chunk.columns[kind][name] for chunk in chunks]) for name in names}
         for kind, names in _COLUMNS.items()
     }
     if steps is not None:
@@ -238,10 +238,12 @@ class RankFile:
 
 @dataclass
 class RankChunk:
-    """Consecutive rank files parsed by one worker, and their time breakdown per (rank, step)
-    when the spans were reduced to a window (`read_rank_chunk`)."""
+    """Consecutive rank files parsed by one worker: their notes (`files`, columns emptied),
+    their records as one set of packed columns by kind, and their time breakdown per
+    (rank, step) when the spans were reduced to a window (`read_rank_chunk`)."""
 
     files: list[RankFile]
+    columns: dict[str, dict[str, Packed]]
     breakdown: pd.DataFrame | None = None
 
 
@@ -252,23 +254,25 @@ def read_rank_chunk(
     `reduce_spans`, measure their time breakdown from every span, then keep only the spans
     `RunData.span_steps` describes."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
+    columns = {
+        kind: {name: concat([p.columns[kind][name] for p in parsed]) for name in names}
+        for kind, names in _COLUMNS.items()
+    }
+    for part in parsed:
+        part.columns = {}
     if window is not None:
-        for part in parsed:
-            part.columns = {kind: _in_window(table, window) for kind, table in part.columns.items()}
+        columns = {kind: _in_window(table, window) for kind, table in columns.items()}
     if not reduce_spans:
-        return RankChunk(parsed)
+        return RankChunk(parsed, columns)
     from diag.metrics import step_breakdown  # diag.metrics imports this module
 
     kinds = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
-    steps, spans, comms = (
-        _frame(kind, {name: unpack([p.columns[kind][name] for p in parsed]) for name in names})
-        for kind, names in ((k, _COLUMNS[k]) for k in kinds)
-    )
+    steps, spans, comms = (_frame(kind, {n: unpack([c]) for n, c in columns[kind].items()})
+                           for kind in kinds)  # fmt: skip
     warmup = window is None or window.start == 0
     breakdown = step_breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
-    for part in parsed:
-        part.columns[RecordKind.SPAN.value] = _span_window(part.columns)
-    return RankChunk(parsed, breakdown)
+    columns[RecordKind.SPAN.value] = _span_window(columns)
+    return RankChunk(parsed, columns, breakdown)
 
 
 def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
@@ -279,14 +283,18 @@ def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
 
 
 def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:
-    """One rank file's spans of the first SPAN_WINDOW_STEPS steps, its comm_wait spans and
-    those of steps without a step record (reported as orphans by the metrics)."""
-    spans = columns[RecordKind.SPAN.value]
-    step = np.asarray(unpack([spans["step"]]))
+    """Some ranks' spans of the first SPAN_WINDOW_STEPS steps, their comm_wait spans and
+    those of (rank, step)s without a step record (reported as orphans by the metrics)."""
+    spans, recorded = columns[RecordKind.SPAN.value], columns[RecordKind.STEP.value]
+    step = np.asarray(unpack([spans["step"]]), dtype=np.int64)
     phase = np.asarray(unpack([spans["phase"]]), dtype=object)
-    recorded = np.asarray(unpack([columns[RecordKind.STEP.value]["step"]]))
     keep = (step < SPAN_WINDOW_STEPS) | (phase == schema.Phase.COMM_WAIT.value)
-    keep |= ~np.isin(step, recorded)
+    width = int(max(step.max(initial=0), np.max(unpack([recorded["step"]]), initial=0))) + 1
+    span_keys = np.asarray(unpack([spans["rank"]]), dtype=np.int64) * width + step
+    step_keys = np.asarray(unpack([recorded["rank"]]), dtype=np.int64) * width + np.asarray(
+        unpack([recorded["step"]]), dtype=np.int64
+    )
+    keep |= ~np.isin(span_keys, step_keys)
     return {name: take(values, keep) for name, values in spans.items()}
 
 

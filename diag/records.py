@@ -213,6 +213,23 @@ def take(values: Packed, keep: np.ndarray) -> Packed:
     return list(compress(values, keep))
 
 
+def concat(parts: list[Packed]) -> Packed:
+    """Packed parts as one packed column: arrays concatenated, dictionary-encoded labels under
+    one merged dictionary, anything else as one list."""
+    arrays = [p for p in parts if isinstance(p, np.ndarray)]
+    if parts and len(arrays) == len(parts):
+        return np.concatenate(arrays)
+    encoded = [p for p in parts if isinstance(p, Encoded)]
+    if parts and len(encoded) == len(parts):
+        merged: dict[Any, int] = {}
+        codes = [
+            np.fromiter((merged.setdefault(v, len(merged)) for v in p.values), np.int32)[p.codes]
+            for p in encoded
+        ]
+        return Encoded(list(merged), np.concatenate(codes))
+    return list(unpack(parts))
+
+
 def unpack(parts: list[Packed]) -> Column:
     """One column from every file's packed part, in order. Arrays are concatenated; labels
     that every part dictionary-encoded are decoded in one vectorised lookup into the array
