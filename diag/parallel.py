@@ -12,7 +12,7 @@ import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,24 +36,39 @@ def workers() -> int:
 
 
 def map_chunks(
-    parse: Callable[[list[tuple[int, Path]]], Result], files: Sequence[tuple[int, Path]]
+    parse: Callable[[list[tuple[int, Path]]], Result],
+    files: Sequence[tuple[int, Path]],
+    *,
+    count: int | None = None,
+    min_bytes: int | None = None,
+    chunk_files: int = MAX_CHUNK_FILES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Result]:
     """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
-    worker processes when it pays; a chunk holds at most MAX_CHUNK_FILES files, so a worker's
-    memory does not grow with the run."""
-    count = min(workers(), len(files))
-    parallel = count >= 2 and total_bytes(files) >= PARALLEL_MIN_BYTES
-    size = max(1, min(MAX_CHUNK_FILES, -(-len(files) // (count * CHUNKS_PER_WORKER))))
+    worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
+    forces the number of processes). A chunk holds at most `chunk_files` files, so a worker's
+    memory does not grow with the run; `progress(done, total)` is called as chunks finish."""
+    forced = count is not None
+    count = min(count or workers(), len(files))
+    threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
+    parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
+    size = max(1, min(chunk_files, -(-len(files) // (max(count, 1) * CHUNKS_PER_WORKER))))
     chunks = [list(files[i : i + size]) for i in range(0, len(files), size)]
     if not parallel:
         return [parse(chunk) for chunk in chunks]
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    results: list[Result | None] = [None] * len(chunks)
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
-            return list(pool.map(parse, chunks))
+            pending = {pool.submit(parse, chunk): i for i, chunk in enumerate(chunks)}
+            for done, future in enumerate(as_completed(pending), 1):
+                results[pending[future]] = future.result()
+                if progress is not None:
+                    progress(done, len(chunks))
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         return [parse(chunk) for chunk in chunks]
+    return [result for result in results if result is not None]
 
 
 def total_bytes(files: Sequence[tuple[int, Path]]) -> int:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
 from pathlib import Path
 
 from diag import schema
@@ -22,6 +21,7 @@ from diag.kineto import cache
 from diag.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData, run_from_records
+from diag.parallel import map_chunks
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
@@ -78,25 +78,24 @@ def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
 ) -> list[ParsedTrace]:
     """Every file parsed, in parallel processes when there are several and enough bytes to
-    repay starting them (`workers` forces a count)."""
-    total_bytes = sum(f.stat().st_size for f in files)
-    if workers is None and total_bytes < PARALLEL_FROM_BYTES:
-        workers = 1
-    workers = min(len(files), workers or os.cpu_count() or 1)
-    if workers <= 1:
-        return [parse_file(f, patterns) for f in files]
+    repay starting them (`workers` forces a count); progress on a terminal after a while."""
     started = time.monotonic()
-    parsed: list[ParsedTrace] = []
-    with ProcessPoolExecutor(workers) as pool:
-        pending = [pool.submit(parse_file, f, patterns) for f in files]
-        for done in as_completed(pending):
-            parsed.append(done.result())
-            if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
-                print(f"\rdiag: parsed {len(parsed)}/{len(files)} trace files", end="",
-                      file=sys.stderr, flush=True)  # fmt: skip
-    if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
-        print(file=sys.stderr)
-    return sorted(parsed, key=lambda t: t.path)
+
+    def report(done: int, total: int) -> None:
+        if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
+            end = "\n" if done == total else ""
+            print(f"\rdiag: parsed {done}/{total} trace files", end=end, file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    chunks = map_chunks(
+        partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
+        min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
+    )  # fmt: skip
+    return [trace for chunk in chunks for trace in chunk]
+
+
+def _parse_chunk(chunk: list[tuple[int, Path]], patterns: KernelPatterns) -> list[ParsedTrace]:
+    return [parse_file(path, patterns) for _, path in chunk]
 
 
 def _layout_beside(folder: Path) -> schema.Layout | None:
