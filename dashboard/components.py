@@ -3,14 +3,14 @@ escapes: names from traces and manifests never become HTML."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from dashboard.data import GROUPINGS, LoadedRun, pick, pick_grouping, rank_groups
+from dashboard.data import GROUPINGS, LoadedRun, pick, pick_group, pick_grouping, rank_groups
 from dashboard.figures import plain
 from diag.report import PATTERN_NAMES, rank_list
 
@@ -142,6 +142,36 @@ def clicked_step(click: Any) -> int | None:
     except (KeyError, IndexError, TypeError):
         return None
     return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
+
+
+def register_drill_down(
+    app: Dash,
+    runs: Sequence[LoadedRun],
+    prefix: str,
+    detail: Callable[[LoadedRun, str, str], Any],
+    preferred: Callable[[LoadedRun], Sequence[int]],
+) -> None:
+    """The drill-down of a grouped page: a click on a row of the `{prefix}-heatmap` (group x
+    step) or on a bar of the `{prefix}-groups` chart picks that group in the `{prefix}-group`
+    selector, and the selector's group is drawn rank by rank in `{prefix}-detail` by
+    `detail(loaded, grouping, group)` (an unknown group: the one holding the first of
+    `preferred(loaded)`)."""
+    register_group_click(app, runs, prefix)
+
+    @app.callback(
+        Output(f"{prefix}-detail", "children"),
+        Input(f"{prefix}-group", "value"),
+        State(f"{prefix}-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def drill(group: Any, by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        chosen = pick_grouping(loaded, by)
+        if chosen == "none":
+            return no_update
+        groups = rank_groups(loaded, chosen)
+        return detail(loaded, chosen, pick_group(groups, group, preferred(loaded)))
 
 
 def register_group_click(app: Dash, runs: Sequence[LoadedRun], prefix: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dash import Dash, Input, Output, State, html, no_update
+from dash import Dash, Input, Output, State, html
 
 from dashboard import figures
 from dashboard.components import (
@@ -18,7 +18,7 @@ from dashboard.components import (
     grouping_control,
     no_data,
     page,
-    register_group_click,
+    register_drill_down,
 )
 from dashboard.data import (
     GROUPINGS,
@@ -118,19 +118,4 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
         loaded = pick(runs, run_index)
         return body(loaded, pick_grouping(loaded, by))
 
-    register_group_click(app, runs, "memory")
-
-    @app.callback(
-        Output("memory-detail", "children"),
-        Input("memory-group", "value"),
-        State("memory-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def drill(group: Any, by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        chosen = pick_grouping(loaded, by)
-        if chosen == "none":
-            return no_update
-        groups = rank_groups(loaded, chosen)
-        return detail(loaded, chosen, pick_group(groups, group, _fullest(loaded)))
+    register_drill_down(app, runs, "memory", detail, _fullest)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html
 
 from dashboard import figures
 from dashboard.components import (
@@ -22,7 +22,7 @@ from dashboard.components import (
     grouping_control,
     no_data,
     page,
-    register_group_click,
+    register_drill_down,
     table,
 )
 from dashboard.data import (
@@ -165,19 +165,4 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
         chosen = metric if metric in RANK_METRICS else DEFAULT_METRIC
         return group_figures(loaded, pick_grouping(loaded, by), chosen)
 
-    register_group_click(app, runs, "ranks")
-
-    @app.callback(
-        Output("ranks-detail", "children"),
-        Input("ranks-group", "value"),
-        State("ranks-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def drill(group: Any, by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        chosen = pick_grouping(loaded, by)
-        if chosen == "none":
-            return no_update
-        groups = rank_groups(loaded, chosen)
-        return detail(loaded, chosen, pick_group(groups, group, loaded.blamed_ranks))
+    register_drill_down(app, runs, "ranks", detail, lambda loaded: loaded.blamed_ranks)
