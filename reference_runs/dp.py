@@ -26,6 +26,7 @@ from reference_runs.common import (
     build_groups,
     clip_gradients,
     delayed_allreduce_hook,
+    exit_process,
     init_distributed,
     open_recorder,
     shutdown,
@@ -112,3 +113,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_process(0)  # skip native teardown: see its docstring

@@ -34,7 +34,13 @@ import torch
 import torch.distributed as dist
 
 from diag import ledger
-from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
+from reference_runs.common import (
+    build_groups,
+    exit_process,
+    init_distributed,
+    open_recorder,
+    shutdown,
+)
 from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.ep_comms import EpComm, all_reduce_
@@ -196,3 +202,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_process(0)  # skip native teardown: see its docstring

@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from diag import ledger
-from reference_runs.common import build_groups, init_distributed, open_recorder, shutdown
+from reference_runs.common import (
+    build_groups,
+    exit_process,
+    init_distributed,
+    open_recorder,
+    shutdown,
+)
 from reference_runs.config import TrainConfig, parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.faults import FaultPlan, Leak
@@ -240,3 +246,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_process(0)  # skip native teardown: see its docstring

@@ -34,6 +34,7 @@ from collectors.fsdp import register_fsdp_recording
 from reference_runs.common import (
     build_groups,
     clip_gradients,
+    exit_process,
     init_distributed,
     open_recorder,
     shutdown,
@@ -130,3 +131,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_process(0)  # skip native teardown: see its docstring
