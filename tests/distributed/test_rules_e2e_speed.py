@@ -47,7 +47,12 @@ def test_pipeline_with_too_few_micro_batches(tmp_path: Path, run_dp) -> None:
 def test_tp_across_hosts(tmp_path: Path, run_tp) -> None:
     run_tp(tmp_path, *SMALL, "--tp", "4", "--gpus-per-node", "2", nproc=4)
     report = analyze_path(tmp_path)
-    assert report["findings"][0]["pattern"] == 1, report["findings"]  # the main diagnosis
+    # The main diagnosis is pattern 1. Balance findings are left out of that check: 4 TP ranks
+    # sharing 2 cores for 3 analysed steps can leave one rank descheduled long enough to look
+    # like a straggler (BAL001 high, 1.5x its peers, seen once in CI), and a high straggler
+    # finding ranks first. The TP verdict itself depends on the layout only.
+    layout_first = [f for f in report["findings"] if not f["rule"].startswith("BAL")]
+    assert layout_first[0]["pattern"] == 1, report["findings"]
     findings = _rules(report)
     assert "TOP001" in findings, findings
     assert (findings["TOP001"]["pattern"], findings["TOP001"]["severity"]) == (1, "high")
