@@ -67,6 +67,8 @@ KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
 REDUCE_SPANS_FROM_BYTES = 128 * 2**20
 """Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
 SPAN_WINDOW_STEPS = 8
+OPEN_END = 2**62
+"""The end of a window of steps `A:` (every step from A on)."""
 
 
 @dataclass
@@ -126,7 +128,7 @@ def load_run(path: str | Path, steps: range | None = None) -> RunData:
         for kind, names in _COLUMNS.items()
     }
     if steps is not None:
-        shown = f"{steps.start}:{steps.stop}" if steps.stop < 2**62 else f"{steps.start}:"
+        shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
     run.starts_at_warmup = steps is None or steps.start == 0
@@ -289,13 +291,22 @@ def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:
     step = np.asarray(unpack([spans["step"]]), dtype=np.int64)
     phase = np.asarray(unpack([spans["phase"]]), dtype=object)
     keep = (step < SPAN_WINDOW_STEPS) | (phase == schema.Phase.COMM_WAIT.value)
-    width = int(max(step.max(initial=0), np.max(unpack([recorded["step"]]), initial=0))) + 1
-    span_keys = np.asarray(unpack([spans["rank"]]), dtype=np.int64) * width + step
-    step_keys = np.asarray(unpack([recorded["rank"]]), dtype=np.int64) * width + np.asarray(
-        unpack([recorded["step"]]), dtype=np.int64
+    keep |= ~rank_steps_in(
+        unpack([spans["rank"]]), step, unpack([recorded["rank"]]), unpack([recorded["step"]])
     )
-    keep |= ~np.isin(span_keys, step_keys)
     return {name: take(values, keep) for name, values in spans.items()}
+
+
+def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) -> np.ndarray:
+    """Which (rank, step) pairs of `ranks`/`steps` are among the wanted pairs (a boolean
+    array), one integer key per pair: far cheaper than a merge on millions of records."""
+    ranks, steps = np.asarray(ranks, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+    wanted_ranks = np.asarray(wanted_ranks, dtype=np.int64)
+    wanted_steps = np.asarray(wanted_steps, dtype=np.int64)
+    if len(ranks) == 0 or len(wanted_ranks) == 0:
+        return np.zeros(len(ranks), dtype=bool)
+    width = int(max(steps.max(), wanted_steps.max())) + 1
+    return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)
 
 
 def read_rank_file(rank: int, file: Path) -> RankFile:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from diag import ledger, pipeline, schema
 from diag.intervals import union_length_by
-from diag.load import RunData
+from diag.load import RunData, rank_steps_in
 
 KEYS = ["rank", "step"]
 NS_PER_S = 1e9
@@ -128,12 +128,10 @@ def _short_list(values: pd.Series) -> str:
 def in_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Which rows of `frame` belong to a (rank, step) of `steps` (a boolean array), with one
     integer key per pair: far cheaper than a merge on millions of records."""
-    if frame.empty or steps.empty:
-        return np.zeros(len(frame), dtype=bool)
-    width = int(max(frame["step"].max(), steps["step"].max())) + 1
-    wanted = steps["rank"].to_numpy(np.int64) * width + steps["step"].to_numpy(np.int64)
-    keys = frame["rank"].to_numpy(np.int64) * width + frame["step"].to_numpy(np.int64)
-    return np.isin(keys, wanted)
+    return rank_steps_in(
+        frame["rank"].to_numpy(), frame["step"].to_numpy(),
+        steps["rank"].to_numpy(), steps["step"].to_numpy(),
+    )  # fmt: skip
 
 
 def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -153,18 +151,15 @@ def _blocking(comms: pd.DataFrame) -> pd.Series:
 def _time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     windows = steps[[*KEYS, "t0", "t1"]].rename(columns={"t0": "w0", "t1": "w1"})
     compute = _clipped(spans[spans["phase"].isin(schema.COMPUTE_PHASES)], windows)
-    waits = pd.concat([
-        _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows),
-        _clipped(comms[_blocking(comms)], windows),
-    ])  # fmt: skip
+    comm_waits = _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows)
+    blocking = comms[_blocking(comms)]
+    in_pipeline = (blocking["group"] == PIPELINE_GROUP).to_numpy(dtype=bool)
+    pipeline_waits = _clipped(blocking[in_pipeline], windows)
+    own_waits = pd.concat([comm_waits, _clipped(blocking[~in_pipeline], windows)])
+    waits = pd.concat([own_waits, pipeline_waits])
     in_flight = union_length_by(_clipped(comms, windows), KEYS)
     exposed = union_length_by(waits, KEYS)
     compute_or_wait = union_length_by(pd.concat([compute, waits]), KEYS)
-    blocking = comms[_blocking(comms)]
-    own_waits = pd.concat([
-        _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows),
-        _clipped(blocking[blocking["group"] != PIPELINE_GROUP], windows),
-    ])  # fmt: skip
     stage_work = union_length_by(pd.concat([compute, own_waits]), KEYS)
     out = windows[KEYS].copy()
     out["wall_ns"] = windows["w1"] - windows["w0"]

@@ -10,6 +10,7 @@ import click
 
 from diag import schema
 from diag.errors import InputError
+from diag.load import OPEN_END
 from diag.rules import check_config
 
 EXIT_INPUT = 2
@@ -98,7 +99,7 @@ def parse_steps(text: str | None) -> range | None:
         raise click.BadParameter(f"{text!r} is not a window A:B (steps A to B-1)")
     try:
         start = int(first) if first.strip() else 0
-        stop = int(last) if last.strip() else 2**62
+        stop = int(last) if last.strip() else OPEN_END
     except ValueError:
         raise click.BadParameter(f"{text!r}: A and B must be whole numbers") from None
     if start < 0 or stop <= start:
