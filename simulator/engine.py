@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from diag import ledger
@@ -34,32 +32,14 @@ from reference_runs.pp_schedules import Action, model_stage, schedule_order, spl
 from simulator.config import SimConfig, stage_params
 from simulator.costs import Costs
 from simulator.injections import Faults
+from simulator.memory import StageMemory, stage_memory
 from simulator.moe import PREFERENCE_CONCENTRATION, Routing, aux_loss, expert_capacity, route
+from simulator.records import DTYPE_NAMES, Batch, head
 
 MAX_BUCKETS = 4
 """DDP buckets simulated per step at most (larger buckets when the gradients need more)."""
 EPOCH_STEPS = 4
 """Steps per epoch of the synthetic data (as the reference trainers): an `epoch` event each."""
-DTYPE_NAMES = {1: "float8_e4m3fn", 2: "bfloat16", 4: "float32", 8: "float64"}
-
-_encode = msgspec.json.Encoder().encode
-
-
-def head(fields: dict[str, Any]) -> bytes:
-    """A record's JSON without its closing brace (times and varying fields are appended)."""
-    return _encode(fields)[:-1]
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One record on each of `ranks`: the fields of `head`, then `vary` (a field whose integer
-    value differs per rank), then `t0` and `t1` (ns from the run's start) when timed."""
-
-    head: bytes
-    ranks: np.ndarray  # (n,) or any shape: flattened in C order with the arrays below
-    t0: np.ndarray | None = None
-    t1: np.ndarray | None = None
-    vary: tuple[str, np.ndarray] | None = None
 
 
 class Grid:
@@ -74,17 +54,6 @@ class Grid:
     def spans_hosts(self, axis: int) -> np.ndarray:
         """Per group of `axis` (kept as a size-1 axis): does it hold ranks of several hosts?"""
         return self.host.max(axis=axis, keepdims=True) != self.host.min(axis=axis, keepdims=True)
-
-
-@dataclass
-class StageMemory:
-    """The six categories of one stage's ranks, without the leak (bytes)."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    comm_buffers: float
 
 
 class Engine:
@@ -150,9 +119,6 @@ class Engine:
         self.dense_grad_bytes: list[int] = []
         self.opt_ns: list[float] = []
         self.memory: list[StageMemory] = []
-        act_layer = ledger.activation_bytes_per_layer(
-            model.seq_len, model.micro_batch, model.hidden, model.heads, self.tp
-        ) * (db / 2)  # the ledger counts 16-bit activations
         for s in range(self.pp):
             params = stage_params(cfg, s)
             payload = params.total * db
@@ -166,39 +132,19 @@ class Engine:
             self.opt_ns.append(
                 cfg.opt_ms * 1e6 if cfg.opt_ms is not None else self.costs.optimizer_ns(opt_params)
             )
-            in_flight = peak_in_flight(self.orders[s])
-            activations = act_layer * self.cfg.layers_per_chunk * in_flight
-            if self.last_k in {model_stage(s, c, self.pp) for c in range(self.v)}:
-                activations += model.tokens * model.vocab / self.tp * 4  # fp32 logits
-            comm = float(payload if dp > 1 else 0)
-            comm += 2 * self.pp_bytes if self.pp > 1 else 0
-            comm += 4 * self.ep_expected * model.capacity_factor if self.ep > 1 else 0
             self.memory.append(
-                StageMemory(
-                    params=params.total * db / (dp if zero >= 3 else 1),
-                    grads=params.total * db / (dp if zero >= 2 else 1),
-                    optimizer=params.total
-                    * ledger.ADAM_OPTIMIZER_BYTES_PER_PARAM
-                    / (dp if zero >= 1 else 1),
-                    activations=activations,
-                    comm_buffers=comm,
-                )
-            )
+                stage_memory(cfg, s, self.orders[s], self._holds_head(s), self.pp_bytes,
+                             self.ep_expected)
+            )  # fmt: skip
+
+    def _holds_head(self, stage: int) -> bool:
+        return self.last_k in {model_stage(stage, c, self.pp) for c in range(self.v)}
 
     def memory_of(self, stage: int, step: int) -> dict[str, int]:
         """The six categories (+ device_peak) of a rank of `stage` at the end of `step`."""
-        mem = self.memory[stage]
-        activations = mem.activations + self.faults.leak_bytes_per_step * (step + 1)
-        allocated = mem.params + mem.grads + mem.optimizer + activations + mem.comm_buffers
-        return {
-            "params": int(mem.params),
-            "grads": int(mem.grads),
-            "optimizer": int(mem.optimizer),
-            "activations": int(activations),
-            "comm_buffers": int(mem.comm_buffers),
-            "fragmentation": int(allocated * self.cfg.fragmentation),
-            "device_peak": int(allocated),
-        }
+        return self.memory[stage].at_step(
+            step, self.faults.leak_bytes_per_step, self.cfg.fragmentation
+        )
 
     # ------------------------------------------------------------------ the run
     def steps(self) -> Iterator[tuple[int, list[Batch]]]:
@@ -439,7 +385,7 @@ class Engine:
         self._experts(s, out)
         self._memory(s, out)
         self._epoch(s, out)
-        last = self.last_k in {model_stage(s, c, self.pp) for c in range(self.v)}
+        last = self._holds_head(s)
         record = self._head(("step", last), {
             "kind": "step", "step": self.step, "tokens": self.model.tokens * self.m,
             "loss": self._loss() if last else None,
@@ -508,12 +454,3 @@ class Engine:
         if cached is None:
             cached = self._heads[key] = head(fields)
         return cached
-
-
-def peak_in_flight(order: list[Action]) -> int:
-    """Most forwards without their backward yet in a stage's order (chunks count apart)."""
-    live = peak = 0
-    for action in order:
-        live += 1 if action.kind == "fwd" else -1
-        peak = max(peak, live)
-    return peak

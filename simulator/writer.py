@@ -22,7 +22,7 @@ from diag.schema import (
     write_manifest,
 )
 from simulator.config import SimConfig, model_params
-from simulator.engine import DTYPE_NAMES, Batch, head
+from simulator.records import DTYPE_NAMES, Batch, head
 
 RUN_START_NS = 1_767_225_600 * 10**9
 """2026-01-01T00:00:00Z: the run's clock (ns since the epoch) when the first step starts."""
