@@ -133,7 +133,7 @@ class Engine:
                 cfg.opt_ms * 1e6 if cfg.opt_ms is not None else self.costs.optimizer_ns(opt_params)
             )
             self.memory.append(
-                stage_memory(cfg, s, self.orders[s], self._holds_head(s), self.pp_bytes,
+                stage_memory(cfg, params.total, self.orders[s], self._holds_head(s), self.pp_bytes,
                              self.ep_expected)
             )  # fmt: skip
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from diag import ledger
 from reference_runs.pp_schedules import Action
-from simulator.config import SimConfig, stage_params
+from simulator.config import SimConfig
 
 
 @dataclass
@@ -38,14 +38,14 @@ class StageMemory:
 
 
 def stage_memory(
-    config: SimConfig, stage: int, order: list[Action], holds_head: bool, pp_bytes: int,
+    config: SimConfig, params: int, order: list[Action], holds_head: bool, pp_bytes: int,
     ep_bytes: int,
 ) -> StageMemory:  # fmt: skip
-    """One stage's ranks: `order` is its schedule (the activations of the forwards in flight),
-    `holds_head` whether it computes the logits, `pp_bytes` / `ep_bytes` one message's payload."""
+    """One stage's ranks: `params` the parameters they hold, `order` their schedule (the
+    activations of the forwards in flight), `holds_head` whether they compute the logits,
+    `pp_bytes` / `ep_bytes` one message's payload."""
     model, dp, zero = config.model, config.dp, config.zero_stage
     db = model.dtype_bytes
-    params = stage_params(config, stage).total
     # the ledger counts 16-bit activations
     per_layer = ledger.activation_bytes_per_layer(
         model.seq_len, model.micro_batch, model.hidden, model.heads, config.tp
