@@ -128,6 +128,16 @@ def _interleave(fwds: list[Action], bwds: list[Action], warmup: int) -> list[Act
     return order
 
 
+def peak_in_flight(order: list[Action]) -> int:
+    """Most forwards without their backward yet in a stage's order (chunks count apart): the
+    micro-batches whose activations the stage holds at once."""
+    live = peak = 0
+    for action in order:
+        live += 1 if action.kind == "fwd" else -1
+        peak = max(peak, live)
+    return peak
+
+
 class Simulation(NamedTuple):
     makespan: float  # time from the first action to the last
     busy: list[float]  # compute time of each stage
@@ -163,8 +173,6 @@ def replay(
     clock = [0.0] * stages
     nxt = [0] * stages
     busy = [0.0] * stages
-    in_flight = [0] * stages
-    peak = [0] * stages
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -184,11 +192,9 @@ def replay(
             clock[s] = start + cost
             done[(action.kind, k, action.mb)] = clock[s]
             busy[s] += cost
-            in_flight[s] += 1 if action.kind == "fwd" else -1
-            peak[s] = max(peak[s], in_flight[s])
             nxt[s] += 1
             remaining -= 1
             progressed = True
         if not progressed:
             raise RuntimeError(f"the orders deadlock: next actions {nxt} of each stage")
-    return Simulation(max(clock), busy, peak)
+    return Simulation(max(clock), busy, [peak_in_flight(order) for order in orders])

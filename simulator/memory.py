@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag import ledger
-from reference_runs.pp_schedules import Action
+from reference_runs.pp_schedules import Action, peak_in_flight
 from simulator.config import SimConfig
 
 
@@ -63,12 +63,3 @@ def stage_memory(
         activations=activations,
         comm_buffers=comm,
     )
-
-
-def peak_in_flight(order: list[Action]) -> int:
-    """Most forwards without their backward yet in a stage's order (chunks count apart)."""
-    live = peak = 0
-    for action in order:
-        live += 1 if action.kind == "fwd" else -1
-        peak = max(peak, live)
-    return peak

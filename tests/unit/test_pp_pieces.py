@@ -12,6 +12,7 @@ from reference_runs.pp import build_chunks, main
 from reference_runs.pp_schedules import (
     Action,
     check_layout,
+    peak_in_flight,
     replay,
     schedule_order,
     simulate,
@@ -29,14 +30,6 @@ LAYOUTS = [  # schedule, stages, microbatches, chunks
     ("interleaved", 2, 4, 2),
     ("interleaved", 4, 4, 3),
 ]
-
-
-def _in_flight_peak(order: list[Action]) -> int:
-    live = peak = 0
-    for action in order:
-        live += 1 if action.kind == "fwd" else -1
-        peak = max(peak, live)
-    return peak
 
 
 def test_1f1b_warmup_steady_cooldown() -> None:
@@ -94,8 +87,8 @@ def test_in_flight_micro_batches_gpipe_grows_with_m_1f1b_stays_below_p() -> None
     p = 4
     for m in (4, 8, 16):
         for stage in range(p):
-            assert _in_flight_peak(schedule_order("gpipe", stage, p, m)) == m
-            assert _in_flight_peak(schedule_order("1f1b", stage, p, m)) == p - stage
+            assert peak_in_flight(schedule_order("gpipe", stage, p, m)) == m
+            assert peak_in_flight(schedule_order("1f1b", stage, p, m)) == p - stage
     assert simulate("1f1b", p, 8).peak_in_flight == [4, 3, 2, 1]
 
 
