@@ -2,9 +2,10 @@
 
 "Healthy" means a layout that suits the work on this machine: 2 ranks on its 2 cores, enough
 work per rank that communication is a minority of the step (measured: exposed communication
-0.16-0.26 of the step against COM001's high threshold of 0.40; TP with hidden 512, 0.13-0.19,
-and 0.21-0.26 with a third process spinning on the 2 cores: hidden 256 read 0.23-0.29 quietly
-and 0.38-0.46 loaded, and failed CI once), the pipeline with m = 4p, and
+0.16-0.26 of the step against COM001's high threshold of 0.40, and at most 0.31 with a third
+process spinning on the 2 cores, as CI's machine can be: TP with hidden 512 reads 0.13-0.19
+quietly and 0.21-0.26 loaded, where hidden 256 read 0.38-0.46 loaded and failed CI once; ZeRO-3
+with micro-batch 64 reads 0.11-0.22 loaded, where 16 read 0.34-0.36), the pipeline with m = 4p, and
 the MoE with room in its experts (capacity factor 2). Medium findings are allowed: on gloo/CPU a
 single DDP bucket cannot overlap backward (COM003) and the untrained router is a little uneven
 (MOE002 ~1.7x against its high threshold of 2.5). Each configuration was run several times
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.dist
 
 HEALTHY = {
     "dp": ["--steps", "5"],
-    "zero3": ["--steps", "5", "--micro-batch", "16"],
+    "zero3": ["--steps", "5", "--micro-batch", "64"],
     "tp": ["--steps", "5", "--hidden", "512", "--micro-batch", "8"],
     "pp": ["--steps", "5", "--microbatches", "8", "--micro-batch", "8"],
     "ep": ["--steps", "5", "--capacity-factor", "2.0", "--micro-batch", "16"],
