@@ -144,6 +144,23 @@ def clicked_step(click: Any) -> int | None:
     return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
 
 
+def register_regroup(
+    app: Dash, runs: Sequence[LoadedRun], prefix: str, body: Callable[[LoadedRun, str], Any]
+) -> None:
+    """A new choice in the `{prefix}-group-by` selector redraws `{prefix}-body` as
+    `body(loaded, grouping)`."""
+
+    @app.callback(
+        Output(f"{prefix}-body", "children"),
+        Input(f"{prefix}-group-by", "value"),
+        State("run-select", "value"),
+        prevent_initial_call=True,
+    )
+    def regroup(by: Any, run_index: Any) -> Any:
+        loaded = pick(runs, run_index)
+        return body(loaded, pick_grouping(loaded, by))
+
+
 def register_drill_down(
     app: Dash,
     runs: Sequence[LoadedRun],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dash import Dash, Input, Output, State, html
+from dash import Dash, html
 
 from dashboard import figures
 from dashboard.components import (
@@ -19,6 +19,7 @@ from dashboard.components import (
     no_data,
     page,
     register_drill_down,
+    register_regroup,
 )
 from dashboard.data import (
     GROUPINGS,
@@ -30,7 +31,6 @@ from dashboard.data import (
     memory_peaks,
     memory_totals,
     peak_rank,
-    pick,
     pick_group,
     pick_grouping,
     rank_groups,
@@ -108,14 +108,5 @@ def detail(loaded: LoadedRun, by: str, group: str) -> list[Any]:
 
 
 def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
-    @app.callback(
-        Output("memory-body", "children"),
-        Input("memory-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def regroup(by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        return body(loaded, pick_grouping(loaded, by))
-
+    register_regroup(app, runs, "memory", body)
     register_drill_down(app, runs, "memory", detail, _fullest)

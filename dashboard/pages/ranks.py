@@ -23,6 +23,7 @@ from dashboard.components import (
     no_data,
     page,
     register_drill_down,
+    register_regroup,
     table,
 )
 from dashboard.data import (
@@ -142,15 +143,7 @@ def _table(loaded: LoadedRun, ranks: pd.DataFrame) -> html.Table:
 
 
 def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
-    @app.callback(
-        Output("ranks-body", "children"),
-        Input("ranks-group-by", "value"),
-        State("run-select", "value"),
-        prevent_initial_call=True,
-    )
-    def regroup(by: Any, run_index: Any) -> Any:
-        loaded = pick(runs, run_index)
-        return body(loaded, pick_grouping(loaded, by))
+    register_regroup(app, runs, "ranks", body)
 
     @app.callback(
         Output("ranks-heatmap", "figure"),

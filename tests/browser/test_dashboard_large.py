@@ -120,4 +120,13 @@ def test_memory_page_shows_hosts(browser: Any, large_dashboard_url: str) -> None
     _wait_rendered(browser, 4)
     assert _heatmap_drawn(browser, "memory-heatmap")
     assert len(_texts(browser, "#memory-ranks .xtick text")) == 8  # one host's ranks
+    # grouped by blocks of 32 ranks instead: the heatmap's rows are the 8 blocks
+    _choose(browser, "memory-group-by", "blocks of 32 ranks")
+
+    def block_rows() -> list[str]:
+        return [t.rstrip(" !") for t in _texts(browser, "#memory-heatmap .ytick text")]
+
+    _until(lambda: "ranks 0-31" in block_rows(), "the memory page did not regroup by blocks")
+    _wait_rendered(browser, 4)
+    assert not any(row.startswith("node") for row in block_rows())
     assert not _console_errors(browser)
