@@ -6,8 +6,9 @@ For each world size it writes a run directory (benchmarks/synthetic_run.py: data
 hosts of 8 ranks, rank 1 a straggler, 4 micro-batches, about 17 records per rank and step) and
 analyses it in a fresh process three times:
 - cold: no cache (what the first `diag analyze` of a finished run costs),
-- tables cached: the cache beside the run (RUN/.diag-cache/run.pickle) holds the parsed tables,
-  the metrics, rules and report are computed again (another `--config`, a new diag version),
+- tables cached: the cache beside the run (RUN/.diag-cache/run.*, Arrow tables) holds the
+  parsed tables, the metrics, rules and report are computed again (another `--config`, a
+  new diag version),
 - report cached: the same analysis again (what the dashboard and a re-run read).
 Each analysis prints its phases (load, metrics and rules, report) from inside, the process's
 peak resident memory, and that of its largest parse worker. The table ends with the growth from
@@ -39,6 +40,8 @@ from synthetic_run import write_synthetic_run
 GOAL_1024_S = 10.0
 """The issue's goal: a 1,024-rank, 100-step run analysed in at most this long on 2 cores."""
 CACHE_DIR = ".diag-cache"
+REPORT_ENTRY = "report.json"
+"""The finished report's entry in the cache (diag/cache.py, REPORT_FILE)."""
 
 
 def analyse_here(run_dir: Path) -> dict[str, Any]:
@@ -49,8 +52,8 @@ def analyse_here(run_dir: Path) -> dict[str, Any]:
 
     imported = time.perf_counter()
     baseline_bytes = _current_rss_bytes()
-    key = cache.report_key(run_dir, ({}, False, None))
-    report = cache.read_report(run_dir, key)
+    key = cache.report_key(run_dir, ({}, False, None, None))  # analyze_path's default options
+    report = cache.read_report(run_dir, key).value
     loaded = time.perf_counter()
     if report is None:
         run = load_any(run_dir)
@@ -105,7 +108,7 @@ def one_size(work: Path, ranks: int, steps: int) -> dict[str, Any]:
     write_s = time.perf_counter() - started
     shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)
     cold = measure(run_dir)
-    (run_dir / CACHE_DIR / "report.json").unlink(missing_ok=True)
+    (run_dir / CACHE_DIR / REPORT_ENTRY).unlink(missing_ok=True)
     tables = measure(run_dir)
     cached = measure(run_dir)
     return {"ranks": ranks, "steps": steps, "write_s": write_s, "cold": cold,

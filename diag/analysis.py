@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,9 @@ TRACES_DIR = "traces"
 """Where a run keeps its profiler window (collectors/profiler.py writes it)."""
 CACHE_MIN_BYTES = 8 * 2**20
 """Run directories smaller than this are parsed again each time (well under a second)."""
-RUN_CACHE_FILE = "run.pickle"
-RUN_CACHE_FORMAT = 2  # bump when RunData changes shape
-_DIAG = Path(__file__).parent
-_LOADERS = ("load.py", "records.py", "schema.py")
+RUN_CACHE_NAME = "run"
+RUN_LOADER = "diag.load"
+"""The module whose code (with every diag module it imports) shapes the cached tables."""
 
 
 def analyze_path(
@@ -49,11 +47,16 @@ def analyze_path(
     key = None
     if is_trace_dir(folder) or _input_bytes(folder) >= CACHE_MIN_BYTES:
         key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
-        if (report := cache.read_report(folder, key)) is not None:
-            return report
-    _, report = diagnose(load_any(path, layout, steps), config, hta)
+        found = cache.read_report(folder, key)
+        if found.value is not None:
+            return dict(found.value)
+    run = load_any(path, layout, steps)
+    if key is not None and found.note:
+        run.cache_notes.append(found.note)
+    _, report = diagnose(run, config, hta)
     if key is not None:
-        cache.write_report(folder, key, report)
+        kept = [note for note in report["skipped"] if note not in run.cache_notes]
+        cache.write_report(folder, key, {**report, "skipped": kept})
     return report
 
 
@@ -111,11 +114,14 @@ def load_any(
         return load_trace_dir(folder, layout=layout)
     if _input_bytes(folder) < CACHE_MIN_BYTES:
         return load_run(folder, steps)
-    key = _run_key(folder, steps)
-    if (hit := cache.read(folder, RUN_CACHE_FILE, key)) is not None:
-        return hit
+    key = cache.table_key(cache.file_stamps(_run_files(folder)), steps, RUN_LOADER)
+    found = cache.read(folder, RUN_CACHE_NAME, key)
+    if isinstance(found.value, RunData):
+        return found.value
     run = load_run(folder, steps)
-    cache.write(folder, RUN_CACHE_FILE, key, run)
+    cache.write(folder, RUN_CACHE_NAME, key, run)
+    if found.note:
+        run.cache_notes.append(found.note)
     return run
 
 
@@ -136,9 +142,3 @@ def _input_bytes(folder: Path) -> int:
         return sum(stamp[1] for stamp in cache.file_stamps(_run_files(folder)))
     except OSError:
         return 0
-
-
-def _run_key(folder: Path, steps: range | None) -> str:
-    code = cache.code_digest(*(_DIAG / name for name in _LOADERS))
-    parts = [RUN_CACHE_FORMAT, code, repr(steps), cache.file_stamps(_run_files(folder))]
-    return hashlib.sha256(repr(parts).encode()).hexdigest()

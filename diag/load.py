@@ -90,6 +90,9 @@ class RunData:
     starts_at_warmup: bool = True
     """False when only a window of steps after the first was read (`steps`): its first step
     is an ordinary one, not the run's warm-up."""
+    cache_notes: list[str] = field(default_factory=list)
+    """Why a cache entry beside the data was not used (reported with `skipped`, never stored
+    in a cache: they describe this read, not the data)."""
     span_steps: int | None = None
     """When set, `spans` holds every span only for steps below this (plus every comm_wait span
     and the spans of steps without a step record): enough for timelines, stages and the

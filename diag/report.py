@@ -42,7 +42,7 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         "findings": list(metrics.findings),
-        "skipped": [*run.skipped, *metrics.skipped],
+        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
     }
     return json_safe(report)
 

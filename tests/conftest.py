@@ -119,3 +119,10 @@ def copy_with_names(run_dir: Path, dest: Path, name: str) -> Path:
         rank["host"] = name
     (dest / "manifest.json").write_text(json.dumps(manifest))
     return dest
+
+
+@pytest.fixture(autouse=True)
+def private_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Every test (and the processes it starts) keeps diag's user cache and signing secret in
+    one folder of this session, never in the home directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))

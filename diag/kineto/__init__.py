@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from diag import schema
+from diag.cache import Lookup
 from diag.errors import InputError
 from diag.kineto import cache
 from diag.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
@@ -46,8 +47,9 @@ def load_trace_dir(
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
     layout = layout or _layout_beside(folder)
     key = cache.key(files, patterns, layout)
-    if use_cache and (hit := cache.read(folder, key)) is not None:
-        return hit
+    found = cache.read(folder, key) if use_cache else Lookup()
+    if isinstance(found.value, RunData):
+        return found.value
     skipped: list[str] = []
     traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": [], "event": []}
@@ -71,6 +73,8 @@ def load_trace_dir(
     run = run_from_records(manifest, folder, records, skipped)
     if use_cache:
         cache.write(folder, key, run)
+    if found.note:
+        run.cache_notes.append(found.note)
     return run
 
 
@@ -118,7 +122,7 @@ def _manifest(
     on_device = any(t.on_device for t in traces)
     return schema.Manifest(
         run_id=folder.resolve().name,
-        created=_dt.datetime.fromtimestamp(folder.stat().st_mtime, _dt.UTC).isoformat(),
+        created=_dt.datetime.fromtimestamp(_newest_mtime(traces), _dt.UTC).isoformat(),
         world_size=world_size,
         trainer="kineto",
         command=None,
@@ -128,3 +132,15 @@ def _manifest(
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=schema.RunStatus.COMPLETE.value,
     )
+
+
+def _newest_mtime(traces: list[ParsedTrace]) -> float:
+    """When the newest trace was written: the run's date (the folder's own time changes when
+    its cache is written)."""
+    times = []
+    for trace in traces:
+        try:
+            times.append(trace.path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)

@@ -216,7 +216,7 @@ def test_parallel_parsing_gives_the_serial_result(tmp_path: Path) -> None:
 def test_cache_beside_the_traces_serves_an_unchanged_folder(tmp_path: Path) -> None:
     _two_ranks(tmp_path)
     first = load_trace_dir(tmp_path)
-    assert (tmp_path / ".diag-cache" / "kineto.pickle").is_file()
+    assert (tmp_path / ".diag-cache" / "kineto.json").is_file()
     again = load_trace_dir(tmp_path)
     pd.testing.assert_frame_equal(first.comms, again.comms)
     # a changed file changes the key: parsed again, the new comm duration shows
@@ -236,7 +236,7 @@ def test_read_only_trace_folder_caches_in_the_user_cache(
     try:
         load_trace_dir(traces)
         assert not (traces / ".diag-cache").exists()
-        assert list(home.glob("diag/*/kineto.pickle"))
+        assert list(home.glob("diag/*/kineto.json"))
     finally:
         traces.chmod(0o755)
 
