@@ -48,7 +48,8 @@ def analyse_here(run_dir: Path) -> dict[str, Any]:
     """One analysis in this process, timed by phase (the child side of `measure`)."""
     started = time.perf_counter()
     from diag import cache
-    from diag.analysis import _input_bytes, diagnose, load_any
+    from diag.analysis import diagnose, load_any
+    from diag.sources.run_directory import input_bytes
 
     imported = time.perf_counter()
     baseline_bytes = _current_rss_bytes()
@@ -66,7 +67,7 @@ def analyse_here(run_dir: Path) -> dict[str, Any]:
         "load_s": loaded - imported,
         "analyse_s": done - loaded,
         "total_s": done - started,
-        "input_bytes": _input_bytes(run_dir),
+        "input_bytes": input_bytes(run_dir),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "baseline_rss_bytes": baseline_bytes,
         "worker_peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,

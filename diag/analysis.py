@@ -8,18 +8,11 @@ from typing import Any
 
 from diag import cache, schema
 from diag.errors import InputError
-from diag.load import RunData, load_run
+from diag.load import RunData
 from diag.metrics import RunMetrics, compute_metrics
 from diag.report import build_report, json_safe
 from diag.rules import run_rules
-
-TRACES_DIR = "traces"
-"""Where a run keeps its profiler window (collectors/profiler.py writes it)."""
-CACHE_MIN_BYTES = 8 * 2**20
-"""Run directories smaller than this are parsed again each time (well under a second)."""
-RUN_CACHE_NAME = "run"
-RUN_LOADER = "diag.load"
-"""The module whose code (with every diag module it imports) shapes the cached tables."""
+from diag.sources import LoadOptions, find_source
 
 
 def analyze_path(
@@ -37,21 +30,17 @@ def analyze_path(
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
-    from diag.kineto import is_trace_dir
-
     folder = Path(path)
-    if layout is not None and not is_trace_dir(folder):
-        raise InputError(folder, "--layout is for profiler trace folders; a run has its manifest")
-    if steps is not None and is_trace_dir(folder):
-        raise InputError(folder, "--steps is for run directories; a trace holds its own window")
-    key = None
-    if is_trace_dir(folder) or _input_bytes(folder) >= CACHE_MIN_BYTES:
+    source = find_source(folder)
+    options = LoadOptions(layout, steps)
+    key, found = None, cache.Lookup()
+    if source.cache_report(folder):
         key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
         found = cache.read_report(folder, key)
         if found.value is not None:
             return dict(found.value)
-    run = load_any(path, layout, steps)
-    if key is not None and found.note:
+    run = source.load(folder, options)
+    if found.note:
         run.cache_notes.append(found.note)
     _, report = diagnose(run, config, hta)
     if key is not None:
@@ -72,10 +61,12 @@ def diagnose(
 def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:
     """The report with what the run's profiler traces add: the `--profile-steps` window of a
     run directory (`traces`) and, on request, HTA's analyses of the trace folder (`hta`)."""
-    traces = run.path if run.manifest.trainer == "kineto" else run.path / TRACES_DIR
-    if run.manifest.trainer != "kineto" and traces.is_dir():
-        report["traces"] = _profiler_window(traces)
-    if hta and traces.is_dir():
+    source = find_source(run.path)
+    window = source.profiler_window(run.path)
+    if window is not None:
+        report["traces"] = _profiler_window(window)
+    traces = source.profiler_traces(run.path)
+    if hta and traces is not None and traces.is_dir():
         from diag.kineto.hta_bridge import hta_analyses
 
         report["hta"] = json_safe(hta_analyses(traces))
@@ -97,7 +88,7 @@ def _profiler_window(folder: Path) -> dict[str, Any]:
         "summary": metrics.summary,
         "ranks": metrics.ranks.to_dict("records"),
         "collectives": metrics.collectives.to_dict("records"),
-        "skipped": [*run.skipped, *metrics.skipped],
+        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
     })  # fmt: skip
 
 
@@ -105,40 +96,6 @@ def load_any(
     path: str | Path, layout: schema.Layout | None = None, steps: range | None = None
 ) -> RunData:
     """A run directory (manifest.json; only `steps` when given) or a folder of PyTorch
-    profiler (Kineto) traces; a large run's tables come from the cache beside it when its
-    files have not changed."""
-    from diag.kineto import is_trace_dir, load_trace_dir
-
+    profiler (Kineto) traces, through the source of its format (`diag.sources`)."""
     folder = Path(path)
-    if is_trace_dir(folder):
-        return load_trace_dir(folder, layout=layout)
-    if _input_bytes(folder) < CACHE_MIN_BYTES:
-        return load_run(folder, steps)
-    key = cache.table_key(cache.file_stamps(_run_files(folder)), steps, RUN_LOADER)
-    found = cache.read(folder, RUN_CACHE_NAME, key)
-    if isinstance(found.value, RunData):
-        return found.value
-    run = load_run(folder, steps)
-    cache.write(folder, RUN_CACHE_NAME, key, run)
-    if found.note:
-        run.cache_notes.append(found.note)
-    return run
-
-
-def _run_files(folder: Path) -> list[Path]:
-    """The manifest and the rank files, sorted; empty if the folder cannot be listed."""
-    try:
-        return sorted(
-            p
-            for p in folder.iterdir()
-            if p.name == schema.MANIFEST_FILE or schema.RANK_FILE_RE.match(p.name)
-        )
-    except OSError:
-        return []
-
-
-def _input_bytes(folder: Path) -> int:
-    try:
-        return sum(stamp[1] for stamp in cache.file_stamps(_run_files(folder)))
-    except OSError:
-        return 0
+    return find_source(folder).load(folder, LoadOptions(layout, steps))

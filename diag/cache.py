@@ -127,7 +127,7 @@ def _diag_imports(path: Path) -> list[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             names.append(base)
             names += [f"{base}.{alias.name}" for alias in node.names]
-    if path.name == "__init__.py":  # a package's modules import it: it is part of them
+    if path.name != "__init__.py":  # importing a module runs its package's __init__ first
         names.append(package)
     return [name for name in names if name.split(".")[0] == "diag"]
 

@@ -44,6 +44,10 @@ class RunMetrics:
     memory_steps: pd.DataFrame
     """Every mem record (rank, step, fields), for trends."""
     experts: pd.DataFrame
+    memory_peak: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The one peak memory of diag: per rank, the step whose six categories sum highest
+    (`rank, step, peak_bytes`, nulls counted as 0), used by the rules, `check` and the
+    dashboard. Ranks without a mem record are absent."""
     device: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
     findings: list[Any] = field(default_factory=list)
@@ -70,6 +74,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
         collectives=_collectives(run.comms, windows),
         memory=_memory(run.memory),
         memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
+        memory_peak=memory_peak(run.memory),
         experts=_experts(run.experts, windows),
         device=_device_time(run.events),
         findings=[],
@@ -383,6 +388,19 @@ def _device_time(events: pd.DataFrame) -> pd.DataFrame:
 def _memory(memory: pd.DataFrame) -> pd.DataFrame:
     table = memory.groupby("rank")[list(MEMORY_FIELDS)].max()
     return table.reset_index()[["rank", *MEMORY_FIELDS]]
+
+
+def memory_peak(memory: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, the step whose six memory categories sum highest (the first such step on a
+    tie) and that sum: `rank, step, peak_bytes`."""
+    columns = ["rank", "step", "peak_bytes"]
+    if memory.empty:
+        return pd.DataFrame(columns=columns)
+    total = memory[list(schema.MEMORY_CATEGORIES)].astype("float64").fillna(0.0).sum(axis=1)
+    frame = pd.DataFrame({"rank": memory["rank"], "step": memory["step"], "peak_bytes": total})
+    frame = frame.sort_values(["rank", "step"], kind="stable")
+    first_highest = frame.groupby("rank", sort=True)["peak_bytes"].idxmax()
+    return frame.loc[first_highest, columns].reset_index(drop=True)
 
 
 def _experts(experts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

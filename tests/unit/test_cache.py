@@ -229,13 +229,13 @@ def test_a_changed_diag_source_invalidates_the_cached_tables(tmp_path: Path) -> 
 def test_a_large_run_directory_is_served_from_its_tables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diag import analysis
+    from diag.sources import run_directory
     from tests.conftest import RunWriter
 
     runs = RunWriter(tmp_path)
     rows = runs.simple_rank(steps=4)
     folder = runs.write({0: rows, 1: rows})
-    monkeypatch.setattr(analysis, "CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr(run_directory, "CACHE_MIN_BYTES", 0)
     first = load_any(folder)
     assert (folder / cache.CACHE_DIR / "run.json").is_file()
     assert_same_run(first, load_any(folder))
