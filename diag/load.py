@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ import pandas as pd
 
 from diag import schema
 from diag.errors import InputError
+from diag.keys import rank_steps_in
 from diag.parallel import map_chunks, total_bytes
 from diag.records import Column, Packed, concat, decode_rank_file, pack, take, unpack
 from diag.schema import Manifest, RecordKind
@@ -99,10 +101,19 @@ class RunData:
     rules, at a memory that does not grow with the run's length. None: every span."""
 
 
-def load_run(path: str | Path, steps: range | None = None) -> RunData:
+Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], pd.DataFrame]
+"""A per-(rank, step) reduction of some ranks' steps, spans and collectives (warm-up flag last):
+the metrics' time breakdown, which a large run's workers compute before dropping spans."""
+
+
+def load_run(
+    path: str | Path, steps: range | None = None, breakdown: Breakdown | None = None
+) -> RunData:
     """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable.
     `steps`: keep only the records of these steps (the others are dropped while parsing, so
-    a long run's window costs the memory of the window).
+    a long run's window costs the memory of the window). `breakdown`: on a large run, the
+    workers reduce every span with it into `RunData.rank_steps` and keep only a window of
+    spans; without it every span is kept.
 
     Rank files are parsed in parallel processes when the run is large (`parallel.py`)."""
     run_dir = Path(path)
@@ -113,8 +124,8 @@ def load_run(path: str | Path, steps: range | None = None) -> RunData:
     except OSError as err:
         raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
     files = list(rank_files.items())
-    reduce_spans = total_bytes(files) >= REDUCE_SPANS_FROM_BYTES
-    chunks = map_chunks(partial(read_rank_chunk, reduce_spans=reduce_spans, window=steps), files)
+    reduce = breakdown if total_bytes(files) >= REDUCE_SPANS_FROM_BYTES else None
+    chunks = map_chunks(partial(read_rank_chunk, breakdown=reduce, window=steps), files)
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
         file.name: part.nan_loss
@@ -135,7 +146,7 @@ def load_run(path: str | Path, steps: range | None = None) -> RunData:
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
     run.starts_at_warmup = steps is None or steps.start == 0
-    if reduce_spans:
+    if reduce is not None:
         run.rank_steps = pd.concat([c.breakdown for c in chunks], ignore_index=True)
         run.span_steps = SPAN_WINDOW_STEPS
     return run
@@ -253,10 +264,10 @@ class RankChunk:
 
 
 def read_rank_chunk(
-    files: list[tuple[int, Path]], reduce_spans: bool = False, window: range | None = None
+    files: list[tuple[int, Path]], breakdown: Breakdown | None = None, window: range | None = None
 ) -> RankChunk:
-    """Parse a few rank files (only the records of the steps in `window` when given); with
-    `reduce_spans`, measure their time breakdown from every span, then keep only the spans
+    """Parse a few rank files (only the records of the steps in `window` when given); with a
+    `breakdown`, reduce their records with it from every span, then keep only the spans
     `RunData.span_steps` describes."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
     columns = {
@@ -267,17 +278,15 @@ def read_rank_chunk(
         part.columns = {}
     if window is not None:
         columns = {kind: _in_window(table, window) for kind, table in columns.items()}
-    if not reduce_spans:
+    if breakdown is None:
         return RankChunk(parsed, columns)
-    from diag.metrics import step_breakdown  # diag.metrics imports this module
-
     kinds = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
     steps, spans, comms = (_frame(kind, {n: unpack([c]) for n, c in columns[kind].items()})
                            for kind in kinds)  # fmt: skip
     warmup = window is None or window.start == 0
-    breakdown = step_breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
+    reduced = breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
     columns[RecordKind.SPAN.value] = _span_window(columns)
-    return RankChunk(parsed, columns, breakdown)
+    return RankChunk(parsed, columns, reduced)
 
 
 def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
@@ -298,18 +307,6 @@ def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:
         unpack([spans["rank"]]), step, unpack([recorded["rank"]]), unpack([recorded["step"]])
     )
     return {name: take(values, keep) for name, values in spans.items()}
-
-
-def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) -> np.ndarray:
-    """Which (rank, step) pairs of `ranks`/`steps` are among the wanted pairs (a boolean
-    array), one integer key per pair: far cheaper than a merge on millions of records."""
-    ranks, steps = np.asarray(ranks, dtype=np.int64), np.asarray(steps, dtype=np.int64)
-    wanted_ranks = np.asarray(wanted_ranks, dtype=np.int64)
-    wanted_steps = np.asarray(wanted_steps, dtype=np.int64)
-    if len(ranks) == 0 or len(wanted_ranks) == 0:
-        return np.zeros(len(ranks), dtype=bool)
-    width = int(max(steps.max(), wanted_steps.max())) + 1
-    return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)
 
 
 def read_rank_file(rank: int, file: Path) -> RankFile:

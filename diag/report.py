@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import pipeline, schema
+from diag import schema
 from diag.load import RunData
-from diag.metrics import MEMORY_FIELDS, RunMetrics
+from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
 from diag.units import aligned, mib, num, pct, si, size
 
 RUN_FIELDS = (
@@ -30,7 +30,8 @@ TEXT_MAX_ROWS = 32
 
 
 def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
-    """The report dict: DESIGN's `diag.report/1` fields plus `skipped` (notes on partial input)."""
+    """The report dict: DESIGN's `diag.report/1` fields plus `skipped` (notes on partial input)
+    and, in each `memory` row, the rank's peak: `peak_bytes` at `peak_step` (docs/metrics.md)."""
     manifest = run.manifest.to_dict()
     report = {
         "schema": schema.REPORT_SCHEMA,
@@ -38,13 +39,24 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "summary": metrics.summary,
         "ranks": metrics.ranks.to_dict("records"),
         "collectives": metrics.collectives.to_dict("records"),
-        "memory": metrics.memory.to_dict("records"),
+        "memory": memory_rows(metrics),
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         "findings": list(metrics.findings),
         "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
     }
     return json_safe(report)
+
+
+def memory_rows(metrics: RunMetrics) -> list[dict[str, Any]]:
+    """The report's `memory` rows: per rank the maximum over steps of each memory field, and the
+    rank's peak (`RunMetrics.memory_peak`): `peak_bytes`, the six categories at `peak_step`."""
+    if metrics.memory.empty:
+        return []
+    peak = metrics.memory_peak.rename(columns={"step": "peak_step"})
+    table = metrics.memory.merge(peak[["rank", "peak_step", "peak_bytes"]], on="rank", how="left")
+    table["peak_step"] = table["peak_step"].astype("Int64")
+    return list(table.to_dict("records"))
 
 
 def json_safe(value: Any) -> Any:
@@ -196,10 +208,14 @@ def sections(report: dict[str, Any]) -> list[Section]:
         ],
     )  # fmt: skip
     memory = Section(
-        "memory (MiB, maximum over steps)",
-        ["rank", *MEMORY_FIELDS],
-        [[str(m["rank"]), *(mib(m[name]) for name in MEMORY_FIELDS)] for m in report["memory"]],
-    )
+        "memory (MiB, maximum over steps; peak: the six categories at the rank's peak step)",
+        ["rank", *MEMORY_FIELDS, "peak", "peak step"],
+        [
+            [str(m["rank"]), *(mib(m[name]) for name in MEMORY_FIELDS), mib(m.get("peak_bytes")),
+             num(m.get("peak_step"))]
+            for m in report["memory"]
+        ],
+    )  # fmt: skip
     experts = Section(
         "experts (over the analysed steps and ranks)",
         ["layer", "experts", "load cv", "max/mean", "drop rate", "dead", "max/mean first->last",

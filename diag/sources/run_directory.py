@@ -9,13 +9,15 @@ from pathlib import Path
 from diag import cache, schema
 from diag.errors import InputError
 from diag.load import RunData, load_run
+from diag.metrics import step_breakdown
 from diag.sources.base import LoadOptions
 
 CACHE_MIN_BYTES = 8 * 2**20
 """Run directories smaller than this are parsed again each time (well under a second)."""
 CACHE_NAME = "run"
-LOADER = "diag.load"
-"""The module whose code (with every diag module it imports) shapes the cached tables."""
+LOADER = __name__
+"""The module whose code, with every diag module it imports (the loader, and the metrics' time
+breakdown that large runs are reduced with), shapes the cached tables."""
 
 
 class RunDirectory:
@@ -28,12 +30,12 @@ class RunDirectory:
         if options.layout is not None:
             raise InputError(path, "--layout is for profiler trace folders; a run has its manifest")
         if input_bytes(path) < CACHE_MIN_BYTES:
-            return load_run(path, options.steps)
+            return load_run(path, options.steps, step_breakdown)
         key = cache.table_key(cache.file_stamps(run_files(path)), options.steps, LOADER)
         found = cache.read(path, CACHE_NAME, key)
         if isinstance(found.value, RunData):
             return found.value
-        run = load_run(path, options.steps)
+        run = load_run(path, options.steps, step_breakdown)
         cache.write(path, CACHE_NAME, key, run)
         if found.note:
             run.cache_notes.append(found.note)

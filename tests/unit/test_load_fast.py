@@ -13,6 +13,7 @@ import pytest
 
 from diag import load, parallel, records
 from diag.load import load_run
+from diag.metrics import step_breakdown
 
 TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
 
@@ -157,7 +158,7 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
     full = load_run(run_dir)
     monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
     monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 2)
-    reduced = load_run(run_dir)
+    reduced = load_run(run_dir, breakdown=step_breakdown)
     assert full.span_steps is None and full.rank_steps is None
     assert reduced.span_steps == 2 and reduced.rank_steps is not None
     kept = reduced.spans
@@ -179,7 +180,7 @@ def test_a_window_of_steps_is_read_and_analysed_alone(runs, monkeypatch, reduce:
     run_dir = runs.write({r: _rich_rank(runs, r) for r in range(3)}, runs.manifest(3))
     if reduce:
         monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
-    window = load_run(run_dir, steps=range(1, 3))
+    window = load_run(run_dir, steps=range(1, 3), breakdown=step_breakdown)
     for name in TABLES:
         assert set(getattr(window, name)["step"]) == {1, 2}, name
     assert not window.starts_at_warmup

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from diag import ledger, pipeline
+from diag import ledger
 from diag.load import load_run
-from diag.metrics import compute_metrics
+from diag.metrics import compute_metrics, pipeline
 from diag.report import build_report, render_text
 from diag.schema import Layout, Manifest
 

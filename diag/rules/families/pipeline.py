@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from diag import ledger
-from diag import pipeline as pipe
+from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 

@@ -1,0 +1,20 @@
+"""Integer keys for (rank, step) pairs: membership tests on millions of records without a
+merge (the loader's span window and the metrics' step selection share them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) -> np.ndarray:
+    """Which (rank, step) pairs of `ranks`/`steps` are among the wanted pairs (a boolean
+    array), one integer key per pair: far cheaper than a merge on millions of records."""
+    ranks, steps = np.asarray(ranks, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+    wanted_ranks = np.asarray(wanted_ranks, dtype=np.int64)
+    wanted_steps = np.asarray(wanted_steps, dtype=np.int64)
+    if len(ranks) == 0 or len(wanted_ranks) == 0:
+        return np.zeros(len(ranks), dtype=bool)
+    width = int(max(steps.max(), wanted_steps.max())) + 1
+    return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)

@@ -1,0 +1,83 @@
+"""Run metrics from loaded tables: per-rank time breakdown, collectives, memory, expert load.
+
+Pure: no file access. Every definition is in docs/metrics.md. Record times are int64 ns and stay
+integers until they are turned into seconds at the end, so nanoseconds are never rounded away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from diag.load import RunData
+from diag.metrics import pipeline
+from diag.metrics.collectives import collectives, tp_vs_ledger
+from diag.metrics.common import KEYS, NS_PER_S, analysed_steps, in_steps, note_orphans
+from diag.metrics.device_time import DEVICE_TIME_EVENT, device_time
+from diag.metrics.experts import expert_load
+from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
+from diag.metrics.summary import summary as run_summary
+from diag.metrics.time_breakdown import rank_table, step_breakdown, time_breakdown
+
+__all__ = [
+    "DEVICE_TIME_EVENT", "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
+    "in_steps", "memory_peak", "step_breakdown",
+]  # fmt: skip
+
+
+@dataclass
+class RunMetrics:
+    """What `compute_metrics` derives from a run; the tables have one row per rank / group."""
+
+    summary: dict[str, Any]
+    ranks: pd.DataFrame
+    """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions;
+    stage and bubble_frac (null unless pp > 1, diag.pipeline)."""
+    rank_steps: pd.DataFrame
+    """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s and
+    stage_work_s (compute, comm_wait spans and blocking collectives outside the pipeline group:
+    the time not lost to the pipeline, the complement of its bubble)."""
+    collectives: pd.DataFrame
+    memory: pd.DataFrame
+    """Per rank, the maximum over steps of each memory field (bytes; null stays null)."""
+    memory_steps: pd.DataFrame
+    """Every mem record (rank, step, fields), for trends."""
+    experts: pd.DataFrame
+    memory_peak: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The one peak memory of diag: per rank, the step whose six categories sum highest
+    (`rank, step, peak_bytes`, nulls counted as 0), used by the rules, `check` and the
+    dashboard. Ranks without a mem record are absent."""
+    device: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
+    findings: list[Any] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def compute_metrics(run: RunData) -> RunMetrics:
+    """Derive the metrics of a loaded run (see docs/metrics.md)."""
+    skipped: list[str] = []
+    windows, warmup_steps = analysed_steps(run.steps, run.starts_at_warmup)
+    note_orphans(run, skipped)
+    rank_steps = run.rank_steps
+    if rank_steps is None:
+        rank_steps = time_breakdown(run.spans, run.comms, windows)
+    ranks = pipeline.with_stages(rank_table(rank_steps, run.manifest), run.spans, run.manifest)
+    summary = run_summary(run, windows, ranks, warmup_steps)
+    tp_rows = tp_vs_ledger(run, windows)
+    if tp_rows:
+        summary["tp_vs_ledger"] = tp_rows
+    return RunMetrics(
+        summary=summary,
+        ranks=ranks,
+        rank_steps=rank_steps,
+        collectives=collectives(run.comms, windows),
+        memory=memory_maxima(run.memory),
+        memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
+        memory_peak=memory_peak(run.memory),
+        experts=expert_load(run.experts, windows),
+        device=device_time(run.events),
+        findings=[],
+        skipped=skipped,
+    )

@@ -1,0 +1,73 @@
+"""What every analysis of the metrics shares: the (rank, step) keys, units, and which steps are
+analysed (each rank's warm-up step dropped)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.keys import rank_steps_in
+from diag.load import RunData
+
+KEYS = ["rank", "step"]
+NS_PER_S = 1e9
+WARMUP_MIN_STEPS = 3
+"""A rank with at least this many step records has its first step excluded as warm-up."""
+
+
+def analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFrame, int]:
+    """Step records left after dropping each rank's warm-up step (when the records start at
+    the run's start: `warmup`), and the warm-up step count."""
+    steps = steps.sort_values(KEYS, kind="stable")
+    if not warmup:
+        return steps.reset_index(drop=True), 0
+    by_rank = steps.groupby("rank")["step"]
+    warmup = (by_rank.transform("size") >= WARMUP_MIN_STEPS) & (
+        steps["step"] == by_rank.transform("min")
+    )
+    warmup_steps = int(steps.loc[warmup, "step"].nunique())
+    return steps.loc[~warmup].reset_index(drop=True), warmup_steps
+
+
+def in_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Which rows of `frame` belong to a (rank, step) of `steps` (a boolean array), with one
+    integer key per pair: far cheaper than a merge on millions of records."""
+    return rank_steps_in(
+        frame["rank"].to_numpy(), frame["step"].to_numpy(),
+        steps["rank"].to_numpy(), steps["step"].to_numpy(),
+    )  # fmt: skip
+
+
+def ratio(numerator: Any, denominator: Any) -> float | None:
+    if pd.isna(numerator) or pd.isna(denominator) or denominator == 0:
+        return None
+    return float(numerator) / float(denominator)
+
+
+def note_orphans(run: RunData, skipped: list[str]) -> None:
+    if run.steps.empty:
+        skipped.append("no step records in any rank file: no step could be analysed")
+    known = pd.MultiIndex.from_frame(run.steps[KEYS])
+    orphans = [
+        frame[KEYS][~pd.MultiIndex.from_frame(frame[KEYS]).isin(known)]
+        for frame in (run.spans, run.comms)
+    ]
+    lost = pd.concat(orphans)
+    if len(lost):
+        skipped.append(
+            f"{_file_list(lost['rank'])}: {len(lost)} span/comm records of steps without a step "
+            f"record ignored (steps {_short_list(lost['step'])})"
+        )
+
+
+def _file_list(ranks: pd.Series) -> str:
+    names = [schema.rank_file_name(int(r)) for r in sorted(ranks.unique())]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _short_list(values: pd.Series) -> str:
+    items = [str(int(v)) for v in sorted(values.unique())]
+    return ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")

@@ -1,0 +1,69 @@
+"""The run's headline: step time, throughput, communication shares, imbalance, the pipeline
+bubble against theory, steps and ranks analysed, the last loss (docs/metrics.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import ledger
+from diag.load import RunData
+from diag.metrics import pipeline
+from diag.metrics.common import KEYS, NS_PER_S, ratio
+
+
+def summary(
+    run: RunData, steps: pd.DataFrame, ranks: pd.DataFrame, warmup_steps: int
+) -> dict[str, Any]:
+    layout = run.manifest.layout
+    tp, pp = layout.tp or 1, layout.pp or 1
+    per_step = steps.groupby("step").agg(t0=("t0", "min"), t1=("t1", "max"))
+    step_walls_s = (per_step["t1"] - per_step["t0"]) / NS_PER_S
+    total_wall_s = float(step_walls_s.sum())
+    tokens = steps["tokens"].sum(min_count=1)
+    wall_sum = ranks["wall_s"].sum()
+    busy_mean = ranks["busy_s"].mean()
+    pipeline_metrics = pipeline.pipeline_summary(ranks)
+    summary: dict[str, Any] = {
+        "step_time_s": float(step_walls_s.median()) if len(step_walls_s) else None,
+        "tokens_per_s": (
+            float(tokens) / (tp * pp) / total_wall_s
+            if pd.notna(tokens) and total_wall_s > 0
+            else None
+        ),
+        "comm_share": ratio(ranks["comm_s"].sum(), wall_sum),
+        "exposed_comm_share": ratio(ranks["exposed_comm_s"].sum(), wall_sum),
+        "hidden_comm_share": _hidden(ranks),
+        "busy_imbalance": ratio(ranks["busy_s"].max(), busy_mean),
+        "bubble_theory": (
+            ledger.bubble_fraction(pp, layout.microbatches or 1, layout.virtual_stages or 1)
+            if pp > 1
+            else None
+        ),
+        "bubble_fraction": pipeline_metrics["bubble_fraction"] if pp > 1 else None,
+        "steps_analysed": int(per_step.shape[0]),
+        "ranks_analysed": int(ranks.shape[0]),
+        "world_size": run.manifest.world_size,
+        "warmup_steps_excluded": warmup_steps,
+        "loss_last": _last_loss(steps),
+    }
+    if pp > 1:  # pipeline runs only (docs/metrics.md, "Pipeline")
+        summary["stage_imbalance"] = pipeline_metrics["stage_imbalance"]
+    return summary
+
+
+def _hidden(ranks: pd.DataFrame) -> float | None:
+    """Share of the time collectives are in flight that overlaps compute (not exposed)."""
+    comm_s = ranks["comm_s"].sum()
+    hidden = ratio(comm_s - ranks["exposed_comm_s"].sum(), comm_s)
+    return None if hidden is None else min(max(hidden, 0.0), 1.0)
+
+
+def _last_loss(steps: pd.DataFrame) -> float | None:
+    finite = steps[np.isfinite(steps["loss"])]
+    if finite.empty:
+        return None
+    last = finite.sort_values(KEYS, kind="stable").groupby("rank")["loss"].last()
+    return float(last.mean())

@@ -1,0 +1,94 @@
+"""The time breakdown: per (rank, step), wall, busy, communication in flight, exposed
+communication, idle and stage work, from the spans and blocking collectives inside each step's
+window; and its per-rank totals (docs/metrics.md, "Time")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.intervals import union_length_by
+from diag.metrics.common import KEYS, NS_PER_S, analysed_steps
+
+PIPELINE_GROUP = "pp"
+
+
+def step_breakdown(
+    steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame, warmup: bool = True
+) -> pd.DataFrame:
+    """The `rank_steps` table of some ranks' records (each (rank, step) on its own, so the
+    loader may measure a large run a few ranks at a time and concatenate)."""
+    return time_breakdown(spans, comms, analysed_steps(steps, warmup)[0])
+
+
+def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Intervals of analysed steps cut to their rank's step window (empty ones dropped)."""
+    merged = frame[[*KEYS, "t0", "t1"]].merge(windows, on=KEYS, how="inner")
+    merged["t0"] = np.maximum(merged["t0"], merged["w0"])
+    merged["t1"] = np.minimum(merged["t1"], merged["w1"])
+    return merged.loc[merged["t1"] > merged["t0"], [*KEYS, "t0", "t1"]]
+
+
+def _blocking(comms: pd.DataFrame) -> pd.Series:
+    """`blocking` where recorded; otherwise blocking unless `async` is true."""
+    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool)
+    return comms["blocking"].where(comms["blocking"].notna(), ~is_async).astype(bool)
+
+
+def time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    windows = steps[[*KEYS, "t0", "t1"]].rename(columns={"t0": "w0", "t1": "w1"})
+    compute = _clipped(spans[spans["phase"].isin(schema.COMPUTE_PHASES)], windows)
+    comm_waits = _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows)
+    blocking = comms[_blocking(comms)]
+    in_pipeline = (blocking["group"] == PIPELINE_GROUP).to_numpy(dtype=bool)
+    pipeline_waits = _clipped(blocking[in_pipeline], windows)
+    own_waits = pd.concat([comm_waits, _clipped(blocking[~in_pipeline], windows)])
+    waits = pd.concat([own_waits, pipeline_waits])
+    in_flight = union_length_by(_clipped(comms, windows), KEYS)
+    exposed = union_length_by(waits, KEYS)
+    compute_or_wait = union_length_by(pd.concat([compute, waits]), KEYS)
+    stage_work = union_length_by(pd.concat([compute, own_waits]), KEYS)
+    out = windows[KEYS].copy()
+    out["wall_ns"] = windows["w1"] - windows["w0"]
+    measures = (
+        ("comm", in_flight), ("exposed", exposed), ("either", compute_or_wait),
+        ("stage_work", stage_work),
+    )  # fmt: skip
+    for name, measure in measures:
+        joined = out.join(measure.rename(name), on=KEYS)[name]
+        out[name] = joined.fillna(0).astype("int64")
+    busy_ns = out["either"] - out["exposed"]
+    idle_ns = (out["wall_ns"] - busy_ns - out["exposed"]).clip(lower=0)
+    return pd.DataFrame({
+        "rank": out["rank"],
+        "step": out["step"],
+        "wall_s": out["wall_ns"] / NS_PER_S,
+        "busy_s": busy_ns / NS_PER_S,
+        "comm_s": out["comm"] / NS_PER_S,
+        "exposed_comm_s": out["exposed"] / NS_PER_S,
+        "idle_s": idle_ns / NS_PER_S,
+        "stage_work_s": out["stage_work"] / NS_PER_S,
+    })  # fmt: skip
+
+
+def rank_table(rank_steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
+    hosts = {info.rank: info.host for info in manifest.ranks}
+    by_rank = rank_steps.groupby("rank")
+    totals = by_rank[
+        ["wall_s", "busy_s", "comm_s", "exposed_comm_s", "idle_s", "stage_work_s"]
+    ].sum()
+    table = pd.DataFrame({
+        "rank": totals.index.astype("int64"),
+        "host": [hosts.get(int(r)) for r in totals.index],
+        "steps": by_rank.size().to_numpy(),
+        "step_time_s": by_rank["wall_s"].mean().to_numpy(),
+    })  # fmt: skip
+    for name in totals.columns:
+        table[name] = totals[name].to_numpy()
+    wall = table["wall_s"].where(table["wall_s"] > 0)
+    table["busy_frac"] = table["busy_s"] / wall
+    table["comm_share"] = table["comm_s"] / wall
+    table["exposed_comm_share"] = table["exposed_comm_s"] / wall
+    table["idle_frac"] = table["idle_s"] / wall
+    return table
