@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,11 @@ def diagnose(
     run: RunData, config: Mapping[str, Any] | None = None, hta: bool = False
 ) -> tuple[RunMetrics, dict[str, Any]]:
     """A loaded run's metrics (findings included) and its report, profiler traces added."""
-    metrics = compute_metrics(run)
-    metrics.findings = run_rules(run, metrics, config)
+    measured = compute_metrics(run)
+    judgement = run_rules(run, measured, config)
+    metrics = dataclasses.replace(
+        measured, findings=judgement.findings, skipped=[*measured.skipped, *judgement.notes]
+    )
     return metrics, with_traces(build_report(run, metrics), run, hta)
 
 

@@ -92,6 +92,10 @@ class RunData:
     starts_at_warmup: bool = True
     """False when only a window of steps after the first was read (`steps`): its first step
     is an ordinary one, not the run's warm-up."""
+    device_time: pd.DataFrame | None = None
+    """Profiler traces only: per rank, device time measured from its kernels
+    (diag/kineto/device.py: kernel_time_us, idle_us, compute_us, non_compute_us, comm_us,
+    overlap); None for a run directory."""
     cache_notes: list[str] = field(default_factory=list)
     """Why a cache entry beside the data was not used (reported with `skipped`, never stored
     in a cache: they describe this read, not the data)."""

@@ -8,6 +8,7 @@ so the next analysis of an unchanged folder skips the JSON entirely.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import sys
@@ -15,10 +16,13 @@ import time
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
+
 from diag import schema
 from diag.cache import Lookup
 from diag.errors import InputError
 from diag.kineto import cache
+from diag.kineto.device import DEVICE_TIME_FIELDS
 from diag.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData, run_from_records
@@ -52,7 +56,7 @@ def load_trace_dir(
         return found.value
     skipped: list[str] = []
     traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
-    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": [], "event": []}
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     for trace in traces:
         for kind, rows in trace.records.items():
             records[kind] += rows
@@ -71,6 +75,7 @@ def load_trace_dir(
             "the others are not analysed"
         )
     run = run_from_records(manifest, folder, records, skipped)
+    run.device_time = _device_table(traces)
     if use_cache:
         cache.write(folder, key, run)
     if found.note:
@@ -144,3 +149,10 @@ def _newest_mtime(traces: list[ParsedTrace]) -> float:
         except OSError:
             continue
     return max(times, default=0.0)
+
+
+def _device_table(traces: list[ParsedTrace]) -> pd.DataFrame:
+    """Per rank, the device time measured from its kernels (`RunData.device_time`)."""
+    rows = [{"rank": int(t.rank or 0), **dataclasses.asdict(t.device_time)}
+            for t in traces if t.device_time is not None]  # fmt: skip
+    return pd.DataFrame(rows, columns=["rank", *DEVICE_TIME_FIELDS])

@@ -19,6 +19,7 @@ where HTA counts them as computation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -61,6 +62,10 @@ class DeviceTime:
             "compute": self.compute_us / total,
             "non_compute": self.non_compute_us / total,
         }
+
+
+DEVICE_TIME_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceTime))
+"""The columns of `RunData.device_time` besides `rank`."""
 
 
 def _number(value: Any, default: float = -1) -> float:

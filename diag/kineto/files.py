@@ -5,7 +5,6 @@ claiming one rank, is an error that lists the files."""
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import re
@@ -17,10 +16,9 @@ import msgspec
 
 from diag.errors import InputError
 from diag.kineto.convert import scan, to_records
-from diag.kineto.device import device_time
+from diag.kineto.device import DeviceTime, device_time
 from diag.kineto.events import DECODER, Trace, event_from
 from diag.kineto.kernels import KernelPatterns
-from diag.metrics import DEVICE_TIME_EVENT
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -38,6 +36,7 @@ class ParsedTrace:
     records: dict[str, list[dict[str, Any]]]  # converted with rank 0 when `rank` is None
     error: str | None = None  # the one-line reason the file is unusable
     on_device: bool = False  # the trace has GPU kernels or copies
+    device_time: DeviceTime | None = None  # None: no device kernels to measure
 
 
 def trace_files(folder: Path) -> list[Path]:
@@ -120,10 +119,6 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     events = scan(data.traceEvents)
     records = to_records(rank or 0, events, patterns)
     measured = device_time(data.traceEvents, patterns)
-    if measured is not None:
-        first_step = min((r["step"] for r in records["step"]), default=0)
-        records["event"] = [{"rank": rank or 0, "step": first_step, "name": DEVICE_TIME_EVENT,
-                             "fields": dataclasses.asdict(measured)}]  # fmt: skip
     return ParsedTrace(
         path=path,
         rank=rank,
@@ -132,6 +127,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         device_name=str(devices[0].get("name")) if devices else None,
         records=records,
         on_device=bool(events.gpu_t0),
+        device_time=measured,
     )
 
 

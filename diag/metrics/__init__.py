@@ -15,14 +15,14 @@ from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.collectives import collectives, tp_vs_ledger
 from diag.metrics.common import KEYS, NS_PER_S, analysed_steps, in_steps, note_orphans
-from diag.metrics.device_time import DEVICE_TIME_EVENT, device_time
+from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
 from diag.metrics.time_breakdown import rank_table, step_breakdown, time_breakdown
 
 __all__ = [
-    "DEVICE_TIME_EVENT", "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
+    "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
     "in_steps", "memory_peak", "step_breakdown",
 ]  # fmt: skip
 
@@ -77,7 +77,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
         memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
         memory_peak=memory_peak(run.memory),
         experts=expert_load(run.experts, windows),
-        device=device_time(run.events),
+        device=device_time(run.device_time),
         findings=[],
         skipped=skipped,
     )

@@ -3,6 +3,7 @@
 from diag.rules.engine import (
     REGISTRY,
     Finding,
+    Judgement,
     Rule,
     RuleContext,
     Threshold,
@@ -18,6 +19,7 @@ from diag.rules import families  # noqa: F401  (isort: skip)
 __all__ = [
     "REGISTRY",
     "Finding",
+    "Judgement",
     "Rule",
     "RuleContext",
     "Threshold",

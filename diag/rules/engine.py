@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from diag.load import RunData
 from diag.metrics import RunMetrics
@@ -147,27 +147,37 @@ def check_config(config: Mapping[str, Any]) -> None:
 _RANK = {"high": 0, "medium": 1, "low": 2}
 
 
+class Judgement(NamedTuple):
+    """What the rules make of a run: the findings, ranked (the first is the main diagnosis),
+    and notes on rules that could not judge (a rule that raised, with the error)."""
+
+    findings: list[Finding]
+    notes: list[str]
+
+
 def run_rules(
     run: RunData, metrics: RunMetrics, config: Mapping[str, Any] | None = None
-) -> list[Finding]:
+) -> Judgement:
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
+    Reads the run and its metrics, changes neither.
 
     Order: severity, then findings that explain others present, then findings that name a
     collapse pattern before pitfalls, then the stronger evidence (a larger `margin`; None counts
     as 1), then code. A finding that names the cause of others (`explains`) takes the highest
     severity among them: the cause is the diagnosis, its consequences are evidence.
-    A rule that raises is reported as a skipped note on the metrics, never as a crash.
+    A rule that raises is reported as a note, never as a crash.
     """
     ctx = RuleContext(run, metrics)
     findings: list[Finding] = []
+    notes: list[str] = []
     for code in sorted(REGISTRY):
         rule_ = REGISTRY[code]
         limits = limits_for(rule_, config)
         try:
             findings.extend(rule_.fn(ctx, limits))
         except Exception as err:
-            metrics.skipped.append(f"rule {code} failed and was skipped: {err!r}")
-    return rank_findings(findings)
+            notes.append(f"rule {code} failed and was skipped: {err!r}")
+    return Judgement(rank_findings(findings), notes)
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

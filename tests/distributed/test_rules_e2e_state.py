@@ -26,7 +26,7 @@ pytestmark = pytest.mark.dist
 
 def _findings(run_dir: Path) -> list[Finding]:
     run = load_run(run_dir)
-    return run_rules(run, compute_metrics(run))
+    return run_rules(run, compute_metrics(run)).findings
 
 
 def test_expert_skew_with_small_capacity_is_first_named_pattern_4(run_ep, tmp_path: Path) -> None:
@@ -59,11 +59,11 @@ def test_tiny_budget_names_pattern_5_and_the_dominant_category(run_dp, tmp_path:
     run_dp(run_dir, "--steps", "3", "--device-memory-gb", "0.002", trainer="zero3")
     run = load_run(run_dir)
     metrics = compute_metrics(run)
-    findings = run_rules(run, metrics)
+    findings = run_rules(run, metrics).findings
     assert findings[0].rule == "MEM001", findings  # the main diagnosis
     budget = [f for f in findings if f.rule == "MEM001"]
     assert budget and budget[0].pattern == 5 and budget[0].severity == "high"
-    fullest = max(peaks(metrics.memory_steps), key=lambda p: p.total_bytes)
+    fullest = max(peaks(metrics), key=lambda p: p.total_bytes)
     categories = fullest.by_category
     groups = {
         "state": categories.get("params", 0) + categories.get("grads", 0)

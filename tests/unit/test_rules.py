@@ -3,6 +3,8 @@ has both kinds of case and a complete docstring."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from rule_cases import RuleCase, all_cases
 
@@ -20,13 +22,21 @@ CASES = all_cases()
 def test_rule_case(case: RuleCase, runs) -> None:
     run = load_run(case.build(runs))
     metrics = compute_metrics(run)
-    findings = [f for f in run_rules(run, metrics) if f.rule == case.code]
+    judgement = run_rules(run, metrics)
+    assert not judgement.notes, f"{case.code}: a rule could not judge: {judgement.notes}"
+    findings = [f for f in judgement.findings if f.rule == case.code]
     assert bool(findings) == case.triggers, f"{case.code}: {case.why}: {findings}"
+    if case.triggers:
+        assert findings[0].severity == case.severity, f"{case.code}: {case.why}: {findings[0]}"
     if case.triggers and case.ranks is not None:
         assert tuple(sorted(findings[0].ranks)) == case.ranks
 
 
 def test_every_rule_has_a_trigger_and_a_quiet_case() -> None:
+    for case in CASES:
+        assert (case.severity is not None) == case.triggers, (
+            f"{case.code}: {case.why}: a trigger case names its severity, a quiet one none"
+        )
     for code in REGISTRY:
         kinds = {c.triggers for c in CASES if c.code == code}
         assert kinds == {True, False}, (
@@ -55,3 +65,17 @@ def test_a_finding_that_names_the_cause_of_others_ranks_first_with_their_severit
     alone = Finding("TRD001", 2, "medium", "step time grows", explains=["MOE002"])
     assert [f.rule for f in rank_findings([alone, other])] == ["COM001", "TRD001"]
     assert alone.severity == "medium"
+
+
+def test_a_rule_that_raises_fails_its_case(runs, monkeypatch) -> None:
+    """The engine keeps a crashing rule from stopping the analysis; the harness must not let
+    that hide the crash (its quiet case would pass with no finding)."""
+    from diag.rules.engine import REGISTRY as rules
+
+    def broken(ctx, limits):
+        raise ZeroDivisionError("on purpose")
+
+    (quiet,) = [c for c in CASES if c.code == "COM001" and not c.triggers][:1]
+    monkeypatch.setitem(rules, "COM001", dataclasses.replace(rules["COM001"], fn=broken))
+    with pytest.raises(AssertionError, match="could not judge"):
+        test_rule_case(quiet, runs)

@@ -19,6 +19,7 @@ class RuleCase:
     build: Callable[[Any], Path]  # RunWriter -> run directory
     why: str  # one line: what the run shows
     ranks: tuple[int, ...] | None = None  # when it triggers: the ranks the finding must blame
+    severity: str | None = None  # when it triggers: the severity the finding must have
 
 
 def all_cases() -> list[RuleCase]:

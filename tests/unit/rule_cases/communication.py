@@ -90,13 +90,20 @@ def _ledger(runs: Any, dp_ratio: float) -> Path:
 
 
 CASES = [
-    RuleCase("COM002", True, lambda runs: _tp2(runs, 60), "TP all-reduces take 60% of a step"),
+    RuleCase(
+        "COM002",
+        True,
+        lambda runs: _tp2(runs, 60),
+        "TP all-reduces take 60% of a step",
+        severity="high",
+    ),
     RuleCase("COM002", False, lambda runs: _tp2(runs, 10), "TP all-reduces take 10% of a step"),
     RuleCase(
         "COM003",
         True,
         lambda runs: _dp_overlap(runs, hidden=False),
         "the all-reduce starts after backward and is waited on",
+        severity="medium",
     ),
     RuleCase(
         "COM003",
@@ -104,13 +111,25 @@ CASES = [
         lambda runs: _dp_overlap(runs, hidden=True),
         "the all-reduce runs inside backward",
     ),
-    RuleCase("COM004", True, lambda runs: _ledger(runs, 2.0), "DP all-reduce at 2x the ledger"),
+    RuleCase(
+        "COM004",
+        True,
+        lambda runs: _ledger(runs, 2.0),
+        "DP all-reduce at 2x the ledger",
+        severity="medium",
+    ),
     RuleCase(
         "COM004",
         False,
         lambda runs: _ledger(runs, 1.1),
         "DP all-reduce within tolerance; the expert all-to-all is not this rule's",
     ),
-    RuleCase("COM001", True, lambda runs: _dp2(runs, 60), "60% of each step is blocking comm"),
+    RuleCase(
+        "COM001",
+        True,
+        lambda runs: _dp2(runs, 60),
+        "60% of each step is blocking comm",
+        severity="high",
+    ),
     RuleCase("COM001", False, lambda runs: _dp2(runs, 5), "5% of each step is blocking comm"),
 ]

@@ -31,12 +31,13 @@ def _oom(runs: Any) -> Any:
 
 CASES = [
     RuleCase("MEM001", True, lambda runs: _mem(runs, 2 * MB, 3 * MB),
-             "4.1 MB measured on a 2 MB device, activations dominate", ranks=(0, 1)),
+             "4.1 MB measured on a 2 MB device, activations dominate",
+             severity="high", ranks=(0, 1)),
     RuleCase("MEM001", False, lambda runs: _mem(runs, 100 * MB, 3 * MB), "4% of the budget"),
     RuleCase("MEM001", False, lambda runs: _mem(runs, None, 3 * MB), "no budget declared"),
-    RuleCase("MEM002", True, _oom, "rank 1 ran out of memory", ranks=(1,)),
+    RuleCase("MEM002", True, _oom, "rank 1 ran out of memory", severity="high", ranks=(1,)),
     RuleCase("MEM002", False, lambda runs: _mem(runs, None, MB), "no oom event"),
     RuleCase("MEM003", True, lambda runs: _mem(runs, 5 * MB, 3 * MB),
-             "82% of the budget: activation-bound", ranks=(0,)),
+             "82% of the budget: activation-bound", severity="low", ranks=(0,)),
     RuleCase("MEM003", False, lambda runs: _mem(runs, 50 * MB, 3 * MB), "8% of the budget"),
 ]  # fmt: skip

@@ -29,15 +29,15 @@ def _pp(runs: Any, pp: int, m: int, busy_ms: list[float], step_ms: float = 100) 
 
 CASES = [
     RuleCase("PIP001", True, lambda runs: _pp(runs, 2, 8, [40, 40]),
-             "bubble 0.6 measured against 0.11 in theory (p=2, m=8)"),
+             "bubble 0.6 measured against 0.11 in theory (p=2, m=8)", severity="medium"),
     RuleCase("PIP001", False, lambda runs: _pp(runs, 2, 8, [85, 85]),
              "bubble 0.15 measured against 0.11 in theory"),
     RuleCase("PIP002", True, lambda runs: _pp(runs, 4, 2, [40, 40, 40, 40]),
-             "p=4, m=2: 60% bubble in theory, m < 4p"),
+             "p=4, m=2: 60% bubble in theory, m < 4p", severity="high"),
     RuleCase("PIP002", False, lambda runs: _pp(runs, 2, 8, [85, 85]),
              "p=2, m=8 = 4p"),
     RuleCase("PIP003", True, lambda runs: _pp(runs, 2, 8, [40, 90]),
-             "stage 1 computes 90 ms against 40 ms", ranks=(1,)),
+             "stage 1 computes 90 ms against 40 ms", severity="medium", ranks=(1,)),
     RuleCase("PIP003", False, lambda runs: _pp(runs, 2, 8, [85, 88]),
              "stages within 4%"),
 ]  # fmt: skip

@@ -47,13 +47,14 @@ def _losses(runs: Any, bad_from: int | None) -> Any:
 
 CASES = [
     RuleCase("PIT001", True, lambda runs: _epochs(runs, False),
-             "same order hash in both epochs", ranks=(0, 1)),
+             "same order hash in both epochs", severity="medium", ranks=(0, 1)),
     RuleCase("PIT001", False, lambda runs: _epochs(runs, True), "a new order every epoch"),
     RuleCase("PIT002", True, lambda runs: _norms(runs, 0.6, 1.0, zero_stage=3),
-             "local norms 60% of the global one", ranks=(0, 1)),
+             "local norms 60% of the global one", severity="low", ranks=(0, 1)),
     RuleCase("PIT002", True, lambda runs: _norms(runs, 0.6, None, zero_stage=3),
-             "ZeRO-3 records only local norms", ranks=(0, 1)),
+             "ZeRO-3 records only local norms", severity="medium", ranks=(0, 1)),
     RuleCase("PIT002", False, lambda runs: _norms(runs, 1.0, 1.0), "DP: local equals global"),
-    RuleCase("PIT003", True, lambda runs: _losses(runs, 5), "loss NaN at step 5", ranks=(0,)),
+    RuleCase("PIT003", True, lambda runs: _losses(runs, 5), "loss NaN at step 5",
+             severity="high", ranks=(0,)),
     RuleCase("PIT003", False, lambda runs: _losses(runs, None), "finite losses"),
 ]  # fmt: skip
