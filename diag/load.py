@@ -198,8 +198,9 @@ def _load_manifest(run_dir: Path) -> Manifest:
         if any(any(run_dir.glob(pattern)) for pattern in KINETO_PATTERNS):
             raise InputError(
                 run_dir,
-                "has Kineto traces (*.pt.trace.json[.gz]) but no manifest.json; "
-                "Kineto trace folders are not supported by this version yet",
+                "has files named like profiler traces (*.pt.trace.json[.gz]) but no "
+                "manifest.json: a run directory needs one, and a trace folder is read as one "
+                "when its files hold traceEvents",
             )
         raise InputError(
             run_dir, "has neither manifest.json nor Kineto traces (*.pt.trace.json[.gz])"

@@ -31,7 +31,8 @@ DEFAULT_COMM_PATTERNS = (
     r"deep_ep",
 )
 DEFAULT_MEMORY_PATTERNS = (r"^Memcpy", r"^Memset")
-MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
+COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
+"""Kineto event categories of device memory copies and sets (not the six memory categories)."""
 
 # Collective from a communication kernel's name, when no record_param_comms names it.
 _OP_BY_NAME = (
@@ -76,7 +77,7 @@ class KernelPatterns:
             if kind is None:
                 if comm.search(name):
                     kind = KernelClass.COMM.value
-                elif memory.search(name) or (self.by_category and category in MEMORY_CATEGORIES):
+                elif memory.search(name) or (self.by_category and category in COPY_CATEGORIES):
                     kind = KernelClass.MEMORY.value
                 elif other.search(name):
                     kind = KernelClass.OTHER.value

@@ -83,10 +83,10 @@ def test_empty_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["rank0.pt.trace.json", "host_123.1.pt.trace.json.gz"])
-def test_kineto_folder_is_not_supported_yet(tmp_path: Path, name: str) -> None:
+def test_a_trace_folder_is_not_a_run_directory(tmp_path: Path, name: str) -> None:
     data = b'{"traceEvents": []}'
     (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    with pytest.raises(InputError, match="Kineto trace folders are not supported"):
+    with pytest.raises(InputError, match="named like profiler traces .* but no manifest.json"):
         load_run(tmp_path)
 
 
