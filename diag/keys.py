@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
+
+KEYS = ["rank", "step"]
 
 
 def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) -> np.ndarray:
@@ -18,3 +21,12 @@ def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) 
         return np.zeros(len(ranks), dtype=bool)
     width = int(max(steps.max(), wanted_steps.max())) + 1
     return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)
+
+
+def in_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Which rows of `frame` belong to a (rank, step) of `steps` (a boolean array), with one
+    integer key per pair: far cheaper than a merge on millions of records."""
+    return rank_steps_in(
+        frame["rank"].to_numpy(), frame["step"].to_numpy(),
+        steps["rank"].to_numpy(), steps["step"].to_numpy(),
+    )  # fmt: skip

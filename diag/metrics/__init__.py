@@ -20,6 +20,7 @@ from diag.metrics.experts import expert_load
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
 from diag.metrics.time_breakdown import rank_table, step_breakdown, time_breakdown
+from diag.whatif.attribution import Attribution, attribute, attribution_summary, with_waits
 
 __all__ = [
     "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
@@ -51,6 +52,9 @@ class RunMetrics:
     dashboard. Ranks without a mem record are absent."""
     device: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
+    attribution: Attribution | None = None
+    """Where the step goes: a replay of the measured run and its counterfactuals, the causes
+    by the step time each costs (diag/whatif); None with fewer than two ranks."""
     findings: list[Any] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -64,7 +68,13 @@ def compute_metrics(run: RunData) -> RunMetrics:
     if rank_steps is None:
         rank_steps = time_breakdown(run.spans, run.comms, windows)
     ranks = pipeline.with_stages(rank_table(rank_steps, run.manifest), run.spans, run.manifest)
+    attribution = attribute(run, windows)
+    if attribution is not None:
+        ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)
+    if attribution is not None:
+        summary.update(attribution_summary(attribution))
+        skipped += attribution.notes
     tp_rows = tp_vs_ledger(run, windows)
     if tp_rows:
         summary["tp_vs_ledger"] = tp_rows
@@ -78,6 +88,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
         memory_peak=memory_peak(run.memory),
         experts=expert_load(run.experts, windows),
         device=device_time(run.device_time),
+        attribution=attribution,
         findings=[],
         skipped=skipped,
     )

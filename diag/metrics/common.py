@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.keys import rank_steps_in
+from diag.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
 from diag.load import RunData
 
-KEYS = ["rank", "step"]
 NS_PER_S = 1e9
 WARMUP_MIN_STEPS = 3
 """A rank with at least this many step records has its first step excluded as warm-up."""
@@ -30,15 +28,6 @@ def analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFra
     )
     warmup_steps = int(steps.loc[warmup, "step"].nunique())
     return steps.loc[~warmup].reset_index(drop=True), warmup_steps
-
-
-def in_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
-    """Which rows of `frame` belong to a (rank, step) of `steps` (a boolean array), with one
-    integer key per pair: far cheaper than a merge on millions of records."""
-    return rank_steps_in(
-        frame["rank"].to_numpy(), frame["step"].to_numpy(),
-        steps["rank"].to_numpy(), steps["step"].to_numpy(),
-    )  # fmt: skip
 
 
 def ratio(numerator: Any, denominator: Any) -> float | None:

@@ -16,26 +16,9 @@ from typing import Any
 import pandas as pd
 
 from diag import schema
+from diag.roles import rank_stages
 
 STAGE_COLUMNS = ["stage", "ranks", "busy_per_step_s", "bubble_frac"]
-
-
-def rank_stages(spans: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int]:
-    """The pipeline stage of every rank: the most frequent `stage` of its spans; for a rank
-    without one, its position in its manifest `pp` group; else the grid order
-    rank = ((dp_i·pp + pp_i)·ep + ep_i)·tp + tp_i (reference_runs/topology.py)."""
-    layout = manifest.layout
-    pp, inner = layout.pp or 1, (layout.ep or 1) * (layout.tp or 1)
-    stages = {r: (r // inner) % pp for r in range(manifest.world_size)}
-    for group in manifest.groups.get("pp", []):
-        stages.update((r, i) for i, r in enumerate(sorted(group)))
-    staged = spans.loc[spans["stage"].notna(), ["rank", "stage"]].astype("int64")
-    if not staged.empty:  # each rank's most frequent stage, the lowest on a tie
-        counts = staged.value_counts().reset_index(name="n")
-        counts = counts.sort_values(["rank", "n", "stage"], ascending=[True, False, True])
-        modes = counts.drop_duplicates("rank")
-        stages.update(zip(modes["rank"].tolist(), modes["stage"].tolist(), strict=True))
-    return stages
 
 
 def with_stages(

@@ -11,46 +11,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from diag.load import RunData
 from diag.metrics import RunMetrics
+from diag.rules.costs import COST_TABLE, attach_costs, cost_limits
+from diag.rules.model import SEVERITIES, Finding, Threshold, grade
 
-SEVERITIES = ("high", "medium", "low")
+__all__ = [
+    "DOC_SECTIONS", "REGISTRY", "SEVERITIES", "Finding", "Judgement", "Rule", "RuleContext",
+    "Threshold", "check_config", "grade", "limits_for", "rank_findings", "rule", "run_rules",
+]  # fmt: skip
+
 DOC_SECTIONS = ("Symptom", "Likely cause", "Fix", "Evidence")
 CODE_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
-
-
-@dataclass(frozen=True)
-class Threshold:
-    default: float
-    unit: str  # e.g. "fraction", "ratio", "s", "bytes", "steps"
-    help: str  # one line: what crossing it means
-
-
-@dataclass
-class Finding:
-    rule: str  # the rule's code, e.g. "PP001"
-    pattern: int | None  # collapse pattern 1-5, None for a configuration pitfall
-    severity: str  # high | medium | low
-    title: str  # one line a person reads first
-    ranks: list[int] = field(default_factory=list)  # the ranks to blame, when some are
-    evidence: dict[str, Any] = field(default_factory=dict)  # the numbers that prove it
-    advice: str = ""  # what to change
-    margin: float | None = None  # evidence / its high threshold; ranks equal severities (None: 1)
-    explains: list[str] = field(default_factory=list)  # codes of findings this one is the cause of
-
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
-
-
-def grade(value: float | None, limits: Mapping[str, float]) -> str | None:
-    """The severity of `value` against a rule's `medium` and `high` thresholds (None below)."""
-    if value is None or value < limits["medium"]:
-        return None
-    return "high" if value >= limits["high"] else "medium"
 
 
 @dataclass
@@ -137,6 +112,9 @@ def check_config(config: Mapping[str, Any]) -> None:
     """ValueError naming the first table or threshold in `config` that no rule knows."""
     by_key = {**{r.code: r for r in REGISTRY.values()}, **{r.name: r for r in REGISTRY.values()}}
     for key, table in config.items():
+        if key == COST_TABLE:  # the cost thresholds of every time finding (diag.rules.costs)
+            cost_limits({key: table})
+            continue
         if key not in by_key:
             raise ValueError(f"no rule is called {key!r} (see `diag rules`)")
         if not isinstance(table, Mapping):
@@ -145,6 +123,7 @@ def check_config(config: Mapping[str, Any]) -> None:
 
 
 _RANK = {"high": 0, "medium": 1, "low": 2}
+MEMORY_PATTERN = 5
 
 
 class Judgement(NamedTuple):
@@ -177,6 +156,7 @@ def run_rules(
             findings.extend(rule_.fn(ctx, limits))
         except Exception as err:
             notes.append(f"rule {code} failed and was skipped: {err!r}")
+    attach_costs(findings, metrics.attribution, config)
     return Judgement(rank_findings(findings), notes)
 
 
@@ -192,10 +172,18 @@ def rank_findings(findings: list[Finding]) -> list[Finding]:
     return sorted(
         findings,
         key=lambda f: (
+            not _blocks_training(f),
             _RANK[f.severity],
             id(f) not in explaining,
+            -(f.cost_s if f.cost_s is not None else -1.0),
             f.pattern is None,
             -(f.margin or 1.0),
             f.rule,
         ),
     )
+
+
+def _blocks_training(finding: Finding) -> bool:
+    """A high memory finding (an OOM that happened, a budget crossed or about to be): it
+    outranks any speed finding, since the job does not run at all."""
+    return finding.pattern == MEMORY_PATTERN and finding.severity == "high"

@@ -3,6 +3,7 @@
 from diag.rules.families import (  # noqa: F401
     balance,
     communication,
+    lost_time,
     memory,
     moe,
     pipeline,

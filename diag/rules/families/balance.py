@@ -16,6 +16,11 @@ STRAGGLER_LIMITS = {
     "min_excess_s": Threshold(0.002, "s", "busy time per step above the peers' median: at least"),
     "min_step_share": Threshold(0.5, "fraction", "share of steps in which the rank stands out"),
     "high_ratio": Threshold(1.5, "ratio", "busy ratio at which the finding is high"),
+    "min_cost_share": Threshold(
+        0.10,
+        "fraction",
+        "without a busy-time straggler: share of the step the replay says one rank's excess costs",
+    ),
 }
 
 
@@ -126,7 +131,7 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         return []
     found = find_stragglers(ranks, limits, ctx.metrics.rank_steps)
     if not found:
-        return []
+        return _replayed_stragglers(ctx, limits)
     blamed = sorted(int(f["rank"]) for f in found)
     worst = max(found, key=lambda f: f["busy_ratio"])
     busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
@@ -146,6 +151,35 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
             "per rank or exclude a persistently slow node",
             explains=["BAL003"],  # a slow rank starts every collective last
+        )
+    ]
+
+
+def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[Finding]:
+    """Stragglers the busy times miss but the replay finds: one rank whose typical excess
+    of compute over its peers' costs a share of the step (its busy time may be diluted by
+    waits, or its peers' by their own noise)."""
+    attribution = ctx.metrics.attribution
+    if attribution is None:
+        return []
+    causes = [c for c in attribution.causes
+              if c.kind == "straggler" and c.cost_share >= limits["min_cost_share"]]  # fmt: skip
+    if not causes:
+        return []
+    blamed = sorted(r for c in causes for r in c.ranks)
+    worst = max(causes, key=lambda c: c.cost_s)
+    return [
+        Finding(
+            rule="BAL001",
+            pattern=3,
+            severity="medium",
+            title=f"straggler: rank {', '.join(map(str, blamed))} computes longer than its "
+            f"peers; removing its excess saves {worst.cost_share:.0%} of the step",
+            ranks=blamed,
+            evidence={"replayed": [vars(c) for c in causes]},
+            advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
+            "per rank or exclude a persistently slow node",
+            explains=["BAL003"],
         )
     ]
 

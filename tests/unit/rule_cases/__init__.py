@@ -23,7 +23,11 @@ class RuleCase:
 
 
 def all_cases() -> list[RuleCase]:
-    from rule_cases import balance, communication, memory, moe, pipeline, pitfalls, topology, trend
+    from rule_cases import (
+        balance, communication, lost_time, memory, moe, pipeline, pitfalls, topology, trend,
+    )  # fmt: skip
 
-    families = (balance, communication, memory, moe, pipeline, pitfalls, topology, trend)
+    families = (
+        balance, communication, lost_time, memory, moe, pipeline, pitfalls, topology, trend,
+    )  # fmt: skip
     return [case for family in families for case in family.CASES]

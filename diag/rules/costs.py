@@ -1,0 +1,128 @@
+"""What a finding costs: the step time the counterfactual that removes its cause saves
+(diag/whatif), attached to every time finding; and the severity that cost earns.
+
+Policy (docs/rules.md, "Ranking"): findings of collapse patterns 1-3 whose cause the replay can
+remove carry `cost_s` (per step) and `cost_share` (of the measured step), and their severity is
+the cost's share of the step: `high` from 25%, `medium` from 10%, `low` below (configurable
+as the `[cost]` table). Communication findings claim only transfer time; waiting for a late
+peer is the late rank's, stage's or the data's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from diag.rules.model import Finding, Threshold
+from diag.whatif.attribution import Attribution
+
+COST_TABLE = "cost"
+COST_LIMITS = {
+    "high": Threshold(0.25, "fraction", "share of the step a finding costs: high"),
+    "medium": Threshold(0.10, "fraction", "share of the step a finding costs: medium"),
+}
+TIME_PATTERNS = frozenset({1, 2, 3})
+
+
+def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | None]:
+    """The cost of removing the persistent excess of the finding's ranks (their causes of
+    these kinds, summed); 0 when none of them is a cause the replay found."""
+
+    def cost(finding: Finding, attribution: Attribution) -> float | None:
+        return sum(
+            c.cost_s for c in attribution.causes
+            if c.kind in kinds and set(c.ranks) & set(finding.ranks)
+        )  # fmt: skip
+
+    return cost
+
+
+def _transfer(*groups: str) -> Callable[[Finding, Attribution], float | None]:
+    def cost(finding: Finding, attribution: Attribution) -> float | None:
+        wanted = set(groups) or None
+        found = [c.cost_s for c in attribution.causes if c.kind == "transfer"
+                 and (wanted is None or c.group in wanted)]  # fmt: skip
+        if wanted is None:
+            return attribution.all_transfers_s
+        return sum(found)
+
+    return cost
+
+
+def _kind(kind: str) -> Callable[[Finding, Attribution], float | None]:
+    def cost(finding: Finding, attribution: Attribution) -> float | None:
+        cause = attribution.cause(kind)
+        return 0.0 if cause is None else cause.cost_s
+
+    return cost
+
+
+def _stage(finding: Finding, attribution: Attribution) -> float | None:
+    return sum(c.cost_s for c in attribution.causes
+               if c.kind == "stage" and set(c.ranks) & set(finding.ranks))  # fmt: skip
+
+
+COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
+    "BAL001": _ranks(("straggler", "host")),
+    "BAL003": _ranks(("straggler", "host")),
+    "BAL005": _ranks(("host",)),
+    "BAL002": lambda finding, attribution: attribution.balanced_s,
+    "BAL004": _kind("imbalance"),
+    "COM001": _transfer(),
+    "COM002": _transfer("tp"),
+    "COM003": _transfer("dp"),
+    "PIP002": _kind("schedule"),
+    "PIP003": _stage,
+}
+"""Which counterfactual each time finding's cause is."""
+
+
+def attach_costs(
+    findings: list[Finding], attribution: Attribution | None, config: Mapping[str, Any] | None
+) -> None:
+    """Give each time finding its cost and the severity the cost earns (in place: the
+    findings are the engine's own, just made)."""
+    if attribution is None or attribution.measured_step_s <= 0:
+        return
+    limits = cost_limits(config)
+    for finding in findings:
+        measure = COSTS.get(finding.rule)
+        if measure is None or finding.pattern not in TIME_PATTERNS:
+            continue
+        cost_s = measure(finding, attribution)
+        if cost_s is None:
+            continue
+        finding.cost_s = float(cost_s)
+        finding.cost_share = float(cost_s) / attribution.measured_step_s
+        finding.severity = severity_of(finding.cost_share, limits)
+        finding.evidence = {**finding.evidence, "counterfactual": _counterfactual(finding)}
+
+
+def _counterfactual(finding: Finding) -> str:
+    return {
+        "BAL001": "the named ranks' typical excess over their peers removed",
+        "BAL003": "the named ranks' typical excess over their peers removed",
+        "BAL005": "the named ranks' host time at their peers' median",
+        "BAL002": "every rank's local time at its peers' median in every step",
+        "BAL004": "every step's per-rank imbalance removed, beyond each rank's typical excess",
+        "COM001": "every collective's transfer at zero (waiting for late peers kept)",
+        "COM002": "TP collectives' transfers at zero",
+        "COM003": "DP collectives fully hidden (their transfers at zero)",
+        "PIP002": "the theory bubble with 4x the micro-batches or 2 virtual stages",
+        "PIP003": "the named stage's local time at the mean stage's",
+    }[finding.rule]
+
+
+def cost_limits(config: Mapping[str, Any] | None) -> dict[str, float]:
+    limits = {key: t.default for key, t in COST_LIMITS.items()}
+    for name, value in ((config or {}).get(COST_TABLE) or {}).items():
+        if name not in limits:
+            raise ValueError(f"[{COST_TABLE}] has no threshold {name!r} (high, medium)")
+        limits[name] = float(value)
+    return limits
+
+
+def severity_of(share: float, limits: Mapping[str, float]) -> str:
+    if share >= limits["high"]:
+        return "high"
+    return "medium" if share >= limits["medium"] else "low"

@@ -1,0 +1,93 @@
+"""Balance rules found by the replay (collapse pattern 3): time lost to random per-step
+imbalance, and to one rank's host time, which the busy-time rules cannot see (diag/whatif)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
+
+
+@rule("BAL004", "balance.random_imbalance", pattern=3, thresholds={"min_share": MIN_SHARE})
+def random_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Which rank is slowest changes from step to step, and every step waits for that one.
+
+    Symptom:
+        Replayed with every rank's local time at its peers' median in each step, the step is
+        much shorter; removing each rank's typical excess instead saves little: the slow rank
+        of a step is a different one each time.
+    Likely cause:
+        Work that varies per batch: sequence lengths, padding, MoE routing, data augmentation;
+        or noise on the hosts (interrupts, other processes). Synchronous collectives make every
+        step as slow as its slowest rank, so per-rank noise adds up to lost time.
+    Fix:
+        Balance the work per batch (length-bucketed or packed sequences, fixed shapes), keep
+        the hosts quiet (pin processes, isolate cores); fewer synchronisation points per step
+        (larger gradient accumulation) average the noise out.
+    Evidence:
+        The counterfactual's saving (cost_s), the saving of every step at the peer median and
+        of every rank's typical excess removed.
+    """
+    attribution = ctx.metrics.attribution
+    cause = attribution.cause("imbalance") if attribution else None
+    if cause is None or cause.cost_share < limits["min_share"]:
+        return []
+    return [
+        Finding(
+            rule="BAL004",
+            pattern=3,
+            severity="medium",
+            title=f"random per-step imbalance: {cause.cost_share:.0%} of the step waits for "
+            "whichever rank is slowest that step",
+            evidence=dict(cause.evidence),
+            advice="balance the work per batch (length-bucketed or packed sequences, fixed "
+            "shapes); keep the hosts quiet; accumulate gradients to synchronise less often",
+            explains=["BAL002", "BAL003"],
+        )
+    ]
+
+
+@rule("BAL005", "balance.host_time", pattern=3, thresholds={"min_share": MIN_SHARE})
+def host_time(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """One rank spends time on the host (data loading, outside the recorded work) while the
+    others wait for it.
+
+    Symptom:
+        The rank reaches the collectives late, not because it computes longer: its time outside
+        any compute span (data fetch, time between steps) exceeds its peers', and replaying it
+        at their median shortens the step.
+    Likely cause:
+        A slow data loader on that rank (too few workers, remote storage, decoding), logging or
+        checkpoint I/O, garbage collection, a busy host CPU.
+    Fix:
+        More data-loader workers with prefetch and pinned memory on the named rank's host,
+        move logging and checkpointing off the critical path, check the host's load.
+    Evidence:
+        The counterfactual's saving (cost_s), split into what its host time and its compute
+        at the peers' median would each save.
+    """
+    attribution = ctx.metrics.attribution
+    if attribution is None:
+        return []
+    findings = []
+    for cause in attribution.causes:
+        if cause.kind != "host" or cause.cost_share < limits["min_share"]:
+            continue
+        ranks = ", ".join(map(str, cause.ranks))
+        findings.append(
+            Finding(
+                rule="BAL005",
+                pattern=3,
+                severity="medium",
+                title=f"host time: rank {ranks} spends {cause.cost_share:.0%} of the step on "
+                "the host (data loading, work outside the recorded spans) while peers wait",
+                ranks=list(cause.ranks),
+                evidence=dict(cause.evidence),
+                advice=f"look at rank {ranks}'s data loader (workers, prefetch, pinned memory, "
+                "storage) and host-side work between steps (logging, checkpoints, GC)",
+                explains=["BAL003", "COM001", "COM003"],
+            )
+        )
+    return findings

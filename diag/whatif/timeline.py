@@ -1,0 +1,201 @@
+"""Each rank's analysed steps as a sequence of events and the local time between them: what the
+replay (diag/whatif/replay.py) plays back, and what the counterfactuals change.
+
+Events, in the order each rank met them:
+- `START`/`END` of a step: marks, no time of their own. The local time before a `START` is the
+  rank's time outside any step (a data loader, logging, GC between steps): host time.
+- `SYNC`: a blocking collective; it ends when its last member arrives plus its transfer.
+- `LAUNCH`: an asynchronous collective started (DDP buckets during backward); it completes
+  like a `SYNC`, but the rank goes on.
+- `WAIT`: a wait (`comm_wait` span) on the asynchronous collectives launched before it.
+- `RECV`: a blocking receive; it ends when the matching send has started plus the message.
+- `LOCAL`: anything else with a duration of its own (a send, a collective matched to no peer).
+
+The local time before an event (`seg_ns`) is split into compute (fwd, bwd, opt, kernels,
+copies) and host time (data spans and time in no span at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.keys import KEYS, in_steps
+from diag.load import RunData
+from diag.whatif.matching import P2P_OPS, collective_instances, message_pairs
+
+
+class Kind(IntEnum):
+    START = 0
+    LAUNCH = 1
+    SYNC = 2
+    RECV = 3
+    WAIT = 4
+    LOCAL = 5
+    END = 6
+
+
+_SORT_ORDER = {Kind.START: 0, Kind.LAUNCH: 1, Kind.SYNC: 2, Kind.RECV: 2, Kind.LOCAL: 2,
+               Kind.WAIT: 3, Kind.END: 4}  # fmt: skip
+"""At one instant: a step starts first and ends last; a launch comes before the wait on it."""
+HOST_PHASES = frozenset({schema.Phase.DATA.value})
+COMPUTE_PHASES = schema.COMPUTE_PHASES - HOST_PHASES
+
+
+@dataclass
+class Timeline:
+    """Events of every rank, rank after rank in the order met (`first[r]:first[r+1]`)."""
+
+    ranks: np.ndarray  # the ranks, ascending
+    first: np.ndarray  # index of each rank's first event; one more entry at the end
+    events: pd.DataFrame
+    """rank, step, kind, a_ns, e_ns (measured start and end), seg_ns and host_ns (local time
+    before the event, and its host part), j (position in its step), instance, group,
+    transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), post_ns
+    (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
+    waits_on: dict[int, list[int]] = field(default_factory=dict)
+    """For each WAIT event, the LAUNCH events it waits for."""
+    members: dict[int, list[int]] = field(default_factory=dict)
+    """For each collective instance, its member events."""
+    notes: list[str] = field(default_factory=list)
+
+
+def build(run: RunData, steps: pd.DataFrame) -> Timeline:
+    """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
+    notes: list[str] = []
+    comms = run.comms.loc[in_steps(run.comms, steps)].reset_index(drop=True)
+    spans = run.spans.loc[in_steps(run.spans, steps)]
+    waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
+    self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
+    instance = collective_instances(comms, run.manifest)
+    pairs = message_pairs(comms, run.manifest)
+    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
+    op = comms["op"].astype(object).to_numpy()
+    kinds = np.where(instance >= 0, np.where(is_async & ~self_waiting, Kind.LAUNCH, Kind.SYNC),
+                     Kind.LOCAL)  # fmt: skip
+    recv = np.array([o == schema.CollectiveOp.RECV.value for o in op], dtype=bool)
+    matched_recv = np.zeros(len(comms), dtype=bool)
+    matched_recv[list(pairs)] = True
+    kinds = np.where(recv & matched_recv, Kind.RECV, kinds)
+    sends_async = np.array([o in P2P_OPS for o in op], dtype=bool) & is_async
+    kinds = np.where(sends_async & (kinds == Kind.LOCAL), Kind.LAUNCH, kinds)
+    frames = [
+        pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "kind": int(Kind.START),
+                      "a_ns": steps["t0"], "e_ns": steps["t0"], "instance": -1, "group": "",
+                      "source": -1}),
+        pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "kind": int(Kind.END),
+                      "a_ns": steps["t1"], "e_ns": steps["t1"], "instance": -1, "group": "",
+                      "source": -1}),
+        pd.DataFrame({"rank": comms["rank"], "step": comms["step"], "kind": kinds.astype(int),
+                      "a_ns": comms["t0"], "e_ns": comms["t1"], "instance": instance,
+                      "group": comms["group"].astype(object).fillna("").astype(str),
+                      "source": np.arange(len(comms))}),
+        pd.DataFrame({"rank": waits["rank"], "step": waits["step"], "kind": int(Kind.WAIT),
+                      "a_ns": waits["t0"], "e_ns": waits["t1"], "instance": -1, "group": "",
+                      "source": -1}),
+    ]  # fmt: skip
+    events = pd.concat([f for f in frames if not f.empty], ignore_index=True)
+    events["order"] = events["kind"].map(_SORT_ORDER)
+    events = events.sort_values(["rank", "a_ns", "order"], kind="stable").reset_index(drop=True)
+    events = events.drop(columns="order")
+    ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
+    first = np.append(first, len(events))
+    timeline = Timeline(ranks, first, events, notes=notes)
+    _local_time(timeline, spans)
+    _dependencies(timeline, pairs)
+    return timeline
+
+
+def _local_time(timeline: Timeline, spans: pd.DataFrame) -> None:
+    """seg_ns (local time before each event), host_ns (its part outside compute spans), j."""
+    ev = timeline.events
+    kind = ev["kind"].to_numpy()
+    a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
+    # an event ends where the rank goes on: marks and launches at once, others at their end
+    goes_on = np.where(np.isin(kind, [Kind.START, Kind.END, Kind.LAUNCH]), a, e)
+    previous_end = np.empty_like(a)
+    previous_end[1:] = goes_on[:-1]
+    starts = timeline.first[:-1]
+    previous_end[starts] = a[starts]  # a rank's first event: no local time before it
+    seg = np.maximum(a - previous_end, 0)
+    compute = np.zeros(len(ev), dtype=np.int64)
+    for rank, lo, hi in zip(timeline.ranks, starts, timeline.first[1:], strict=True):
+        mine = spans[(spans["rank"] == rank) & spans["phase"].isin(COMPUTE_PHASES)]
+        covered = _coverage(mine["t0"].to_numpy(np.int64), mine["t1"].to_numpy(np.int64))
+        x, y = previous_end[lo:hi], np.maximum(a[lo:hi], previous_end[lo:hi])
+        compute[lo:hi] = covered(y) - covered(x)
+    ev["seg_ns"] = seg
+    ev["host_ns"] = np.clip(seg - compute, 0, None)
+    ev["j"] = ev.groupby(KEYS, sort=False).cumcount()
+
+
+def _coverage(t0: np.ndarray, t1: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A function: how much of (-inf, t) the union of the intervals [t0, t1) covers."""
+    if len(t0) == 0:
+        return lambda t: np.zeros(len(t), dtype=np.int64)
+    order = np.argsort(t0, kind="stable")
+    t0, reach = t0[order], np.maximum.accumulate(t1[order])
+    new_run = np.ones(len(t0), dtype=bool)
+    new_run[1:] = t0[1:] > reach[:-1]  # starts after every earlier interval ended
+    lo = t0[new_run]
+    hi = np.maximum.reduceat(reach, np.flatnonzero(new_run))
+    before = np.concatenate([[0], np.cumsum(hi - lo)])  # covered by the runs before run i
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right") - 1
+        out = np.zeros(len(t), dtype=np.int64)
+        ok = i >= 0
+        k = i[ok]
+        out[ok] = before[k] + np.minimum(t[ok], hi[k]) - lo[k]
+        return out
+
+    return covered
+
+
+def _dependencies(timeline: Timeline, pairs: dict[int, int]) -> None:
+    """Members of each collective, transfers, what each wait and receive waits for."""
+    ev = timeline.events
+    kind = ev["kind"].to_numpy().copy()
+    a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
+    instance = ev["instance"].to_numpy()
+    in_instance = np.flatnonzero((instance >= 0) & np.isin(kind, [Kind.SYNC, Kind.LAUNCH]))
+    last_arrival = pd.Series(a[in_instance]).groupby(instance[in_instance]).transform("max")
+    transfer = np.zeros(len(ev), dtype=np.int64)
+    transfer[in_instance] = np.maximum(e[in_instance] - last_arrival.to_numpy(), 0)
+    for event, inst in zip(in_instance, instance[in_instance], strict=True):
+        timeline.members.setdefault(int(inst), []).append(int(event))
+    # receives: the event of the send each one waits for
+    by_source = {int(s): i for i, s in enumerate(ev["source"].to_numpy()) if s >= 0}
+    sender = np.full(len(ev), -1, dtype=np.int64)
+    for recv_row, send_row in pairs.items():
+        recv_event, send_event = by_source.get(recv_row), by_source.get(send_row)
+        if recv_event is None or send_event is None:
+            continue
+        sender[recv_event] = send_event
+        transfer[recv_event] = max(e[recv_event] - max(a[recv_event], a[send_event]), 0)
+    unmatched = (kind == Kind.RECV) & (sender < 0)
+    kind[unmatched] = Kind.LOCAL
+    # waits: the launches of this rank since the last wait that completed by the wait's end
+    post = np.zeros(len(ev), dtype=np.int64)
+    for lo, hi in zip(timeline.first[:-1], timeline.first[1:], strict=True):
+        pending: list[int] = []
+        for k in range(lo, hi):
+            if kind[k] == Kind.LAUNCH and instance[k] >= 0:
+                pending.append(k)
+            elif kind[k] == Kind.WAIT:
+                done = [p for p in pending if e[p] <= e[k]] or pending
+                timeline.waits_on[k] = done
+                pending = [p for p in pending if p not in done]
+                completed = max((e[p] for p in done), default=a[k])
+                post[k] = max(e[k] - max(a[k], completed), 0)
+    no_deps = (kind == Kind.WAIT) & np.array([not timeline.waits_on.get(k) for k in range(len(ev))])
+    kind[no_deps] = Kind.LOCAL  # a wait on nothing we saw (a send's): its own duration
+    ev["kind"] = kind
+    ev["transfer_ns"] = transfer
+    ev["post_ns"] = post
+    ev["sender"] = sender
