@@ -42,6 +42,7 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "memory": memory_rows(metrics),
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
+        **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
         "findings": list(metrics.findings),
         "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
     }
@@ -139,7 +140,34 @@ def finding_head(finding: dict[str, Any]) -> str:
     ranks = finding.get("ranks") or []
     if ranks:
         head += f"  {'rank' if len(ranks) == 1 else 'ranks'} {rank_list(ranks)}"
+    if finding.get("cost_s") is not None:
+        head += f"  costs {pct(finding.get('cost_share'))} of the step ({ms(finding['cost_s'])})"
     return head
+
+
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def attribution_section(report: dict[str, Any]) -> Section:
+    """Where the step goes: the ideal step, each cause's cost (largest first), the overlap of
+    causes (what removing them one by one counts twice), the measured step."""
+    attribution = report.get("attribution")
+    if not attribution:
+        return Section("", [], [])
+    measured, ideal = attribution["replayed_step_s"], attribution["ideal_step_s"]
+    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
+    overlap = measured - ideal - sum(c["cost_s"] for c in causes)
+    rows = [["ideal step (every imbalance and transfer removed)", ms(ideal), pct(ideal / measured)]]
+    rows += [[f"+ {c['label']}", ms(c["cost_s"]), pct(c["cost_share"])] for c in causes]
+    rows.append(["- overlap of the causes above" if overlap < 0 else "+ not attributed",
+                 ms(abs(overlap)), pct(abs(overlap) / measured)])  # fmt: skip
+    rows.append(["= measured step (replayed)", ms(measured), pct(1.0)])
+    title = (
+        f"where the step goes (what-if replay of {attribution['steps_replayed']} steps, "
+        f"replay error {pct(attribution['replay_error'])})"
+    )
+    return Section(title, ["", "per step", "share"], rows)
 
 
 def rank_list(ranks: list[int]) -> str:
@@ -189,11 +217,13 @@ def sections(report: dict[str, Any]) -> list[Section]:
     rank_rows, order = _ranks_to_show(report)
     ranks = Section(
         f"ranks (share of each rank's step wall time{order})",
-        ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle"],
+        ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle", "skew",
+         "transfer"],
         [
             [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), num(r["step_time_s"]),
              pct(r["busy_frac"]), pct(r["comm_share"]), pct(r["exposed_comm_share"]),
-             pct(r["idle_frac"])]
+             pct(r["idle_frac"]), _share(r.get("skew_s"), r["step_time_s"]),
+             _share(r.get("transfer_s"), r["step_time_s"])]
             for r in rank_rows
         ],
     )  # fmt: skip
@@ -240,9 +270,14 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    tables = (ranks, stages, collectives, tensor_parallel, device_section(report), memory,
-              experts, window)  # fmt: skip
+    tables = (attribution_section(report), ranks, stages, collectives, tensor_parallel,
+              device_section(report), memory, experts, window)  # fmt: skip
     return [s for s in (*tables, *hta_sections(report)) if s.rows]
+
+
+def _share(part_s: float | None, step_s: float | None) -> str:
+    """A per-step time as a share of the step, or n/a."""
+    return pct(part_s / step_s) if part_s is not None and step_s else "n/a"
 
 
 def device_section(report: dict[str, Any]) -> Section:
