@@ -40,7 +40,9 @@ def rank_roles(run: RunData, ranks: np.ndarray) -> pd.DataFrame:
     frame["tp_position"] = [tp.get(int(r), int(r) % tp_size) for r in frame.index]
     frame["role"] = frame["stage"] * 100_000 + frame["tp_position"]
     sizes = frame.groupby("role")["stage"].transform("size")
-    frame.loc[sizes < 2, "role"] = frame.loc[sizes < 2, "stage"] * 100_000 - 1  # peers: the stage
-    sizes = frame.groupby("role")["stage"].transform("size")
-    frame.loc[sizes < 2, "role"] = -1  # alone in its stage too: every rank
+    frame.loc[sizes < 2, "role"] = frame.loc[sizes < 2, "stage"] * 100_000 - 1  # peers: its stage
+    # a rank alone in its pipeline stage has no peers: the stage rules compare stages
+    if frame["stage"].nunique() == 1:  # no pipeline: every rank does the same work
+        sizes = frame.groupby("role")["stage"].transform("size")
+        frame.loc[sizes < 2, "role"] = -1
     return frame

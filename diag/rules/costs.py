@@ -78,14 +78,21 @@ COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
 
 
 def attach_costs(
-    findings: list[Finding], attribution: Attribution | None, config: Mapping[str, Any] | None
+    findings: list[Finding],
+    attribution: Attribution | None,
+    config: Mapping[str, Any] | None,
+    rule_limits: Mapping[str, Mapping[str, float]] | None = None,
 ) -> None:
     """Give each time finding its cost and the severity the cost earns (in place: the
-    findings are the engine's own, just made)."""
+    findings are the engine's own, just made). A rule whose own `high` and `medium`
+    thresholds are shares of the step (COM001, COM002) grades its cost with them; the others
+    with the `[cost]` limits."""
     if attribution is None or attribution.measured_step_s <= 0:
         return
-    limits = cost_limits(config)
+    default = cost_limits(config)
     for finding in findings:
+        own = (rule_limits or {}).get(finding.rule, {})
+        limits = own if {"high", "medium"} <= set(own) else default
         measure = COSTS.get(finding.rule)
         if measure is None or finding.pattern not in TIME_PATTERNS:
             continue

@@ -149,14 +149,15 @@ def run_rules(
     ctx = RuleContext(run, metrics)
     findings: list[Finding] = []
     notes: list[str] = []
+    all_limits: dict[str, dict[str, float]] = {}
     for code in sorted(REGISTRY):
         rule_ = REGISTRY[code]
-        limits = limits_for(rule_, config)
+        limits = all_limits[code] = limits_for(rule_, config)
         try:
             findings.extend(rule_.fn(ctx, limits))
         except Exception as err:
             notes.append(f"rule {code} failed and was skipped: {err!r}")
-    attach_costs(findings, metrics.attribution, config)
+    attach_costs(findings, metrics.attribution, config, all_limits)
     return Judgement(rank_findings(findings), notes)
 
 

@@ -24,12 +24,12 @@ from diag import ledger
 from diag.load import RunData
 from diag.roles import rank_roles
 from diag.whatif import timeline as tl
-from diag.whatif.replay import Durations, replay, step_times_ns
+from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 
 NS_PER_S = 1e9
 MAX_CANDIDATES = 4
 """Ranks whose persistent excess is replayed one by one (the largest excesses)."""
-MAX_EVENTS = 400_000
+MAX_EVENTS = 150_000
 """Events replayed at most (steps are dropped from the end beyond): the replay is a Python loop."""
 MIN_EXCESS_SHARE = 0.01
 """A rank whose typical excess is below this share of the step is no straggler candidate."""
@@ -99,7 +99,7 @@ def attribute(run: RunData, steps: pd.DataFrame) -> Attribution | None:
     steps, notes = _window(run, steps)
     timeline = tl.build(run, steps)
     base = Durations.measured(timeline)
-    measured = step_times_ns(timeline, timeline.events["a_ns"].to_numpy(dtype=np.float64))
+    measured = step_times_ns(timeline, relative_ns(timeline))
     replayed = step_times_ns(timeline, replay(timeline, base))
     ok = np.isfinite(measured) & np.isfinite(replayed) & (measured > 0)
     if not ok.any():
@@ -228,8 +228,10 @@ class _Scenarios:
             return []
         seg = self.base.seg_ns
         stage = stage_of.reindex(self.rank).to_numpy()
-        per_stage = pd.Series(seg).groupby(stage).sum() / pd.Series(self.rank).groupby(
-            stage).nunique()  # fmt: skip
+        # a stage's typical rank (the median): one straggler does not make its stage heavy
+        per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg}).groupby(
+            ["stage", "rank"])["seg"].sum()  # fmt: skip
+        per_stage = per_rank.groupby(level="stage").median()
         mean = float(per_stage.mean())
         causes = []
         for s, total in per_stage.items():

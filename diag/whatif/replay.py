@@ -16,6 +16,10 @@ import numpy as np
 
 from diag.whatif.timeline import Kind, Timeline
 
+START, LAUNCH, SYNC, RECV, WAIT, LOCAL, END = (int(k) for k in (
+    Kind.START, Kind.LAUNCH, Kind.SYNC, Kind.RECV, Kind.WAIT, Kind.LOCAL, Kind.END))  # fmt: skip
+"""The kinds as plain ints: the loop compares them millions of times."""
+
 
 @dataclass(frozen=True)
 class Durations:
@@ -36,83 +40,105 @@ class Durations:
         )
 
 
+def relative_ns(timeline: Timeline) -> np.ndarray:
+    """Measured starts of the events in ns after the earliest, as floats: absolute clocks
+    (~1.8e18 ns) would round to 256 ns in a float and the error would add up over events."""
+    a = timeline.events["a_ns"].to_numpy(dtype=np.int64)
+    return (a - a.min()).astype(np.float64) if len(a) else np.zeros(0)
+
+
 def replay(timeline: Timeline, durations: Durations) -> np.ndarray:
-    """The replayed end time (ns, float) of every event."""
+    """The replayed end time (ns after the earliest event, float) of every event.
+
+    A plain loop over plain lists (the events of a window are thousands to a few hundred
+    thousand): each rank runs until it meets something not yet complete; a collective
+    completes when its last member arrives (a count per collective, no rescans)."""
     ev = timeline.events
-    kind = ev["kind"].to_numpy()
-    own = (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64)  # LOCAL events' own time
-    instance = ev["instance"].to_numpy()
-    sender = ev["sender"].to_numpy()
-    seg, transfer, post = durations.seg_ns, durations.transfer_ns, durations.post_ns
-    arrived = np.full(len(ev), np.nan)
-    done = np.full(len(ev), np.nan)
-    clock = ev["a_ns"].to_numpy(dtype=np.float64)[timeline.first[:-1]].copy()
-    position = timeline.first[:-1].copy()
-    last = timeline.first[1:]
+    kind = ev["kind"].to_numpy().tolist()
+    own = (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64).tolist()  # LOCAL events
+    instance = ev["instance"].to_numpy().tolist()
+    sender = ev["sender"].to_numpy().tolist()
+    from_start = ev["from_start"].to_numpy().tolist()
+    seg = durations.seg_ns.tolist()
+    transfer = durations.transfer_ns.tolist()
+    post = durations.post_ns.tolist()
+    nan = float("nan")
+    arrived = [nan] * len(kind)
+    done = [nan] * len(kind)
+    clock = relative_ns(timeline)[timeline.first[:-1]].tolist()
+    started = list(clock)  # when the chain's last event began (a launch may be timed from it)
+    position = timeline.first[:-1].tolist()
+    last = timeline.first[1:].tolist()
     members = timeline.members
     waits_on = timeline.waits_on
+    missing = {inst: len(events) for inst, events in members.items()}
+    latest = dict.fromkeys(members, -np.inf)
+
+    def arrive(k: int, at: float) -> None:
+        if arrived[k] == arrived[k]:  # not NaN: counted already
+            return
+        arrived[k] = at
+        inst = instance[k]
+        if inst < 0:
+            return
+        latest[inst] = max(latest[inst], at)
+        missing[inst] -= 1
+        if missing[inst] == 0:
+            finish(inst)
+
+    def finish(inst: int) -> None:
+        for m in members[inst]:
+            done[m] = latest[inst] + transfer[m]
+
     unfinished = list(range(len(position)))
-
-    def complete(inst: int, force: bool = False) -> bool:
-        events = members[inst]
-        times = arrived[events]
-        if np.isnan(times).any() and not force:
-            return False
-        latest = np.nanmax(times)
-        done[events] = latest + transfer[events]
-        return True
-
     while unfinished:
         progressed = False
         blocked: list[int] = []
         for r in unfinished:
-            k = position[r]
-            while k < last[r]:
-                arrival = clock[r] + seg[k]
+            k, end = position[r], last[r]
+            while k < end:
                 what = kind[k]
-                if what in (Kind.START, Kind.END):
-                    done[k] = arrival
-                elif what == Kind.LOCAL:
-                    done[k] = arrival + own[k]
-                elif what == Kind.LAUNCH:
-                    arrived[k] = arrival
-                    if instance[k] >= 0 and np.isnan(done[k]):
-                        complete(int(instance[k]))
-                    clock[r] = arrival
+                if what == LAUNCH:
+                    arrive(k, (started[r] if from_start[k] else clock[r]) + seg[k])
                     k += 1
                     progressed = True
                     continue
-                elif what == Kind.SYNC:
-                    if np.isnan(arrived[k]):
-                        arrived[k] = arrival
+                arrival = clock[r] + seg[k]
+                started[r] = arrival
+                if what in (START, END):
+                    done[k] = arrival
+                elif what == LOCAL:
+                    done[k] = arrival + own[k]
+                elif what == SYNC:
+                    if arrived[k] != arrived[k]:
+                        arrive(k, arrival)
                         progressed = True
-                    if np.isnan(done[k]) and not complete(int(instance[k])):
+                    if done[k] != done[k]:
                         break
-                elif what == Kind.RECV:
-                    arrived[k] = arrival
+                elif what == RECV:
                     sent = arrived[sender[k]]
-                    if np.isnan(sent):
+                    if sent != sent:
+                        arrived[k] = arrival
                         break
                     done[k] = max(arrival, sent) + transfer[k]
-                elif what == Kind.WAIT:
-                    awaited = done[waits_on[k]]
-                    if np.isnan(awaited).any():
-                        arrived[k] = arrival
+                else:  # WAIT
+                    awaited = [done[w] for w in waits_on[k]]
+                    if any(t != t for t in awaited):
                         break
-                    done[k] = max(arrival, float(awaited.max())) + post[k]
+                    done[k] = max(arrival, max(awaited)) + post[k]
                 clock[r] = done[k]
                 k += 1
                 progressed = True
             position[r] = k
-            if k < last[r]:
+            if k < end:
                 blocked.append(r)
         unfinished = blocked
         if unfinished and not progressed:
-            _unblock(timeline, unfinished, position, arrived, done, complete)
-    return done
+            _unblock(timeline, unfinished, position, arrived, latest, finish)
+    return np.asarray(done, dtype=np.float64)
 
 
-def _unblock(timeline, unfinished, position, arrived, done, complete) -> None:
+def _unblock(timeline, unfinished, position, arrived, latest, finish) -> None:
     """No rank can go on (records that match no complete set of peers): complete the blocked
     collective that was met first with the members that arrived, so the replay goes on."""
     ev = timeline.events
@@ -120,17 +146,15 @@ def _unblock(timeline, unfinished, position, arrived, done, complete) -> None:
     candidates = sorted(unfinished, key=lambda r: ev["a_ns"].iat[position[r]])
     for r in candidates:
         k = position[r]
-        if kind[k] == Kind.SYNC:
-            complete(int(ev["instance"].iat[k]), force=True)
+        if kind[k] == SYNC:
+            finish(int(ev["instance"].iat[k]))
             return
-        if kind[k] == Kind.WAIT:
+        if kind[k] == WAIT:
             for launch in timeline.waits_on[k]:
-                if np.isnan(done[launch]):
-                    complete(int(ev["instance"].iat[launch]), force=True)
+                finish(int(ev["instance"].iat[launch]))
             return
-        if kind[k] == Kind.RECV:
-            sender = int(ev["sender"].iat[k])
-            arrived[sender] = arrived[k]  # the send never came: the receive waits on nothing
+        if kind[k] == RECV:
+            arrived[int(ev["sender"].iat[k])] = arrived[k]  # the send never came
             return
 
 
@@ -139,7 +163,7 @@ def step_times_ns(timeline: Timeline, done: np.ndarray) -> np.ndarray:
     ev = timeline.events
     kind = ev["kind"].to_numpy()
     steps = ev["step"].to_numpy()
-    starts, ends = kind == Kind.START, kind == Kind.END
+    starts, ends = kind == START, kind == END
     order = np.unique(steps[starts])
     first = _by_step(steps[starts], done[starts], order, np.fmin)
     latest = _by_step(steps[ends], done[ends], order, np.fmax)

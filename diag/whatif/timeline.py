@@ -42,7 +42,8 @@ class Kind(IntEnum):
 
 _SORT_ORDER = {Kind.START: 0, Kind.LAUNCH: 1, Kind.SYNC: 2, Kind.RECV: 2, Kind.LOCAL: 2,
                Kind.WAIT: 3, Kind.END: 4}  # fmt: skip
-"""At one instant: a step starts first and ends last; a launch comes before the wait on it."""
+"""At one instant (and within one step: a step ends before the next starts): a step starts first
+and ends last; a launch comes before the wait on it."""
 HOST_PHASES = frozenset({schema.Phase.DATA.value})
 COMPUTE_PHASES = schema.COMPUTE_PHASES - HOST_PHASES
 
@@ -101,7 +102,8 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     ]  # fmt: skip
     events = pd.concat([f for f in frames if not f.empty], ignore_index=True)
     events["order"] = events["kind"].map(_SORT_ORDER)
-    events = events.sort_values(["rank", "a_ns", "order"], kind="stable").reset_index(drop=True)
+    events = events.sort_values(["rank", "a_ns", "step", "order"], kind="stable")
+    events = events.reset_index(drop=True)
     events = events.drop(columns="order")
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
@@ -116,17 +118,31 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame) -> None:
     ev = timeline.events
     kind = ev["kind"].to_numpy()
     a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
-    # an event ends where the rank goes on: marks and launches at once, others at their end
-    goes_on = np.where(np.isin(kind, [Kind.START, Kind.END, Kind.LAUNCH]), a, e)
-    previous_end = np.empty_like(a)
-    previous_end[1:] = goes_on[:-1]
+    # an event ends where the rank goes on: marks at once, others at their end. A launch is
+    # a side branch: it is timed from the chain's previous event (its end, or its start when
+    # the launch came while that event was still blocking) and does not move the chain on.
+    goes_on = np.where(np.isin(kind, [Kind.START, Kind.END]), a, e)
+    launch = kind == Kind.LAUNCH
+    rank = ev["rank"].to_numpy()
+    chain = pd.DataFrame({"rank": rank, "end": np.where(launch, np.nan, goes_on),
+                          "start": np.where(launch, np.nan, a)})  # fmt: skip
+    before = chain.groupby("rank")[["end", "start"]].shift(1)
+    before = before.groupby(rank).ffill()
+    previous_end = before["end"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
+    previous_start = before["start"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
+    from_start = launch & (a < previous_end)
+    reference = np.where(from_start, previous_start, previous_end)
+    seg = np.maximum(a - reference, 0)
+    ev["from_start"] = from_start
+    previous_end = reference
     starts = timeline.first[:-1]
-    previous_end[starts] = a[starts]  # a rank's first event: no local time before it
-    seg = np.maximum(a - previous_end, 0)
     compute = np.zeros(len(ev), dtype=np.int64)
+    working = spans[spans["phase"].isin(COMPUTE_PHASES)].sort_values("rank", kind="stable")
+    span_rank = working["rank"].to_numpy()
+    t0s, t1s = working["t0"].to_numpy(np.int64), working["t1"].to_numpy(np.int64)
     for rank, lo, hi in zip(timeline.ranks, starts, timeline.first[1:], strict=True):
-        mine = spans[(spans["rank"] == rank) & spans["phase"].isin(COMPUTE_PHASES)]
-        covered = _coverage(mine["t0"].to_numpy(np.int64), mine["t1"].to_numpy(np.int64))
+        first, after = np.searchsorted(span_rank, [rank, rank + 1])
+        covered = _coverage(t0s[first:after], t1s[first:after])
         x, y = previous_end[lo:hi], np.maximum(a[lo:hi], previous_end[lo:hi])
         compute[lo:hi] = covered(y) - covered(x)
     ev["seg_ns"] = seg

@@ -135,8 +135,12 @@ def test_json_follows_the_contract(golden_dp2: Path) -> None:
     assert report["schema"] == "diag.report/1"
     assert set(report) == {
         "schema", "run", "summary", "ranks", "collectives", "memory", "experts", "findings",
-        "skipped",
+        "skipped", "attribution",
     }  # fmt: skip
+    attribution = report["attribution"]
+    assert {"measured_step_s", "replayed_step_s", "replay_error", "ideal_step_s", "causes",
+            "waits"} <= set(attribution)  # fmt: skip
+    assert attribution["replay_error"] <= 0.05
     assert set(report["run"]) == {
         "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
         "steps_completed", "injections", "groups",
