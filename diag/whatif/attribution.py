@@ -223,29 +223,33 @@ class _Scenarios:
                                 "persistent_excess_removed_s": persistent / NS_PER_S})]  # fmt: skip
 
     def stages(self) -> list[Cause]:
+        """Each stage heavier than the mean stage at the mean, replayed with every rank's
+        persistent excess already removed (so a straggler does not count as its stage's)."""
         stage_of = self.role["stage"]
         if stage_of.nunique() < 2:
             return []
-        seg = self.base.seg_ns
+        leveled = self._without(list(self.timeline.ranks), "all")
+        baseline = self.saving(leveled)
+        seg = leveled.seg_ns
         stage = stage_of.reindex(self.rank).to_numpy()
         # a stage's typical rank (the median): one straggler does not make its stage heavy
         per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg}).groupby(
             ["stage", "rank"])["seg"].sum()  # fmt: skip
         per_stage = per_rank.groupby(level="stage").median()
         mean = float(per_stage.mean())
+        steps = float(self.ok.sum())
         causes = []
         for s, total in per_stage.items():
             if total <= mean:
                 continue
             scaled = np.where(stage == s, seg * (mean / total), seg)
-            saved = self.saving(Durations(scaled, self.base.transfer_ns, self.base.post_ns))
+            saved = self.saving(Durations(scaled, leveled.transfer_ns, leveled.post_ns))
             ranks = sorted(int(r) for r in stage_of[stage_of == s].index)
-            steps = float(self.ok.sum())
             evidence = {"stage_local_s": total / NS_PER_S / steps,
                         "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
             label = f"pipeline stage {s}: more work than the mean stage"
-            causes.append(self._cause("stage", label, saved, ranks=ranks, stage=int(s),
-                                      evidence=evidence))  # fmt: skip
+            causes.append(self._cause("stage", label, max(saved - baseline, 0.0), ranks=ranks,
+                                      stage=int(s), evidence=evidence))  # fmt: skip
         return causes
 
     # --- communication and schedule --------------------------------------------------------

@@ -1,0 +1,84 @@
+"""The what-if replay: it gives the measured step back, and its counterfactuals recover what
+known injections cost (simulated runs, where the same run without the injection is the truth)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diag.analysis import diagnose, load_any
+
+RUNS = Path(__file__).resolve().parents[1] / "data" / "golden-runs"
+SIMULATED = ["--ranks", "8", "--layout", "dp=2,tp=2,pp=2", "--gpus-per-node", "4", "--steps",
+             "5", "--microbatches", "4", "--layers", "4", "--hidden", "1024"]  # fmt: skip
+MAX_REPLAY_ERROR = 0.05
+RECOVERED_WITHIN = 0.10
+
+
+def _simulate(out: Path, *inject: str) -> Path:
+    injections = [arg for spec in inject for arg in ("--inject", spec)]
+    subprocess.run(
+        [sys.executable, "-m", "diag", "simulate", *SIMULATED, *injections, "--out", str(out)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("whatif")
+    specs = {"healthy": (), "straggler": ("straggler:rank=3,ms=5",),
+             "slow-tp": ("slow-comm:ms=2,group=tp",)}  # fmt: skip
+    return {name: diagnose(load_any(_simulate(root / name, *spec)))[1]
+            for name, spec in specs.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
+def test_the_replay_gives_every_trainer_its_measured_step(name: str, tmp_path: Path) -> None:
+    folder = tmp_path / name
+    shutil.copytree(RUNS / name, folder)
+    _, report = diagnose(load_any(folder))
+    assert report["attribution"]["replay_error"] <= MAX_REPLAY_ERROR
+    assert report["summary"]["replay_error"] == report["attribution"]["replay_error"]
+
+
+def test_the_replay_gives_simulated_runs_their_step(simulated: dict[str, dict]) -> None:
+    for report in simulated.values():
+        assert report["attribution"]["replay_error"] <= MAX_REPLAY_ERROR
+
+
+def _lost_s(simulated: dict[str, dict], name: str) -> float:
+    step = simulated[name]["attribution"]["measured_step_s"]
+    return step - simulated["healthy"]["attribution"]["measured_step_s"]
+
+
+def test_a_straggler_costs_what_removing_it_saves(simulated: dict[str, dict]) -> None:
+    report = simulated["straggler"]
+    (cause,) = [c for c in report["attribution"]["causes"] if c["kind"] == "straggler"]
+    assert cause["ranks"] == [3]
+    assert cause["cost_s"] == pytest.approx(_lost_s(simulated, "straggler"), rel=RECOVERED_WITHIN)
+    main = report["findings"][0]
+    assert (main["rule"], main["ranks"]) == ("BAL001", [3])
+    assert main["cost_s"] == pytest.approx(cause["cost_s"])
+
+
+def test_a_slow_tp_link_costs_what_the_tp_transfers_take(simulated: dict[str, dict]) -> None:
+    report = simulated["slow-tp"]
+    tp = report["attribution"]
+    cost = next(c["cost_s"] for c in tp["causes"] if c["kind"] == "transfer" and c["group"] == "tp")
+    healthy = next(c["cost_s"] for c in simulated["healthy"]["attribution"]["causes"]
+                   if c["kind"] == "transfer" and c["group"] == "tp")  # fmt: skip
+    assert cost - healthy == pytest.approx(_lost_s(simulated, "slow-tp"), rel=RECOVERED_WITHIN)
+    assert report["findings"][0]["rule"] in ("COM001", "COM002")
+
+
+def test_waiting_is_split_into_skew_and_transfer(simulated: dict[str, dict]) -> None:
+    """The straggler's peers in its TP group wait for it (skew); it waits for nobody."""
+    rows = {(r["rank"], r["group"]): r for r in simulated["straggler"]["attribution"]["waits"]}
+    assert rows[(2, "tp")]["skew_s"] > 10 * rows[(3, "tp")]["skew_s"]
+    ranks = {r["rank"]: r for r in simulated["straggler"]["ranks"]}
+    assert ranks[2]["skew_s"] > ranks[3]["skew_s"]
