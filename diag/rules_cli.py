@@ -14,6 +14,20 @@ from diag.shell import fail
 REGENERATE = "diag rules --markdown > docs/rules.md"
 
 
+RANKING_POLICY = (
+    "Findings are ranked so that the first is the main diagnosis: first a high memory finding",
+    "(an OOM that happened, a budget the run crosses or is about to), since the job does not run;",
+    "then by severity; among equals, a finding that explains others first, then by `cost_s`.",
+    "Every finding of patterns 1-3 whose cause the what-if replay can remove (docs/metrics.md,",
+    '"Attribution") carries `cost_s` (step time saved per step) and `cost_share` (of the measured',
+    "step), and its severity is that share: `high` from 25%, `medium` from 10%, `low` below",
+    "(a `[cost]` table overrides `high` and `medium`; COM001 and COM002 grade with their own",
+    "share thresholds). Communication findings claim only transfer time: the time a rank waits",
+    "for a late peer is the late rank's (BAL001, BAL005), the stage's (PIP003) or the data's",
+    "(BAL004). Memory (pattern 5), MoE quality (4) and pitfalls keep their own severity classes.",
+)
+
+
 def pattern_label(rule: Rule) -> str:
     """`3 speedup below theory`, or `pitfall`."""
     name = PATTERN_NAMES.get(rule.pattern, "?")
@@ -79,6 +93,10 @@ def catalogue_markdown() -> str:
         f"Generated from the rule registry by `{REGENERATE}`; do not edit by hand.",
         "Thresholds are overridden in a TOML file passed with `--config`, as `[rules.CODE]`",
         'or `[rules."dotted.name"]` tables.',
+        "",
+        "## Ranking",
+        "",
+        *RANKING_POLICY,
         "",
         "| code | name | pattern | severity | symptom |",
         "|---|---|---|---|---|",
