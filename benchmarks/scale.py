@@ -47,8 +47,7 @@ REPORT_ENTRY = "report.json"
 def analyse_here(run_dir: Path) -> dict[str, Any]:
     """One analysis in this process, timed by phase (the child side of `measure`)."""
     started = time.perf_counter()
-    from diag import cache
-    from diag.analysis import diagnose, load_any
+    from diag import cache, diagnose, load_any
     from diag.sources.run_directory import input_bytes
 
     imported = time.perf_counter()

@@ -3,7 +3,8 @@
     diag dashboard RUN [RUN ...] [--host 127.0.0.1] [--port 8050]
 
 The runs are loaded, measured and diagnosed once, at start-up; the browser picks one by its
-position in that list. Pages live in `dashboard/pages/` (one module each), figures in
+position in that list. Pages live in `dashboard/pages/` (one module each), listed once in
+`dashboard.pages.PAGES`, which the navigation, the router and the callbacks all read; figures in
 `dashboard/figures.py`.
 """
 
@@ -16,9 +17,8 @@ from typing import Any
 from dash import Dash, Input, Output, dcc, html
 
 from dashboard.data import LoadedRun, load_runs, pick
-from dashboard.pages import communication, compare, experts, memory, overview, ranks, timeline
+from dashboard.pages import PAGES, callbacks
 
-PAGES = (overview, timeline, ranks, communication, memory, experts, compare)
 ASSETS = Path(__file__).with_name("assets")
 
 
@@ -41,8 +41,10 @@ def create_app(
     )
     app.layout = _shell(loaded)
     _register_router(app, loaded)
-    for module in (timeline, ranks, memory):  # the pages with callbacks of their own
-        module.register(app, loaded)
+    for page in PAGES:
+        register = callbacks(page)
+        if register is not None:
+            register(app, loaded)
     return app
 
 
@@ -74,10 +76,10 @@ def _register_router(app: Dash, runs: Sequence[LoadedRun]) -> None:
         Output("page", "children"), Input("url", "pathname"), Input("run-select", "value")
     )
     def route(pathname: Any, run_index: Any) -> Any:
-        module = by_path.get(pathname if isinstance(pathname, str) else "/")
-        if module is None:
+        page = by_path.get(pathname if isinstance(pathname, str) else PAGES[0].PATH)
+        if page is None:
             return html.Div(f"no page at {pathname}", className="no-data")
-        return module.layout(pick(runs, run_index), runs)
+        return page.layout(pick(runs, run_index), runs)
 
 
 def serve(

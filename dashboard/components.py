@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import GROUPINGS, LoadedRun, pick, pick_group, pick_grouping, rank_groups
 from dashboard.figures import plain
-from diag.report import PATTERN_NAMES, rank_list
+from diag import PATTERN_NAMES, rank_list
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 

@@ -16,10 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.analysis import diagnose, load_any
-from diag.load import RunData
-from diag.metrics import RunMetrics
+from diag import RunData, RunMetrics, diagnose, load_any, schema
 
 NS_PER_MS = 1e6
 
@@ -39,6 +36,13 @@ class LoadedRun:
             if finding["severity"] in ("high", "medium"):
                 ranks += [r for r in finding.get("ranks") or [] if r not in ranks]
         return ranks
+
+    @property
+    def peak_bytes(self) -> float | None:
+        """The highest rank peak (`RunMetrics.memory_peak`); None without a measured byte."""
+        peaks = self.metrics.memory_peak
+        top = peaks["peak_bytes"].max() if not peaks.empty else None
+        return float(top) if top is not None and pd.notna(top) and top > 0 else None
 
     @property
     def budget_bytes(self) -> float | None:
@@ -145,12 +149,27 @@ def memory_of_rank(memory_steps: pd.DataFrame, rank: int) -> pd.DataFrame:
     return frame[columns].groupby("step").last().reset_index()
 
 
-def peak_rank(memory: pd.DataFrame) -> int | None:
-    """The rank with the largest sum of measured categories."""
-    if memory.empty:
+def peak_rank(memory_peak: pd.DataFrame) -> int | None:
+    """The rank with the highest peak (`RunMetrics.memory_peak`), the lowest on a tie; None
+    when no rank measured a byte."""
+    if memory_peak.empty or not (memory_peak["peak_bytes"] > 0).any():
         return None
-    total = memory[list(schema.MEMORY_CATEGORIES)].sum(axis=1, min_count=1)
-    return None if total.isna().all() else int(memory.loc[total.idxmax(), "rank"])
+    ordered = memory_peak.sort_values("rank", kind="stable").reset_index(drop=True)
+    return int(ordered.loc[ordered["peak_bytes"].astype("float64").idxmax(), "rank"])
+
+
+def memory_at_peak(memory_peak: pd.DataFrame, memory_steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, the six categories of the record that holds its peak (`memory_peak`: rank,
+    step, peak_bytes), so that a rank's stacked categories add up to its peak: rank, step,
+    peak_bytes and the categories, by rank."""
+    columns = ["rank", "step", "peak_bytes", *schema.MEMORY_CATEGORIES]
+    if memory_peak.empty:
+        return pd.DataFrame(columns=columns)
+    cats = list(schema.MEMORY_CATEGORIES)
+    records = memory_steps[["rank", "step", *cats]].merge(memory_peak, on=["rank", "step"])
+    held = records[cats].astype("float64").fillna(0.0).sum(axis=1)
+    records = records.loc[held.groupby([records["rank"], records["step"]]).idxmax()]
+    return records[columns].sort_values("rank").reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -459,7 +478,6 @@ def memory_totals(memory_steps: pd.DataFrame) -> pd.DataFrame:
     return total.rename("value").reset_index()
 
 
-def memory_peaks(memory: pd.DataFrame) -> pd.DataFrame:
-    """rank and value: the sum of every rank's measured categories at their maximum (bytes)."""
-    total = memory[list(schema.MEMORY_CATEGORIES)].sum(axis=1, min_count=1)
-    return pd.DataFrame({"rank": memory["rank"], "value": total})
+def memory_peaks(memory_peak: pd.DataFrame) -> pd.DataFrame:
+    """rank and value: every rank's peak (`RunMetrics.memory_peak`, bytes)."""
+    return pd.DataFrame({"rank": memory_peak["rank"], "value": memory_peak["peak_bytes"]})

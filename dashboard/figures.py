@@ -322,9 +322,10 @@ def _budget_line(fig: go.Figure, budget_bytes: float | None) -> None:
 def memory_by_rank(
     memory: pd.DataFrame,
     budget_bytes: float | None = None,
-    title: str = "memory per rank by category (MiB, maximum over steps)",
+    title: str = "memory per rank by category (MiB, at each rank's peak step)",
 ) -> go.Figure:
-    """Per rank, the six categories at their maximum over steps (MiB, stacked); n/a left out."""
+    """Per rank, the six categories of `memory` (MiB, stacked; a rank's categories at its peak
+    step stack up to its peak, `data.memory_at_peak`); a category null everywhere left out."""
     labels = rank_labels(memory["rank"])
     fig = go.Figure()
     for category in schema.MEMORY_CATEGORIES:

@@ -1,6 +1,103 @@
 """diag: the analysis core (loading, metrics, ledger, rules, reports) and the `diag` CLI.
 
-Kept import-light: the collectors import `diag.schema` inside training processes.
+The public API, for the dashboard, the benchmarks and users' own scripts:
+
+    import diag
+    report = diag.analyze_path("runs/pp-m2")           # a path in, the diag.report/1 dict out
+    run = diag.load_any("runs/pp-m2")                  # or step by step: the tables (RunData),
+    metrics, report = diag.diagnose(run)               # then metrics + findings and the report
+
+Analysis entry points
+    `analyze_path(path, config, hta, layout, steps)` -> report dict (cached beside large runs);
+    `load_any(path, layout, steps)` -> `RunData` (a run directory or a Kineto trace folder);
+    `compute_metrics(run)` -> `RunMetrics` (no rules); `diagnose(run, config, hta)` ->
+    (`RunMetrics` with its findings, report dict). Unusable input raises `InputError`.
+Types
+    `RunData` (the loaded tables), `RunMetrics` (what the report is built from; its
+    `memory_peak` is the one peak memory that the rules, `diag check` and the dashboard share),
+    `InputError` (one line: "PATH: reason").
+The report contract
+    `REPORT_SCHEMA` ("diag.report/1", the report's `schema` field).
+Reading a report as diag shows it
+    `PATTERN_NAMES` (collapse pattern -> display name), `rank_list(ranks)` ("0-3,6"),
+    `format_metric(name, value)` (a metric by its unit suffix: shares in %, bytes in MiB, ...),
+    `device_section(report)` and `hta_sections(report)` (the profiler tables as `Section`s:
+    title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
+    `diag compare` computes).
+
+Anything else in diag's modules is internal and may move. `diag.schema` (the run directory
+format, shared with the collectors) may be imported directly for its constants.
+
+Kept import-light: the collectors import `diag.schema` inside training processes, which runs
+this file, so the names above are imported on first use (PEP 562 `__getattr__`), not here.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.analysis import analyze_path, diagnose, load_any
+    from diag.check import format_metric
+    from diag.compare import compare_reports
+    from diag.errors import InputError
+    from diag.load import RunData
+    from diag.metrics import RunMetrics, compute_metrics
+    from diag.report import PATTERN_NAMES, Section, device_section, hta_sections, rank_list
+    from diag.schema import REPORT_SCHEMA
+
 __version__ = "0.1.0"
+
+_HOME = {
+    "analyze_path": "diag.analysis",
+    "load_any": "diag.analysis",
+    "diagnose": "diag.analysis",
+    "compute_metrics": "diag.metrics",
+    "RunData": "diag.load",
+    "RunMetrics": "diag.metrics",
+    "InputError": "diag.errors",
+    "REPORT_SCHEMA": "diag.schema",
+    "PATTERN_NAMES": "diag.report",
+    "Section": "diag.report",
+    "rank_list": "diag.report",
+    "device_section": "diag.report",
+    "hta_sections": "diag.report",
+    "format_metric": "diag.check",
+    "compare_reports": "diag.compare",
+}
+"""Each public name and the module that defines it."""
+
+__all__ = [
+    "PATTERN_NAMES",
+    "REPORT_SCHEMA",
+    "InputError",
+    "RunData",
+    "RunMetrics",
+    "Section",
+    "analyze_path",
+    "compare_reports",
+    "compute_metrics",
+    "device_section",
+    "diagnose",
+    "format_metric",
+    "hta_sections",
+    "load_any",
+    "rank_list",
+]
+
+
+if not TYPE_CHECKING:  # mypy sees the imports above, so a misspelt name is an error there
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported from its module on first use (and kept here after)."""
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module 'diag' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

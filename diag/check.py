@@ -77,13 +77,14 @@ def metric_value(report: Mapping[str, Any], name: str) -> float | None:
 
 
 def peak_memory_bytes(report: Mapping[str, Any]) -> float | None:
-    """The largest device peak over ranks; without one, the largest sum of the six categories."""
-    peaks = [m["device_peak"] for m in report["memory"] if m.get("device_peak") is not None]
-    if peaks:
-        return float(max(peaks))
-    categories = ("params", "grads", "optimizer", "activations", "comm_buffers", "fragmentation")
-    sums = [sum(m.get(c) or 0 for c in categories) for m in report["memory"]]
-    return float(max(sums)) if sums and max(sums) > 0 else None
+    """The largest device peak over ranks, as the device measured it (`device_peak`, CUDA);
+    without one, the largest `peak_bytes` (the six categories at a rank's peak step,
+    `RunMetrics.memory_peak`: the peak the rules and the dashboard show)."""
+    measured = [m["device_peak"] for m in report["memory"] if m.get("device_peak") is not None]
+    if measured:
+        return float(max(measured))
+    peaks = [m["peak_bytes"] for m in report["memory"] if m.get("peak_bytes") is not None]
+    return float(max(peaks)) if peaks and max(peaks) > 0 else None
 
 
 def check_limits(

@@ -13,8 +13,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-Interval = tuple[float, float]
-
 
 def _as_array(intervals: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
     arr = np.asarray(list(intervals) if not isinstance(intervals, np.ndarray) else intervals)

@@ -33,32 +33,6 @@ ADAM_OPTIMIZER_BYTES_PER_PARAM = 12
 """fp32 master 4 + Adam m 4 + Adam v 4 (the K of the ZeRO paper)."""
 
 
-def static_state_bytes(params: float, bytes_per_param: float = 16) -> float:
-    """Static state P x 16: bf16 params 2 + grads 2, fp32 master 4, Adam m 4 + v 4 (SEED §1)."""
-    _require(params >= 0, f"params must be >= 0, got {params}")
-    return params * bytes_per_param
-
-
-def zero_state_bytes_per_rank(
-    params: float,
-    dp: int,
-    stage: int,
-    param_bytes: float = 2,
-    grad_bytes: float = 2,
-    optimizer_bytes: float = ADAM_OPTIMIZER_BYTES_PER_PARAM,
-) -> float:
-    """Model state per rank under ZeRO (Rajbhandari 2019, arXiv 1910.02054, Fig. 1), K = 12, N = dp.
-
-    stage 0 (2+2+K)P; stage 1 (2+2+K/N)P; stage 2 (2+(2+K)/N)P; stage 3 (2+2+K)P/N.
-    """
-    _require(stage in (0, 1, 2, 3), f"ZeRO stage must be 0..3, got {stage}")
-    _require(dp >= 1, f"dp must be >= 1, got {dp}")
-    _require(params >= 0, f"params must be >= 0, got {params}")
-    p, g, k = param_bytes, grad_bytes, optimizer_bytes
-    per_param = {0: p + g + k, 1: p + g + k / dp, 2: p + (g + k) / dp, 3: (p + g + k) / dp}[stage]
-    return params * per_param
-
-
 def activation_bytes_per_layer(
     seq_len: int,
     micro_batch: int,
@@ -82,13 +56,7 @@ def activation_bytes_per_layer(
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
-# --- Compute and pipeline -----------------------------------------------------------------------
-
-
-def training_flops(params: float, tokens: float) -> float:
-    """Training FLOPs ~ 6 * N * D (Kaplan 2020, arXiv 2001.08361; SEED §1)."""
-    _require(params >= 0 and tokens >= 0, f"params, tokens must be >= 0, got {params}, {tokens}")
-    return 6 * params * tokens
+# --- Pipeline -----------------------------------------------------------------------------------
 
 
 def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
@@ -119,30 +87,12 @@ def ring_allreduce_wire_bytes(payload_bytes: float, n: int) -> float:
     return 2 * (n - 1) / n * payload_bytes
 
 
-def dp_bytes_per_step(params: float, grad_dtype_bytes: float, grad_accum: int = 1) -> float:
-    """Gradient payload per optimizer step: one sync of P x dtype bytes (SEED §2 DP).
-
-    Gradient accumulation cuts the *number* of syncs (one per optimizer step instead of one per
-    micro-batch), never the bytes of one, so the result does not depend on grad_accum.
-    """
-    _require(grad_accum >= 1, f"grad_accum must be >= 1, got {grad_accum}")
-    return dp_grad_payload_bytes(params, grad_dtype_bytes)
-
-
 # --- Communication: TP, PP, EP ------------------------------------------------------------------
 
 
 def tp_allreduce_bytes(micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float) -> float:
     """Payload of one Megatron TP all-reduce: b x s x h x dtype (Shoeybi 2019; SEED §2 TP)."""
     return micro_batch * seq_len * hidden * dtype_bytes
-
-
-def tp_bytes_per_layer(
-    micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float, include_backward: bool = True
-) -> float:
-    """TP all-reduce bytes per layer and micro-batch: 2 fwd + 2 bwd = 4x (fwd only 2x; SEED §2)."""
-    count = 4 if include_backward else 2
-    return count * tp_allreduce_bytes(micro_batch, seq_len, hidden, dtype_bytes)
 
 
 class TpAllreduceCount(NamedTuple):
@@ -166,15 +116,6 @@ def pp_boundary_bytes(micro_batch: int, seq_len: int, hidden: int, dtype_bytes: 
 def ep_alltoall_bytes(tokens: int, topk: int, hidden: int, dtype_bytes: float) -> float:
     """Expected MoE all-to-all bytes per direction: tokens x topk x hidden x dtype (SEED §2 EP)."""
     return tokens * topk * hidden * dtype_bytes
-
-
-def busbw_GBps(
-    op: str, payload_bytes: float, seconds: float | None, group_size: int
-) -> float | None:
-    """nccl-tests bus bandwidth in GB/s: payload / seconds x bus_factor / 1e9; None if no time."""
-    if seconds is None or seconds <= 0:
-        return None
-    return payload_bytes / seconds * bus_factor(op, group_size) / 1e9
 
 
 # --- Dtypes and model size ----------------------------------------------------------------------

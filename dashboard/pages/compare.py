@@ -11,8 +11,7 @@ from dash import html
 from dashboard import figures
 from dashboard.components import graph, no_data, page, table
 from dashboard.data import LoadedRun
-from diag.check import format_metric
-from diag.compare import compare_reports
+from diag import compare_reports, format_metric
 
 PATH = "/compare"
 TITLE = "Compare"

@@ -1,5 +1,8 @@
 """Memory: the six categories per rank and over steps, against the device budget.
 
+A rank's memory is its peak (`RunMetrics.memory_peak`, the one the rules and `diag check` use):
+the step whose six categories sum highest, drawn as that step's categories stacked.
+
 Above `PER_RANK_MAX` ranks the ranks are grouped as on the Ranks page: a group x step heatmap of
 the measured memory of each group's fullest rank, every group's median and fullest rank against
 the budget, and the categories of one group's ranks at a time (click a group, or pick it)."""
@@ -9,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
 from dash import Dash, html
 
 from dashboard import figures
@@ -27,6 +31,7 @@ from dashboard.data import (
     group_members,
     group_stats,
     groupings,
+    memory_at_peak,
     memory_of_rank,
     memory_peaks,
     memory_totals,
@@ -42,8 +47,7 @@ TITLE = "Memory"
 
 
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
-    memory = loaded.metrics.memory
-    rank = peak_rank(memory)
+    rank = peak_rank(loaded.metrics.memory_peak)
     if rank is None:
         return page(TITLE, no_data("no memory records in this run"))
     budget = loaded.budget_bytes
@@ -61,12 +65,12 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
 
 def body(loaded: LoadedRun, by: str) -> list[Any]:
     """Everything under the grouping selector, for grouping `by`."""
-    memory, budget = loaded.metrics.memory, loaded.budget_bytes
+    budget = loaded.budget_bytes
     if by == "none":
-        return [graph(figures.memory_by_rank(memory, budget), "memory-ranks")]
+        return [graph(figures.memory_by_rank(_at_peak(loaded), budget), "memory-ranks")]
     groups = rank_groups(loaded, by)
     group = pick_group(groups, None, _fullest(loaded))
-    stats = group_stats(memory_peaks(memory), groups, loaded.blamed_ranks)
+    stats = group_stats(memory_peaks(loaded.metrics.memory_peak), groups, loaded.blamed_ranks)
     grid = step_grid(memory_totals(loaded.metrics.memory_steps), groups)
     kind = GROUPINGS[by]
     flagged = stats.loc[stats["blamed"], "group"].tolist()
@@ -75,7 +79,7 @@ def body(loaded: LoadedRun, by: str) -> list[Any]:
         blamed_rows=flagged, scale=figures.MIB,
     )  # fmt: skip
     bars = figures.group_bars(
-        stats, f"measured memory by {kind}: median rank and fullest rank (MiB, maximum over steps)",
+        stats, f"memory peak by {kind}: median rank and fullest rank (MiB, each rank's peak)",
         "MiB", scale=figures.MIB, budget_bytes=budget,
     )  # fmt: skip
     return [
@@ -87,22 +91,27 @@ def body(loaded: LoadedRun, by: str) -> list[Any]:
 
 
 def _fullest(loaded: LoadedRun) -> list[int]:
-    """The rank with the most measured memory: the drill-down starts at its group."""
-    rank = peak_rank(loaded.metrics.memory)
+    """The rank with the highest peak: the drill-down starts at its group."""
+    rank = peak_rank(loaded.metrics.memory_peak)
     return [] if rank is None else [rank]
 
 
+def _at_peak(loaded: LoadedRun) -> pd.DataFrame:
+    """Every rank's six categories at its peak step: its bars stack up to its peak."""
+    return memory_at_peak(loaded.metrics.memory_peak, loaded.metrics.memory_steps)
+
+
 def detail(loaded: LoadedRun, by: str, group: str) -> list[Any]:
-    """One group's ranks one by one: their categories at the maximum over steps."""
+    """One group's ranks one by one: their categories at each rank's peak step."""
     groups = rank_groups(loaded, by)
     members, size = group_members(groups, group, _fullest(loaded))
-    memory = loaded.metrics.memory
-    shown = memory[memory["rank"].isin(members)]
+    at_peak = _at_peak(loaded)
+    shown = at_peak[at_peak["rank"].isin(members)]
     cut = (
         [html.Div(f"{len(members)} of the {size} ranks of {group} shown", className="note")]
         if size > len(members) else []
     )  # fmt: skip
-    title = f"memory per rank by category (MiB, maximum over steps): {group}"
+    title = f"memory per rank by category (MiB, at each rank's peak step): {group}"
     fig = figures.memory_by_rank(shown, loaded.budget_bytes, title)
     return [*cut, graph(fig, "memory-ranks")]
 

@@ -9,34 +9,35 @@ from dash import html
 
 from dashboard.components import finding_card, no_data, page, table, tiles
 from dashboard.data import LoadedRun
-from diag.report import device_section, hta_sections
-from diag.units import pct, si, size
+from diag import device_section, format_metric, hta_sections
 
 PATH = "/"
 TITLE = "Overview"
 
 
 def headline(loaded: LoadedRun) -> list[tuple[str, str]]:
-    summary = loaded.report["summary"]
+    summary, fmt = loaded.report["summary"], format_metric
     step_s = summary.get("step_time_s")
     items = [
         ("step time", "n/a" if step_s is None else f"{step_s * 1e3:.1f} ms"),
-        ("tokens/s", si(summary.get("tokens_per_s"))),
+        ("tokens/s", fmt("tokens_per_s", summary.get("tokens_per_s"))),
         ("comm share (exposed)",
-         f"{pct(summary.get('comm_share'))} ({pct(summary.get('exposed_comm_share'))})"),
+         f"{fmt('comm_share', summary.get('comm_share'))} "
+         f"({fmt('exposed_comm_share', summary.get('exposed_comm_share'))})"),
     ]  # fmt: skip
     if summary.get("bubble_fraction") is not None:
         items.append(
             ("bubble vs theory",
-             f"{pct(summary['bubble_fraction'])} vs {pct(summary.get('bubble_theory'))}")
+             f"{fmt('bubble_fraction', summary['bubble_fraction'])} vs "
+             f"{fmt('bubble_fraction', summary.get('bubble_theory'))}")
         )  # fmt: skip
-    memory = loaded.metrics.memory
-    if not memory.empty:
-        peak = memory[["params", "grads", "optimizer", "activations", "comm_buffers"]].sum(axis=1)
+    peak = loaded.peak_bytes  # the peak the memory rules hold against the budget
+    if peak is not None:
         budget = loaded.budget_bytes
         items.append(
             ("memory peak vs budget" if budget else "memory peak (measured categories)",
-             f"{size(float(peak.max()))} / {size(budget)}" if budget else size(float(peak.max())))
+             f"{fmt('peak_bytes', peak)} / {fmt('budget_bytes', budget)}" if budget
+             else fmt("peak_bytes", peak))
         )  # fmt: skip
     items.append(
         ("ranks x steps", f"{summary.get('ranks_analysed')} x {summary.get('steps_analysed')}")

@@ -41,7 +41,7 @@ from dashboard.data import (
     rank_values,
     step_grid,
 )
-from diag.report import rank_list
+from diag import rank_list
 
 PATH = "/ranks"
 TITLE = "Ranks"

@@ -22,6 +22,7 @@ from dashboard.data import (
     comm_share_by_step,
     expert_steps,
     load_runs,
+    memory_at_peak,
     memory_of_rank,
     peak_rank,
     pick,
@@ -171,16 +172,22 @@ def test_comm_share_by_step() -> None:
 
 
 def test_memory_pages_pick_the_peak_rank_and_draw_the_budget() -> None:
-    memory = pd.DataFrame({
-        "rank": [0, 1], "params": [10.0, 10.0], "grads": [10.0, 10.0], "optimizer": [20.0, 20.0],
-        "activations": [5.0, 50.0], "comm_buffers": [1.0, 1.0], "fragmentation": [None, None],
+    steps = pd.DataFrame({
+        "rank": [0, 0, 1, 1], "step": [1, 2, 1, 2], "params": [10.0] * 4, "grads": [10.0] * 4,
+        "optimizer": [20.0] * 4, "activations": [5.0, 60.0, 50.0, 1.0],
+        "comm_buffers": [1.0, 1.0, 1.0, 40.0], "fragmentation": [None] * 4,
     })  # fmt: skip
-    assert peak_rank(memory) == 1
-    fig = figures.memory_by_rank(memory, budget_bytes=2**20)
+    peaks = pd.DataFrame({"rank": [0, 1], "step": [2, 1], "peak_bytes": [101.0, 91.0]})
+    assert peak_rank(peaks) == 0
+    assert peak_rank(peaks.assign(peak_bytes=[91.0, 91.0])) == 0  # a tie: the lowest rank
+    at_peak = memory_at_peak(peaks, steps)
+    assert at_peak["step"].tolist() == [2, 1]
+    categories = at_peak[["params", "grads", "optimizer", "activations", "comm_buffers"]]
+    assert categories.sum(axis=1).tolist() == at_peak["peak_bytes"].tolist()  # bars stack to it
+    fig = figures.memory_by_rank(at_peak, budget_bytes=2**20)
     assert "fragmentation" not in {t.name for t in fig.data}  # null on CPU: not drawn as zero
     assert fig.layout.shapes[0].y0 == 1.0  # budget line at 1 MiB
-    steps = memory.assign(step=[3, 3]).iloc[[1]]
-    assert memory_of_rank(steps, 1)["activations"].tolist() == [50.0]
+    assert memory_of_rank(steps, 1)["activations"].tolist() == [50.0, 1.0]
 
 
 def test_expert_steps_sum_over_ranks_and_rate_drops() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from diag import schema
+from diag.metrics import RunMetrics
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 STATE = ("params", "grads", "optimizer")
@@ -34,7 +35,7 @@ REMEDY = {
 class Peak:
     rank: int
     step: int
-    total_bytes: float  # the six categories, nulls as 0
+    total_bytes: float  # peak_bytes: the six categories at the peak step, nulls as 0
     by_category: dict[str, float]
     dominant: str  # state | activations | comm_buffers | fragmentation
     dominant_bytes: float
@@ -44,28 +45,31 @@ def _group(category: str) -> str:
     return "state" if category in STATE else category
 
 
-def peaks(memory_steps: pd.DataFrame) -> list[Peak]:
-    """Per rank, the step with the largest total of the six categories and its breakdown."""
-    cats = [c for c in schema.MEMORY_CATEGORIES if c in memory_steps]
-    if memory_steps.empty or not cats:
+def peaks(metrics: RunMetrics) -> list[Peak]:
+    """Per rank, its peak (`metrics.memory_peak`: the step whose six categories sum highest)
+    with the breakdown of that step's record (`metrics.memory_steps`; of a step recorded twice,
+    the record that holds the peak). Ranks whose peak is 0 are left out."""
+    peak = metrics.memory_peak
+    if peak.empty:
         return []
-    frame = memory_steps[["rank", "step", *cats]].copy()
-    frame["total"] = frame[cats].fillna(0).sum(axis=1)
+    cats = [c for c in schema.MEMORY_CATEGORIES if c in metrics.memory_steps]
+    records = metrics.memory_steps[["rank", "step", *cats]].merge(peak, on=["rank", "step"])
+    held = records[cats].astype("float64").fillna(0.0).sum(axis=1)
+    records = records.loc[held.groupby([records["rank"], records["step"]]).idxmax()]
     out = []
-    for rank, rows in frame.groupby("rank", sort=True):
-        row = rows.loc[rows["total"].idxmax()]
+    for row in records.sort_values("rank").to_dict("records"):
         by_category = {c: float(row[c]) for c in cats if pd.notna(row[c])}
         groups: dict[str, float] = {}
         for name, value in by_category.items():
             groups[_group(name)] = groups.get(_group(name), 0.0) + value
-        if not groups or row["total"] <= 0:
+        if not groups or row["peak_bytes"] <= 0:
             continue
         dominant = max(groups, key=lambda g: groups[g])
         out.append(
             Peak(
-                int(rank),
+                int(row["rank"]),
                 int(row["step"]),
-                float(row["total"]),
+                float(row["peak_bytes"]),
                 by_category,
                 dominant,
                 groups[dominant],
@@ -129,9 +133,7 @@ def over_budget(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
     budget = budget_bytes(ctx)
     if not budget:
         return []
-    over = [
-        p for p in peaks(ctx.metrics.memory_steps) if p.total_bytes >= limits["medium"] * budget
-    ]
+    over = [p for p in peaks(ctx.metrics) if p.total_bytes >= limits["medium"] * budget]
     if not over:
         return []
     worst = max(over, key=lambda p: p.total_bytes)
@@ -226,7 +228,7 @@ def state_or_activations(ctx: RuleContext, limits: Mapping[str, float]) -> Itera
     budget = budget_bytes(ctx)
     if not budget:
         return []
-    near = [p for p in peaks(ctx.metrics.memory_steps) if p.total_bytes >= limits["near"] * budget]
+    near = [p for p in peaks(ctx.metrics) if p.total_bytes >= limits["near"] * budget]
     if not near:
         return []
     worst = max(near, key=lambda p: p.total_bytes)
