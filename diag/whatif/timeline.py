@@ -44,6 +44,9 @@ _SORT_ORDER = {Kind.START: 0, Kind.LAUNCH: 1, Kind.SYNC: 2, Kind.RECV: 2, Kind.L
                Kind.WAIT: 3, Kind.END: 4}  # fmt: skip
 """At one instant (and within one step: a step ends before the next starts): a step starts first
 and ends last; a launch comes before the wait on it."""
+WAIT_SLACK_NS = 10_000
+"""A wait depends on the launches that completed by its end (within this): a collective still
+running after the wait ended (a profiler's view of a backend thread) did not hold it."""
 HOST_PHASES = frozenset({schema.Phase.DATA.value})
 COMPUTE_PHASES = schema.COMPUTE_PHASES - HOST_PHASES
 
@@ -204,7 +207,7 @@ def _dependencies(timeline: Timeline, pairs: dict[int, int]) -> None:
             if kind[k] == Kind.LAUNCH and instance[k] >= 0:
                 pending.append(k)
             elif kind[k] == Kind.WAIT:
-                done = [p for p in pending if e[p] <= e[k]] or pending
+                done = [p for p in pending if e[p] <= e[k] + WAIT_SLACK_NS]
                 timeline.waits_on[k] = done
                 pending = [p for p in pending if p not in done]
                 completed = max((e[p] for p in done), default=a[k])
