@@ -116,7 +116,7 @@ def _counterfactual(finding: Finding) -> str:
         "COM002": "TP collectives' transfers at zero",
         "COM003": "DP collectives fully hidden (their transfers at zero)",
         "PIP002": "the theory bubble with 4x the micro-batches or 2 virtual stages",
-        "PIP003": "the named stage's local time at the mean stage's",
+        "PIP003": "the named stage's local time at the other stages' mean",
     }[finding.rule]
 
 

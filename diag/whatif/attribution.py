@@ -6,7 +6,7 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
   split into its compute and its host time (data loading, time outside any span);
 - random imbalance: every rank's local time at that step's peer median (the saving beyond what
   removing every rank's persistent excess saves: per-step noise, not one slow rank);
-- stage imbalance: each pipeline stage's local time at the mean stage's;
+- stage imbalance: each pipeline stage's local time at the mean of the other stages';
 - communication: each group's transfers at zero (what communication itself costs, the
   waiting for late peers excluded), and at the ledger's bytes over the declared link bandwidth;
 - the schedule: the theory bubble with 4x the micro-batches, or with 2 virtual stages.
@@ -223,7 +223,7 @@ class _Scenarios:
                                 "persistent_excess_removed_s": persistent / NS_PER_S})]  # fmt: skip
 
     def stages(self) -> list[Cause]:
-        """Each stage heavier than the mean stage at the mean, replayed with every rank's
+        """Each stage heavier than the others at their mean, replayed with every rank's
         persistent excess already removed (so a straggler does not count as its stage's)."""
         stage_of = self.role["stage"]
         if stage_of.nunique() < 2:
@@ -236,10 +236,10 @@ class _Scenarios:
         per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg}).groupby(
             ["stage", "rank"])["seg"].sum()  # fmt: skip
         per_stage = per_rank.groupby(level="stage").median()
-        mean = float(per_stage.mean())
         steps = float(self.ok.sum())
         causes = []
         for s, total in per_stage.items():
+            mean = float(per_stage.drop(s).mean())  # the other stages: what this one should be
             if total <= mean:
                 continue
             scaled = np.where(stage == s, seg * (mean / total), seg)
@@ -247,7 +247,7 @@ class _Scenarios:
             ranks = sorted(int(r) for r in stage_of[stage_of == s].index)
             evidence = {"stage_local_s": total / NS_PER_S / steps,
                         "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
-            label = f"pipeline stage {s}: more work than the mean stage"
+            label = f"pipeline stage {s}: more work than the other stages"
             causes.append(self._cause("stage", label, max(saved - baseline, 0.0), ranks=ranks,
                                       stage=int(s), evidence=evidence))  # fmt: skip
         return causes
