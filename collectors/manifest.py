@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from diag.names import WORLD, host_name
 from diag.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
 
 
@@ -24,7 +25,8 @@ def device_name(device: torch.device) -> str:
 def gather_rank_infos(dist: Any, device: torch.device, gpus_per_node: int | None) -> list[RankInfo]:
     """Every rank's host, local rank and device, gathered from all ranks (or this one alone).
 
-    With `gpus_per_node` declared, `host` is the virtual host `node{rank // gpus_per_node}`.
+    With `gpus_per_node` declared, `host` is the virtual host `node{rank // gpus_per_node}`
+    (`diag.names.host_name`).
     """
     mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)), device_name(device))
     if dist is not None:
@@ -35,7 +37,7 @@ def gather_rank_infos(dist: Any, device: torch.device, gpus_per_node: int | None
     infos = []
     for rank, (host, local_rank, name) in enumerate(everyone):
         if gpus_per_node:
-            host = f"node{rank // gpus_per_node}"
+            host = host_name(rank, gpus_per_node)
         infos.append(RankInfo(rank=rank, host=host, local_rank=local_rank, device_name=name))
     return infos
 
@@ -66,7 +68,7 @@ def build_manifest(
         layout=_known(Layout, layout or {}),
         model=_known(ModelInfo, model_info or {}),
         ranks=ranks,
-        groups=groups or {"world": [list(range(world_size))]},
+        groups=groups or {WORLD: [list(range(world_size))]},
         hardware=_known(Hardware, hardware or {}),
         injections=list(injections or []),
     )

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from collectors.safety import guarded
-
-TRACES_DIR = "traces"
+from diag.schema import TRACES_DIR
 
 
 class ProfilerWindow:

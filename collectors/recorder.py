@@ -38,6 +38,7 @@ from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
 from collectors.writer import RankWriter
+from diag.names import WORLD
 from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, rank_file_name, write_manifest
 
 _PHASES = {p.value for p in Phase}
@@ -197,8 +198,8 @@ class Recorder:
         if entry is not None:
             return entry[0]
         if group is None or group is getattr(dist.GroupMember, "WORLD", None):
-            return "world"
-        return "world" if dist.get_world_size(group) == self.world_size else "other"
+            return WORLD
+        return WORLD if dist.get_world_size(group) == self.world_size else "other"
 
     # ----------------------------------------------------------------- steps and spans
     def step(self, tokens: int | None = None) -> StepContext | NullContext:

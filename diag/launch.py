@@ -1,5 +1,11 @@
 """`diag run` and `diag demo`: launch a reference trainer under torchrun, one process per rank.
 
+Before any rank starts, `python -m reference_runs.preflight` parses the trainer's options and
+plans its layout with the trainer's own `plan(cfg, world_size) -> Topology` (the `Plan`
+protocol of reference_runs/common.py), in a process of its own: `diag` does not import the
+trainers. A bad option or an impossible layout is then one line and exit code 2, before
+torchrun and before the run directory exists.
+
 With GPUs present the trainer uses NCCL and one GPU per rank; otherwise gloo on CPU. Multi-node
 runs pass `--nnodes`, `--node-rank` and `--rdzv-endpoint` through to torchrun (run the same
 command on every node); a single node uses torchrun's `--standalone` rendezvous.
@@ -8,7 +14,6 @@ command on every node); a single node uses torchrun's `--standalone` rendezvous.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import os
 import shlex
 import subprocess
@@ -17,14 +22,10 @@ from pathlib import Path
 
 import click
 
+from diag.names import TRAINERS
+
 # Trainer name -> module run by torchrun.
-TRAINER_MODULES = {
-    "dp": "reference_runs.dp",
-    "tp": "reference_runs.tp",
-    "pp": "reference_runs.pp",
-    "ep": "reference_runs.ep",
-    "zero3": "reference_runs.zero3",
-}
+TRAINER_MODULES = {trainer: f"reference_runs.{trainer}" for trainer in TRAINERS}
 
 
 def default_run_dir(trainer: str) -> Path:
@@ -69,16 +70,8 @@ def launch(
     quiet: bool = False,
 ) -> int:
     """Validate the trainer's options, run it under torchrun and return torchrun's exit code."""
-    from reference_runs.config import parse_config
-
     args = [*trainer_args, "--out", str(out)]
-    cfg = parse_config(args, trainer)  # argparse prints the error and exits 2 on a bad option
-    module = importlib.import_module(TRAINER_MODULES[trainer])
-    try:  # every trainer validates its layout before a process starts
-        module.plan(cfg, nproc * (nnodes or 1), args)
-    except ValueError as err:
-        click.echo(f"diag: error: {err}", err=True)
-        sys.exit(2)
+    preflight(trainer, args, nproc * (nnodes or 1))
     cmd = torchrun_command(TRAINER_MODULES[trainer], args, nproc, nnodes, node_rank, rdzv_endpoint)
     env = {
         **os.environ,
@@ -91,6 +84,16 @@ def launch(
             sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
         return result.returncode
     return subprocess.call(cmd, env=env)
+
+
+def preflight(trainer: str, trainer_args: list[str], world_size: int) -> None:
+    """Check the trainer's options and layout for `world_size` ranks before any rank starts
+    (reference_runs/preflight.py); on a bad one, say why (one line) and exit with its code, 2."""
+    cmd = [sys.executable, "-m", "reference_runs.preflight", trainer, str(world_size)]
+    result = subprocess.run([*cmd, *trainer_args], capture_output=True, text=True)
+    if result.returncode != 0:
+        click.echo(result.stderr.rstrip("\n"), err=True)
+        sys.exit(result.returncode)
 
 
 @click.command(

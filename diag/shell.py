@@ -1,25 +1,28 @@
-"""Helpers shared by the CLI's commands: the one-line fatal error and reading a TOML config."""
+"""Helpers shared by the CLI's commands: reading a TOML config, the rule thresholds, the
+`--steps` window; and, from diag/options.py, the one-line fatal error and `--layout`."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
-from diag import schema
 from diag.errors import InputError
 from diag.load import OPEN_END
+from diag.options import EXIT_INPUT, fail, parse_layout
 from diag.rules import check_config
 
-EXIT_INPUT = 2
-
-
-def fail(error: InputError) -> NoReturn:
-    """Print `diag: error: PATH: reason` on stderr and exit 2."""
-    click.echo(f"diag: error: {error}", err=True)
-    raise SystemExit(EXIT_INPUT)
+__all__ = [
+    "EXIT_INPUT",
+    "fail",
+    "parse_layout",
+    "parse_steps",
+    "project_config",
+    "read_config",
+    "rule_thresholds",
+]
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -61,33 +64,6 @@ def rule_thresholds(path: str, config: dict[str, Any]) -> dict[str, Any]:
     except ValueError as err:
         raise InputError(path, str(err)) from None
     return thresholds
-
-
-_LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "m": "microbatches",
-                "microbatches": "microbatches", "v": "virtual_stages",
-                "virtual_stages": "virtual_stages"}  # fmt: skip
-
-
-def parse_layout(text: str | None) -> schema.Layout | None:
-    """`dp=8,tp=2,pp=4,m=16[,v=2]` -> Layout; click.BadParameter (exit 2) naming what is off."""
-    if not text:
-        return None
-    values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, raw = item.partition("=")
-        field = _LAYOUT_KEYS.get(key.strip())
-        if field is None:
-            raise click.BadParameter(
-                f"unknown dimension {key.strip()!r} in {text!r}; expected "
-                "dp, tp, pp, ep, cp, m (micro-batches), v (virtual stages)"
-            )
-        try:
-            values[field] = int(raw)
-        except ValueError:
-            raise click.BadParameter(f"{key.strip()}={raw!r} is not a whole number") from None
-        if values[field] < 1:
-            raise click.BadParameter(f"{key.strip()}={raw} must be at least 1")
-    return schema.Layout(**values)
 
 
 def parse_steps(text: str | None) -> range | None:

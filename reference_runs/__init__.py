@@ -1,6 +1,9 @@
 """Instrumented reference trainers and the pieces they share.
 
 One file per parallelism (DP, TP, PP, EP MoE, ZeRO-3) built on a shared tiny GPT (`model`), a
-validated rank grid (`topology`), synthetic data (`data`), fault injection (`faults`) and the
-command-line options common to every trainer (`config`).
+validated rank grid (`topology`), synthetic data (`data`), fault injection (`faults`), the
+command-line options common to every trainer (`config`) and the skeleton every trainer runs in
+(`common`: set-up, recorder, data, steps, shutdown). The pipeline schedules, the injection
+specs and the shared names are diag's (diag/schedules.py, diag/injections.py, diag/names.py),
+which the simulator uses too.
 """

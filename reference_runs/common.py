@@ -1,5 +1,17 @@
-"""What every reference trainer does the same way: start torch.distributed, build the groups of
-the topology, open the recorder with a complete manifest, and shut down cleanly."""
+"""The skeleton every reference trainer shares, so that each trainer file keeps only its
+parallelism: parse and plan (before any process exists), start torch.distributed, build the
+groups of the topology, open the recorder with a complete manifest, feed the data, run the
+steps, shut down cleanly.
+
+A trainer module provides two functions and hands them to `run_trainer`:
+
+    plan(cfg, world_size) -> Topology     the validated layout (`Plan`); `diag run` calls it
+                                          too, before torchrun starts (reference_runs/preflight.py)
+    build(setup) -> Loop                  its model, optimizer and recorder, and one step
+
+    def main(argv=None):
+        run_trainer("dp", plan, build, argv)
+"""
 
 from __future__ import annotations
 
@@ -8,20 +20,176 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from collectors import NullRecorder, Recorder
+from collectors import NullRecorder, Recorder, register_recording_hook
 from collectors.profiler import ProfilerWindow
-from reference_runs.config import TrainConfig
+from reference_runs.config import TrainConfig, parse_config
+from reference_runs.data import Batch, SyntheticTokens, iterate_batches, make_loader
+from reference_runs.faults import FaultPlan, Leak
 from reference_runs.topology import Topology
+
+EPOCH_STEPS = 4
+"""Steps per epoch of the synthetic data: the dataset holds this many steps' samples."""
 
 _profiler_windows: list[ProfilerWindow] = []
 """The open `--profile-steps` window of this process, closed by `shutdown`."""
+
+
+class Plan(Protocol):
+    """A trainer's `plan(cfg, world_size)`: the validated layout of `world_size` ranks, or a
+    ValueError naming the values this trainer cannot run. It needs no process group: `diag run`
+    calls it before torchrun starts (reference_runs/preflight.py), every rank before
+    torch.distributed (`start`). It may settle a default of `cfg` (pp: one block per stage)."""
+
+    def __call__(self, cfg: TrainConfig, world_size: int) -> Topology: ...
+
+
+@dataclass
+class Setup:
+    """What `start` gives a trainer's `build`: the validated config and layout, this rank's
+    process, its groups and its injections."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    topology: Topology
+    groups: dict[str, Any]  # axis -> this rank's process group (axes of size > 1)
+    faults: FaultPlan
+
+    def open_recorder(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        params: int,
+        layout: dict[str, Any],
+        model_extra: dict[str, Any] | None = None,
+    ) -> Recorder | NullRecorder:
+        """The rank's recorder, with the manifest fields every trainer fills the same way
+        (`params`: the whole model's; `model_extra`: the model fields only some trainers have,
+        e.g. the MoE ones)."""
+        cfg, env, topology = self.cfg, self.env, self.topology
+        device_memory = (
+            int(cfg.device_memory_gb * 1e9)
+            if cfg.device_memory_gb
+            else torch.cuda.get_device_properties(env.device).total_memory
+            if env.device.type == "cuda"
+            else None
+        )
+        rec = Recorder.from_env(
+            cfg.out or default_run_dir(cfg.trainer),
+            model=model,
+            optimizer=optimizer,
+            trainer=cfg.trainer,
+            layout={**{str(k): v for k, v in topology.sizes().items()}, **layout},
+            model_info={
+                "layers": cfg.layers,
+                "hidden": cfg.hidden,
+                "heads": cfg.heads,
+                "seq_len": cfg.seq,
+                "micro_batch": cfg.micro_batch,
+                "vocab": cfg.vocab,
+                "ffn_hidden": 4 * cfg.hidden,
+                "params": params,
+                "dtype": "float32",
+                "attention": cfg.attention,
+                **(model_extra or {}),
+            },
+            groups=topology.all_groups(),
+            hardware={"gpus_per_node": cfg.gpus_per_node, "device_memory_bytes": device_memory},
+            injections=list(cfg.inject),
+            device=env.device,
+            enabled=not cfg.no_collectors,
+        )
+        for axis, group in self.groups.items():
+            rec.register_group(axis, group)
+            if group is dist.group.WORLD:
+                rec.register_group(axis, None)
+        if cfg.profile_steps and rec.enabled:
+            window = ProfilerWindow.open(rec.run_dir, env.rank, *cfg.profile_steps)  # type: ignore[union-attr]
+            if window is not None:
+                rec.on_step_end(window.step)
+                _profiler_windows.append(window)
+        return rec
+
+    def batches(
+        self, rec: Recorder | NullRecorder, replica: int, replicas: int, per_step: int
+    ) -> Iterator[Batch]:
+        """This rank's (input, target) micro-batches, forever, on its device: data replica
+        `replica` of `replicas`, `per_step` micro-batches a step, EPOCH_STEPS steps an epoch,
+        and an `epoch` event (the hash of its sample order) as each epoch starts."""
+        cfg = self.cfg
+        samples = cfg.micro_batch * per_step * replicas * EPOCH_STEPS
+        dataset = SyntheticTokens(samples, cfg.seq, cfg.vocab, seed=cfg.seed)
+        loader, sampler = make_loader(dataset, cfg.micro_batch, replica, replicas, cfg.seed)
+        on_epoch = rec.event if rec.enabled else None
+        batches = iterate_batches(
+            loader, sampler, set_epoch=self.faults.set_epoch, on_epoch=on_epoch
+        )
+        return _on_device(batches, self.env.device)
+
+    def leak(self) -> Leak | None:
+        """The `leak:mb=X` injection's leak on this rank's device, None without one."""
+        return self.faults.leak(self.env.device)
+
+
+@dataclass
+class Loop:
+    """What a trainer's `build` returns: its recorder, one optimizer step (`step(step_index)`,
+    which opens `rec.step`), and what to close before the recorder."""
+
+    rec: Recorder | NullRecorder
+    step: Callable[[int], None]
+    close: Callable[[], None] | None = None
+
+
+def run_trainer(
+    trainer: str, plan: Plan, build: Callable[[Setup], Loop], argv: list[str] | None
+) -> None:
+    """Start (`start`), build the trainer, run its steps, shut down (`shutdown`)."""
+    setup = start(trainer, plan, argv)
+    loop = build(setup)
+    rec, failed = loop.rec, True
+    try:
+        for step_index in range(setup.cfg.steps):
+            loop.step(step_index)
+        failed = False
+    finally:
+        if loop.close is not None:
+            loop.close()
+        del loop  # the trainer's wrappers go before the groups (see `shutdown`)
+        shutdown(rec, failed=failed)
+
+
+def start(trainer: str, plan: Plan, argv: list[str] | None) -> Setup:
+    """Parse `argv` and plan the layout before any process group exists (on a bad one every
+    rank exits 2, rank 0 saying why), then start torch.distributed, build the groups, parse the
+    injections and seed torch."""
+    cfg = parse_config(argv, trainer)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    say = os.environ.get("RANK", "0") == "0"
+    topology = checked_plan(plan, cfg, world_size, f"reference_runs.{trainer}", say)
+    env = init_distributed()
+    groups = build_groups(topology, env.rank)
+    faults = FaultPlan.from_specs(cfg.inject, env.rank)
+    torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its part
+    return Setup(cfg, env, topology, groups, faults)
+
+
+def checked_plan(plan: Plan, cfg: TrainConfig, world_size: int, prog: str, say: bool) -> Topology:
+    """`plan(cfg, world_size)`, or exit 2, after one line `PROG: error: REASON` if `say`."""
+    try:
+        return plan(cfg, world_size)
+    except ValueError as exc:
+        if say:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 @dataclass
@@ -70,61 +238,9 @@ def default_run_dir(trainer: str) -> str:
     return os.path.join("runs", f"{trainer}-{stamp}")
 
 
-def open_recorder(
-    cfg: TrainConfig,
-    env: DistEnv,
-    topology: Topology,
-    groups: dict[str, Any],
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    params: int,
-    layout: dict[str, Any],
-    model_extra: dict[str, Any] | None = None,
-) -> Recorder | NullRecorder:
-    """The rank's recorder, with the manifest fields every trainer fills the same way
-    (`model_extra`: the model fields only some trainers have, e.g. the MoE ones)."""
-    device_memory = (
-        int(cfg.device_memory_gb * 1e9)
-        if cfg.device_memory_gb
-        else torch.cuda.get_device_properties(env.device).total_memory
-        if env.device.type == "cuda"
-        else None
-    )
-    rec = Recorder.from_env(
-        cfg.out or default_run_dir(cfg.trainer),
-        model=model,
-        optimizer=optimizer,
-        trainer=cfg.trainer,
-        layout={**{str(k): v for k, v in topology.sizes().items()}, **layout},
-        model_info={
-            "layers": cfg.layers,
-            "hidden": cfg.hidden,
-            "heads": cfg.heads,
-            "seq_len": cfg.seq,
-            "micro_batch": cfg.micro_batch,
-            "vocab": cfg.vocab,
-            "ffn_hidden": 4 * cfg.hidden,
-            "params": params,
-            "dtype": "float32",
-            "attention": cfg.attention,
-            **(model_extra or {}),
-        },
-        groups=topology.all_groups(),
-        hardware={"gpus_per_node": cfg.gpus_per_node, "device_memory_bytes": device_memory},
-        injections=list(cfg.inject),
-        device=env.device,
-        enabled=not cfg.no_collectors,
-    )
-    for axis, group in groups.items():
-        rec.register_group(axis, group)
-        if group is dist.group.WORLD:
-            rec.register_group(axis, None)
-    if cfg.profile_steps and rec.enabled:
-        window = ProfilerWindow.open(rec.run_dir, env.rank, *cfg.profile_steps)  # type: ignore[union-attr]
-        if window is not None:
-            rec.on_step_end(window.step)
-            _profiler_windows.append(window)
-    return rec
+def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
+    for inputs, targets in batches:
+        yield inputs.to(device), targets.to(device)
 
 
 def clip_gradients(
@@ -149,8 +265,26 @@ def clip_gradients(
     return norms["global"]
 
 
+def hook_ddp(
+    rec: Recorder | NullRecorder, ddp: DDP, delay_s: float, process_group: Any = None
+) -> None:
+    """Record the gradient all-reduces of `ddp` over `process_group` (None: the world), each
+    after `delay_s` of injected latency (slow-comm); with the collectors off, the latency
+    alone, before DDP's own all-reduce."""
+    if rec.enabled:
+        register_recording_hook(
+            rec,  # type: ignore[arg-type]
+            ddp,
+            process_group=process_group,
+            before_launch=(lambda: time.sleep(delay_s)) if delay_s else None,
+        )
+    elif delay_s:
+        ddp.register_comm_hook(process_group, delayed_allreduce_hook(delay_s))
+
+
 def delayed_allreduce_hook(delay_s: float) -> Any:
-    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off)."""
+    """DDP's default all-reduce after `delay_s` of extra latency (slow-comm, collectors off);
+    its state is the process group to all-reduce over (None: the world)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     # unannotated: DDP checks a hook's annotations, and PEP 563 would make them strings

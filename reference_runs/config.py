@@ -7,14 +7,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from reference_runs.faults import parse_injection
+from diag.injections import parse_injection
+from diag.names import SCHEDULES
 from reference_runs.model import ATTENTION_KINDS, GPTConfig
 from reference_runs.topology import Axis, Topology
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CLIP_GRAD_TRAINERS = ("dp", "zero3", "custom")  # trainers that know their global grad norm
 
 
@@ -95,11 +96,14 @@ class TrainConfig:
     device_memory_gb: float | None = None  # declared device memory, GB (for the memory check)
     profile_steps: tuple[int, int] | None = None  # Kineto trace window [start, stop)
     seed: int = 0  # seeds the model, the data and the sampler
-    inject: list[str] = field(default_factory=list)  # fault-injection specs (faults.py)
+    inject: list[str] = field(default_factory=list)  # fault-injection specs (diag/injections.py)
     lr: float = 3e-4  # AdamW learning rate
     attention: str = "sdpa"  # attention kernel: sdpa (fused) | naive (keeps seq x seq scores)
     clip_grad: float | None = None  # clip the global gradient norm to this; None = no clipping
     no_collectors: bool = False  # run without instrumentation (overhead baseline)
+    # whether --layers was given (else the pp trainer may pick one block per stage); how the
+    # config was written, not what it is, so equal configs compare equal either way
+    layers_given: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads != 0:
@@ -203,10 +207,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None, trainer: str) -> TrainConfig:
     """Parse argv (None = sys.argv[1:]); invalid options exit with code 2 via argparse."""
+    argv = sys.argv[1:] if argv is None else argv
     parser = add_common_args(argparse.ArgumentParser(prog=f"reference_runs.{trainer}"))
     args = parser.parse_args(argv)
     names = {f.name for f in fields(TrainConfig)}
+    layers_given = any(a == "--layers" or a.startswith("--layers=") for a in argv)
     try:
-        return TrainConfig(trainer=trainer, **{k: v for k, v in vars(args).items() if k in names})
+        return TrainConfig(
+            trainer=trainer,
+            layers_given=layers_given,
+            **{k: v for k, v in vars(args).items() if k in names},
+        )
     except ValueError as exc:
         parser.error(str(exc))

@@ -15,30 +15,25 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
-from collections.abc import Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from collectors import register_recording_hook
+from diag.names import DP
 from reference_runs.common import (
-    build_groups,
+    Loop,
+    Setup,
     clip_gradients,
-    delayed_allreduce_hook,
     exit_process,
-    init_distributed,
-    open_recorder,
-    shutdown,
+    hook_ddp,
+    run_trainer,
 )
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
-from reference_runs.faults import FaultPlan, Leak
+from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, count_params
 from reference_runs.topology import Topology
 
 
-def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+def plan(cfg: TrainConfig, world_size: int) -> Topology:
     """The validated layout; ValueError naming the values when this trainer cannot run it."""
     topology = cfg.topology(world_size, default_axis="dp")
     if topology.dp != world_size:
@@ -46,16 +41,11 @@ def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topolog
     return topology
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(argv, "dp")
-    env = init_distributed()
-    topology = plan(cfg, env.world_size)
-    groups = build_groups(topology, env.rank)
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
-
-    torch.manual_seed(cfg.seed)
+def build(setup: Setup) -> Loop:
+    """The DDP model, its recorder and data, and one optimizer step of `--grad-accum`
+    micro-batches."""
+    cfg, env, faults = setup.cfg, setup.env, setup.faults
     model = GPT(cfg.gpt_config()).to(env.device)
-    params = count_params(model)
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
@@ -64,51 +54,38 @@ def main(argv: list[str] | None = None) -> None:
         "bucket_mb": cfg.bucket_mb,
         "microbatches": cfg.grad_accum,
     }
-    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout)
-    comm_delay_s = faults.comm_delay_s("dp")
-    if rec.enabled:
-        register_recording_hook(
-            rec,  # type: ignore[arg-type]
-            ddp,
-            before_launch=(lambda: time.sleep(comm_delay_s)) if comm_delay_s else None,
-        )
-    elif comm_delay_s:
-        ddp.register_comm_hook(None, delayed_allreduce_hook(comm_delay_s))
-
-    samples_per_epoch = cfg.micro_batch * cfg.grad_accum * topology.dp * 4  # 4 steps an epoch
-    dataset = SyntheticTokens(samples_per_epoch, cfg.seq, cfg.vocab, seed=cfg.seed)
-    loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, topology.dp, cfg.seed)
-    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
-    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
+    rec = setup.open_recorder(model, optimizer, count_params(model), layout)
+    hook_ddp(rec, ddp, faults.comm_delay_s(DP))
+    batches = setup.batches(rec, env.rank, setup.topology.dp, cfg.grad_accum)
+    leak = setup.leak()
     tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
 
-    failed = True
-    try:
-        for step_index in range(cfg.steps):
-            with rec.step(tokens=tokens_per_step) as step:
-                for mb in range(cfg.grad_accum):
-                    with rec.span("data", mb=mb):
-                        inputs, targets = (t.to(env.device) for t in next(batches))
-                    last = mb == cfg.grad_accum - 1
-                    with contextlib.nullcontext() if last else ddp.no_sync():
-                        with rec.span("fwd", mb=mb):
-                            faults.apply_compute_delay(step_index)
-                            _, loss = ddp(inputs, targets)
-                            if leak is not None:
-                                leak.step()
-                        with rec.span("bwd", mb=mb):
-                            (loss / cfg.grad_accum).backward()
-                with rec.span("opt"):
-                    if cfg.clip_grad is not None:
-                        clip_gradients(rec, list(model.parameters()), cfg.clip_grad)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step.loss = loss.item()
-        failed = False
-    finally:
-        del ddp  # its reducer holds the last futures: freed before the groups go (shutdown)
-        shutdown(rec, failed=failed)
+    def train_step(step_index: int) -> None:
+        with rec.step(tokens=tokens_per_step) as step:
+            for mb in range(cfg.grad_accum):
+                with rec.span("data", mb=mb):
+                    inputs, targets = next(batches)
+                last = mb == cfg.grad_accum - 1
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    with rec.span("fwd", mb=mb):
+                        faults.apply_compute_delay(step_index)
+                        _, loss = ddp(inputs, targets)
+                        if leak is not None:
+                            leak.step()
+                    with rec.span("bwd", mb=mb):
+                        (loss / cfg.grad_accum).backward()
+            with rec.span("opt"):
+                if cfg.clip_grad is not None:
+                    clip_gradients(rec, list(model.parameters()), cfg.clip_grad)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step.loss = loss.item()
+
+    return Loop(rec, train_step)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_trainer("dp", plan, build, argv)
 
 
 if __name__ == "__main__":

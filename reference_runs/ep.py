@@ -27,24 +27,17 @@ micro-batches.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from diag import ledger
-from reference_runs.common import (
-    build_groups,
-    exit_process,
-    init_distributed,
-    open_recorder,
-    shutdown,
-)
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
+from diag.names import DP, EP, WORLD
+from reference_runs.common import Loop, Setup, exit_process, run_trainer
+from reference_runs.config import TrainConfig
 from reference_runs.ep_comms import EpComm, all_reduce_
-from reference_runs.faults import FaultPlan, Leak
+from reference_runs.faults import FaultPlan
 from reference_runs.model import GPT, count_params
 from reference_runs.moe import MoELayer, to_moe
 from reference_runs.topology import Topology
@@ -62,19 +55,6 @@ def check_layout(cfg: TrainConfig, topology: Topology, faults: FaultPlan) -> Non
         raise ValueError(f"skew expert {faults.skew.expert} >= --experts ({cfg.experts})")
 
 
-def skew_at(faults: FaultPlan, step: int, num_experts: int) -> tuple[int, float] | None:
-    """(hot expert, share of first choices sent to it) at `step`, None when healthy.
-    `skew:frac=F` gives F; `skew-growth:per_step=G` adds G x step to F (to 1/E, the balanced
-    share, without a skew), capped at 1."""
-    skew, growth = faults.skew, faults.skew_growth
-    if skew is None and growth is None:
-        return None
-    frac = skew.frac if skew is not None else 1 / num_experts
-    if growth is not None:
-        frac += growth.per_step * step
-    return (skew.expert if skew is not None else 0), min(frac, 1.0)
-
-
 def sync_gradients(
     dense: list[torch.nn.Parameter], experts: list[torch.nn.Parameter], topology: Topology,
     groups: dict[str, Any], rec: Any, faults: FaultPlan,
@@ -89,8 +69,8 @@ def sync_gradients(
     if topology.ep == 1:  # every rank holds every expert: plain data parallelism
         replicated += expert_grads
     elif topology.dp > 1:
-        all_reduce_(expert_grads, groups["dp"], rec, "grad", faults.comm_delay_s("dp"))
-    name = "ep" if topology.ep == world else "dp" if topology.dp == world else "world"
+        all_reduce_(expert_grads, groups[DP], rec, "grad", faults.comm_delay_s(DP))
+    name = EP if topology.ep == world else DP if topology.dp == world else WORLD
     group = groups.get(name, dist.group.WORLD)
     all_reduce_(replicated, group, rec, "grad", faults.comm_delay_s(name))
     for grad in [*(p.grad for p in dense), *expert_grads]:
@@ -117,29 +97,25 @@ def record_experts(rec: Any, layers: list[MoELayer], comm: EpComm) -> None:
         )  # fmt: skip
 
 
-def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+def plan(cfg: TrainConfig, world_size: int) -> Topology:
     """The validated layout; ValueError naming the values when this trainer cannot run it."""
     topology = cfg.topology(world_size, default_axis="ep")
     check_layout(cfg, topology, FaultPlan.from_specs(cfg.inject, rank=0))
     return topology
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(argv, "ep")
-    env = init_distributed()
-    topology = plan(cfg, env.world_size)
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
-    check_layout(cfg, topology, faults)
-    groups = build_groups(topology, env.rank)
-    coords = topology.coords(env.rank)
+def build(setup: Setup) -> Loop:
+    """The MoE model (this rank's experts), its recorder and data, and one optimizer step of
+    `--grad-accum` micro-batches."""
+    cfg, env, topology, groups, faults = (
+        setup.cfg, setup.env, setup.topology, setup.groups, setup.faults
+    )  # fmt: skip
     tokens = cfg.micro_batch * cfg.seq  # this rank's tokens per micro-batch
     comm = EpComm(
-        group=groups.get("ep"), size=topology.ep, rank=coords["ep"], rec=None,
+        group=groups.get(EP), size=topology.ep, rank=topology.coords(env.rank)["ep"], rec=None,
         expected_bytes=int(ledger.ep_alltoall_bytes(tokens, cfg.topk, cfg.hidden, 4)),
-        delay_s=faults.comm_delay_s("ep"),
+        delay_s=faults.comm_delay_s(EP),
     )  # fmt: skip
-
-    torch.manual_seed(cfg.seed)
     model = GPT(cfg.gpt_config())
     layers = to_moe(
         model, cfg.experts, cfg.topk, cfg.capacity_factor, comm if comm.size > 1 else None, cfg.seed
@@ -155,49 +131,44 @@ def main(argv: list[str] | None = None) -> None:
     layout = {"grad_accum": cfg.grad_accum, "microbatches": cfg.grad_accum}
     moe = {"experts": cfg.experts, "topk": cfg.topk, "capacity_factor": cfg.capacity_factor,
            "aux_loss_coef": cfg.aux_loss_coef}  # fmt: skip
-    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout, moe)
+    rec = setup.open_recorder(model, optimizer, params, layout, moe)
     comm.rec = rec
     rec.set_comm_buffer("grad_flat", 4 * sum(p.numel() for p in dense))
+    batches = setup.batches(rec, env.rank, env.world_size, cfg.grad_accum)
+    leak = setup.leak()
 
-    dataset = SyntheticTokens(
-        cfg.micro_batch * cfg.grad_accum * env.world_size * 4, cfg.seq, cfg.vocab, cfg.seed
-    )
-    loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, env.world_size, cfg.seed)
-    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
-    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
+    def train_step(step_index: int) -> None:
+        for layer in layers:
+            layer.skew = faults.skew_at(step_index, cfg.experts)
+            layer.reset_stats()
+        with rec.step(tokens=tokens * cfg.grad_accum) as step:
+            losses = []
+            for mb in range(cfg.grad_accum):
+                with rec.span("data", mb=mb):
+                    inputs, targets = next(batches)
+                with rec.span("fwd", mb=mb):
+                    faults.apply_compute_delay(step_index)
+                    _, loss = model(inputs, targets)
+                    aux = torch.stack([layer.aux_loss for layer in layers]).sum()
+                    if leak is not None and mb == 0:  # X MiB a step
+                        leak.step()
+                with rec.span("bwd", mb=mb):
+                    ((loss + cfg.aux_loss_coef * aux) / cfg.grad_accum).backward()
+                losses.append(loss.item())
+            if env.world_size > 1:
+                sync_gradients(dense, experts, topology, groups, rec, faults)
+            if rec.enabled:
+                record_experts(rec, layers, comm)
+            with rec.span("opt"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step.loss = sum(losses) / cfg.grad_accum
 
-    failed = True
-    try:
-        for step_index in range(cfg.steps):
-            for layer in layers:
-                layer.skew = skew_at(faults, step_index, cfg.experts)
-                layer.reset_stats()
-            with rec.step(tokens=tokens * cfg.grad_accum) as step:
-                losses = []
-                for mb in range(cfg.grad_accum):
-                    with rec.span("data", mb=mb):
-                        inputs, targets = (t.to(env.device) for t in next(batches))
-                    with rec.span("fwd", mb=mb):
-                        faults.apply_compute_delay(step_index)
-                        _, loss = model(inputs, targets)
-                        aux = torch.stack([layer.aux_loss for layer in layers]).sum()
-                        if leak is not None and mb == 0:  # X MiB a step
-                            leak.step()
-                    with rec.span("bwd", mb=mb):
-                        ((loss + cfg.aux_loss_coef * aux) / cfg.grad_accum).backward()
-                    losses.append(loss.item())
-                if env.world_size > 1:
-                    sync_gradients(dense, experts, topology, groups, rec, faults)
-                if rec.enabled:
-                    record_experts(rec, layers, comm)
-                with rec.span("opt"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step.loss = sum(losses) / cfg.grad_accum
-        failed = False
-    finally:
-        shutdown(rec, failed=failed)
+    return Loop(rec, train_step)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_trainer("ep", plan, build, argv)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from diag.names import backward_tag
+
 DTYPE_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.float64: "float64"}
 
 
@@ -91,7 +93,7 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         out_splits, in_splits = ctx.splits
-        back = ctx.comm.all_to_all(grad, in_splits, out_splits, f"{ctx.tag}.bwd", ctx.layer)
+        back = ctx.comm.all_to_all(grad, in_splits, out_splits, backward_tag(ctx.tag), ctx.layer)
         return back, None, None, None, None, None
 
 

@@ -1,149 +1,21 @@
-"""Fault injection: reproduce each collapse pattern on purpose (`--inject SPEC`, DESIGN.md).
+"""Fault injection in the reference trainers: what the `--inject` specs ask of one rank, and
+the memory leak they can hold.
 
-    straggler:rank=R,ms=M             rank R sleeps M ms in each micro-batch's compute
-    slow-comm:ms=M[,group=dp|tp|pp|ep] extra latency on every collective of that group (all if none)
-    skew:frac=F[,expert=E]            the router sends ~F of the tokens to expert E (default 0)
-    skew-growth:per_step=G            the skew fraction grows by G each step
-    leak:mb=X                         retain X MB more every step (held by autograd)
-    slowdown:ms=M[,rank=R]            compute slows by M ms more every step (rank R, or every rank)
-    no-set-epoch                      the sampler is not re-seeded per epoch
-
-`parse_injection` turns one spec into a typed frozen dataclass; `FaultPlan` answers, for one
-rank, what the trainer must do.
+The specs, their parsing and what they add up to are diag/injections.py (shared with the
+simulator, torch-free); `FaultPlan` answers, for one rank, what the trainer must do, and sleeps
+where it must; `Leak` retains the tensors of `leak:mb=X`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-GROUPS = ("dp", "tp", "pp", "ep")
-
-
-@dataclass(frozen=True)
-class Straggler:
-    rank: int  # the slow rank
-    ms: float  # sleep per micro-batch compute, milliseconds
-
-
-@dataclass(frozen=True)
-class SlowComm:
-    ms: float  # extra latency per collective, milliseconds
-    group: str | None = None  # dp|tp|pp|ep; None = every group
-
-
-@dataclass(frozen=True)
-class Skew:
-    frac: float  # share of tokens routed to `expert`, in [0, 1]
-    expert: int = 0  # the hot expert
-
-
-@dataclass(frozen=True)
-class SkewGrowth:
-    per_step: float  # added to the skew fraction each step, in [0, 1]
-
-
-@dataclass(frozen=True)
-class MemoryLeak:
-    mb: float  # MiB retained per step
-
-
-@dataclass(frozen=True)
-class Slowdown:
-    """Compute that slows step after step (a throttling device, host-side work that grows)."""
-
-    ms: float  # extra sleep per micro-batch compute added each step, milliseconds
-    rank: int | None = None  # the slowing rank; None = every rank
-
-
-@dataclass(frozen=True)
-class NoSetEpoch:
-    pass
-
-
-Injection = Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | Slowdown | NoSetEpoch
-
-
-def _as_number(v: str, kind: type[int] | type[float]) -> float:
-    try:
-        return kind(v)
-    except ValueError:
-        raise ValueError(f"is not {'an integer' if kind is int else 'a number'}") from None
-
-
-def _nonneg_int(v: str) -> int:
-    n = int(_as_number(v, int))
-    if n < 0:
-        raise ValueError("must be >= 0")
-    return n
-
-
-def _nonneg_float(v: str) -> float:
-    x = _as_number(v, float)
-    if not 0 <= x < float("inf"):  # also rejects nan
-        raise ValueError("must be a finite number >= 0")
-    return x
-
-
-def _fraction(v: str) -> float:
-    x = _as_number(v, float)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError("must be in [0, 1]")
-    return x
-
-
-def _group(v: str) -> str:
-    if v not in GROUPS:
-        raise ValueError(f"must be one of {'|'.join(GROUPS)}")
-    return v
-
-
-# name -> (class, {key: (converter, required)})
-_KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
-    "straggler": (Straggler, {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
-    "slow-comm": (SlowComm, {"ms": (_nonneg_float, True), "group": (_group, False)}),
-    "skew": (Skew, {"frac": (_fraction, True), "expert": (_nonneg_int, False)}),
-    "skew-growth": (SkewGrowth, {"per_step": (_fraction, True)}),
-    "leak": (MemoryLeak, {"mb": (_nonneg_float, True)}),
-    "slowdown": (Slowdown, {"ms": (_nonneg_float, True), "rank": (_nonneg_int, False)}),
-    "no-set-epoch": (NoSetEpoch, {}),
-}
-
-
-def parse_injection(spec: str) -> Injection:
-    """Parse one `--inject` spec; ValueError with a one-line message quoting the spec."""
-
-    def fail(reason: str) -> ValueError:
-        return ValueError(f"bad injection {spec!r}: {reason}")
-
-    name, _, rest = spec.strip().partition(":")
-    if name not in _KINDS:
-        raise fail(f"unknown injection {name!r}; expected one of {', '.join(_KINDS)}")
-    cls, schema = _KINDS[name]
-    values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not eq or not raw:
-            raise fail(f"expected key=value, got {item!r}")
-        if key not in schema:
-            allowed = ", ".join(schema) or "none"
-            raise fail(f"unknown key {key!r} for {name} (allowed: {allowed})")
-        if key in values:
-            raise fail(f"key {key!r} given twice")
-        try:
-            values[key] = schema[key][0](raw)
-        except ValueError as exc:
-            raise fail(f"{key}={raw!r} {exc}") from None
-    missing = [key for key, (_, required) in schema.items() if required and key not in values]
-    if missing:
-        raise fail(f"missing required key(s) {', '.join(missing)}")
-    injection: Injection = cls(**values)
-    return injection
+from diag import injections as inj
+from diag.injections import Injection, Skew, SkewGrowth, parse_injection
 
 
 @dataclass(frozen=True)
@@ -165,31 +37,19 @@ class FaultPlan:
 
     def compute_delay_s(self, step: int = 0) -> float:
         """Sleep for this rank per micro-batch compute in step `step` (0 on healthy ranks)."""
-        straggler_ms = sum(
-            i.ms for i in self.injections if isinstance(i, Straggler) and i.rank == self.rank
-        )
-        slowdown_ms = sum(
-            i.ms * step
-            for i in self.injections
-            if isinstance(i, Slowdown) and i.rank in (None, self.rank)
-        )
-        return (straggler_ms + slowdown_ms) / 1e3
+        return inj.compute_delay_ms(self.injections, self.rank, step) / 1e3
 
     def comm_delay_s(self, group: str) -> float:
         """Extra latency for one collective of `group` (dp|tp|pp|ep|world)."""
-        return sum(
-            i.ms / 1e3
-            for i in self.injections
-            if isinstance(i, SlowComm) and i.group in (None, group)
-        )
+        return inj.comm_delay_ms(self.injections, group) / 1e3
 
     def leak_bytes_per_step(self) -> int:
-        return int(sum(i.mb for i in self.injections if isinstance(i, MemoryLeak)) * 2**20)
+        return inj.leak_bytes_per_step(self.injections)
 
     @property
     def set_epoch(self) -> bool:
         """False under `no-set-epoch`: the trainer must not call sampler.set_epoch."""
-        return not any(isinstance(i, NoSetEpoch) for i in self.injections)
+        return inj.sets_epoch(self.injections)
 
     @property
     def skew(self) -> Skew | None:
@@ -198,6 +58,15 @@ class FaultPlan:
     @property
     def skew_growth(self) -> SkewGrowth | None:
         return next((i for i in self.injections if isinstance(i, SkewGrowth)), None)
+
+    def skew_at(self, step: int, num_experts: int) -> tuple[int, float] | None:
+        """(hot expert, share of first choices sent to it) at `step`, None when healthy."""
+        return inj.skew_at(self.skew, self.skew_growth, step, num_experts)
+
+    def leak(self, device: torch.device | str = "cpu") -> Leak | None:
+        """The `Leak` of `leak:mb=X` on `device`, None without one."""
+        nbytes = self.leak_bytes_per_step()
+        return Leak(nbytes, device) if nbytes else None
 
     def apply_compute_delay(self, step: int = 0) -> None:
         delay_s = self.compute_delay_s(step)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diag.names import EP_COMBINE, EP_DISPATCH
 from reference_runs.ep_comms import AllToAll, EpComm
 from reference_runs.model import GPT, MLP, GPTConfig
 
@@ -216,14 +217,14 @@ class MoELayer(nn.Module):
         comm, layer = self.comm, self.layer
         recv_counts = comm.exchange_counts(plan.send_counts, layer)  # (source rank, local expert)
         in_splits, out_splits = plan.rank_splits(self.ep), recv_counts.sum(dim=1).tolist()
-        recv = AllToAll.apply(send, comm, out_splits, in_splits, "dispatch", layer)
+        recv = AllToAll.apply(send, comm, out_splits, in_splits, EP_DISPATCH, layer)
         # rows arrive by source rank, each source's rows by local expert: regroup by expert
         expert_of_row = torch.arange(self.num_local, device=recv.device).repeat(self.ep)
         expert_of_row = expert_of_row.repeat_interleave(recv_counts.flatten().to(recv.device))
         by_expert = torch.argsort(expert_of_row, stable=True)
         out = self._local(recv[by_expert], recv_counts.sum(dim=0).tolist())
         back = out[torch.argsort(by_expert)]  # the arrival order again
-        return AllToAll.apply(back, comm, in_splits, out_splits, "combine", layer)
+        return AllToAll.apply(back, comm, in_splits, out_splits, EP_COMBINE, layer)
 
 
 def to_moe(

@@ -5,7 +5,7 @@
         --schedule interleaved --virtual-stages 2 --out runs/pp
     diag run pp --nproc 4 --pp 2 --dp 2 --microbatches 4      # PP=2 x DP=2
 
-Schedules (pp_schedules.py): GPipe (Huang et al. 2019, arXiv 1811.06965), 1F1B / PipeDream-Flush
+Schedules (diag/schedules.py): GPipe (Huang et al. 2019, arXiv 1811.06965), 1F1B / PipeDream-Flush
 (Narayanan et al. 2021, arXiv 2006.09503) and interleaved 1F1B (Narayanan et al. 2021, arXiv
 2104.04473). The tiny GPT's blocks are split into p x v equal model stages; pipeline rank s holds
 model stages s, s+p, ... (one per chunk). The embedding lives on model stage 0; the final
@@ -20,10 +20,8 @@ each stage's gradients are all-reduced over its dp group (one flat buffer) after
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,19 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from diag import ledger
-from reference_runs.common import (
-    build_groups,
-    exit_process,
-    init_distributed,
-    open_recorder,
-    shutdown,
-)
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
+from diag.names import DP, PP
+from diag.schedules import check_layout, model_stage, schedule_order, split_layers
+from reference_runs.common import Loop, Setup, exit_process, run_trainer
+from reference_runs.config import TrainConfig
 from reference_runs.faults import FaultPlan, Leak
 from reference_runs.model import GPT, count_params
 from reference_runs.pp_comms import PipeComms
-from reference_runs.pp_schedules import check_layout, model_stage, schedule_order, split_layers
 from reference_runs.topology import Topology
 
 
@@ -166,82 +158,68 @@ def allreduce_grads(
         offset += g.numel()
 
 
-def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ("--layers",)) -> Topology:
+def plan(cfg: TrainConfig, world_size: int) -> Topology:
     """The validated topology; ValueError naming the numbers when the layout is impossible.
-    Without `--layers` in `argv`, a default that does not split becomes one block per stage."""
-    layers_given = any(a == "--layers" or a.startswith("--layers=") for a in argv)
+    Without `--layers` given (`cfg.layers_given`), a default that does not split becomes one
+    block per stage."""
     topology = cfg.topology(world_size, default_axis="pp")
     if topology.tp != 1 or topology.ep != 1:
         raise ValueError(f"the pp trainer runs pp x dp only, got tp={topology.tp} ep={topology.ep}")
-    if not layers_given and cfg.layers % (topology.pp * cfg.virtual_stages) != 0:
+    if not cfg.layers_given and cfg.layers % (topology.pp * cfg.virtual_stages) != 0:
         cfg.layers = topology.pp * cfg.virtual_stages
     check_layout(cfg.schedule, cfg.layers, topology.pp, cfg.microbatches, cfg.virtual_stages)
     return topology
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_config(argv, "pp")
-    try:  # before any process group exists: every rank exits 2, rank 0 says why
-        topology = plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), argv)
-    except ValueError as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"reference_runs.pp: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    env = init_distributed()
-    groups = build_groups(topology, env.rank)
+def build(setup: Setup) -> Loop:
+    """This rank's model chunks, its recorder, messages and data, and one step's schedule
+    (then the dp all-reduce and the optimizer)."""
+    cfg, env, topology, groups, faults = (
+        setup.cfg, setup.env, setup.topology, setup.groups, setup.faults
+    )  # fmt: skip
     coords = topology.coords(env.rank)
     stage, dp_rank = coords["pp"], coords["dp"]
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
-
-    torch.manual_seed(cfg.seed)
     chunks = build_chunks(GPT(cfg.gpt_config()), stage, topology.pp, cfg.virtual_stages)
     chunks = chunks.to(env.device)
     optimizer = torch.optim.AdamW(chunks.parameters(), lr=cfg.lr)
     layout = {"microbatches": cfg.microbatches, "schedule": cfg.schedule,
               "virtual_stages": cfg.virtual_stages}  # fmt: skip
-    rec = open_recorder(cfg, env, topology, groups, chunks, optimizer, pipeline_params(cfg), layout)
+    rec = setup.open_recorder(chunks, optimizer, pipeline_params(cfg), layout)
     boundary = int(ledger.pp_boundary_bytes(cfg.micro_batch, cfg.seq, cfg.hidden, 4))
     comms = PipeComms(
-        rec, groups.get("pp"), topology.group_of(env.rank, "pp"), stage, cfg.microbatches,
-        (cfg.micro_batch, cfg.seq, cfg.hidden), boundary, faults.comm_delay_s("pp"), env.device,
+        rec, groups.get(PP), topology.group_of(env.rank, PP), stage, cfg.microbatches,
+        (cfg.micro_batch, cfg.seq, cfg.hidden), boundary, faults.comm_delay_s(PP), env.device,
     )  # fmt: skip
-    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
-    pipeline = Pipeline(cfg, chunks, stage, topology.pp, comms, rec, faults, leak)
+    pipeline = Pipeline(cfg, chunks, stage, topology.pp, comms, rec, faults, setup.leak())
     has_first = any(c.first for c in chunks)
     has_last = any(c.last for c in chunks)
-
     # Every stage of one pipeline replica reads the same batches (same dp rank, same seed).
     m = cfg.microbatches
-    dataset = SyntheticTokens(cfg.micro_batch * m * topology.dp * 4, cfg.seq, cfg.vocab, cfg.seed)
-    loader, sampler = make_loader(dataset, cfg.micro_batch, dp_rank, topology.dp, cfg.seed)
-    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
+    batches = setup.batches(rec, dp_rank, topology.dp, m)
     params = list(chunks.parameters())
 
-    failed = True
-    try:
-        for step_index in range(cfg.steps):
-            with rec.step(tokens=cfg.micro_batch * cfg.seq * m) as step:
-                inputs: list[torch.Tensor] = []
-                targets: list[torch.Tensor] = []
-                if has_first or has_last:
-                    with rec.span("data", stage=stage):
-                        for _mb in range(m):
-                            x, y = (t.to(env.device) for t in next(batches))
-                            inputs.append(x)
-                            targets.append(y)
-                step.loss = pipeline.run(inputs, targets, step_index)
-                if topology.dp > 1:
-                    allreduce_grads(params, groups["dp"], topology.dp, rec,
-                                    faults.comm_delay_s("dp"))  # fmt: skip
-                with rec.span("opt", stage=stage):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-        failed = False
-    finally:
-        comms.close()
-        shutdown(rec, failed=failed)
+    def train_step(step_index: int) -> None:
+        with rec.step(tokens=cfg.micro_batch * cfg.seq * m) as step:
+            inputs: list[torch.Tensor] = []
+            targets: list[torch.Tensor] = []
+            if has_first or has_last:
+                with rec.span("data", stage=stage):
+                    for _mb in range(m):
+                        x, y = next(batches)
+                        inputs.append(x)
+                        targets.append(y)
+            step.loss = pipeline.run(inputs, targets, step_index)
+            if topology.dp > 1:
+                allreduce_grads(params, groups[DP], topology.dp, rec, faults.comm_delay_s(DP))
+            with rec.span("opt", stage=stage):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    return Loop(rec, train_step, close=comms.close)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_trainer("pp", plan, build, argv)
 
 
 if __name__ == "__main__":

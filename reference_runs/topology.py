@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Literal
 
-Axis = Literal["dp", "pp", "ep", "tp"]
-AXES: tuple[Axis, ...] = ("dp", "pp", "ep", "tp")  # grid order, outermost first
+from diag.names import GRID_AXES, WORLD, Axis, host_name
+
+AXES = GRID_AXES  # grid order, outermost first
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class Topology:
         out: dict[str, list[list[int]]] = {
             axis: self.groups(axis) for axis, size in self.sizes().items() if size > 1
         }
-        out["world"] = [list(range(self.world_size))]
+        out[WORLD] = [list(range(self.world_size))]
         return out
 
     def host_of(self, rank: int) -> str | None:
@@ -135,7 +135,7 @@ class Topology:
         self._check_rank(rank)
         if self.gpus_per_node is None:
             return None
-        return f"node{rank // self.gpus_per_node}"
+        return host_name(rank, self.gpus_per_node)
 
     def spans_hosts(self, axis: str) -> bool:
         """True if some group of `axis` holds ranks on different hosts (False if hosts unknown)."""

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,19 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from collectors import register_recording_hook
 from diag import ledger
-from reference_runs.common import (
-    build_groups,
-    delayed_allreduce_hook,
-    exit_process,
-    init_distributed,
-    open_recorder,
-    shutdown,
-)
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
-from reference_runs.faults import FaultPlan, Leak
+from diag.names import DP, TP
+from reference_runs.common import Loop, Setup, exit_process, hook_ddp, run_trainer
+from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, MLP, CausalSelfAttention, causal_attention, count_params
 from reference_runs.topology import Topology
 from reference_runs.tp_comms import (
@@ -196,33 +185,31 @@ def check_layout(cfg: TrainConfig, topology: Topology) -> None:
         raise ValueError(f"--sequence-parallel needs tp > 1 dividing --seq, got tp={tp}")
 
 
-def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+def plan(cfg: TrainConfig, world_size: int) -> Topology:
     """The validated layout; ValueError naming the values when this trainer cannot run it."""
     topology = cfg.topology(world_size, default_axis="tp")
     check_layout(cfg, topology)
     return topology
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(argv, "tp")
-    env = init_distributed()
-    topology = plan(cfg, env.world_size)
-    groups = build_groups(topology, env.rank)
+def build(setup: Setup) -> Loop:
+    """This rank's shard of the model (DDP over the dp group when dp > 1), its recorder and
+    data, and one optimizer step of `--microbatches` micro-batches."""
+    cfg, env, topology, groups, faults = (
+        setup.cfg, setup.env, setup.topology, setup.groups, setup.faults
+    )  # fmt: skip
     coords = topology.coords(env.rank)
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
     num_mb, sp = cfg.microbatches, cfg.sequence_parallel
-
-    torch.manual_seed(cfg.seed)
     full = GPT(cfg.gpt_config()).to(env.device)
     full_params = count_params(full)
     comm = TpComm(
-        group=groups.get("tp"), size=topology.tp, rank=coords["tp"], rec=None,
+        group=groups.get(TP), size=topology.tp, rank=coords["tp"], rec=None,
         expected_bytes=int(ledger.tp_allreduce_bytes(cfg.micro_batch, cfg.seq, cfg.hidden, 4)),
-        delay_s=faults.comm_delay_s("tp"),
+        delay_s=faults.comm_delay_s(TP),
     )  # fmt: skip
     model = TensorParallelGPT(full, comm if topology.tp > 1 else None, sp)
     ddp = (
-        DDP(model, process_group=groups["dp"], bucket_cap_mb=cfg.bucket_mb)
+        DDP(model, process_group=groups[DP], bucket_cap_mb=cfg.bucket_mb)
         if topology.dp > 1
         else None
     )
@@ -232,58 +219,45 @@ def main(argv: list[str] | None = None) -> None:
         "grad_accum": num_mb,
         "bucket_mb": cfg.bucket_mb if ddp else None,
     }
-    rec = open_recorder(cfg, env, topology, groups, model, optimizer, full_params, layout)
+    rec = setup.open_recorder(model, optimizer, full_params, layout)
     comm.rec = rec
-    dp_delay_s = faults.comm_delay_s("dp")
-    if ddp is not None and rec.enabled:
-        register_recording_hook(
-            rec,  # type: ignore[arg-type]
-            ddp,
-            process_group=groups["dp"],
-            before_launch=(lambda: time.sleep(dp_delay_s)) if dp_delay_s else None,
-        )
-    elif ddp is not None and dp_delay_s:
-        ddp.register_comm_hook(None, delayed_allreduce_hook(dp_delay_s))
+    if ddp is not None:
+        hook_ddp(rec, ddp, faults.comm_delay_s(DP), process_group=groups[DP])
     sp_params = model.sequence_sharded_params() if sp else []
-
-    dataset = SyntheticTokens(
-        cfg.micro_batch * num_mb * topology.dp * 4, cfg.seq, cfg.vocab, cfg.seed
-    )
-    loader, sampler = make_loader(dataset, cfg.micro_batch, coords["dp"], topology.dp, cfg.seed)
-    on_epoch = rec.event if rec.enabled else None  # a hash of each epoch's sample order
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
-    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
+    batches = setup.batches(rec, coords["dp"], topology.dp, num_mb)
+    leak = setup.leak()
     forward: Any = ddp if ddp is not None else model
     no_sync = ddp.no_sync if ddp is not None else contextlib.nullcontext
 
-    failed = True
-    try:
-        for step_index in range(cfg.steps):
-            # tokens this rank processed; the analysis divides the sum over ranks by tp
-            with rec.step(tokens=cfg.micro_batch * cfg.seq * num_mb) as step:
-                losses = []
-                for mb in range(num_mb):
-                    with rec.span("data", mb=mb):
-                        inputs, targets = (t.to(env.device) for t in next(batches))
-                    # DDP all-reduces the gradients once, in the last micro-batch's backward
-                    with contextlib.nullcontext() if mb == num_mb - 1 else no_sync():
-                        with rec.span("fwd", mb=mb):
-                            faults.apply_compute_delay(step_index)
-                            _, loss = forward(inputs, targets)
-                            if leak is not None and mb == 0:  # X MiB a step
-                                leak.step()
-                        with rec.span("bwd", mb=mb):
-                            (loss / num_mb).backward()
-                    losses.append(loss.item())
-                if sp_params:
-                    comm.all_reduce_grads(sp_params, "tp.sp_grads")
-                with rec.span("opt"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step.loss = sum(losses) / num_mb  # the mean over the step's micro-batches
-        failed = False
-    finally:
-        shutdown(rec, failed=failed)
+    def train_step(step_index: int) -> None:
+        # tokens this rank processed; the analysis divides the sum over ranks by tp
+        with rec.step(tokens=cfg.micro_batch * cfg.seq * num_mb) as step:
+            losses = []
+            for mb in range(num_mb):
+                with rec.span("data", mb=mb):
+                    inputs, targets = next(batches)
+                # DDP all-reduces the gradients once, in the last micro-batch's backward
+                with contextlib.nullcontext() if mb == num_mb - 1 else no_sync():
+                    with rec.span("fwd", mb=mb):
+                        faults.apply_compute_delay(step_index)
+                        _, loss = forward(inputs, targets)
+                        if leak is not None and mb == 0:  # X MiB a step
+                            leak.step()
+                    with rec.span("bwd", mb=mb):
+                        (loss / num_mb).backward()
+                losses.append(loss.item())
+            if sp_params:
+                comm.all_reduce_grads(sp_params, "tp.sp_grads")
+            with rec.span("opt"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step.loss = sum(losses) / num_mb  # the mean over the step's micro-batches
+
+    return Loop(rec, train_step)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_trainer("tp", plan, build, argv)
 
 
 if __name__ == "__main__":

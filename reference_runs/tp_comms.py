@@ -11,9 +11,9 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Mode
 so the activations between blocks (LayerNorm, dropout, residual) hold 1/tp of the sequence.
 
 Each collective is one `rec.collective(...)` record: group `tp`, tag `tp.<place>.<fwd|bwd>`
-(`attn`, `mlp` inside a layer, `embed`, `head` around the stack), the layer in a `layer` field,
-and the ledger's payload `micro_batch x seq x hidden x dtype` as expected bytes. Injected
-latency (`slow-comm`) sleeps inside the recorded interval.
+(`diag.names.tp_tag`; `attn`, `mlp` inside a layer, `embed`, `head` around the stack), the layer
+in a `layer` field, and the ledger's payload `micro_batch x seq x hidden x dtype` as expected
+bytes. Injected latency (`slow-comm`) sleeps inside the recorded interval.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from diag.names import tp_tag
 
 # The *_single names are the newer ones; the *_tensor ones are deprecated but older torch has
 # only them.
@@ -113,7 +115,8 @@ class CopyToParallelRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         name, layer = ctx.place
-        return ctx.comm.all_reduce(grad.contiguous().clone(), f"tp.{name}.bwd", layer), None, None
+        grad = ctx.comm.all_reduce(grad.contiguous().clone(), tp_tag(name, "bwd"), layer)
+        return grad, None, None
 
 
 class ReduceFromParallelRegion(torch.autograd.Function):
@@ -122,7 +125,7 @@ class ReduceFromParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, comm: TpComm, place: Place) -> torch.Tensor:
         name, layer = place
-        return comm.all_reduce(x.contiguous().clone(), f"tp.{name}.fwd", layer)
+        return comm.all_reduce(x.contiguous().clone(), tp_tag(name, "fwd"), layer)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -141,14 +144,14 @@ class GatherFromSequenceParallel(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.comm, ctx.place, ctx.reduce_grad = comm, place, reduce_grad
         name, layer = place
-        return comm.all_gather(x, f"tp.{name}.fwd", layer)
+        return comm.all_gather(x, tp_tag(name, "fwd"), layer)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         name, layer = ctx.place
         if not ctx.reduce_grad:
             return ctx.comm.split(grad), None, None, None
-        return ctx.comm.reduce_scatter(grad, f"tp.{name}.bwd", layer), None, None, None
+        return ctx.comm.reduce_scatter(grad, tp_tag(name, "bwd"), layer), None, None, None
 
 
 class ReduceScatterToSequenceParallel(torch.autograd.Function):
@@ -159,12 +162,12 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, comm: TpComm, place: Place) -> torch.Tensor:
         ctx.comm, ctx.place = comm, place
         name, layer = place
-        return comm.reduce_scatter(x, f"tp.{name}.fwd", layer)
+        return comm.reduce_scatter(x, tp_tag(name, "fwd"), layer)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         name, layer = ctx.place
-        return ctx.comm.all_gather(grad, f"tp.{name}.bwd", layer), None, None
+        return ctx.comm.all_gather(grad, tp_tag(name, "bwd"), layer), None, None
 
 
 class ScatterToSequenceParallel(torch.autograd.Function):
@@ -180,7 +183,7 @@ class ScatterToSequenceParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         name, layer = ctx.place
-        return ctx.comm.all_gather(grad, f"tp.{name}.bwd", layer), None, None
+        return ctx.comm.all_gather(grad, tp_tag(name, "bwd"), layer), None, None
 
 
 def enter_parallel_region(

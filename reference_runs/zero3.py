@@ -23,7 +23,6 @@ bytes, and the unsharded parameters as communication buffers.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,17 +30,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from collectors.fsdp import register_fsdp_recording
-from reference_runs.common import (
-    build_groups,
-    clip_gradients,
-    exit_process,
-    init_distributed,
-    open_recorder,
-    shutdown,
-)
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
-from reference_runs.faults import FaultPlan, Leak
+from diag.names import DP
+from reference_runs.common import Loop, Setup, clip_gradients, exit_process, run_trainer
+from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, count_params
 from reference_runs.topology import Topology
 
@@ -60,7 +51,7 @@ def shard_model(model: GPT, mesh: DeviceMesh) -> list[tuple[Any, int | None]]:
     return units
 
 
-def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topology:
+def plan(cfg: TrainConfig, world_size: int) -> Topology:
     """The validated layout; ValueError naming the values when this trainer cannot run it."""
     topology = cfg.topology(world_size, default_axis="dp")
     if topology.dp != world_size:
@@ -68,17 +59,14 @@ def plan(cfg: TrainConfig, world_size: int, argv: Sequence[str] = ()) -> Topolog
     return topology
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(argv, "zero3")
-    env = init_distributed()
-    topology = plan(cfg, env.world_size)
-    groups = build_groups(topology, env.rank)
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
-
-    torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its shards
+def build(setup: Setup) -> Loop:
+    """The sharded model (every rank builds the same full model, then keeps its shards), its
+    recorder and data, and one optimizer step of `--grad-accum` micro-batches."""
+    cfg, env, faults = setup.cfg, setup.env, setup.faults
+    dp = setup.topology.dp
     model = GPT(cfg.gpt_config()).to(env.device)
     params = count_params(model)
-    mesh = init_device_mesh(env.device.type, (topology.dp,), mesh_dim_names=("dp",))
+    mesh = init_device_mesh(env.device.type, (dp,), mesh_dim_names=(DP,))
     units = shard_model(model, mesh)
     sharded = list(model.parameters())  # DTensors holding this rank's shards
     optimizer = torch.optim.AdamW(sharded, lr=cfg.lr)
@@ -88,45 +76,41 @@ def main(argv: list[str] | None = None) -> None:
         "microbatches": cfg.grad_accum,
         "bucket_mb": None,
     }
-    rec = open_recorder(cfg, env, topology, groups, model, optimizer, params, layout)
-    rec.register_group("dp", mesh.get_group("dp"))
-    comm_delay_s = faults.comm_delay_s("dp")
+    rec = setup.open_recorder(model, optimizer, params, layout)
+    rec.register_group(DP, mesh.get_group(DP))
+    comm_delay_s = faults.comm_delay_s(DP)
     if rec.enabled or comm_delay_s:
         register_fsdp_recording(rec, units, delay_s=comm_delay_s)
-
-    samples_per_epoch = cfg.micro_batch * cfg.grad_accum * topology.dp * 4  # 4 steps an epoch
-    dataset = SyntheticTokens(samples_per_epoch, cfg.seq, cfg.vocab, seed=cfg.seed)
-    loader, sampler = make_loader(dataset, cfg.micro_batch, env.rank, topology.dp, cfg.seed)
-    on_epoch = rec.event if rec.enabled else None
-    batches = iterate_batches(loader, sampler, set_epoch=faults.set_epoch, on_epoch=on_epoch)
-    leak = Leak(faults.leak_bytes_per_step(), env.device) if faults.leak_bytes_per_step() else None
+    batches = setup.batches(rec, env.rank, dp, cfg.grad_accum)
+    leak = setup.leak()
     tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
 
-    failed = True
-    try:
-        for step_index in range(cfg.steps):
-            with rec.step(tokens=tokens_per_step) as step:
-                for mb in range(cfg.grad_accum):
-                    with rec.span("data", mb=mb):
-                        inputs, targets = (t.to(env.device) for t in next(batches))
-                    if cfg.grad_accum > 1:  # reduce-scatter in the last micro-batch only
-                        model.set_requires_gradient_sync(mb == cfg.grad_accum - 1)
-                    with rec.span("fwd", mb=mb):
-                        faults.apply_compute_delay(step_index)
-                        _, loss = model(inputs, targets)
-                        if leak is not None:
-                            leak.step()
-                    with rec.span("bwd", mb=mb):
-                        (loss / cfg.grad_accum).backward()
-                with rec.span("opt"):
-                    if cfg.clip_grad is not None:
-                        clip_gradients(rec, sharded, cfg.clip_grad)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step.loss = loss.item()
-        failed = False
-    finally:
-        shutdown(rec, failed=failed)
+    def train_step(step_index: int) -> None:
+        with rec.step(tokens=tokens_per_step) as step:
+            for mb in range(cfg.grad_accum):
+                with rec.span("data", mb=mb):
+                    inputs, targets = next(batches)
+                if cfg.grad_accum > 1:  # reduce-scatter in the last micro-batch only
+                    model.set_requires_gradient_sync(mb == cfg.grad_accum - 1)
+                with rec.span("fwd", mb=mb):
+                    faults.apply_compute_delay(step_index)
+                    _, loss = model(inputs, targets)
+                    if leak is not None:
+                        leak.step()
+                with rec.span("bwd", mb=mb):
+                    (loss / cfg.grad_accum).backward()
+            with rec.span("opt"):
+                if cfg.clip_grad is not None:
+                    clip_gradients(rec, sharded, cfg.clip_grad)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step.loss = loss.item()
+
+    return Loop(rec, train_step)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_trainer("zero3", plan, build, argv)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from diag.errors import InputError
-from diag.shell import EXIT_INPUT, fail, parse_layout
-from reference_runs.pp_schedules import SCHEDULES
+from diag.names import SCHEDULES
+from diag.options import EXIT_INPUT, fail, parse_layout
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec

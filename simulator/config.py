@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diag import ledger
-from reference_runs.pp_schedules import SCHEDULES, check_layout
+from diag.names import SCHEDULES
+from diag.schedules import check_layout
 from simulator.hardware import HardwareSpec
 
 

@@ -1,9 +1,9 @@
 """The event model: every rank's spans and collectives, step by step, vectorised over ranks.
 
-Ranks form the grid (dp, pp, ep, tp) of reference_runs/topology.py. Each pipeline stage runs its
-schedule's actions in order (reference_runs/pp_schedules.py); one action (a forward or backward
-of one micro-batch on one model chunk) is computed for all ranks of the stage at once, as arrays
-of shape (dp, ep, tp):
+Ranks form the grid (dp, pp, ep, tp) of the reference trainers (diag.names.GRID_AXES). Each
+pipeline stage runs its schedule's actions in order (diag/schedules.py); one action (a forward
+or backward of one micro-batch on one model chunk) is computed for all ranks of the stage at
+once, as arrays of shape (dp, ep, tp):
 
 - a receive waits for the previous (forward) or next (backward) model stage's send of that
   micro-batch: the transfer starts when both sides are there and takes the p2p time;
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from diag import ledger
-from reference_runs.pp_schedules import Action, model_stage, schedule_order, split_layers
+from diag.names import DP, EP, EP_COMBINE, EP_DISPATCH, PP, TP, backward_tag, tp_tag
+from diag.schedules import Action, model_stage, schedule_order, split_layers
 from simulator.config import SimConfig, stage_params
 from simulator.costs import Costs
 from simulator.injections import Faults
@@ -86,7 +87,7 @@ class Engine:
         tp_cross = self.grid.spans_hosts(3)  # (dp, pp, ep, 1)
         self.tp_ns = [
             self.costs.collective_ns("all_reduce", self.tp_bytes, self.tp, tp_cross[:, s])
-            + faults.comm_delay_ns("tp")
+            + faults.comm_delay_ns(TP)
             for s in range(self.pp)
         ]
         self.ep_cross = self.grid.spans_hosts(2)  # (dp, pp, 1, tp)
@@ -97,7 +98,7 @@ class Engine:
                 cross = self.grid.host[:, a] != self.grid.host[:, b]
                 self.p2p_ns[(a, b)] = self.costs.collective_ns(
                     "send", self.pp_bytes, 2, cross
-                ) + faults.comm_delay_ns("pp")
+                ) + faults.comm_delay_ns(PP)
         # MoE: one router preference per layer, fixed for the run
         self.capacity = 0
         self.preference: list[np.ndarray] = []
@@ -211,9 +212,9 @@ class Engine:
             t = t + delay
             for layer in layers:
                 t = t + (c.attn_fwd_ns + c.router_fwd_ns) * factor
-                t = self._tp_allreduce(s, t, "tp.attn.fwd", layer, out)
+                t = self._tp_allreduce(s, t, tp_tag("attn", "fwd"), layer, out)
                 t = self._mlp(s, t, layer, action.mb, True, factor, out)
-                t = self._tp_allreduce(s, t, "tp.mlp.fwd", layer, out)
+                t = self._tp_allreduce(s, t, tp_tag("mlp", "fwd"), layer, out)
             if k == self.last_k:
                 t = t + c.head_fwd_ns * factor
         else:
@@ -221,9 +222,9 @@ class Engine:
                 t = t + 2 * c.head_fwd_ns * factor
             for layer in reversed(layers):
                 t = self._mlp(s, t, layer, action.mb, False, factor, out)
-                t = self._tp_allreduce(s, t, "tp.mlp.bwd", layer, out)
+                t = self._tp_allreduce(s, t, tp_tag("mlp", "bwd"), layer, out)
                 t = t + 2 * (c.attn_fwd_ns + c.router_fwd_ns) * factor
-                t = self._tp_allreduce(s, t, "tp.attn.bwd", layer, out)
+                t = self._tp_allreduce(s, t, tp_tag("attn", "bwd"), layer, out)
             self.last_bwd[s] = (t0, t)
         stage = s if self.pp > 1 else None
         chunk = action.chunk if self.pp > 1 else None
@@ -249,7 +250,7 @@ class Engine:
         (async, from its launch to the receive's completion)."""
         arrived = np.maximum(t, sent) + self.p2p_ns[(src, s)]
         tag = "act" if fwd else "grad"
-        fields = {"kind": "comm", "step": self.step, "group": "pp", "group_size": self.pp,
+        fields = {"kind": "comm", "step": self.step, "group": PP, "group_size": self.pp,
                   "bytes": self.pp_bytes, "dtype": self.dtype,
                   "expected_bytes": self.pp_bytes, "tag": tag}  # fmt: skip
         recv = self._head(("recv", tag), {**fields, "op": "recv", "async": False,
@@ -267,7 +268,7 @@ class Engine:
             return t
         done = np.broadcast_to(t.max(axis=2, keepdims=True) + self.tp_ns[s], t.shape)
         record = self._head(("tp", tag, layer), {
-            "kind": "comm", "step": self.step, "op": "all_reduce", "group": "tp",
+            "kind": "comm", "step": self.step, "op": "all_reduce", "group": TP,
             "group_size": self.tp, "bytes": self.tp_bytes, "dtype": self.dtype,
             "expected_bytes": self.tp_bytes, "tag": tag, "async": False, "blocking": True,
             "layer": layer,
@@ -288,7 +289,10 @@ class Engine:
         # payloads: the dispatch sends the rank's kept rows and the combine returns what its
         # experts computed; backward, combine.bwd carries the gradients of the returned rows
         # and dispatch.bwd those of the received ones
-        first, second = ("dispatch", "combine") if fwd else ("combine.bwd", "dispatch.bwd")
+        if fwd:
+            first, second = EP_DISPATCH, EP_COMBINE
+        else:
+            first, second = backward_tag(EP_COMBINE), backward_tag(EP_DISPATCH)
         t = self._alltoall(s, t, first, layer, send, send, recv, out)
         t = t + scale * c.expert_row_fwd_ns * recv[:, :, None] * factor
         return self._alltoall(s, t, second, layer, recv, send, recv, out)
@@ -317,10 +321,10 @@ class Engine:
         busiest = np.maximum(send, recv).max(axis=1)[:, None, None]  # (dp, 1, 1)
         duration = self.costs.collective_ns(
             "all_to_all", busiest * self.row_bytes, self.ep, self.ep_cross[:, s]
-        ) + self.faults.comm_delay_ns("ep")
+        ) + self.faults.comm_delay_ns(EP)
         done = np.broadcast_to(t.max(axis=1, keepdims=True) + duration, t.shape)
         record = self._head(("a2a", tag, layer), {
-            "kind": "comm", "step": self.step, "op": "all_to_all", "group": "ep",
+            "kind": "comm", "step": self.step, "op": "all_to_all", "group": EP,
             "group_size": self.ep, "dtype": self.dtype, "expected_bytes": self.ep_expected,
             "tag": tag, "async": False, "blocking": True, "layer": layer,
         })  # fmt: skip
@@ -338,7 +342,7 @@ class Engine:
         b0, b1 = self.last_bwd[s]
         buckets = self.grad_buckets[s]
         if buckets:
-            dp_ns = self.faults.comm_delay_ns("dp")
+            dp_ns = self.faults.comm_delay_ns(DP)
             previous = None
             for i, size in enumerate(buckets):
                 ready = b0 + (b1 - b0) * ((i + 1) / len(buckets))
@@ -348,7 +352,7 @@ class Engine:
                 cost = self.costs.collective_ns("all_reduce", size, self.dp, self.dp_cross[:, s])
                 previous = begin + cost + dp_ns
                 record = self._head(("grad", size), {
-                    "kind": "comm", "step": self.step, "op": "all_reduce", "group": "dp",
+                    "kind": "comm", "step": self.step, "op": "all_reduce", "group": DP,
                     "group_size": self.dp, "bytes": size, "dtype": self.dtype,
                     "expected_bytes": size, "tag": "grad", "async": True, "blocking": False,
                 })  # fmt: skip
@@ -367,10 +371,10 @@ class Engine:
         if dense:  # dense weights are replicated over ep too: their sum over the EP group
             cost = self.costs.collective_ns("all_reduce", dense, self.ep, self.ep_cross[:, s])
             done = np.broadcast_to(
-                t.max(axis=1, keepdims=True) + cost + self.faults.comm_delay_ns("ep"), t.shape
+                t.max(axis=1, keepdims=True) + cost + self.faults.comm_delay_ns(EP), t.shape
             )
             record = self._head(("dense_grad",), {
-                "kind": "comm", "step": self.step, "op": "all_reduce", "group": "ep",
+                "kind": "comm", "step": self.step, "op": "all_reduce", "group": EP,
                 "group_size": self.ep, "bytes": dense, "dtype": self.dtype,
                 "expected_bytes": dense, "tag": "grad", "async": False, "blocking": True,
             })  # fmt: skip

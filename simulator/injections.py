@@ -1,4 +1,4 @@
-"""The `--inject` specs of `diag run` (reference_runs/faults.py), as the simulator applies them.
+"""The `--inject` specs of `diag run` (diag/injections.py), as the simulator applies them.
 
     straggler:rank=R,ms=M             rank R computes M ms longer in each micro-batch's forward
     slow-comm:ms=M[,group=dp|tp|pp|ep] M ms more on every collective of that group (all if none)
@@ -8,17 +8,20 @@
     slowdown:ms=M[,rank=R]            compute M ms longer per micro-batch, more every step
     no-set-epoch                      every epoch reads its samples in the same order
 
-The specs are parsed by `reference_runs.faults.parse_injection` (same syntax, same messages);
-that module imports torch, so it is imported only when a run has injections.
+The specs are parsed, and their delays, skew and leak added up, by diag/injections.py, as the
+reference trainers do (same syntax, same messages, same sums); here they are checked against
+the simulated run and laid out over the rank grid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from diag import injections as inj
+from diag.injections import Skew, SkewGrowth
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,8 @@ class Faults:
     straggler_ms: np.ndarray  # (world,) extra ms per micro-batch forward
     slowdown_ms: np.ndarray  # (world,) extra ms per micro-batch forward, times the step index
     comm_ms: dict[str, float]  # group -> extra ms per collective
-    skew: tuple[int, float] | None  # (hot expert, first-choice share) of `skew`
-    skew_growth: float | None  # share added per step
+    skew: Skew | None
+    skew_growth: SkewGrowth | None
     leak_bytes_per_step: int
     set_epoch: bool
 
@@ -42,14 +45,8 @@ class Faults:
         return self.comm_ms.get(group, 0.0) * 1e6
 
     def skew_at(self, step: int, experts: int) -> tuple[int, float] | None:
-        """(hot expert, share of first choices) at `step`, None when routing is healthy; the
-        ep trainer's rule (reference_runs/ep.py `skew_at`)."""
-        if self.skew is None and self.skew_growth is None:
-            return None
-        hot, frac = self.skew if self.skew is not None else (0, 1 / experts)
-        if self.skew_growth is not None:
-            frac += self.skew_growth * step
-        return hot, min(frac, 1.0)
+        """(hot expert, share of first choices) at `step`, None when routing is healthy."""
+        return inj.skew_at(self.skew, self.skew_growth, step, experts)
 
 
 def no_faults(world: int) -> Faults:
@@ -61,51 +58,47 @@ def parse_faults(specs: Sequence[str], world: int, experts: int) -> Faults:
     """Faults of `specs`; ValueError (one line, quoting the spec) on a bad or impossible one."""
     if not specs:
         return no_faults(world)
-    from reference_runs import faults as rf  # imports torch: only for runs with injections
-
-    parsed: list[Any] = []
-    for spec in specs:
-        parsed.append(rf.parse_injection(spec))
-    straggler = np.zeros(world)
-    slowdown = np.zeros(world)
-    comm: dict[str, float] = {}
-    skew: tuple[int, float] | None = None
-    growth: float | None = None
-    leak = 0.0
-    set_epoch = True
-    for spec, inj in zip(specs, parsed, strict=True):
-        rank = getattr(inj, "rank", None)
+    parsed = [inj.parse_injection(spec) for spec in specs]
+    skew: Skew | None = None
+    growth: SkewGrowth | None = None
+    for spec, injection in zip(specs, parsed, strict=True):
+        rank = getattr(injection, "rank", None)
         if rank is not None and not 0 <= rank < world:
             raise ValueError(f"bad injection {spec!r}: rank {rank} is not in 0..{world - 1}")
-        if isinstance(inj, rf.Straggler):
-            straggler[inj.rank] += inj.ms
-        elif isinstance(inj, rf.Slowdown):
-            if inj.rank is None:
-                slowdown += inj.ms
-            else:
-                slowdown[inj.rank] += inj.ms
-        elif isinstance(inj, rf.SlowComm):
-            for group in (inj.group,) if inj.group else rf.GROUPS:
-                comm[group] = comm.get(group, 0.0) + inj.ms
-        elif isinstance(inj, rf.Skew | rf.SkewGrowth):
-            if not experts:
-                raise ValueError(f"bad injection {spec!r}: needs a MoE model (--experts > 0)")
-            if isinstance(inj, rf.Skew):
-                if skew is not None:
-                    raise ValueError(f"at most one skew injection allowed, got {spec!r} again")
-                if inj.expert >= experts:
-                    raise ValueError(
-                        f"bad injection {spec!r}: expert {inj.expert} >= experts ({experts})"
-                    )
-                skew = (inj.expert, inj.frac)
-            else:
-                if growth is not None:
-                    raise ValueError(f"at most one skew-growth injection allowed, got {spec!r}")
-                growth = inj.per_step
-        elif isinstance(inj, rf.MemoryLeak):
-            leak += inj.mb
-        elif isinstance(inj, rf.NoSetEpoch):
-            set_epoch = False
+        if isinstance(injection, Skew | SkewGrowth) and not experts:
+            raise ValueError(f"bad injection {spec!r}: needs a MoE model (--experts > 0)")
+        if isinstance(injection, Skew):
+            if skew is not None:
+                raise ValueError(f"at most one skew injection allowed, got {spec!r} again")
+            if injection.expert >= experts:
+                raise ValueError(
+                    f"bad injection {spec!r}: expert {injection.expert} >= experts ({experts})"
+                )
+            skew = injection
+        elif isinstance(injection, SkewGrowth):
+            if growth is not None:
+                raise ValueError(f"at most one skew-growth injection allowed, got {spec!r}")
+            growth = injection
     return Faults(
-        tuple(specs), straggler, slowdown, comm, skew, growth, int(leak * 2**20), set_epoch
+        specs=tuple(specs),
+        straggler_ms=_per_rank(inj.straggler_ms, parsed, world),
+        slowdown_ms=_per_rank(inj.slowdown_ms, parsed, world),
+        comm_ms={group: inj.comm_delay_ms(parsed, group) for group in inj.GROUPS},
+        skew=skew,
+        skew_growth=growth,
+        leak_bytes_per_step=inj.leak_bytes_per_step(parsed),
+        set_epoch=inj.sets_epoch(parsed),
     )
+
+
+def _per_rank(
+    ms_of: Callable[[Sequence[inj.Injection], int], float], parsed: list[inj.Injection], world: int
+) -> np.ndarray:
+    """(world,) `ms_of(parsed, rank)` of every rank: the ranks no injection names share one
+    value (an injection without a rank applies to all of them)."""
+    named = {r for i in parsed if (r := getattr(i, "rank", None)) is not None}
+    unnamed = next((r for r in range(world) if r not in named), None)
+    out = np.full(world, ms_of(parsed, unnamed) if unnamed is not None else 0.0)
+    for rank in named:
+        out[rank] = ms_of(parsed, rank)
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag import ledger
-from reference_runs.pp_schedules import Action, peak_in_flight
+from diag.schedules import Action, peak_in_flight
 from simulator.config import SimConfig
 
 

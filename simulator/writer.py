@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diag.names import GRID_AXES, WORLD, host_name
 from diag.schema import (
     MANIFEST_FILE,
     RANK_FILE_RE,
@@ -36,11 +37,11 @@ def groups(config: SimConfig) -> dict[str, list[list[int]]]:
     shape = (config.dp, config.pp, config.ep, config.tp)
     ranks = np.arange(config.world_size).reshape(shape)
     out: dict[str, list[list[int]]] = {}
-    for axis, name in enumerate(("dp", "pp", "ep", "tp")):
+    for axis, name in enumerate(GRID_AXES):
         size = shape[axis]
         if size > 1:
             out[name] = sorted(np.moveaxis(ranks, axis, -1).reshape(-1, size).tolist())
-    out["world"] = [list(range(config.world_size))]
+    out[WORLD] = [list(range(config.world_size))]
     return out
 
 
@@ -85,7 +86,7 @@ def build_manifest(out: Path, config: SimConfig, command: str | None, bucket_mb:
             attention="sdpa",
         ),
         ranks=[
-            RankInfo(rank=r, host=f"node{r // k}", local_rank=r % k, device_name=hw.device_name)
+            RankInfo(rank=r, host=host_name(r, k), local_rank=r % k, device_name=hw.device_name)
             for r in range(config.world_size)
         ],
         groups=groups(config),
@@ -102,7 +103,7 @@ def build_manifest(out: Path, config: SimConfig, command: str | None, bucket_mb:
 
 def meta_line(config: SimConfig, rank: int) -> bytes:
     k = config.gpus_per_node
-    host = f"node{rank // k}"
+    host = host_name(rank, k)
     return head({
         "kind": "meta", "step": None, "rank": rank, "world_size": config.world_size,
         "host": host, "physical_host": host, "local_rank": rank % k,

@@ -11,7 +11,7 @@ import torch
 from diag.load import load_run
 from diag.metrics import compute_metrics
 from reference_runs.config import TrainConfig
-from reference_runs.ep import check_layout, skew_at
+from reference_runs.ep import check_layout
 from reference_runs.ep_comms import EpComm
 from reference_runs.faults import FaultPlan
 from reference_runs.model import GPT, GPTConfig
@@ -92,12 +92,12 @@ def test_skew_bias_makes_the_hot_expert_first_choice_of_frac_of_the_tokens(frac:
 
 
 def test_skew_at_follows_skew_and_growth() -> None:
-    assert skew_at(FaultPlan.from_specs([], 0), 3, 4) is None
-    assert skew_at(FaultPlan.from_specs(["skew:frac=0.7,expert=2"], 0), 5, 4) == (2, 0.7)
+    assert FaultPlan.from_specs([], 0).skew_at(3, 4) is None
+    assert FaultPlan.from_specs(["skew:frac=0.7,expert=2"], 0).skew_at(5, 4) == (2, 0.7)
     growth = FaultPlan.from_specs(["skew-growth:per_step=0.25"], 0)
-    assert [skew_at(growth, s, 4) for s in range(4)] == [(0, 0.25), (0, 0.5), (0, 0.75), (0, 1.0)]
+    assert [growth.skew_at(s, 4) for s in range(4)] == [(0, 0.25), (0, 0.5), (0, 0.75), (0, 1.0)]
     both = FaultPlan.from_specs(["skew:frac=0.5,expert=1", "skew-growth:per_step=0.1"], 0)
-    hot, frac = skew_at(both, 2, 4) or (None, None)
+    hot, frac = both.skew_at(2, 4) or (None, None)
     assert hot == 1 and frac == pytest.approx(0.7)
 
 

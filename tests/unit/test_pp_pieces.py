@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from diag import ledger
-from reference_runs.model import GPT, GPTConfig
-from reference_runs.pp import build_chunks, main
-from reference_runs.pp_schedules import (
+from diag.schedules import (
     Action,
     check_layout,
     peak_in_flight,
@@ -19,6 +17,8 @@ from reference_runs.pp_schedules import (
     split_layers,
     warmup_forwards,
 )
+from reference_runs.model import GPT, GPTConfig
+from reference_runs.pp import build_chunks, main
 
 LAYOUTS = [  # schedule, stages, microbatches, chunks
     ("gpipe", 4, 8, 1),

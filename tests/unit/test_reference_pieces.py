@@ -8,11 +8,7 @@ import shlex
 import pytest
 import torch
 
-from reference_runs.config import TrainConfig, parse_config
-from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
-from reference_runs.faults import (
-    FaultPlan,
-    Leak,
+from diag.injections import (
     MemoryLeak,
     NoSetEpoch,
     Skew,
@@ -22,6 +18,9 @@ from reference_runs.faults import (
     Straggler,
     parse_injection,
 )
+from reference_runs.config import TrainConfig, parse_config
+from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
+from reference_runs.faults import FaultPlan, Leak
 from reference_runs.model import GPT, MLP, Block, CausalSelfAttention, GPTConfig, count_params
 from reference_runs.topology import Topology
 

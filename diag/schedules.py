@@ -11,14 +11,15 @@
 
 All three share one shape (`_interleave`): `# Warmup` forwards, `# Steady 1F1B`, `# Cooldown`.
 `simulate` replays the orders with fixed forward/backward times and free communication: every
-stage's bubble is then exactly the ledger's (p-1)/(v·m+p-1). Pure Python, no torch.
+stage's bubble is then exactly the ledger's (p-1)/(v·m+p-1). Pure Python, no torch: the pipeline
+trainer (reference_runs/pp.py) and the simulator (simulator/engine.py) run the same orders.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+from diag.names import SCHEDULES
 
 
 class Action(NamedTuple):
