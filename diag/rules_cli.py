@@ -15,9 +15,10 @@ REGENERATE = "diag rules --markdown > docs/rules.md"
 
 
 RANKING_POLICY = (
-    "Findings are ranked so that the first is the main diagnosis: first a high memory finding",
-    "(an OOM that happened, a budget the run crosses or is about to), since the job does not run;",
-    "then by severity; among equals, a finding that explains others first, then by `cost_s`.",
+    "Findings are ranked so that the first is the main diagnosis: first a high finding about",
+    "whether the job runs or learns right (memory: an OOM that happened, a budget the run crosses",
+    "or is about to; MoE quality; a pitfall such as a NaN loss); then by severity; among equals, a",
+    "finding that explains others first, then by `cost_s`.",
     "Every finding of patterns 1-3 whose cause the what-if replay can remove (docs/metrics.md,",
     '"Attribution") carries `cost_s` (step time saved per step) and `cost_share` (of the measured',
     "step), and its severity is that share: `high` from 25%, `medium` from 10%, `low` below",

@@ -123,7 +123,8 @@ def check_config(config: Mapping[str, Any]) -> None:
 
 
 _RANK = {"high": 0, "medium": 1, "low": 2}
-MEMORY_PATTERN = 5
+RUNS_OR_LEARNS_PATTERNS = frozenset({4, 5})  # MoE quality, memory
+PITFALL_PREFIX = "PIT"
 
 
 class Judgement(NamedTuple):
@@ -185,6 +186,9 @@ def rank_findings(findings: list[Finding]) -> list[Finding]:
 
 
 def _blocks_training(finding: Finding) -> bool:
-    """A high memory finding (an OOM that happened, a budget crossed or about to be): it
-    outranks any speed finding, since the job does not run at all."""
-    return finding.pattern == MEMORY_PATTERN and finding.severity == "high"
+    """A high finding about whether the job runs or learns right: memory (an OOM that
+    happened, a budget crossed or about to be), MoE quality (tokens dropped, dead experts) or a
+    pitfall (a NaN loss, a sampler never re-seeded). It outranks any speed finding."""
+    if finding.severity != "high":
+        return False
+    return finding.pattern in RUNS_OR_LEARNS_PATTERNS or finding.rule.startswith(PITFALL_PREFIX)

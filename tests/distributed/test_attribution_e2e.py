@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_rules_e2e_healthy import HEALTHY
 
 from diag.analysis import analyze_path
+from tests.distributed.test_rules_e2e_healthy import HEALTHY
 
 pytestmark = pytest.mark.dist
 
