@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import GROUPINGS, LoadedRun, pick, pick_group, pick_grouping, rank_groups
 from dashboard.figures import plain
-from diag import PATTERN_NAMES, rank_list
+from diag import PATTERN_NAMES, format_metric, rank_list
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 
@@ -50,6 +50,9 @@ def finding_card(finding: dict[str, Any], first: bool) -> html.Div:
         html.Span(f" {finding['rule']} ", className="rule"),
         html.Span(where, className="pattern"),
     ]
+    cost = finding_cost(finding)
+    if cost:
+        head.append(html.Span(f"  {cost}", className="cost"))
     body = [html.Div(finding["title"], className="finding-title")]
     if ranks:
         body.append(html.Div(f"ranks: {rank_list(ranks)}", className="blamed"))
@@ -59,6 +62,16 @@ def finding_card(finding: dict[str, Any], first: bool) -> html.Div:
         [html.Div(head, className="finding-head"), *body],
         className="finding main" if first else "finding",
     )
+
+
+def finding_cost(finding: dict[str, Any]) -> str:
+    """What a finding costs the step, as the text report says it: `costs 23% of the step
+    (20.7 ms)`; empty for a finding without a time cost (`cost_s` None or absent)."""
+    cost_s = finding.get("cost_s")
+    if cost_s is None:
+        return ""
+    share = finding.get("cost_share")
+    return f"costs {format_metric('cost_share', share)} of the step ({cost_s * 1e3:.1f} ms)"
 
 
 def table(frame: pd.DataFrame, table_id: str) -> html.Table:

@@ -30,11 +30,13 @@ class LoadedRun:
 
     @property
     def blamed_ranks(self) -> list[int]:
-        """Ranks named by a high or medium finding, first finding first."""
+        """Ranks named by a finding, of any severity, first finding first (findings come
+        ordered by severity, then cost). A low finding's ranks count too: severity grades what
+        the finding costs the step, and the ranks it names are still the ones the diagnosis
+        points at (a straggler costs little where communication dominates the step)."""
         ranks: list[int] = []
         for finding in self.report["findings"]:
-            if finding["severity"] in ("high", "medium"):
-                ranks += [r for r in finding.get("ranks") or [] if r not in ranks]
+            ranks += [r for r in finding.get("ranks") or [] if r not in ranks]
         return ranks
 
     @property
@@ -389,6 +391,23 @@ RANK_METRICS = {
     "wall": ("wall_s", "step wall"),
 }
 """The per-rank times a heatmap or group chart can show, by key: (column, name)."""
+WAIT_METRICS = {
+    "skew": ("skew_s", "arrival skew"),
+    "transfer": ("transfer_s", "transfer"),
+}
+"""The waiting a heatmap or group chart can show when the run has an attribution, by key:
+(column, name). A rank's waiting in collectives split by the what-if replay
+(`RunMetrics.attribution.waits`) into arrival skew (until its group's last member arrived) and
+transfer; per rank and communication group, per step over the replayed steps: there is no value
+per step, so their heatmap has a column per communication group."""
+
+
+def rank_metrics(loaded: LoadedRun) -> dict[str, tuple[str, str]]:
+    """The metrics the Ranks page offers for this run: RANK_METRICS, and WAIT_METRICS when the
+    run has an attribution."""
+    ranks = loaded.metrics.ranks
+    waits = loaded.metrics.attribution is not None and "skew_s" in ranks
+    return {**RANK_METRICS, **(WAIT_METRICS if waits else {})}
 
 
 @dataclass(frozen=True)
@@ -397,22 +416,23 @@ class StepGrid:
     median, and the rank that holds the maximum (-1 where the row has no value)."""
 
     rows: list[str]
-    steps: list[int]
+    steps: list[Any]  # the columns: steps (int), or communication groups (str) for WAIT_METRICS
     maximum: np.ndarray  # (rows, steps), NaN where no rank of the row has a value
     median: np.ndarray  # (rows, steps)
     top_rank: np.ndarray  # (rows, steps), int64
 
 
-def step_grid(values: pd.DataFrame, groups: pd.DataFrame) -> StepGrid:
-    """`values` (rank, step, value) per row of `groups` (rank_groups) and step."""
+def step_grid(values: pd.DataFrame, groups: pd.DataFrame, by: str = "step") -> StepGrid:
+    """`values` (rank, `by`, value) per row of `groups` (rank_groups) and value of `by`: a
+    step, or with `by="comm_group"` a communication group (wait_values)."""
     merged = values.merge(groups, on="rank", how="inner").dropna(subset=["value"])
     rows = groups.drop_duplicates("order")["group"].tolist()
-    steps = sorted(int(s) for s in merged["step"].unique())
+    steps = sorted(merged[by].unique().tolist())
     shape = (len(rows), len(steps))
     if merged.empty:
         empty = np.full(shape, np.nan)
         return StepGrid(rows, steps, empty, empty.copy(), np.full(shape, -1, dtype=np.int64))
-    column = pd.Index(steps).get_indexer(merged["step"])
+    column = pd.Index(steps).get_indexer(merged[by])
     merged = merged.assign(col=column)
     median = merged.groupby(["order", "col"])["value"].median()
     top = merged.sort_values(["value", "rank"], ascending=[False, True], kind="stable")
@@ -459,10 +479,24 @@ def rank_step_values(rank_steps: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def rank_values(ranks: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """rank and value: a RANK_METRICS time of every rank per analysed step, in ms."""
-    column = RANK_METRICS.get(metric, RANK_METRICS["busy"])[0]
-    per_step = 1e3 * ranks[column].astype(float) / ranks["steps"].clip(lower=1)
+    """rank and value: a RANK_METRICS time of every rank per analysed step, or a WAIT_METRICS
+    time per replayed step (over all its communication groups), in ms."""
+    if metric in WAIT_METRICS:  # already per step
+        per_step = 1e3 * pd.to_numeric(ranks[WAIT_METRICS[metric][0]], errors="coerce")
+    else:
+        column = RANK_METRICS.get(metric, RANK_METRICS["busy"])[0]
+        per_step = 1e3 * ranks[column].astype(float) / ranks["steps"].clip(lower=1)
     return pd.DataFrame({"rank": ranks["rank"], "value": per_step})
+
+
+def wait_values(waits: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """rank, comm_group and value: a WAIT_METRICS time of every rank in every communication
+    group (`Attribution.waits`), ms per replayed step; for `step_grid(..., by="comm_group")`."""
+    column = WAIT_METRICS.get(metric, WAIT_METRICS["skew"])[0]
+    return pd.DataFrame({
+        "rank": waits["rank"].astype(np.int64), "comm_group": waits["group"].astype(str),
+        "value": 1e3 * pd.to_numeric(waits[column], errors="coerce"),
+    })  # fmt: skip
 
 
 def memory_totals(memory_steps: pd.DataFrame) -> pd.DataFrame:

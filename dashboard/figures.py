@@ -7,7 +7,9 @@ traces and manifests (phases, ops, groups, hosts) go through `plain()` so they s
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +31,9 @@ TIMELINE_MAX_LABELS = 300
 """Above this many spans the timeline drops the micro-batch text inside bars (the hover keeps
 it): placing text costs the browser more than drawing the bars."""
 BLAME_COLOR = "#D62728"
+MIN_SHARE_DRAWN = 0.005
+"""A part of the per-rank time split below this share of the step on every rank is left out of
+the stack (the exposed time outside the replay's waits is often zero, up to rounding)."""
 CATEGORY_COLORS = dict(
     zip(
         schema.MEMORY_CATEGORIES,
@@ -64,6 +69,78 @@ def rank_labels(ranks: pd.Series | Sequence[int], blamed: Sequence[int] = ()) ->
     distinct = series.unique()
     labels = dict(zip(distinct, (rank_label(int(r), blamed) for r in distinct), strict=True))
     return series.map(labels).tolist()
+
+
+def wrapped(text: object, width: int = 24) -> str:
+    """`plain(text)` in lines of about `width` characters (plotly's `<br>`), for axis labels."""
+    return "<br>".join(plain(line) for line in textwrap.wrap(str(text), width)) or plain(text)
+
+
+# --- Overview -----------------------------------------------------------------------------------
+
+COST_COLOR = "#E45756"
+OVERLAP_COLOR = "#54A24B"
+STEP_COLOR = "#4C78A8"
+
+
+def step_waterfall(attribution: Mapping[str, Any]) -> go.Figure:
+    """Where the step goes, from a report's `attribution` (diag.whatif, as
+    `diag.report.attribution_section` writes it in text): the ideal step (every imbalance and
+    transfer removed) as the first bar, each cause with a cost on top of it (largest first),
+    the rest (not attributed; negative: the causes overlap, removing them one by one counts
+    some time twice), and the measured step (replayed) as the total. ms per step; the hover
+    adds the share of the step."""
+    measured_s, ideal_s = attribution["replayed_step_s"], attribution["ideal_step_s"]
+    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
+    rest_s = measured_s - ideal_s - sum(c["cost_s"] for c in causes)
+    names = ["ideal step", *(str(c["label"]) for c in causes),
+             "overlap of the causes" if rest_s < 0 else "not attributed",
+             "measured step (replayed)"]  # fmt: skip
+    values_s = [ideal_s, *(c["cost_s"] for c in causes), rest_s, measured_s]
+    shares = [ideal_s / measured_s if measured_s else None, *(c["cost_share"] for c in causes),
+              rest_s / measured_s if measured_s else None, 1.0]  # fmt: skip
+    labels = _unique_labels([wrapped(name) for name in names])
+    ends = (0, len(values_s) - 1)  # the ideal and the measured step: sizes, not changes
+    text = [f"{1e3 * v:.1f}" if i in ends else f"{1e3 * v:+.1f}" for i, v in enumerate(values_s)]
+    fig = go.Figure(
+        go.Waterfall(
+            x=labels,
+            y=[1e3 * v for v in values_s],  # the total's value is the sum plotly draws anyway
+            measure=["absolute", *["relative"] * (len(causes) + 1), "total"],
+            text=text,
+            textposition="outside",
+            customdata=[plain(_share_text(share)) for share in shares],
+            hovertemplate="%{x}<br>%{y:.1f} ms per step, %{customdata}<extra></extra>",
+            increasing={"marker": {"color": COST_COLOR}},
+            decreasing={"marker": {"color": OVERLAP_COLOR}},
+            totals={"marker": {"color": STEP_COLOR}},
+            connector={"line": {"color": "#BBBBBB", "dash": "dot"}},
+            showlegend=False,
+        )
+    )
+    title = (
+        f"where the step goes (what-if replay of {attribution['steps_replayed']} steps, replay "
+        f"error {_share_text(attribution['replay_error'], of='')})"
+    )
+    fig = _layout(fig, title, height=460)
+    fig.update_layout(margin={"b": 110})  # room for the wrapped cause labels
+    fig.update_xaxes(type="category", tickangle=0)
+    fig.update_yaxes(title="ms per step", rangemode="tozero")
+    return fig
+
+
+def _share_text(share: float | None, of: str = " of the step") -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%{of}"
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    """Labels made unique (a category axis draws equal labels as one bar): ` (2)`, ` (3)`."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
 
 
 # --- Timeline -----------------------------------------------------------------------------------
@@ -135,20 +212,53 @@ def rank_breakdown(
     blamed: Sequence[int] = (),
     title: str = "share of the step wall time per rank",
 ) -> go.Figure:
-    """Per rank, busy / exposed communication / idle as shares of its step wall time (stacked)."""
+    """Per rank, busy / exposed communication / idle as shares of its step wall time (stacked).
+    When the ranks table has the replay's split of the waiting (`skew_s`, `transfer_s`), the
+    exposed communication is drawn as its parts: arrival skew, transfer, and the rest of it."""
     labels = rank_labels(ranks["rank"], blamed)
     fig = go.Figure()
-    for column, name, color in (
-        ("busy_frac", "busy", "#4C78A8"),
-        ("exposed_comm_share", "exposed comm", "#E45756"),
-        ("idle_frac", "idle", "#BAB0AC"),
-    ):
-        fig.add_trace(go.Bar(x=labels, y=ranks[column], name=name, marker_color=color))
+    for name, share, color in _time_split(ranks):
+        fig.add_trace(
+            go.Bar(
+                x=labels, y=share, name=name, marker_color=color,
+                hovertemplate=f"%{{x}}: {plain(name)} %{{y:.1%}}<extra></extra>",
+            )
+        )  # fmt: skip
     line = np.where(ranks["rank"].isin(list(blamed)), 3, 0).tolist()
     fig.update_traces(marker_line={"width": line, "color": BLAME_COLOR}, selector={"name": "busy"})
     fig = _layout(fig, title, barmode="stack")
     fig.update_yaxes(tickformat=".0%", range=[0, 1])
     return fig
+
+
+def _time_split(ranks: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
+    """(name, share of the step wall time, color) of each part of a rank's step, in stack order.
+
+    Skew and transfer are per replayed step and the exposed share over the analysed steps: the
+    two come from different windows when the replay keeps only the first steps, so where they
+    exceed the exposed share they are scaled down to it (the stack never passes the step)."""
+
+    def column(name: str) -> pd.Series:
+        return pd.to_numeric(ranks[name], errors="coerce").astype("float64")
+
+    busy, idle, exposed = column("busy_frac"), column("idle_frac"), column("exposed_comm_share")
+    if "skew_s" not in ranks or "transfer_s" not in ranks:
+        return [("busy", busy, "#4C78A8"), ("exposed comm", exposed, "#E45756"),
+                ("idle", idle, "#BAB0AC")]  # fmt: skip
+    step = column("step_time_s")
+    step = step.where(step > 0)
+    skew, transfer = column("skew_s") / step, column("transfer_s") / step
+    waiting = skew + transfer
+    fit = (exposed / waiting.where(waiting > exposed)).fillna(1.0)
+    other = (exposed - waiting * fit).clip(lower=0)
+    parts = [
+        ("busy", busy, "#4C78A8"),
+        ("exposed: arrival skew", skew * fit, "#E45756"),
+        ("exposed: transfer", transfer * fit, "#F58518"),
+        ("exposed: other", other, "#FF9DA6"),
+        ("idle", idle, "#BAB0AC"),
+    ]
+    return [p for p in parts if p[0] != "exposed: other" or (other > MIN_SHARE_DRAWN).any()]
 
 
 def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
@@ -178,25 +288,28 @@ def step_heatmap(
     blamed_rows: Sequence[str] = (),
     scale: float = 1.0,
     colorscale: str = "Viridis",
+    columns: str = "step",
 ) -> go.Figure:
-    """One row per group (or rank) of `grid`, one column per step, coloured by the maximum over
-    the row's ranks (a straggler is not averaged away); the hover adds the median and the rank
-    holding the maximum. Values are divided by `scale` (bytes to MiB); rows in `blamed_rows`
-    are labelled with a `!`. The data goes once, as typed arrays."""
+    """One row per group (or rank) of `grid`, one column per step (or what `columns` names:
+    "communication group"), coloured by the maximum over the row's ranks (a straggler is not
+    averaged away); the hover adds the median and the rank holding the maximum. Values are
+    divided by `scale` (bytes to MiB); rows in `blamed_rows` are labelled with a `!`. The data
+    goes once, as typed arrays."""
     blamed = set(blamed_rows)
     labels = [plain(f"{row} !" if row in blamed else row) for row in grid.rows]
     maximum = (grid.maximum / scale).astype(np.float32)
     custom = np.dstack([grid.median / scale, grid.top_rank]).astype(np.float32)
+    named = any(isinstance(c, str) for c in grid.steps)
     fig = go.Figure(
         go.Heatmap(
             z=maximum,
-            x=list(grid.steps),
+            x=[plain(c) for c in grid.steps] if named else list(grid.steps),
             y=labels,
             customdata=custom,
             colorscale=colorscale,
             colorbar={"title": plain(unit)},
             hoverongaps=False,
-            hovertemplate=f"%{{y}}, step %{{x}}<br>max %{{z:.1f}} {plain(unit)} "
+            hovertemplate=f"%{{y}}, {plain(columns)} %{{x}}<br>max %{{z:.1f}} {plain(unit)} "
             f"(rank %{{customdata[1]:.0f}})<br>median %{{customdata[0]:.1f}} {plain(unit)}"
             "<extra></extra>",
         )
@@ -204,7 +317,7 @@ def step_heatmap(
     height = int(min(900, max(320, 14 * len(labels) + 140)))  # rows of 14 px, then thinner
     fig = _layout(fig, title, height=height)
     fig.update_yaxes(type="category", autorange="reversed", title=None)
-    fig.update_xaxes(title="step")
+    fig.update_xaxes(title=plain(columns), type="category" if named else "-")
     return fig
 
 

@@ -1,13 +1,16 @@
-"""Overview: the diagnosis first (findings ranked, main one on top), then the headline numbers."""
+"""Overview: the headline numbers, the diagnosis (findings ranked, main one on top, each with
+what it costs the step), and where the step goes (the what-if replay's waterfall)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 from dash import html
 
-from dashboard.components import finding_card, no_data, page, table, tiles
+from dashboard import figures
+from dashboard.components import finding_card, graph, no_data, page, table, tiles
 from dashboard.data import LoadedRun
 from diag import device_section, format_metric, hta_sections
 
@@ -45,6 +48,15 @@ def headline(loaded: LoadedRun) -> list[tuple[str, str]]:
     return items
 
 
+def where_the_step_goes(loaded: LoadedRun) -> list[Any]:
+    """The waterfall of the run's attribution, or a note when it has none."""
+    attribution = loaded.report.get("attribution")
+    if not attribution or not attribution.get("replayed_step_s"):
+        return [no_data("where the step goes: no attribution (the what-if replay needs two or "
+                        "more ranks with analysed steps)")]  # fmt: skip
+    return [graph(figures.step_waterfall(attribution), "overview-waterfall")]
+
+
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
     findings = loaded.report["findings"]
     diagnosis = (
@@ -68,6 +80,8 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         tiles(headline(loaded)),
         html.H3("findings"),
         html.Div(diagnosis, className="findings"),
+        html.H3("where the step goes"),
+        *where_the_step_goes(loaded),
         *traces,
         *notes,
     )

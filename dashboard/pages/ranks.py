@@ -1,11 +1,14 @@
-"""Ranks: busy / exposed comm / idle per rank and the histogram of busy time; the ranks the
-findings blame are marked (`!` in labels, red outlines and lines).
+"""Ranks: busy / exposed comm / idle per rank (the exposed part split into arrival skew and
+transfer when the run has an attribution) and the histogram of busy time; the ranks the findings
+blame are marked (`!` in labels, red outlines and lines).
 
 Up to `PER_RANK_MAX` ranks every rank is drawn. Above it the ranks are grouped (by host,
 pipeline stage, DP replica or blocks of consecutive ranks): a group x step heatmap (the slowest
 rank of each group at each step) and a chart of every group's median and slowest rank lead, and
 one group's ranks at a time are drawn one by one below them (the drill-down: click a heatmap row
-or a group, or pick the group)."""
+or a group, or pick the group). The heatmap of arrival skew or transfer has a column per
+communication group instead of per step: the replay splits the waiting per rank and group, not
+per step."""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dashboard.components import (
 )
 from dashboard.data import (
     GROUPINGS,
-    RANK_METRICS,
+    WAIT_METRICS,
     LoadedRun,
     group_members,
     group_stats,
@@ -37,11 +40,13 @@ from dashboard.data import (
     pick_group,
     pick_grouping,
     rank_groups,
+    rank_metrics,
     rank_step_values,
     rank_values,
     step_grid,
+    wait_values,
 )
-from diag import rank_list
+from diag import format_metric, rank_list
 
 PATH = "/ranks"
 TITLE = "Ranks"
@@ -72,7 +77,9 @@ def body(loaded: LoadedRun, by: str) -> list[Any]:
                 _table(loaded, ranks)]  # fmt: skip
     groups = rank_groups(loaded, by)
     group = pick_group(groups, None, blamed)
-    metric_options = [{"label": name, "value": key} for key, (_, name) in RANK_METRICS.items()]
+    metric_options = [
+        {"label": name, "value": key} for key, (_, name) in rank_metrics(loaded).items()
+    ]
     heatmap, bars = group_figures(loaded, by, DEFAULT_METRIC)
     return [
         html.Div(
@@ -93,14 +100,27 @@ def body(loaded: LoadedRun, by: str) -> list[Any]:
 
 
 def group_figures(loaded: LoadedRun, by: str, metric: str) -> tuple[Any, Any]:
-    """The group x step heatmap and the per-group median / slowest rank chart of `metric`."""
+    """The group x step heatmap (group x communication group for WAIT_METRICS) and the
+    per-group median / slowest rank chart of `metric`."""
     groups = rank_groups(loaded, by)
     blamed = loaded.blamed_ranks
-    name = RANK_METRICS.get(metric, RANK_METRICS[DEFAULT_METRIC])[1]
-    grid = step_grid(rank_step_values(loaded.metrics.rank_steps, metric), groups)
+    metrics = rank_metrics(loaded)
+    metric = metric if isinstance(metric, str) and metric in metrics else DEFAULT_METRIC
+    name = metrics[metric][1]
     stats = group_stats(rank_values(loaded.metrics.ranks, metric), groups, blamed)
     flagged = stats.loc[stats["blamed"], "group"].tolist()
     kind = GROUPINGS[by]
+    attribution = loaded.metrics.attribution
+    if metric in WAIT_METRICS and attribution is not None:
+        grid = step_grid(wait_values(attribution.waits, metric), groups, by="comm_group")
+        replayed = f"{attribution.steps_replayed} replayed steps"
+        heatmap = figures.step_heatmap(
+            grid, f"{name} per step by communication group, the most of any rank in each "
+            f"{kind} (ms, over {replayed})", blamed_rows=flagged, columns="communication group",
+        )  # fmt: skip
+        title = f"{name} per step by {kind}: median rank and max rank (ms, over {replayed})"
+        return heatmap, figures.group_bars(stats, title)
+    grid = step_grid(rank_step_values(loaded.metrics.rank_steps, metric), groups)
     heatmap = figures.step_heatmap(
         grid, f"{name} per step, the most of any rank in each {kind} (ms)", blamed_rows=flagged
     )
@@ -128,7 +148,8 @@ def detail(loaded: LoadedRun, by: str, group: str) -> list[Any]:
 
 
 def _table(loaded: LoadedRun, ranks: pd.DataFrame) -> html.Table:
-    """Rank, host, stage and the time split per step; blamed ranks first."""
+    """Rank, host, stage and the time split per step, with the replay's arrival skew and
+    transfer as shares of the step when the run has them; blamed ranks first."""
     steps = ranks["steps"].clip(lower=1)
     rows = pd.DataFrame({
         "rank": ranks["rank"],
@@ -138,7 +159,14 @@ def _table(loaded: LoadedRun, ranks: pd.DataFrame) -> html.Table:
         "busy ms": (1e3 * ranks["busy_s"] / steps).round(1),
         "exposed comm ms": (1e3 * ranks["exposed_comm_s"] / steps).round(1),
         "idle ms": (1e3 * ranks["idle_s"] / steps).round(1),
-    }).sort_values(["blamed", "rank"], ascending=[False, True])  # fmt: skip
+    })  # fmt: skip
+    if "skew_s" in ranks and "transfer_s" in ranks:
+        step = ranks["step_time_s"].where(ranks["step_time_s"] > 0)
+        for column, name in (("skew_s", "skew"), ("transfer_s", "transfer")):
+            shares = (pd.to_numeric(ranks[column], errors="coerce") / step).tolist()
+            rows[name] = [format_metric(f"{name}_share", None if pd.isna(v) else v)
+                          for v in shares]  # fmt: skip
+    rows = rows.sort_values(["blamed", "rank"], ascending=[False, True])
     return table(rows, "ranks-table")
 
 
@@ -155,7 +183,6 @@ def register(app: Dash, runs: Sequence[LoadedRun]) -> None:
     )
     def remetric(metric: Any, by: Any, run_index: Any) -> Any:
         loaded = pick(runs, run_index)
-        chosen = metric if metric in RANK_METRICS else DEFAULT_METRIC
-        return group_figures(loaded, pick_grouping(loaded, by), chosen)
+        return group_figures(loaded, pick_grouping(loaded, by), metric)
 
     register_drill_down(app, runs, "ranks", detail, lambda loaded: loaded.blamed_ranks)

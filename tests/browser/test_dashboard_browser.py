@@ -20,7 +20,7 @@ pytestmark = pytest.mark.browser
 RENDER_TIMEOUT_S = 60
 # (path, run in the selector, graphs at least, text that must show)
 EXPECTED = [
-    ("/", "dp-straggler", 0, "BAL001"),
+    ("/", "dp-straggler", 1, "BAL001"),
     ("/timeline", "dp-straggler", 1, "first step"),
     ("/ranks", "dp-straggler", 2, "blamed by the findings: 1"),
     ("/communication", "dp-straggler", 3, "Communication"),
@@ -102,7 +102,7 @@ def test_every_page_renders_without_console_errors(
         drawn = browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot .main-svg")
         assert len(browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot")) >= min_graphs
         assert (len(drawn) > 0) == (min_graphs > 0), (path, run)
-        if min_graphs == 0 and path != "/":
+        if min_graphs == 0:
             assert browser.find_elements(By.CSS_SELECTOR, ".no-data"), (path, run)
         name = "overview" if path == "/" else path.strip("/")
         browser.save_screenshot(str(shots / f"{name}-{run}.png"))
@@ -120,6 +120,26 @@ def test_the_first_finding_is_on_top_and_names_the_straggler(
     first = browser.find_elements(By.CSS_SELECTOR, ".finding")[0]
     assert "main" in first.get_attribute("class")
     assert "BAL001" in first.text and "ranks: 1" in first.text
+
+
+def test_overview_draws_where_the_step_goes(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(dashboard_url + "/")
+    _wait_rendered(browser, 1)
+    _select_run(browser, "dp-straggler", 1)
+    _wait_rendered(browser, 1)
+    waterfall = browser.find_element(By.CSS_SELECTOR, "#overview-waterfall")
+    bars = waterfall.find_elements(By.CSS_SELECTOR, ".waterfalllayer .point")
+    # the ideal step, the straggler and at least one more cause, the rest, the measured step
+    assert len(bars) >= 5, len(bars)
+    ticks = [t.text for t in waterfall.find_elements(By.CSS_SELECTOR, ".xtick text")]
+    assert ticks[0] == "ideal step" and ticks[-1] == "measured step (replayed)", ticks
+    assert any("rank 1" in t for t in ticks), ticks
+    assert "where the step goes" in waterfall.text
+    costs = browser.find_elements(By.CSS_SELECTOR, ".finding .cost")
+    assert costs and "of the step (" in costs[0].text
+    assert not _console_errors(browser)
 
 
 def test_timeline_step_selector_redraws(browser: Any, dashboard_url: str) -> None:

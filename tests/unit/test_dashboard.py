@@ -3,6 +3,8 @@ run selector's input handling and what the server answers to paths it must not s
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from diag.errors import InputError
 from tests.conftest import copy_with_names
 
 GOLDEN = Path(__file__).parents[1] / "data" / "dp2-golden"
+STRAGGLER = Path(__file__).parents[1] / "data" / "golden-runs" / "dp-straggler"
 HOSTILE = '<img src=x onerror="alert(1)">'
 
 
@@ -78,6 +81,82 @@ def test_overview_lists_findings_first_one_first(golden: Any) -> None:
     rules = [f["rule"] for f in golden.report["findings"]]
     shown = [t.strip() for t in texts if t.strip() in rules]
     assert shown == rules
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The stored DP run with rank 1 a straggler (150 ms injected), loaded from a copy."""
+    run = tmp_path_factory.mktemp("straggler") / "dp-straggler"
+    shutil.copytree(STRAGGLER, run)
+    return load_runs([run])[0]
+
+
+def test_waterfall_goes_from_the_ideal_to_the_measured_step(straggler: Any) -> None:
+    attribution = straggler.report["attribution"]
+    fig = figures.step_waterfall(attribution)
+    (bars,) = fig.data
+    assert isinstance(bars, go.Waterfall)
+    measure = list(bars.measure)
+    assert measure[0] == "absolute" and measure[-1] == "total"
+    assert set(measure[1:-1]) == {"relative"}
+    y = list(bars.y)
+    assert y[0] == pytest.approx(1e3 * attribution["ideal_step_s"])  # the first bar: ideal step
+    assert sum(y[:-1]) == pytest.approx(1e3 * attribution["replayed_step_s"])  # they add up
+    assert y[-1] == pytest.approx(1e3 * attribution["replayed_step_s"])
+    # one bar per cause with a cost, largest first, then the rest (not attributed / overlap)
+    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
+    assert len(y) == len(causes) + 3
+    assert y[1:-2] == pytest.approx([1e3 * c["cost_s"] for c in causes])
+    assert "rank 1" in bars.x[1] and "23% of the step" in bars.customdata[1]
+    assert bars.x[-2] in ("not attributed", "overlap of the causes")
+
+
+def test_waterfall_shows_an_overlap_of_the_causes_as_a_negative_bar() -> None:
+    attribution = {
+        "replayed_step_s": 0.1, "ideal_step_s": 0.05, "steps_replayed": 3, "replay_error": 0.01,
+        "causes": [
+            {"label": "a", "cost_s": 0.04, "cost_share": 0.4},
+            {"label": "b <b>", "cost_s": 0.03, "cost_share": 0.3},
+            {"label": "c", "cost_s": 0.0, "cost_share": 0.0},  # no cost: no bar
+        ],
+    }  # fmt: skip
+    (bars,) = figures.step_waterfall(attribution).data
+    assert list(bars.x) == ["ideal step", "a", "b &lt;b&gt;", "overlap of the causes",
+                            "measured step (replayed)"]  # fmt: skip
+    assert list(bars.y)[3] == pytest.approx(-20.0) and sum(list(bars.y)[:-1]) == pytest.approx(100)
+
+
+def test_overview_shows_the_waterfall_and_what_findings_cost(straggler: Any) -> None:
+    page = PAGES[0].layout(straggler, [straggler])
+    (waterfall,) = _graphs(page)
+    assert waterfall.id == "overview-waterfall"
+    assert isinstance(waterfall.figure.data[0], go.Waterfall)
+    texts = " ".join(_texts(page))
+    cost = straggler.report["findings"][0]
+    assert cost["rule"] == "BAL001" and cost["cost_s"] is not None
+    share = f"{100 * cost['cost_share']:.0f}%"
+    assert f"costs {share} of the step ({1e3 * cost['cost_s']:.1f} ms)" in texts
+    # a run without an attribution (one rank): a note, not empty axes
+    report = {k: v for k, v in straggler.report.items() if k != "attribution"}
+    alone = dataclasses.replace(straggler, report=report)
+    page = PAGES[0].layout(alone, [alone])
+    assert not _graphs(page) and any("no attribution" in t for t in _texts(page))
+
+
+def test_ranks_page_splits_the_waiting_into_skew_and_transfer(straggler: Any) -> None:
+    page = next(p for p in PAGES if p.PATH == "/ranks").layout(straggler, [straggler])
+    (breakdown,) = [g.figure for g in _graphs(page) if g.id == "ranks-breakdown"]
+    names = [t.name for t in breakdown.data]
+    assert names[:3] == ["busy", "exposed: arrival skew", "exposed: transfer"]
+    ranks = straggler.metrics.ranks
+    skew = list(breakdown.data[1].y)
+    assert skew == pytest.approx((ranks["skew_s"] / ranks["step_time_s"]).tolist(), rel=1e-3)
+    assert skew[0] > skew[1]  # rank 0 waits for the straggler, rank 1 hardly waits
+    stacked = np.sum([list(t.y) for t in breakdown.data], axis=0)
+    assert stacked == pytest.approx(np.ones(2), abs=0.01)
+    texts = _texts(page)
+    assert "skew" in texts and "transfer" in texts  # the table's columns
+    assert f"{100 * skew[0]:.0f}%" in texts
 
 
 def test_timeline_window_aligns_to_the_first_span(golden: Any) -> None:

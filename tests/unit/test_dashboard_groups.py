@@ -247,7 +247,41 @@ def test_ranks_page_aggregates_and_drills_into_the_blamed_host(large: LoadedRun)
     for metric in ("busy", "exposed", "idle", "wall"):
         hm, _ = ranks.group_figures(large, "block", metric)
         assert np.shape(hm.data[0].z) == (32, 3)
+    # the replay's split of the waiting: per communication group (DP only here), not per step
+    offered = _radio_values(page)
+    assert offered == ["busy", "exposed", "idle", "wall", "skew", "transfer"]
+    for metric in ("skew", "transfer"):
+        hm, group_chart = ranks.group_figures(large, "block", metric)
+        assert np.shape(hm.data[0].z) == (32, 1) and list(hm.data[0].x) == ["dp"]
+        assert len(group_chart.data[0].x) == 32
+    hm, group_chart = ranks.group_figures(large, "host", "skew")
+    assert hm.data[0].y[0] == "node0 !"
+    assert group_chart.data[1].customdata[0] != 1  # the straggler arrives last: it never waits
     assert time.perf_counter() - started < 10  # vectorised: well under a second on a laptop
+
+
+def _radio_values(component: Any) -> list[Any]:
+    """The values of the `ranks-metric` selector in a component tree."""
+    if getattr(component, "id", None) == "ranks-metric":
+        return [option["value"] for option in component.options]
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list | tuple) else [children]:
+        if child is not None and not isinstance(child, str):
+            found = _radio_values(child)
+            if found:
+                return found
+    return []
+
+
+def test_ranks_named_by_a_low_finding_are_blamed(large: LoadedRun) -> None:
+    # communication dominates this run's step, so the straggler's BAL001 costs little and is
+    # low; rank 1 is still the rank the diagnosis names, and the pages mark it
+    straggler = next(f for f in large.report["findings"] if f["rule"] == "BAL001")
+    assert straggler["severity"] == "low" and straggler["ranks"] == [1]
+    assert large.blamed_ranks == [1]
+    # the order is the findings': the ranks of the first finding first
+    findings = [{"severity": "low", "ranks": [7, 3]}, {"severity": "high", "ranks": [3, 5]}]
+    assert dataclasses.replace(large, report={"findings": findings}).blamed_ranks == [7, 3, 5]
 
 
 def test_timeline_draws_one_group_at_a_time(large: LoadedRun) -> None:
