@@ -41,7 +41,8 @@ def test_empty_folder(tmp_path: Path) -> None:
 
 def test_folder_of_files_named_like_traces_that_are_not(tmp_path: Path) -> None:
     (tmp_path / "w_1.pt.trace.json").write_text("{}")
-    assert_fatal(analyze(str(tmp_path)), tmp_path, "a trace folder is read as one when its files hold traceEvents")
+    reason = "a trace folder is read as one when its files hold traceEvents"
+    assert_fatal(analyze(str(tmp_path)), tmp_path, reason)
 
 
 @pytest.mark.parametrize(

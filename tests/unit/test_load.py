@@ -86,7 +86,7 @@ def test_empty_folder(tmp_path: Path) -> None:
 def test_a_trace_folder_is_not_a_run_directory(tmp_path: Path, name: str) -> None:
     data = b'{"traceEvents": []}'
     (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    with pytest.raises(InputError, match="named like profiler traces .* but no manifest.json"):
+    with pytest.raises(InputError, match=r"named like profiler traces .* but no manifest\.json"):
         load_run(tmp_path)
 
 

@@ -24,7 +24,15 @@ class RuleCase:
 
 def all_cases() -> list[RuleCase]:
     from rule_cases import (
-        balance, communication, lost_time, memory, moe, pipeline, pitfalls, topology, trend,
+        balance,
+        communication,
+        lost_time,
+        memory,
+        moe,
+        pipeline,
+        pitfalls,
+        topology,
+        trend,
     )  # fmt: skip
 
     families = (

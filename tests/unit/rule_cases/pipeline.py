@@ -39,15 +39,18 @@ def _linked(runs: Any, busy_ms: list[float], m: int = 8) -> Path:
     t0 = 0.0
     for step in range(4):
         sent, back, end = t0 + b0, t0 + b0 + 0.1 + b1, t0 + b0 + b1 + 0.3
-        first += [runs.span(step, "fwd", t0, sent, stage=0, chunk=0),
-                  runs.comm(step, sent, sent + 0.1, op="send", group="pp", tag="act", **flags),
-                  runs.comm(step, sent + 0.1, back + 0.1, op="recv", group="pp", tag="grad",
-                            **blocking),
-                  runs.step(step, t0, end)]
-        second += [runs.comm(step, t0, sent + 0.1, op="recv", group="pp", tag="act", **blocking),
-                   runs.span(step, "fwd", sent + 0.1, back, stage=1, chunk=0),
-                   runs.comm(step, back, back + 0.1, op="send", group="pp", tag="grad", **flags),
-                   runs.step(step, t0, end)]
+        first += [
+            runs.span(step, "fwd", t0, sent, stage=0, chunk=0),
+            runs.comm(step, sent, sent + 0.1, op="send", group="pp", tag="act", **flags),
+            runs.comm(step, sent + 0.1, back + 0.1, op="recv", group="pp", tag="grad", **blocking),
+            runs.step(step, t0, end),
+        ]
+        second += [
+            runs.comm(step, t0, sent + 0.1, op="recv", group="pp", tag="act", **blocking),
+            runs.span(step, "fwd", sent + 0.1, back, stage=1, chunk=0),
+            runs.comm(step, back, back + 0.1, op="send", group="pp", tag="grad", **flags),
+            runs.step(step, t0, end),
+        ]
         t0 = end + 0.5
     manifest = runs.manifest(
         world_size=2,
