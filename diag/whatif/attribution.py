@@ -385,7 +385,8 @@ def with_waits(ranks: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:
     (`skew_s`, `transfer_s`, over all its groups)."""
     waits = attribution.waits.groupby("rank")[["skew_s", "transfer_s"]].sum()
     table = ranks.join(waits, on="rank")
-    table[["skew_s", "transfer_s"]] = table[["skew_s", "transfer_s"]].fillna(0.0)
+    for column in ("skew_s", "transfer_s"):  # no waits at all: an object column of nulls
+        table[column] = pd.to_numeric(table[column], errors="coerce").fillna(0.0).astype(float)
     return table
 
 
