@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.keys import KEYS, in_steps
+from diag.keys import in_steps
 from diag.load import RunData
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pairs
 
@@ -44,6 +44,8 @@ _SORT_ORDER = {Kind.START: 0, Kind.LAUNCH: 1, Kind.SYNC: 2, Kind.RECV: 2, Kind.L
                Kind.WAIT: 3, Kind.END: 4}  # fmt: skip
 """At one instant (and within one step: a step ends before the next starts): a step starts first
 and ends last; a launch comes before the wait on it."""
+LAUNCH_PLACES = 1_000_000
+"""Launches are numbered from here within a step (chain events from 0)."""
 WAIT_SLACK_NS = 10_000
 """A wait depends on the launches that completed by its end (within this): a collective still
 running after the wait ended (a profiler's view of a backend thread) did not hold it."""
@@ -150,7 +152,11 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame) -> None:
         compute[lo:hi] = covered(y) - covered(x)
     ev["seg_ns"] = seg
     ev["host_ns"] = np.clip(seg - compute, 0, None)
-    ev["j"] = ev.groupby(KEYS, sort=False).cumcount()
+    # the place of an event in its step, for comparing a rank with its peers: chain events
+    # and launches are numbered apart (a launch's order against the chain varies with timing)
+    launches = pd.Series(launch, index=ev.index)
+    ev["j"] = ev.groupby([ev["rank"], ev["step"], launches], sort=False).cumcount().to_numpy()
+    ev.loc[launch, "j"] += LAUNCH_PLACES
 
 
 def _coverage(t0: np.ndarray, t1: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

@@ -1,6 +1,6 @@
 """A straggler in every trainer is the main finding, named by rank, and what the replay says it
-costs is what removing it saves (the same run without it), within 30% on 2 ranks (which do
-not oversubscribe this machine's 2 cores)."""
+costs is what removing it saves (the same run without it, less what that run already loses to
+the same cause), within 30% on 2 ranks (which do not oversubscribe this machine's 2 cores)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.distributed.test_rules_e2e_healthy import HEALTHY
 
 pytestmark = pytest.mark.dist
 
-STRAGGLER = "straggler:rank=1,ms=40"
+STRAGGLER = "straggler:rank=1,ms=80"
 COST_WITHIN = 0.30
 
 
@@ -37,6 +37,11 @@ def test_its_cost_is_what_removing_it_saves(trainer: str, tmp_path: Path, run_dp
     run_dp(slow, *HEALTHY[trainer], "--inject", STRAGGLER, trainer=trainer, nproc=2)
     run_dp(healthy, *HEALTHY[trainer], trainer=trainer, nproc=2)
     with_it, without = analyze_path(slow), analyze_path(healthy)
-    saved_s = with_it["attribution"]["measured_step_s"] - without["attribution"]["measured_step_s"]
-    assert _main(with_it)["cost_s"] == pytest.approx(saved_s, rel=COST_WITHIN)
+    saved_s = (
+        with_it["attribution"]["measured_step_s"] - without["attribution"]["measured_step_s"]
+    )
+    main = _main(with_it)
+    # what the healthy run already loses to the same cause (a pipeline's own stage imbalance)
+    before = [f["cost_s"] for f in without["findings"] if f["rule"] == main["rule"]]
+    assert main["cost_s"] - sum(before) == pytest.approx(saved_s, rel=COST_WITHIN)
     assert with_it["attribution"]["replay_error"] <= 0.05
