@@ -22,7 +22,15 @@ import pandas as pd
 from diag import schema
 from diag.errors import InputError
 from diag.keys import rank_steps_in
+from diag.limits import (
+    MAX_INDEX,
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    MAX_NOTES_PER_FILE,
+    MISSING_RANKS_LISTED,
+)
 from diag.parallel import map_chunks, total_bytes
+from diag.record_checks import check_values, depth, finite
 from diag.records import Column, Packed, concat, decode_rank_file, pack, take, unpack
 from diag.schema import Manifest, RecordKind
 
@@ -55,16 +63,7 @@ _NUMERIC: dict[str, tuple[str, ...]] = {
 }
 _CATEGORIES: dict[str, tuple[str, ...]] = {RecordKind.COMM.value: ("op", "group", "tag", "dtype")}
 """Labels repeated on millions of records: categorical (one small code a row)."""
-_TIMED = frozenset({RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value})
-_LABELS: dict[str, tuple[str, ...]] = {
-    RecordKind.SPAN.value: ("phase",),
-    RecordKind.COMM.value: ("op", "group", "tag"),
-    RecordKind.EXPERTS.value: ("layer",),
-    RecordKind.EVENT.value: ("name",),
-}
-"""Fields the analysis groups by: each must be a string, an integer or null."""
 _LAYOUT_INTS = ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages", "grad_accum")
-_INT64_LIMIT = 2**63
 KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
 REDUCE_SPANS_FROM_BYTES = 128 * 2**20
 """Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
@@ -216,15 +215,20 @@ def _load_manifest(run_dir: Path) -> Manifest:
     for name in _LAYOUT_INTS:
         value = getattr(manifest.layout, name)
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INDEX
         ):
-            raise InputError(manifest_path, f"layout.{name} is {value!r}, expected an integer >= 1")
+            raise InputError(
+                manifest_path,
+                f"layout.{name} is {schema.shown(value)}, expected an integer in 1..{MAX_INDEX:,}",
+            )
     return manifest
 
 
 def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int, Path]:
+    """The rank file of each rank found (the canonical name when two name one rank); notes
+    for files outside the world, second files of a rank and missing ranks."""
     found: dict[int, Path] = {}
-    for file in sorted(run_dir.iterdir()):
+    for file in sorted(run_dir.iterdir(), key=lambda f: (f.name != _canonical(f.name), f.name)):
         match = schema.RANK_FILE_RE.match(file.name)
         if not match:
             continue
@@ -233,6 +237,9 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
             skipped.append(
                 f"{file.name}: rank {rank} is outside the world of {world_size}, ignored"
             )
+        elif rank in found:
+            skipped.append(f"{file.name}: a second file of rank {rank} (after "
+                           f"{found[rank].name}), ignored")  # fmt: skip
         else:
             found[rank] = file
     if not found:
@@ -240,11 +247,23 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
             run_dir,
             f"no rank files (rank-NNNNN.jsonl) for ranks 0..{world_size - 1} of the world",
         )
-    for rank in range(world_size):
-        if rank not in found:
+    missing = [r for r in range(world_size) if r not in found]
+    if len(missing) <= MISSING_RANKS_LISTED:
+        for rank in missing:
             name = schema.rank_file_name(rank)
             skipped.append(f"{name}: missing (rank {rank} of {world_size} not analysed)")
+    else:
+        names = ", ".join(schema.rank_file_name(r) for r in missing[:3])
+        skipped.append(f"{names} and {len(missing) - 3} more: missing ({len(missing)} of "
+                       f"{world_size} ranks not analysed)")  # fmt: skip
     return found
+
+
+def _canonical(name: str) -> str:
+    """The name the writer gives the rank a file name holds (rank-00001.jsonl for
+    rank-000001.jsonl); the name itself when it holds none."""
+    match = schema.RANK_FILE_RE.match(name)
+    return schema.rank_file_name(int(match.group(1))) if match else name
 
 
 @dataclass
@@ -324,11 +343,13 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
             pack(_as_columns({})),
             [f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"],
         )
-    decoded = decode_rank_file(data, _COLUMNS)
-    if decoded is None:
+    if not data or data.isspace():
+        return RankFile(pack(_as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
+    decoded = None if _has_long_line(data) else decode_rank_file(data, _COLUMNS)
+    events = None if decoded is None else _event_rows(decoded.event_lines, rank)
+    if decoded is None or events is None:
         return _read_lines(data, rank, file.name)
     columns = decoded.columns
-    events = [_event_row({**json.loads(line), "rank": rank}) for line in decoded.event_lines]
     columns[RecordKind.EVENT.value] = _as_columns({RecordKind.EVENT.value: events})[
         RecordKind.EVENT.value
     ]
@@ -342,21 +363,59 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
     return RankFile(pack(columns, floats=_NUMERIC), skipped)
 
 
+def _has_long_line(data: bytes) -> bool:
+    """Whether a line is longer than MAX_LINE_BYTES: one search from the end of each window
+    of that size, so a file of short lines costs a few steps per MiB."""
+    start = 0
+    while len(data) - start > MAX_LINE_BYTES:
+        newline = data.rfind(b"\n", start, start + MAX_LINE_BYTES + 1)
+        if newline < 0:
+            return True
+        start = newline + 1
+    return False
+
+
+def _event_rows(lines: list[bytes], rank: int) -> list[dict[str, Any]] | None:
+    """The fast path's event lines as rows; None when one nests too deeply (the line-by-line
+    path notes it)."""
+    rows = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except RecursionError:
+            return None
+        if depth(record) > MAX_JSON_DEPTH:
+            return None
+        rows.append(_event_row({**record, "rank": rank}))
+    return rows
+
+
+_BAD_JSON = "not valid JSON (truncated?)"
+_TOO_DEEP = "nested too deeply to parse"
+_TOO_LONG = f"longer than {MAX_LINE_BYTES // 2**20} MiB"
+
+
 def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
     """The line-by-line path: every record checked on its own, with the reason it is not used."""
     records: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    bad_lines: list[int] = []
+    bad_lines: dict[str, list[int]] = defaultdict(list)  # reason -> line numbers
     rejected: Counter[str] = Counter()
     nan_loss = 0
     for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_BYTES:
+            bad_lines[_TOO_LONG].append(lineno)
+            continue
         try:
             record = json.loads(line)
-        except ValueError:
-            bad_lines.append(lineno)
+        except RecursionError:
+            bad_lines[_TOO_DEEP].append(lineno)
             continue
-        reason = schema.check_record(record) or _check_values(record)
+        except ValueError:
+            bad_lines[_BAD_JSON].append(lineno)
+            continue
+        reason = schema.check_record(record) or check_values(record)
         if reason:
             rejected[reason] += 1
             continue
@@ -370,47 +429,20 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
             nan_loss += 1
         records[kind].append(record)
     skipped: list[str] = []
-    if len(bad_lines) == 1:
-        skipped.append(f"{name} line {bad_lines[0]}: not valid JSON (truncated?), skipped")
-    elif bad_lines:
-        skipped.append(
-            f"{name}: {len(bad_lines)} lines not valid JSON (truncated?), skipped "
-            f"(first at line {bad_lines[0]})"
-        )
-    for reason, count in rejected.items():
+    for why, lines in bad_lines.items():
+        if len(lines) == 1:
+            skipped.append(f"{name} line {lines[0]}: {why}, skipped")
+        else:
+            skipped.append(f"{name}: {len(lines)} lines {why}, skipped (first at line {lines[0]})")
+    for i, (reason, count) in enumerate(rejected.items()):
+        if i == MAX_NOTES_PER_FILE:
+            rest = sum(list(rejected.values())[i:])
+            skipped.append(f"{name}: {rest} more records skipped ({len(rejected) - i} other "
+                           "reasons)")  # fmt: skip
+            break
         plural = "record" if count == 1 else "records"
         skipped.append(f"{name}: {count} {plural} skipped ({reason})")
     return RankFile(pack(_as_columns(records)), skipped, nan_loss)
-
-
-def _check_values(record: dict[str, Any]) -> str | None:
-    """The reason a schema-valid record is still unusable (bad step or times), or None."""
-    kind = record["kind"]
-    if kind not in _COLUMNS:
-        return None
-    step = record["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < _INT64_LIMIT:
-        return f"{kind} record with step {step!r}, not an integer >= 0"
-    if kind in _TIMED:
-        t0, t1 = record["t0"], record["t1"]
-        if not (_finite(t0) and _finite(t1)) or max(abs(t0), abs(t1)) >= _INT64_LIMIT:
-            return f"{kind} record with null or non-finite t0/t1"
-        if t1 < t0:
-            return f"{kind} record with t1 before t0"
-        record["t0"], record["t1"] = int(t0), int(t1)
-    for name in _LABELS.get(kind, ()):
-        value = record.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
-            return f"{kind} record whose {name} is not a string"
-    if kind == RecordKind.EXPERTS.value:
-        tokens = record["tokens"]
-        if not isinstance(tokens, list) or not all(_finite(n) for n in tokens):
-            return "experts record whose tokens is not a list of numbers"
-    return None
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_nan(value: Any) -> bool:
@@ -441,7 +473,7 @@ def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
         try:
             frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
         except TypeError:  # lists or dicts where a number belongs: those become null
-            numbers = [v if _finite(v) else None for v in frame[name]]
+            numbers = [v if finite(v) else None for v in frame[name]]
             frame[name] = pd.Series(numbers, index=frame.index, dtype="float64")
         if name != "loss":  # a diverged loss is data; an infinite byte count is not
             frame[name] = frame[name].where(np.isfinite(frame[name]))

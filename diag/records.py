@@ -19,13 +19,17 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
+from diag.limits import MAX_ABS_TIME_NS, MAX_EXPERTS, MAX_INDEX, MAX_LABEL_CHARS, MAX_STEP
 from diag.schema import RecordKind
 
-StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-TimeNs = Annotated[int, msgspec.Meta(ge=1 - 2**63, le=2**63 - 1)]
+StepIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_STEP)]
+TimeNs = Annotated[int, msgspec.Meta(gt=-MAX_ABS_TIME_NS, lt=MAX_ABS_TIME_NS)]
+Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_INDEX)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]
 Column = np.ndarray | list[Any] | tuple[Any, ...]
-Label = str | int | None
-"""What the analysis groups by (phase, op, group, tag, layer, name): a string, an int or null."""
+Label = Text | Index | None
+"""What the analysis groups by (phase, op, group, tag, layer, name): a string, an int or null,
+within the bounds of diag/limits.py (what the line-by-line path checks, diag/record_checks.py)."""
 
 
 class _Record(msgspec.Struct, tag_field="kind"):
@@ -49,9 +53,9 @@ class SpanRecord(_Record, tag=RecordKind.SPAN.value):
     phase: Label
     t0: TimeNs
     t1: TimeNs
-    mb: int | None = None
-    stage: int | None = None
-    chunk: int | None = None
+    mb: Index | None = None
+    stage: Index | None = None
+    chunk: Index | None = None
 
 
 class CommRecord(_Record, tag=RecordKind.COMM.value):
@@ -62,7 +66,7 @@ class CommRecord(_Record, tag=RecordKind.COMM.value):
     bytes: float | None
     t0: TimeNs
     t1: TimeNs
-    dtype: str | None = None
+    dtype: Label = None
     expected_bytes: float | None = None
     tag: Label = None
     is_async: bool | None = msgspec.field(default=None, name="async")
@@ -79,13 +83,13 @@ class MemRecord(_Record, tag=RecordKind.MEM.value):
     fragmentation: float | None
     device_peak: float | None = None
     host_rss: float | None = None
-    source: str | None = None
+    source: Label = None
 
 
 class ExpertsRecord(_Record, tag=RecordKind.EXPERTS.value):
     step: StepIndex
     layer: Label
-    tokens: list[float]
+    tokens: Annotated[list[float], msgspec.Meta(max_length=MAX_EXPERTS)]
     dropped: float | None = None
     capacity: float | None = None
     aux_loss: float | None = None
@@ -132,7 +136,7 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
         body = body.replace(b"\n", b",")
     try:
         records = _DECODER.decode(b"[" + body + b"]")
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     by_type: dict[type[_Record], list[Any]] = defaultdict(list)
     for record in records:

@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
+
+from diag.limits import MAX_INTEGER, MAX_WORLD_SIZE
 
 RUN_SCHEMA = "diag.run/1"
 REPORT_SCHEMA = "diag.report/1"
@@ -175,17 +177,23 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        """Parse a manifest, ignoring unknown fields; raises SchemaError with the reason."""
+        """Parse a manifest, ignoring unknown fields; raises SchemaError with the reason. Known
+        fields must hold their declared types, ranks (in `ranks` and `groups`) must be in the
+        world, and counts within diag/limits.py's bounds."""
         if not isinstance(data, dict):
             raise SchemaError("manifest is not a JSON object")
         schema = data.get("schema")
         if schema != RUN_SCHEMA:
-            raise SchemaError(f"schema is {schema!r}, expected {RUN_SCHEMA!r}")
+            raise SchemaError(f"schema is {shown(schema)}, expected {RUN_SCHEMA!r}")
         world_size = data.get("world_size")
-        if not isinstance(world_size, int) or world_size < 1:
-            raise SchemaError(f"world_size is {world_size!r}, expected a positive integer")
+        if not _is_int(world_size) or world_size < 1:
+            raise SchemaError(f"world_size is {shown(world_size)}, expected a positive integer")
+        if world_size > MAX_WORLD_SIZE:
+            raise SchemaError(
+                f"world_size is {world_size}, above the limit of {MAX_WORLD_SIZE:,} ranks"
+            )
         try:
-            return cls(
+            manifest = cls(
                 run_id=str(data.get("run_id") or ""),
                 created=str(data.get("created") or ""),
                 world_size=world_size,
@@ -196,10 +204,7 @@ class Manifest:
                 layout=_known(Layout, data.get("layout")),
                 model=_known(ModelInfo, data.get("model")),
                 ranks=[_known(RankInfo, r) for r in data.get("ranks") or []],
-                groups={
-                    str(k): [list(map(int, g)) for g in v]
-                    for k, v in (data.get("groups") or {}).items()
-                },
+                groups=_groups(data.get("groups"), world_size),
                 hardware=_known(Hardware, data.get("hardware")),
                 injections=[str(s) for s in data.get("injections") or []],
                 status=str(data.get("status") or RunStatus.RUNNING.value),
@@ -207,6 +212,19 @@ class Manifest:
             )
         except (TypeError, ValueError) as err:
             raise SchemaError(f"malformed field: {err}") from err
+        except RecursionError:
+            raise SchemaError("malformed field: nested too deeply") from None
+        sections = {"": manifest, "layout.": manifest.layout, "model.": manifest.model,
+                    "hardware.": manifest.hardware}  # fmt: skip
+        for section, part in sections.items():
+            _check_scalars(section, part)
+        for i, info in enumerate(manifest.ranks):
+            _check_scalars(f"ranks[{i}].", info)
+            if not 0 <= info.rank < world_size:
+                raise SchemaError(
+                    f"ranks[{i}].rank is {info.rank}, outside the world of {world_size} ranks"
+                )
+        return manifest
 
 
 def _known(cls: Any, data: Any) -> Any:
@@ -219,6 +237,64 @@ def _known(cls: Any, data: Any) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def _groups(data: Any, world_size: int) -> dict[str, list[list[int]]]:
+    """The manifest's groups by name, every rank an integer of the world."""
+    if not data:
+        return {}
+    if not isinstance(data, dict):
+        raise SchemaError("malformed field: groups is not a JSON object")
+    groups = {}
+    for name, members in data.items():
+        if not isinstance(members, list) or not all(isinstance(g, list) for g in members):
+            raise SchemaError(f"malformed field: groups.{name} is not a list of rank lists")
+        for group in members:
+            for rank in group:
+                if not _is_int(rank) or not 0 <= rank < world_size:
+                    raise SchemaError(
+                        f"malformed field: groups.{name} holds rank {shown(rank)}, outside "
+                        f"the world of {world_size} ranks"
+                    )
+        groups[str(name)] = [list(group) for group in members]
+    return groups
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def _check_scalars(section: str, part: Any) -> None:
+    """Each scalar field of a manifest dataclass holds its declared type or null where the
+    type allows it; a whole float stands for an int (and becomes one); integers stay within
+    MAX_INTEGER. Raises SchemaError naming the field."""
+    for spec in dataclasses.fields(part):
+        value = getattr(part, spec.name)
+        kinds = str(spec.type).split(" | ")
+        allowed = tuple(t for kind in kinds for t in _SCALARS.get(kind, ()))
+        if not allowed or (value is None and "None" in kinds):
+            continue
+        if "int" in kinds and isinstance(value, float) and value.is_integer():
+            value = int(value)
+            setattr(part, spec.name, value)
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            raise SchemaError(f"{section}{spec.name} is {shown(value)}, expected {spec.type}")
+        if isinstance(value, int) and abs(value) > MAX_INTEGER:
+            raise SchemaError(f"{section}{spec.name} is {value}, beyond the limit of 2**62")
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as a message quotes it: its repr, cut to `limit` characters; a JSON array or
+    object by its kind (never printed whole: it may be huge or deeply nested)."""
+    if isinstance(value, list | tuple):
+        return "a JSON array"
+    if isinstance(value, dict):
+        return "a JSON object"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write manifest.json atomically (temp file + rename), so readers never see half of one."""
     path = Path(run_dir) / MANIFEST_FILE
@@ -229,12 +305,18 @@ def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
-    """Read and validate manifest.json; raises OSError, or SchemaError naming the reason."""
+    """Read and validate manifest.json; raises OSError, UnicodeDecodeError, or SchemaError
+    naming the reason."""
     path = Path(run_dir) / MANIFEST_FILE
+    text = path.read_text()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise SchemaError(f"not valid JSON ({err.msg} at line {err.lineno})") from err
+    except RecursionError:
+        raise SchemaError("not valid JSON (nested too deeply to parse)") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise SchemaError("not valid JSON (a number too long to convert)") from None
     return Manifest.from_dict(data)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import sys
 import time
 from functools import partial
@@ -110,9 +109,7 @@ def _parse_chunk(chunk: list[tuple[int, Path]], patterns: KernelPatterns) -> lis
 def _layout_beside(folder: Path) -> schema.Layout | None:
     """The layout of the run a `--profile-steps` window belongs to (RUN/traces/ -> RUN/)."""
     try:
-        return schema.Manifest.from_dict(
-            json.loads((folder.parent / schema.MANIFEST_FILE).read_text(encoding="utf-8"))
-        ).layout
+        return schema.read_manifest(folder.parent).layout
     except (OSError, ValueError, schema.SchemaError):
         return None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,12 @@ import numpy as np
 from diag import intervals, schema
 from diag.kineto.events import Event
 from diag.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+from diag.limits import MAX_ABS_TIME_NS, MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
 
 NS_PER_US = 1000
+MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
+"""Kineto times and durations (us) beyond this are skipped: start plus duration, in ns, stays
+within diag/limits.py's bound on times."""
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
@@ -68,6 +72,7 @@ class RankEvents:
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
+    skipped: Counter[str] = field(default_factory=Counter)  # events left out, by reason
 
 
 def scan(events: list[Event]) -> RankEvents:
@@ -85,13 +90,25 @@ def scan(events: list[Event]) -> RankEvents:
         ts = event.ts
         if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
             continue
-        t0 = round(ts * NS_PER_US)
         duration = event.dur
         timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
+        if not -MAX_TIME_US < ts < MAX_TIME_US or (
+            timed and not -MAX_TIME_US < duration < MAX_TIME_US
+        ):
+            out.skipped["a time or duration beyond ±2**61 ns"] += 1
+            continue
+        if timed and duration < 0:
+            out.skipped["negative duration"] += 1
+            continue
+        t0 = round(ts * NS_PER_US)
         t1 = t0 + round(duration * NS_PER_US) if timed else t0
-        category, name = event.cat, event.name
+        category, name, tid = event.cat, event.name, event.tid
+        if type(category) is not str:
+            category = None
         if type(name) is not str:
-            name = str(name)
+            name = str(name) if type(name) is int or type(name) is float else ""
+        if type(tid) is list or type(tid) is dict:
+            tid = None
         args = event.args
         if type(args) is not dict:
             args = {}
@@ -100,29 +117,53 @@ def scan(events: list[Event]) -> RankEvents:
             gpu_category.append(category)
             gpu_t0.append(t0)
             gpu_t1.append(t1)
-            gpu_correlation.append(int(args.get("correlation", -1)))
+            gpu_correlation.append(_id(args.get("correlation")))
             continue
         cpu_first.append(t0)
         cpu_last.append(t1)
         if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-            cpu_ops.append((event.tid, t0, t1))  # c10d ops only enqueue
+            cpu_ops.append((tid, t0, t1))  # c10d ops only enqueue
         elif category in LAUNCH_CATEGORIES:
             if "correlation" in args:
-                launches[int(args["correlation"])] = (event.tid, t0)
+                launches[_id(args["correlation"])] = (tid, t0)
         elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
             if step := STEP_NAME.match(name):
+                if int(step.group(1)) >= MAX_STEP:
+                    out.skipped["step number beyond 2**40"] += 1
+                    continue
                 out.steps.append((int(step.group(1)), t0, t1))
-                out.step_tid = event.tid
+                out.step_tid = tid
         elif name.startswith("gloo:"):
-            out.gloo.append((name.removeprefix("gloo:"), t0, t1))
+            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1))
         if name == "record_param_comms":
-            params[event.tid].append((t0, t1, args))
+            params[tid].append((t0, t1, args))
     if cpu_first:
         out.cpu_t0, out.cpu_t1 = min(cpu_first), max(cpu_last)
     out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
     out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
     out.steps.sort(key=lambda s: s[1])
     return out
+
+
+def _id(value: Any) -> int:
+    """A correlation id as an int (-1: none, or not a usable integer)."""
+    number = _count(value, default=-1)
+    return number if number >= 0 else -1
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A non-negative integer of the trace's args (an element count, an id) below
+    MAX_ARG_INTEGER, read from an int, a whole float or a numeric string; `default` else."""
+    try:
+        number = int(value) if type(value) in (int, float, str) else default
+    except (ValueError, OverflowError):
+        return default
+    return number if 0 <= number < MAX_ARG_INTEGER else default
+
+
+def _label(value: Any) -> str:
+    """A name of the trace's args as a string of at most MAX_LABEL_CHARS ("" when absent)."""
+    return str(value)[:MAX_LABEL_CHARS] if type(value) in (str, int, float) else ""
 
 
 def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
@@ -139,16 +180,16 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray
 
 def _collective(params: dict[str, Any]) -> dict[str, Any]:
     """op, group, group_size, bytes and dtype of a record_param_comms event."""
-    name = str(params.get("Collective name", "")).lower()
-    dtype = str(params.get("dtype", "")).lower()
-    nelems = max(int(params.get("In msg nelems") or 0), int(params.get("Out msg nelems") or 0))
+    name = _label(params.get("Collective name")).lower()
+    dtype = _label(params.get("dtype")).lower()
+    nelems = max(_count(params.get("In msg nelems")), _count(params.get("Out msg nelems")))
     element_bytes = DTYPE_BYTES.get(dtype)
-    group = params.get("Process Group Description")
+    group = _label(params.get("Process Group Description"))
     if not group or group == "undefined":
-        group = f"pg{params.get('Process Group Name', '')}"
+        group = f"pg{_label(params.get('Process Group Name'))}"[:MAX_LABEL_CHARS]
     return {
         "op": _OP_BY_COLLECTIVE.get(name, name or None),
-        "group": str(group),
+        "group": group,
         "group_size": params.get("Group size"),
         "bytes": nelems * element_bytes if element_bytes and nelems else None,
         "dtype": dtype or None,
@@ -191,17 +232,20 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     if len(t0) == 0:
         return _cpu_records(rank_id, rank)
     used: set[tuple[Any, int]] = set()
-    for number in sorted(set(steps.tolist()) - {-1}):
-        mine = steps == number
+    order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
+    numbers, firsts = np.unique(steps[order], return_index=True)
+    for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
+        if number == -1:
+            continue
         records["step"].append(
             {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
         )
-        busy = mine & (kinds != KernelClass.COMM.value)
-        comm = mine & (kinds == KernelClass.COMM.value)
-        for i in np.flatnonzero(busy):
+        busy = mine[kinds[mine] != KernelClass.COMM.value]
+        comm = mine[kinds[mine] == KernelClass.COMM.value]
+        for i in busy:
             phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
             records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
-        for i in np.flatnonzero(comm):
+        for i in comm:
             found = _launching_params(rank, int(correlation[i]), used)
             named = found is not None and "Collective name" in found  # older traces: no args
             described = _collective(found) if found is not None and named else {
@@ -234,10 +278,14 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
         busy = intervals.merge(intervals.clip(ops, s0, s1))
         for start, end in busy.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
-        comm = intervals.clip(gloo, s0, s1)
-        for (op, _, _), (start, end) in zip(
-            [g for g in rank.gloo if g[2] > s0 and g[1] < s1], comm.tolist(), strict=True
-        ):
+        starts, ends = np.maximum(gloo[:, 0], s0), np.minimum(gloo[:, 1], s1)
+        inside = ends > starts  # the collectives left in the step once cut to it
+        comm = np.column_stack([starts[inside], ends[inside]])
+        for i, start, end in zip(
+            np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
+            strict=True,
+        ):  # fmt: skip
+            op = rank.gloo[i][0]
             records["comm"].append({
                 "rank": rank_id, "step": number, "op": _OP_BY_COLLECTIVE.get(op, op),
                 "group": None, "group_size": None, "bytes": None, "dtype": None,

@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from diag import intervals
+from diag.kineto.convert import MAX_TIME_US
 from diag.kineto.events import Event
 from diag.kineto.kernels import KernelClass, KernelPatterns
+from diag.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 
 HTA_PATTERNS = KernelPatterns(
     comm=(r"^nccl", r"^hip", r"^hccl", r"ncclKernel"),
@@ -105,13 +107,15 @@ def device_time(events: list[Event], patterns: KernelPatterns) -> DeviceTime | N
         )
         if type(stream) is not int:
             stream = _number(stream)
-        name = event.name
-        on_device = stream >= 0 and (
-            correlation >= 0 if type(correlation) is int else _number(correlation) >= 0
-        )
+        if type(correlation) is not int:
+            correlation = _number(correlation)  # hashable: a key of the launch count
+        if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
+            continue  # as the converter skips them (convert.py)
+        name = event.name if type(event.name) is str else ""
+        on_device = stream >= 0 and correlation >= 0
         if on_device or name in _SYNC_NAMES:
             if stream >= 0:
-                device.append((ts, duration, correlation, str(name), str(category)))
+                device.append((ts, duration, correlation, name, str(category)[:MAX_LABEL_CHARS]))
             continue
         cpu_start.append(ts)
         cpu_correlation.append(correlation)
@@ -165,7 +169,7 @@ def _launches_before_last_step(
     if not whole_us:
         starts, last_start = np.ceil(starts), math.ceil(last_start)
     launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
-    return [launches.get(c, 0) for c in device_correlation]
+    return [min(launches.get(c, 0), MAX_LAUNCHES_PER_KERNEL) for c in device_correlation]
 
 
 def _finite(value: Any) -> bool:

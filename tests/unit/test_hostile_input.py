@@ -554,12 +554,7 @@ TRACE_CASES = {
         2,
         None,
     ),
-    "kineto.deep/manifest-beside": Case(
-        deep_manifest_beside,
-        ranks=1,
-        known="diag/kineto/__init__.py _layout_beside: json.loads of the manifest beside the "
-        "traces raises RecursionError; schema.read_manifest(folder.parent) refuses it",
-    ),
+    "kineto.deep/manifest-beside": Case(deep_manifest_beside, ranks=1),
     "kineto.ranks/world-10**12": usable(
         trace_folder(events(distributed={"world_size": 10**12})), 1, "world_size", cli=True
     ),
