@@ -7,6 +7,12 @@
     leak:mb=X                         retain X MB more every step (held by autograd)
     slowdown:ms=M[,rank=R]            compute slows by M ms more every step (rank R, or every rank)
     no-set-epoch                      the sampler is not re-seeded per epoch
+    stage-slow:stage=S,ms=M           every rank of pipeline stage S computes M ms more per
+                                      micro-batch (stage 0 = every rank without a pipeline)
+    jitter:ms=M                       each rank's compute of each step takes a random
+                                      uniform [0, M] ms more (per seed, rank and step)
+    loader-stall:rank=R,ms=M          rank R sleeps M ms fetching data before each step,
+                                      outside the recorded step
 
 `parse_injection` turns one spec into a typed frozen dataclass; the functions below say what a
 list of them asks of one rank, one group or one step. The reference trainers
@@ -16,6 +22,7 @@ which adds the same times to its clocks) both apply them through these. Pure Pyt
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +74,33 @@ class NoSetEpoch:
     pass
 
 
-Injection = Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | Slowdown | NoSetEpoch
+@dataclass(frozen=True)
+class StageSlow:
+    """A heavier pipeline stage (more layers, the embedding or LM head, a slower device)."""
+
+    stage: int  # the pipeline stage; 0 is every rank of a run without a pipeline
+    ms: float  # extra sleep per micro-batch compute on each rank of the stage, milliseconds
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Work that varies per batch (sequence lengths): the slowest rank changes every step."""
+
+    ms: float  # the most extra compute per rank and step (uniform in [0, ms]), milliseconds
+
+
+@dataclass(frozen=True)
+class LoaderStall:
+    """A slow data loader on one rank: time on the host, outside the recorded step."""
+
+    rank: int  # the stalling rank
+    ms: float  # sleep before each step, milliseconds
+
+
+Injection = (
+    Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | Slowdown | NoSetEpoch | StageSlow
+    | Jitter | LoaderStall
+)  # fmt: skip
 
 
 def _as_number(v: str, kind: type[int] | type[float]) -> float:
@@ -113,6 +146,9 @@ _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
     "leak": (MemoryLeak, {"mb": (_nonneg_float, True)}),
     "slowdown": (Slowdown, {"ms": (_nonneg_float, True), "rank": (_nonneg_int, False)}),
     "no-set-epoch": (NoSetEpoch, {}),
+    "stage-slow": (StageSlow, {"stage": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
+    "jitter": (Jitter, {"ms": (_nonneg_float, True)}),
+    "loader-stall": (LoaderStall, {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
 }
 
 
@@ -165,9 +201,39 @@ def slowdown_ms(injections: Sequence[Injection], rank: int) -> float:
     )
 
 
-def compute_delay_ms(injections: Sequence[Injection], rank: int, step: int) -> float:
-    """Extra compute of `rank` per micro-batch in step `step` (ms; 0 on healthy ranks)."""
-    return straggler_ms(injections, rank) + slowdown_ms(injections, rank) * step
+def stage_slow_ms(injections: Sequence[Injection], stage: int) -> float:
+    """Extra compute per micro-batch of every rank of pipeline stage `stage` (ms; a run
+    without a pipeline is stage 0)."""
+    return sum((i.ms for i in injections if isinstance(i, StageSlow) and i.stage == stage), 0.0)
+
+
+def compute_delay_ms(
+    injections: Sequence[Injection], rank: int, step: int, stage: int = 0
+) -> float:
+    """Extra compute of `rank` (of pipeline stage `stage`) per micro-batch in step `step` (ms;
+    0 on healthy ranks)."""
+    return (
+        straggler_ms(injections, rank)
+        + slowdown_ms(injections, rank) * step
+        + stage_slow_ms(injections, stage)
+    )
+
+
+def jitter_ms(injections: Sequence[Injection], rank: int, step: int, seed: int = 0) -> float:
+    """Extra compute of `rank` in step `step`, once per step (ms): for each `jitter:ms=M`, a
+    uniform draw in [0, M] that depends only on (seed, rank, step, the injection's place), so
+    the trainers and the simulator draw the same delays and every run of a seed repeats them."""
+    total = 0.0
+    for index, i in enumerate(injections):
+        if isinstance(i, Jitter) and i.ms > 0:
+            draw = random.Random(f"jitter:{seed}:{index}:{rank}:{step}").random()
+            total += draw * i.ms
+    return total
+
+
+def loader_stall_ms(injections: Sequence[Injection], rank: int) -> float:
+    """Time `rank` spends fetching data before each step, outside the recorded step (ms)."""
+    return sum((i.ms for i in injections if isinstance(i, LoaderStall) and i.rank == rank), 0.0)
 
 
 def comm_delay_ms(injections: Sequence[Injection], group: str) -> float:

@@ -158,6 +158,7 @@ def run_trainer(
     rec, failed = loop.rec, True
     try:
         for step_index in range(setup.cfg.steps):
+            setup.faults.apply_loader_stall()  # the data fetch of `loader-stall`, unrecorded
             loop.step(step_index)
         failed = False
     finally:
@@ -177,7 +178,8 @@ def start(trainer: str, plan: Plan, argv: list[str] | None) -> Setup:
     topology = checked_plan(plan, cfg, world_size, f"reference_runs.{trainer}", say)
     env = init_distributed()
     groups = build_groups(topology, env.rank)
-    faults = FaultPlan.from_specs(cfg.inject, env.rank)
+    stage = topology.coords(env.rank)["pp"]
+    faults = FaultPlan.from_specs(cfg.inject, env.rank, stage=stage, seed=cfg.seed)
     torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its part
     return Setup(cfg, env, topology, groups, faults)
 

@@ -25,19 +25,33 @@ class FaultPlan:
     rank: int  # the rank this plan is for
     injections: tuple[Injection, ...] = ()  # parsed, in spec order
     specs: tuple[str, ...] = field(default=())  # the original strings, for the manifest
+    stage: int = 0  # the rank's pipeline stage (0 without a pipeline), for `stage-slow`
+    seed: int = 0  # the run's seed, which the `jitter` draws depend on
+    _jittered: set[int] = field(default_factory=set, compare=False, repr=False)
+    """Steps whose `jitter` delay was slept already (once per step, at its first compute)."""
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], rank: int) -> FaultPlan:
+    def from_specs(
+        cls, specs: Sequence[str], rank: int, stage: int = 0, seed: int = 0
+    ) -> FaultPlan:
         injections = tuple(parse_injection(s) for s in specs)
         for kind in (Skew, SkewGrowth):
             if sum(isinstance(i, kind) for i in injections) > 1:
                 given = [s for s, i in zip(specs, injections, strict=True) if isinstance(i, kind)]
                 raise ValueError(f"at most one {kind.__name__} injection allowed, got {given}")
-        return cls(rank=rank, injections=injections, specs=tuple(specs))
+        return cls(rank=rank, injections=injections, specs=tuple(specs), stage=stage, seed=seed)
 
     def compute_delay_s(self, step: int = 0) -> float:
         """Sleep for this rank per micro-batch compute in step `step` (0 on healthy ranks)."""
-        return inj.compute_delay_ms(self.injections, self.rank, step) / 1e3
+        return inj.compute_delay_ms(self.injections, self.rank, step, self.stage) / 1e3
+
+    def jitter_s(self, step: int = 0) -> float:
+        """This rank's `jitter` delay in step `step`, slept once in that step's compute."""
+        return inj.jitter_ms(self.injections, self.rank, step, self.seed) / 1e3
+
+    def loader_stall_s(self) -> float:
+        """Sleep for this rank in its data fetch before each step, outside the recorded step."""
+        return inj.loader_stall_ms(self.injections, self.rank) / 1e3
 
     def comm_delay_s(self, group: str) -> float:
         """Extra latency for one collective of `group` (dp|tp|pp|ep|world)."""
@@ -69,7 +83,17 @@ class FaultPlan:
         return Leak(nbytes, device) if nbytes else None
 
     def apply_compute_delay(self, step: int = 0) -> None:
+        """Sleep this micro-batch's extra compute; the first call of a step adds its jitter."""
         delay_s = self.compute_delay_s(step)
+        if step not in self._jittered:
+            self._jittered.add(step)
+            delay_s += self.jitter_s(step)
+        if delay_s > 0:
+            time.sleep(delay_s)
+
+    def apply_loader_stall(self) -> None:
+        """Sleep the `loader-stall` of this rank; call it before the step's `rec.step` opens."""
+        delay_s = self.loader_stall_s()
         if delay_s > 0:
             time.sleep(delay_s)
 

@@ -18,7 +18,7 @@ from diag.schema import write_manifest
 from simulator.config import ModelSpec, SimConfig, SimulationError, model_params
 from simulator.engine import Engine
 from simulator.hardware import HardwareSpec
-from simulator.injections import parse_faults
+from simulator.injections import parse_faults, stage_of_ranks
 from simulator.writer import RankFiles, build_manifest, finish, prepare
 
 __all__ = [
@@ -49,7 +49,10 @@ def simulate(config: SimConfig, out: str | Path, command: str | None = None) -> 
     started = time.perf_counter()
     config.check()
     try:
-        faults = parse_faults(config.inject, config.world_size, config.model.experts)
+        faults = parse_faults(
+            config.inject, config.world_size, config.model.experts,
+            stages=stage_of_ranks(config), seed=config.seed,
+        )  # fmt: skip
     except ValueError as err:
         raise SimulationError(str(err)) from None
     engine = Engine(config, faults)

@@ -14,7 +14,8 @@ once, as arrays of shape (dp, ep, tp):
   group's axis), so a late rank makes every member wait;
 - after the stage's last backward, the gradient buckets (DDP) all-reduce over the dp group as
   they become ready during that backward; the wait for the last one is a `comm_wait` span; then
-  the optimizer step ends the rank's step, and its next step starts.
+  the optimizer step ends the rank's step, and its next step starts (later under a
+  `loader-stall`: the gap before it is in no span).
 
 Output: per step, `Batch`es of records (one record per rank of a stage, same fields but times).
 """
@@ -158,8 +159,13 @@ class Engine:
     def _step(self, step: int, clock: np.ndarray, out: list[Batch]) -> np.ndarray:
         self.step = step
         self._heads: dict[Any, bytes] = {}
+        stall = self.faults.loader_stall_ms
+        if stall is not None and stall.any():  # loader-stall: the data fetch before the step
+            clock = clock + (stall * 1e6).reshape(self.grid.shape)
         start = clock.copy()
         delay = self.faults.compute_delay_ns(step).reshape(self.grid.shape)
+        jitter = self.faults.jitter_ns(step)
+        first_delay = delay if jitter is None else delay + jitter.reshape(self.grid.shape)
         skew = self.faults.skew_at(step, self.model.experts) if self.model.experts else None
         self.skew = skew
         self.routing: dict[tuple[int, int], Routing] = {}
@@ -176,7 +182,8 @@ class Engine:
                 order = self.orders[s]
                 while nxt[s] < len(order):
                     action = order[nxt[s]]
-                    t = self._action(s, action, stage_clock[s], delay[:, s], out)
+                    d = first_delay[:, s] if nxt[s] == 0 else delay[:, s]  # jitter: once
+                    t = self._action(s, action, stage_clock[s], d, out)
                     if t is None:
                         break
                     stage_clock[s] = t

@@ -7,6 +7,10 @@
     leak:mb=X                         X MiB more activations held every step
     slowdown:ms=M[,rank=R]            compute M ms longer per micro-batch, more every step
     no-set-epoch                      every epoch reads its samples in the same order
+    stage-slow:stage=S,ms=M           every rank of stage S computes M ms longer in each forward
+    jitter:ms=M                       each rank's first forward of a step takes a uniform
+                                      [0, M] ms longer (drawn per seed, rank and step)
+    loader-stall:rank=R,ms=M          rank R starts each step M ms late (no span covers the gap)
 
 The specs are parsed, and their delays, skew and leak added up, by diag/injections.py, as the
 reference trainers do (same syntax, same messages, same sums); here they are checked against
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag import injections as inj
-from diag.injections import Skew, SkewGrowth
+from diag.injections import Jitter, Skew, SkewGrowth, StageSlow
+from simulator.config import SimConfig
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,26 @@ class Faults:
     skew_growth: SkewGrowth | None
     leak_bytes_per_step: int
     set_epoch: bool
+    stage_ms: np.ndarray | None = None  # (world,) extra ms per micro-batch forward (stage-slow)
+    loader_stall_ms: np.ndarray | None = None  # (world,) ms late at the start of every step
+    jitter: tuple[inj.Injection, ...] = ()  # the parsed specs when one is a `jitter`, else ()
+    seed: int = 0  # the run's seed, which the jitter draws depend on
 
     def compute_delay_ns(self, step: int) -> np.ndarray:
         """(world,) ns each rank's forward of one micro-batch takes longer at `step`."""
-        return (self.straggler_ms + self.slowdown_ms * step) * 1e6
+        ms = self.straggler_ms + self.slowdown_ms * step
+        if self.stage_ms is not None:
+            ms = ms + self.stage_ms
+        return ms * 1e6
+
+    def jitter_ns(self, step: int) -> np.ndarray | None:
+        """(world,) ns each rank's first forward of `step` takes longer, None without jitter
+        (the draws of diag.injections.jitter_ms, as the trainers sleep them)."""
+        if not self.jitter:
+            return None
+        world = len(self.straggler_ms)
+        ms = [inj.jitter_ms(self.jitter, rank, step, self.seed) for rank in range(world)]
+        return np.array(ms) * 1e6
 
     def comm_delay_ns(self, group: str) -> float:
         return self.comm_ms.get(group, 0.0) * 1e6
@@ -54,10 +75,16 @@ def no_faults(world: int) -> Faults:
     return Faults((), zeros, zeros.copy(), {}, None, None, 0, True)
 
 
-def parse_faults(specs: Sequence[str], world: int, experts: int) -> Faults:
-    """Faults of `specs`; ValueError (one line, quoting the spec) on a bad or impossible one."""
+def parse_faults(
+    specs: Sequence[str], world: int, experts: int, stages: np.ndarray | None = None,
+    seed: int = 0,
+) -> Faults:  # fmt: skip
+    """Faults of `specs` (`stages`: the (world,) pipeline stage of each rank, all 0 if None;
+    `seed`: the run's); ValueError (one line, quoting the spec) on a bad or impossible one."""
     if not specs:
         return no_faults(world)
+    stage_of = np.zeros(world, dtype=int) if stages is None else np.asarray(stages)
+    num_stages = int(stage_of.max()) + 1
     parsed = [inj.parse_injection(spec) for spec in specs]
     skew: Skew | None = None
     growth: SkewGrowth | None = None
@@ -65,6 +92,10 @@ def parse_faults(specs: Sequence[str], world: int, experts: int) -> Faults:
         rank = getattr(injection, "rank", None)
         if rank is not None and not 0 <= rank < world:
             raise ValueError(f"bad injection {spec!r}: rank {rank} is not in 0..{world - 1}")
+        if isinstance(injection, StageSlow) and injection.stage >= num_stages:
+            raise ValueError(
+                f"bad injection {spec!r}: stage {injection.stage} is not in 0..{num_stages - 1}"
+            )
         if isinstance(injection, Skew | SkewGrowth) and not experts:
             raise ValueError(f"bad injection {spec!r}: needs a MoE model (--experts > 0)")
         if isinstance(injection, Skew):
@@ -88,6 +119,10 @@ def parse_faults(specs: Sequence[str], world: int, experts: int) -> Faults:
         skew_growth=growth,
         leak_bytes_per_step=inj.leak_bytes_per_step(parsed),
         set_epoch=inj.sets_epoch(parsed),
+        stage_ms=np.array([inj.stage_slow_ms(parsed, int(st)) for st in stage_of]),
+        loader_stall_ms=_per_rank(inj.loader_stall_ms, parsed, world),
+        jitter=tuple(parsed) if any(isinstance(i, Jitter) for i in parsed) else (),
+        seed=seed,
     )
 
 
@@ -102,3 +137,9 @@ def _per_rank(
     for rank in named:
         out[rank] = ms_of(parsed, rank)
     return out
+
+
+def stage_of_ranks(config: SimConfig) -> np.ndarray:
+    """(world,) the pipeline stage of each rank of the grid (dp, pp, ep, tp)."""
+    shape = (config.dp, config.pp, config.ep, config.tp)
+    return np.broadcast_to(np.arange(config.pp)[None, :, None, None], shape).reshape(-1)

@@ -37,9 +37,7 @@ def test_its_cost_is_what_removing_it_saves(trainer: str, tmp_path: Path, run_dp
     run_dp(slow, *HEALTHY[trainer], "--inject", STRAGGLER, trainer=trainer, nproc=2)
     run_dp(healthy, *HEALTHY[trainer], trainer=trainer, nproc=2)
     with_it, without = analyze_path(slow), analyze_path(healthy)
-    saved_s = (
-        with_it["attribution"]["measured_step_s"] - without["attribution"]["measured_step_s"]
-    )
+    saved_s = with_it["attribution"]["measured_step_s"] - without["attribution"]["measured_step_s"]
     main = _main(with_it)
     # what the healthy run already loses to the same cause (a pipeline's own stage imbalance)
     before = [f["cost_s"] for f in without["findings"] if f["rule"] == main["rule"]]

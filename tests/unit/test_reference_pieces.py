@@ -9,12 +9,15 @@ import pytest
 import torch
 
 from diag.injections import (
+    Jitter,
+    LoaderStall,
     MemoryLeak,
     NoSetEpoch,
     Skew,
     SkewGrowth,
     SlowComm,
     Slowdown,
+    StageSlow,
     Straggler,
     parse_injection,
 )
@@ -231,6 +234,10 @@ def test_loader_validation() -> None:
         ("slowdown:ms=4,rank=1", Slowdown(ms=4.0, rank=1)),
         ("no-set-epoch", NoSetEpoch()),
         (" straggler: ms=1 , rank=0 ", Straggler(rank=0, ms=1.0)),
+        ("stage-slow:stage=1,ms=5", StageSlow(stage=1, ms=5.0)),
+        ("stage-slow:ms=0.5,stage=0", StageSlow(stage=0, ms=0.5)),
+        ("jitter:ms=40", Jitter(ms=40.0)),
+        ("loader-stall:rank=1,ms=40", LoaderStall(rank=1, ms=40.0)),
     ],
 )
 def test_parse_injection(spec: str, expected: object) -> None:
@@ -258,6 +265,17 @@ def test_parse_injection(spec: str, expected: object) -> None:
         ("leak:mb=-1", "must be a finite number >= 0"),
         ("leak:mb", "expected key=value"),
         ("leak:mb=1,mb=2", "given twice"),
+        ("stage-slow:ms=5", "missing required key(s) stage"),
+        ("stage-slow:stage=1", "missing required key(s) ms"),
+        ("stage-slow:stage=-1,ms=5", "stage='-1' must be >= 0"),
+        ("stage-slow:stage=1,ms=5,rank=0", "unknown key 'rank' for stage-slow"),
+        ("jitter", "missing required key(s) ms"),
+        ("jitter:ms=-2", "must be a finite number >= 0"),
+        ("jitter:ms=inf", "must be a finite number >= 0"),
+        ("jitter:ms=5,rank=1", "unknown key 'rank' for jitter (allowed: ms)"),
+        ("loader-stall:ms=40", "missing required key(s) rank"),
+        ("loader-stall:rank=x,ms=40", "rank='x' is not an integer"),
+        ("loader-stall:rank=1,ms=slow", "ms='slow' is not a number"),
     ],
 )
 def test_parse_injection_errors(spec: str, reason: str) -> None:
@@ -304,6 +322,49 @@ def test_slowdown_grows_with_the_step_on_its_ranks() -> None:
     specs = ["slowdown:ms=5,rank=1", "straggler:rank=1,ms=10"]
     assert FaultPlan.from_specs(specs, rank=1).compute_delay_s(2) == pytest.approx(0.02)
     assert FaultPlan.from_specs(specs, rank=0).compute_delay_s(2) == 0
+
+
+def test_stage_slow_delays_every_micro_batch_of_its_stage() -> None:
+    specs = ["stage-slow:stage=1,ms=5", "straggler:rank=3,ms=10"]
+    on_stage = FaultPlan.from_specs(specs, rank=2, stage=1)
+    assert on_stage.compute_delay_s(0) == on_stage.compute_delay_s(7) == pytest.approx(0.005)
+    assert FaultPlan.from_specs(specs, rank=3, stage=1).compute_delay_s() == pytest.approx(0.015)
+    assert FaultPlan.from_specs(specs, rank=0, stage=0).compute_delay_s() == 0
+    # without a pipeline every rank is stage 0
+    assert FaultPlan.from_specs(["stage-slow:stage=0,ms=2"], 5).compute_delay_s() == 0.002
+
+
+def test_jitter_is_once_per_step_within_bounds_and_seeded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plans = [FaultPlan.from_specs(["jitter:ms=40"], rank=r, seed=3) for r in range(4)]
+    draws = [[p.jitter_s(step) for step in range(6)] for p in plans]
+    assert all(0 <= d <= 0.04 for row in draws for d in row)
+    assert len({d for row in draws for d in row}) == 24  # every rank and step its own draw
+    again = FaultPlan.from_specs(["jitter:ms=40"], rank=2, seed=3)
+    assert [again.jitter_s(step) for step in range(6)] == draws[2]
+    other = FaultPlan.from_specs(["jitter:ms=40"], rank=2, seed=4)
+    assert [other.jitter_s(step) for step in range(6)] != draws[2]
+    assert plans[0].compute_delay_s(1) == 0  # not per micro-batch
+    slept: list[float] = []
+    monkeypatch.setattr("reference_runs.faults.time.sleep", slept.append)
+    for step in (0, 1):
+        for _mb in range(3):
+            plans[1].apply_compute_delay(step)
+    assert slept == [pytest.approx(draws[1][0]), pytest.approx(draws[1][1])]
+
+
+def test_loader_stall_sleeps_only_on_its_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("reference_runs.faults.time.sleep", slept.append)
+    stalled = FaultPlan.from_specs(["loader-stall:rank=1,ms=40"], rank=1)
+    healthy = FaultPlan.from_specs(["loader-stall:rank=1,ms=40"], rank=0)
+    assert stalled.compute_delay_s() == 0 and stalled.loader_stall_s() == pytest.approx(0.04)
+    healthy.apply_loader_stall()
+    stalled.apply_compute_delay()
+    assert slept == []
+    stalled.apply_loader_stall()
+    assert slept == [pytest.approx(0.04)]
 
 
 def test_leak_retains_bytes_saved_for_backward() -> None:

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from diag import ledger
 from diag.analysis import diagnose, load_any
 from diag.cli import main
+from diag.injections import jitter_ms, parse_injection
 from diag.load import load_run
 from simulator import HardwareSpec, ModelSpec, SimConfig, SimulationError, simulate
 
@@ -290,6 +291,9 @@ def test_same_seed_same_run(tmp_path: Path) -> None:
          "divisible by --pp"),
         (SimConfig(dp=2, inject=("straggler:rank=5,ms=1",)), "rank 5 is not in 0..1"),
         (SimConfig(dp=2, inject=("skew:frac=0.5",)), "needs a MoE model"),
+        (SimConfig(dp=2, pp=2, inject=("stage-slow:stage=2,ms=1",)), "stage 2 is not in 0..1"),
+        (SimConfig(dp=2, inject=("stage-slow:stage=1,ms=1",)), "stage 1 is not in 0..0"),
+        (SimConfig(dp=2, inject=("loader-stall:rank=2,ms=1",)), "rank 2 is not in 0..1"),
         (SimConfig(hardware=HardwareSpec(mfu=0)), "mfu must be in (0, 1]"),
     ],
 )  # fmt: skip
@@ -327,6 +331,7 @@ def test_cli_simulate_then_analyze(tmp_path: Path) -> None:
         (["--layout", "dp=2,zz=3"], "unknown dimension 'zz'"),
         (["--layout", "tp=16", "--heads", "8"], "divisible by tp (16)"),
         (["--ranks", "4", "--inject", "leak:gb=3"], "unknown key 'gb'"),
+        (["--ranks", "4", "--inject", "jitter:ms=-1"], "must be a finite number >= 0"),
         ([], "give --ranks N or --layout"),
     ],
 )
@@ -338,3 +343,77 @@ def test_cli_rejects_impossible_layouts_in_one_line(
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("diag: error: ") and reason in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+# --- The injections of sequence-length imbalance, heavy stages and slow loaders --------------
+
+
+def _records(tmp_path: Path, name: str, **options: Any) -> Any:
+    """The loaded run of a simulation without the engine's own compute noise."""
+    model = ModelSpec(**{**SMALL, **options.pop("model", {})})
+    result = simulate(SimConfig(model=model, jitter=0.0, **options), tmp_path / name)
+    return load_run(result.path)
+
+
+def _span_ns(run: Any) -> Any:
+    """Span durations (ns) keyed by rank, step, phase, mb, stage, chunk."""
+    spans = run.spans[run.spans["phase"].isin(["fwd", "bwd"])].copy()
+    spans["ns"] = spans["t1"] - spans["t0"]
+    return spans.set_index(["rank", "step", "phase", "mb", "stage", "chunk"])["ns"].sort_index()
+
+
+def test_stage_slow_lengthens_its_stage_forwards_by_m_per_micro_batch(tmp_path: Path) -> None:
+    layout = {"dp": 2, "pp": 2, "microbatches": 4, "steps": 3}
+    healthy = _span_ns(_records(tmp_path, "healthy", **layout))
+    slow = _span_ns(_records(tmp_path, "slow", **layout, inject=("stage-slow:stage=1,ms=5",)))
+    extra = (slow - healthy).reset_index()
+    on_stage = extra["stage"] == 1
+    fwd = extra["phase"] == "fwd"
+    assert extra[on_stage & fwd]["ns"].to_numpy() == pytest.approx(5e6, abs=1)
+    assert (extra[~(on_stage & fwd)]["ns"].abs() <= 1).all()  # bwd and stage 0 as healthy
+    per_mb = extra[on_stage].groupby(["rank", "step", "mb"])["ns"].sum()
+    assert per_mb.to_numpy() == pytest.approx(5e6, abs=2)  # M more per micro-batch
+    assert set(extra[on_stage]["rank"]) == {1, 3}
+
+
+def test_stage_slow_without_a_pipeline_is_every_rank(tmp_path: Path) -> None:
+    healthy = _span_ns(_records(tmp_path, "healthy", dp=2, microbatches=2, steps=2))
+    slow = _span_ns(_records(tmp_path, "slow", dp=2, microbatches=2, steps=2,
+                             inject=("stage-slow:stage=0,ms=3",)))  # fmt: skip
+    extra = (slow - healthy).reset_index()
+    assert extra[extra["phase"] == "fwd"]["ns"].to_numpy() == pytest.approx(3e6, abs=1)
+
+
+def test_jitter_delays_each_rank_and_step_differently_within_bounds(tmp_path: Path) -> None:
+    layout = {"dp": 4, "microbatches": 2, "steps": 5, "seed": 7}
+    healthy = _span_ns(_records(tmp_path, "healthy", **layout))
+    jittered = _span_ns(_records(tmp_path, "jitter", **layout, inject=("jitter:ms=20",)))
+    extra = (jittered - healthy).reset_index()
+    first = extra[(extra["phase"] == "fwd") & (extra["mb"] == 0)]
+    assert (extra.drop(first.index)["ns"].abs() <= 1).all()  # once per step, in its first fwd
+    delays = first.set_index(["rank", "step"])["ns"] / 1e6
+    assert ((delays >= 0) & (delays <= 20)).all()
+    assert delays.round(6).nunique() == len(delays) == 4 * 5  # differ by rank and by step
+    spec = [parse_injection("jitter:ms=20")]
+    for (rank, step), ms in delays.items():  # the trainers' draws (diag.injections)
+        assert ms == pytest.approx(jitter_ms(spec, int(rank), int(step), seed=7), abs=1e-5)
+    again = _span_ns(_records(tmp_path, "again", **layout, inject=("jitter:ms=20",)))
+    assert again.equals(jittered)
+
+
+def test_loader_stall_leaves_an_unrecorded_gap_before_each_step(tmp_path: Path) -> None:
+    layout = {"dp": 2, "microbatches": 2, "steps": 4}
+    run = _records(tmp_path, "stall", **layout, inject=("loader-stall:rank=1,ms=30",))
+    steps = run.steps.sort_values(["rank", "step"]).set_index(["rank", "step"])
+    origin = steps["t0"].min()
+    starts, ends = steps["t0"] - origin, steps["t1"] - origin
+    assert starts[(1, 0)] == pytest.approx(30e6, abs=1) and starts[(0, 0)] == 0
+    for step in range(1, 4):
+        assert starts[(1, step)] - ends[(1, step - 1)] == pytest.approx(30e6, abs=1)
+        assert starts[(0, step)] - ends[(0, step - 1)] == pytest.approx(0, abs=1)
+    mine = run.spans[run.spans["rank"] == 1]
+    bounds = steps.loc[1]
+    for step, spans in mine.groupby("step"):  # no span covers the gap
+        assert spans["t0"].min() >= bounds.loc[step, "t0"]
+    healthy = _span_ns(_records(tmp_path, "healthy", **layout))
+    assert (_span_ns(run).loc[1] - healthy.loc[1]).abs().max() <= 1  # compute unchanged
