@@ -15,33 +15,9 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import in_steps
+from diag.whatif.matching import group_member_of, label_codes
 
 KEYS = ["rank", "step"]
-
-
-def _member_of(
-    manifest: schema.Manifest, group_codes: np.ndarray, group_names: list[str], ranks: np.ndarray
-) -> np.ndarray:
-    """For each record, which of its axis's groups (manifest.groups) holds its rank; 0 when
-    the manifest does not say."""
-    member_of = np.zeros(len(ranks), dtype=np.int64)
-    for code, name in enumerate(group_names):
-        groups = manifest.groups.get(name)
-        if not groups:
-            continue
-        lookup = np.zeros(max(max(m) for m in groups if m) + 1, dtype=np.int64)
-        for i, members in enumerate(groups):
-            lookup[np.asarray(members, dtype=np.int64)] = i
-        mask = group_codes == code
-        inside = mask & (ranks < len(lookup))
-        member_of[inside] = lookup[ranks[inside]]
-    return member_of
-
-
-def _codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
-    """One integer a distinct label (null is "", code 0) and the labels, as strings."""
-    codes, uniques = pd.factorize(labels)
-    return codes + 1, ["", *(str(u) for u in uniques)]
 
 
 def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
@@ -53,9 +29,9 @@ def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
         return pd.DataFrame(columns=columns)
     records = records.sort_values(["rank", "t0"], kind="stable")
     ranks = records["rank"].to_numpy(dtype=np.int64)
-    group_codes, group_names = _codes(records["group"])
-    op_codes, op_names = _codes(records["op"])
-    member_of = _member_of(manifest, group_codes, group_names, ranks)
+    group_codes, group_names = label_codes(records["group"])
+    op_codes, op_names = label_codes(records["op"])
+    member_of = group_member_of(manifest, group_codes, group_names, ranks)
     # one integer per (group, member_of, op): the collective's stream on that group
     stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes
     frame = pd.DataFrame({"rank": ranks, "stream": stream, "t0": records["t0"].to_numpy()})

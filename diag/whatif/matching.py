@@ -19,7 +19,7 @@ FORWARD_TAG = "act"
 """A pipeline message travelling to the next stage (activations); others go to the previous."""
 
 
-def _codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
+def label_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
     """One integer a distinct label (null is "", code 0) and the labels, as strings."""
     codes, uniques = pd.factorize(labels)
     return codes + 1, ["", *(str(u) for u in uniques)]
@@ -54,8 +54,8 @@ def collective_instances(comms: pd.DataFrame, manifest: schema.Manifest) -> np.n
     order = np.lexsort((comms["t0"].to_numpy(), comms["rank"].to_numpy()))
     frame = comms.iloc[order]
     ranks = frame["rank"].to_numpy(dtype=np.int64)
-    group_codes, group_names = _codes(frame["group"])
-    op_codes, op_names = _codes(frame["op"])
+    group_codes, group_names = label_codes(frame["group"])
+    op_codes, op_names = label_codes(frame["op"])
     member_of = group_member_of(manifest, group_codes, group_names, ranks)
     stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes
     n = pd.DataFrame({"rank": ranks, "stream": stream}).groupby(
