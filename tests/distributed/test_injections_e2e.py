@@ -1,0 +1,32 @@
+"""The `loader-stall` and `jitter` injections of the reference trainers, diagnosed end to end:
+2-rank dp runs of 5 steps (torchrun, gloo).
+
+A stall outside the recorded step reads as host time on the stalled rank (BAL005, pattern 3),
+not as a slower rank's compute (BAL001, pattern 1); per-rank, per-step jitter reads as random
+imbalance (BAL004) that names no rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.analysis import analyze_path
+
+pytestmark = pytest.mark.dist
+
+
+def test_loader_stall_is_host_time_on_its_rank(tmp_path: Path, run_dp) -> None:
+    run_dp(tmp_path, "--steps", "5", "--inject", "loader-stall:rank=1,ms=40", nproc=2)
+    findings = analyze_path(tmp_path)["findings"]
+    main = findings[0]
+    assert (main["rule"], main["ranks"]) == ("BAL005", [1]), findings
+    assert main["pattern"] != 1
+
+
+def test_jitter_is_random_imbalance_naming_no_rank(tmp_path: Path, run_dp) -> None:
+    run_dp(tmp_path, "--steps", "5", "--inject", "jitter:ms=40", nproc=2)
+    findings = analyze_path(tmp_path)["findings"]
+    main = findings[0]
+    assert (main["rule"], main["ranks"]) == ("BAL004", []), findings
