@@ -89,7 +89,7 @@ def assert_same(expected: Any, actual: Any, where: str) -> None:
 @pytest.mark.parametrize("name", _stored_runs())
 def test_stored_run(name: str, tmp_path: Path) -> None:
     folder = tmp_path / name  # a copy: the analysis may cache beside it
-    shutil.copytree(RUNS / name, folder)
+    shutil.copytree(RUNS / name, folder, ignore=shutil.ignore_patterns(".diag-cache"))
     _, report = diagnose(load_any(folder))
     check(name, normalised(report, folder))
 

@@ -40,7 +40,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.mark.parametrize("name", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
 def test_the_replay_gives_every_trainer_its_measured_step(name: str, tmp_path: Path) -> None:
     folder = tmp_path / name
-    shutil.copytree(RUNS / name, folder)
+    shutil.copytree(RUNS / name, folder, ignore=shutil.ignore_patterns(".diag-cache"))
     _, report = diagnose(load_any(folder))
     assert report["attribution"]["replay_error"] <= MAX_REPLAY_ERROR
     assert report["summary"]["replay_error"] == report["attribution"]["replay_error"]
