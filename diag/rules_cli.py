@@ -22,7 +22,7 @@ RANKING_POLICY = (
     "Every finding of patterns 1-3 whose cause the what-if replay can remove (docs/metrics.md,",
     '"Attribution") carries `cost_s` (step time saved per step) and `cost_share` (of the measured',
     "step), and its severity is that share: `high` from 25%, `medium` from 10%, `low` below",
-    "(a `[cost]` table overrides `high` and `medium`; COM001 and COM002 grade with their own",
+    "(a `[cost]` table overrides `high` and `medium`; COM001-COM003 grade with their own",
     "share thresholds). Communication findings claim only transfer time: the time a rank waits",
     "for a late peer is the late rank's (BAL001, BAL005), the stage's (PIP003) or the data's",
     "(BAL004). Memory (pattern 5), MoE quality (4) and pitfalls keep their own severity classes.",

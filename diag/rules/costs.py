@@ -85,7 +85,7 @@ def attach_costs(
 ) -> None:
     """Give each time finding its cost and the severity the cost earns (in place: the
     findings are the engine's own, just made). A rule whose own `high` and `medium`
-    thresholds are shares of the step (COM001, COM002) grades its cost with them; the others
+    thresholds are shares of the step (COM001-COM003) grades its cost with them; the others
     with the `[cost]` limits."""
     if attribution is None or attribution.measured_step_s <= 0:
         return

@@ -143,6 +143,8 @@ def tp_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fin
     thresholds={
         "max_hidden": Threshold(0.20, "fraction", "share of DP all-reduce time hidden: below"),
         "min_share": Threshold(0.10, "fraction", "DP all-reduce time over step wall: at least"),
+        "medium": Threshold(0.10, "fraction", "share of the step hiding DP would save: medium"),
+        "high": Threshold(0.40, "fraction", "share of the step hiding DP would save: high"),
     },
 )
 def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:

@@ -103,7 +103,7 @@ CASES = [
         True,
         lambda runs: _dp_overlap(runs, hidden=False),
         "the all-reduce starts after backward and is waited on",
-        severity="high",
+        severity="medium",
     ),
     RuleCase(
         "COM003",
