@@ -3,9 +3,10 @@
 
 Policy (docs/rules.md, "Ranking"): findings of collapse patterns 1-3 whose cause the replay can
 remove carry `cost_s` (per step) and `cost_share` (of the measured step), and their severity is
-the cost's share of the step: `high` from 25%, `medium` from 10%, `low` below (configurable
-as the `[cost]` table). Communication findings claim only transfer time; waiting for a late
-peer is the late rank's, stage's or the data's.
+the lower of what the rule's evidence grades and what the cost's share of the step earns:
+`high` from 25%, `medium` from 10%, `low` below (configurable as the `[cost]` table).
+Communication findings claim only transfer time; waiting for a late peer is the late rank's,
+stage's or the data's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ COST_LIMITS = {
     "medium": Threshold(0.10, "fraction", "share of the step a finding costs: medium"),
 }
 TIME_PATTERNS = frozenset({1, 2, 3})
+SEVERITY_ORDER = ("high", "medium", "low")
 
 
 def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | None]:
@@ -101,7 +103,10 @@ def attach_costs(
             continue
         finding.cost_s = float(cost_s)
         finding.cost_share = float(cost_s) / attribution.measured_step_s
-        finding.severity = severity_of(finding.cost_share, limits)
+        # the cost may lower a severity, never raise it above what the rule's own evidence
+        # grades: a verdict that only noise on a loaded host makes costly stays as it was
+        earned = severity_of(finding.cost_share, limits)
+        finding.severity = max(finding.severity, earned, key=SEVERITY_ORDER.index)
         finding.evidence = {**finding.evidence, "counterfactual": _counterfactual(finding)}
 
 

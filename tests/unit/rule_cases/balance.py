@@ -58,7 +58,7 @@ CASES = [
     RuleCase("BAL001", False, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "half the ranks are slow: imbalance, not one straggler"),
     RuleCase("BAL002", True, lambda runs: _dp(runs, [80, 80, 40, 40]),
-             "two ranks compute 2x the other two", severity="high", ranks=(0, 1)),
+             "two ranks compute 2x the other two", severity="medium", ranks=(0, 1)),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 80, 42, 41]),
              "one straggler: BAL001 names it"),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 44, 42, 41]),

@@ -36,13 +36,13 @@ def _alternating(rank: int, step: int) -> float:
 CASES = [
     RuleCase("BAL004", True, lambda runs: _synced(runs, _alternating),
              "the slow rank alternates: each step waits 40 ms for a different one",
-             severity="high"),
+             severity="medium"),
     RuleCase("BAL004", False, lambda runs: _synced(runs, lambda r, s: 40.0),
              "every rank computes 40 ms every step"),
     RuleCase("BAL005", True,
              lambda runs: _synced(runs, lambda r, s: 40.0, lambda r, s: 40.0 * r),
              "rank 1 stalls 40 ms before each step (outside it) while rank 0 waits",
-             severity="high", ranks=(1,)),
+             severity="medium", ranks=(1,)),
     RuleCase("BAL005", False, lambda runs: _synced(runs, lambda r, s: 40.0 + 40 * r),
              "rank 1 computes 40 ms longer: a straggler, not host time"),
 ]  # fmt: skip

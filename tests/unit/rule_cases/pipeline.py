@@ -70,7 +70,7 @@ CASES = [
     RuleCase("PIP002", False, lambda runs: _pp(runs, 2, 8, [85, 85]),
              "p=2, m=8 = 4p"),
     RuleCase("PIP003", True, lambda runs: _linked(runs, [40, 90]),
-             "stage 1 computes 90 ms against 40 ms", severity="high", ranks=(1,)),
+             "stage 1 computes 90 ms against 40 ms", severity="medium", ranks=(1,)),
     RuleCase("PIP003", False, lambda runs: _pp(runs, 2, 8, [85, 88]),
              "stages within 4%"),
 ]  # fmt: skip
