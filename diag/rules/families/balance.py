@@ -162,8 +162,12 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     attribution = ctx.metrics.attribution
     if attribution is None:
         return []
-    causes = [c for c in attribution.causes
-              if c.kind == "straggler" and c.cost_share >= limits["min_cost_share"]]  # fmt: skip
+    noise = attribution.cause("imbalance")  # random per-step imbalance: BAL004's
+    noise_s = noise.cost_s if noise else 0.0
+    # a persistent straggler costs more than the per-step noise around it; otherwise a few
+    # steps of random draws could name a rank (BAL004 says it)
+    causes = [c for c in attribution.causes if c.kind == "straggler"
+              and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s]  # fmt: skip
     if not causes:
         return []
     blamed = sorted(r for c in causes for r in c.ranks)
