@@ -15,6 +15,7 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -186,6 +187,15 @@ class _Scenarios:
         mine = np.isin(self.rank, ranks)
         return Durations(seg - np.where(mine, excess, 0), self.base.transfer_ns, self.base.post_ns)
 
+    @cached_property
+    def leveled(self) -> Durations:
+        """Every rank's persistent excess removed (the imbalance and stage replays share it)."""
+        return self._without(list(self.timeline.ranks), "all")
+
+    @cached_property
+    def leveled_saving(self) -> float:
+        return self.saving(self.leveled)
+
     def stragglers(self) -> list[Cause]:
         seg = self.base.seg_ns
         excess = self._excess(seg)
@@ -211,8 +221,7 @@ class _Scenarios:
 
     def imbalance(self) -> list[Cause]:
         seg = self.base.seg_ns
-        everyone = list(self.timeline.ranks)
-        persistent = self.saving(self._without(everyone, "all"))
+        persistent = self.leveled_saving
         level = np.minimum(seg, np.nan_to_num(self.peer_median(seg), nan=np.inf))
         per_step = self.saving(Durations(level, self.base.transfer_ns, self.base.post_ns))
         self.balanced = per_step
@@ -228,8 +237,7 @@ class _Scenarios:
         stage_of = self.role["stage"]
         if stage_of.nunique() < 2:
             return []
-        leveled = self._without(list(self.timeline.ranks), "all")
-        baseline = self.saving(leveled)
+        leveled, baseline = self.leveled, self.leveled_saving
         seg = leveled.seg_ns
         stage = stage_of.reindex(self.rank).to_numpy()
         # a stage's typical rank (the median): one straggler does not make its stage heavy
