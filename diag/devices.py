@@ -49,8 +49,9 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec("h200", "NVIDIA H200 SXM 141GB", 989.0, 141.0, 4800.0, 900.0, 50.0, 8, r"h200"),
         DeviceSpec("b200", "NVIDIA B200 180GB", 2250.0, 180.0, 8000.0, 1800.0, 50.0, 8, r"b200"),
         DeviceSpec("a100", "NVIDIA A100 SXM 80GB", 312.0, 80.0, 2039.0, 600.0, 25.0, 8, r"a100"),
-        DeviceSpec("mi300x", "AMD Instinct MI300X", 1307.0, 192.0, 5300.0, 896.0, 50.0, 8,
-                   r"mi300x"),  # fmt: skip
+        DeviceSpec(
+            "mi300x", "AMD Instinct MI300X", 1307.0, 192.0, 5300.0, 896.0, 50.0, 8, r"mi300x"
+        ),
     )
 }
 
