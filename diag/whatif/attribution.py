@@ -14,6 +14,7 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -155,6 +156,7 @@ class _Scenarios:
         self.host = ev["host_ns"].to_numpy(dtype=np.float64)
         self.role = rank_roles(run, timeline.ranks)
         self.peer_median = _peer_medians(ev, self.role)
+        self.stage_mean = _stage_means(ev, self.role)
         self.balanced = 0.0  # set by `imbalance`
 
     def saving(self, durations: Durations) -> float:
@@ -220,15 +222,20 @@ class _Scenarios:
         return causes
 
     def imbalance(self) -> list[Cause]:
-        seg = self.base.seg_ns
-        persistent = self.leveled_saving
-        level = np.minimum(seg, np.nan_to_num(self.peer_median(seg), nan=np.inf))
-        per_step = self.saving(Durations(level, self.base.transfer_ns, self.base.post_ns))
-        self.balanced = per_step
+        """Random imbalance: with every rank's persistent excess removed, each rank's local time
+        at each place of each step replaced by the mean over its stage's ranks (the ranks of
+        one stage do the same work; balancing data or sequence lengths moves work between them
+        and deletes none, so the mean, not the fastest rank, is what balance would give)."""
+        leveled, persistent = self.leveled, self.leveled_saving
+        seg = leveled.seg_ns
+        mean = self.stage_mean(seg)
+        even = Durations(np.where(np.isnan(mean), seg, mean), leveled.transfer_ns, leveled.post_ns)
+        per_step = self.saving(even)
+        self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
         random_part = max(per_step - persistent, 0.0)
         return [self._cause("imbalance", "random per-step imbalance across ranks (data or "
                             "sequence lengths, jitter)", random_part, evidence={
-                                "every_step_at_peer_median_s": per_step / NS_PER_S,
+                                "every_step_balanced_s": per_step / NS_PER_S,
                                 "persistent_excess_removed_s": persistent / NS_PER_S})]  # fmt: skip
 
     def stages(self) -> list[Cause]:
@@ -322,6 +329,21 @@ def _peer_medians(events: pd.DataFrame, role: pd.DataFrame):
         return np.where(count < 2, np.nan, out)
 
     return median_of_others
+
+
+def _stage_means(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
+    """A function: for values per event, the mean of the same (step, place) over the ranks of
+    the event's pipeline stage (NaN where the rank is alone there)."""
+    stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
+    keys = pd.MultiIndex.from_arrays([stages, events["step"].to_numpy(), events["j"].to_numpy()])
+    codes, _ = pd.factorize(keys)
+
+    def mean_of_stage(values: np.ndarray) -> np.ndarray:
+        grouped = pd.Series(values).groupby(codes)
+        count = grouped.transform("size").to_numpy()
+        return np.where(count < 2, np.nan, grouped.transform("mean").to_numpy())
+
+    return mean_of_stage
 
 
 def _median_without(frame: pd.DataFrame, ranked: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -65,7 +65,11 @@ def replay(timeline: Timeline, durations: Durations) -> np.ndarray:
     nan = float("nan")
     arrived = [nan] * len(kind)
     done = [nan] * len(kind)
-    clock = relative_ns(timeline)[timeline.first[:-1]].tolist()
+    # each rank's chain begins where its first event's measured local time began (the end of
+    # the step before the window, where one was recorded)
+    opening = timeline.first[:-1]
+    origin = relative_ns(timeline)[opening] - ev["seg_ns"].to_numpy(dtype=np.float64)[opening]
+    clock = origin.tolist()
     started = list(clock)  # when the chain's last event began (a launch may be timed from it)
     position = timeline.first[:-1].tolist()
     last = timeline.first[1:].tolist()

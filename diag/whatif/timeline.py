@@ -113,13 +113,33 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)
-    _local_time(timeline, spans)
+    _local_time(timeline, spans, _previous_step_ends(run.steps, steps, ranks))
     _dependencies(timeline, pairs)
     return timeline
 
 
-def _local_time(timeline: Timeline, spans: pd.DataFrame) -> None:
-    """seg_ns (local time before each event), host_ns (its part outside compute spans), j."""
+def _previous_step_ends(
+    recorded: pd.DataFrame, analysed: pd.DataFrame, ranks: np.ndarray
+) -> np.ndarray:
+    """Per rank (in `ranks` order), the end of the step it recorded just before its first analysed
+    one (a warm-up step, or the step before a window), or -1 where there is none: the time
+    between the two is the first analysed step's host time (a data fetch before it)."""
+    first = analysed.groupby("rank")["step"].min()
+    ends = np.full(len(ranks), -1, dtype=np.int64)
+    if recorded.empty:
+        return ends
+    earlier = recorded[recorded["step"] < recorded["rank"].map(first)]
+    if earlier.empty:
+        return ends
+    latest = earlier.sort_values("step").groupby("rank")["t1"].last()
+    ends[:] = latest.reindex(ranks).fillna(-1).to_numpy(dtype=np.int64)
+    return ends
+
+
+def _local_time(timeline: Timeline, spans: pd.DataFrame, previous_step_end: np.ndarray) -> None:
+    """seg_ns (local time before each event), host_ns (its part outside compute spans), j.
+    A rank's first event (the START of its first analysed step) is timed from the end of the
+    step before it where one was recorded (`previous_step_end`, -1: none)."""
     ev = timeline.events
     kind = ev["kind"].to_numpy()
     a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
@@ -135,12 +155,14 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame) -> None:
     before = before.groupby(rank).ffill()
     previous_end = before["end"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
     previous_start = before["start"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
+    starts = timeline.first[:-1]
+    opening = (previous_step_end >= 0) & (previous_step_end <= a[starts])
+    previous_end[starts[opening]] = previous_step_end[opening]
     from_start = launch & (a < previous_end)
     reference = np.where(from_start, previous_start, previous_end)
     seg = np.maximum(a - reference, 0)
     ev["from_start"] = from_start
     previous_end = reference
-    starts = timeline.first[:-1]
     compute = np.zeros(len(ev), dtype=np.int64)
     working = spans[spans["phase"].isin(COMPUTE_PHASES)].sort_values("rank", kind="stable")
     span_rank = working["rank"].to_numpy()

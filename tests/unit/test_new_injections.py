@@ -1,21 +1,15 @@
 """The attribution recovers what the `stage-slow`, `jitter` and `loader-stall` injections cost:
 each simulated with and without the injection (the same 3D layout), the matching cause's cost
-against the measured step-time difference, and the main finding.
+against what the simulator says removing the cause saves, and the main finding.
 
 The recovery compares the rise of the matching cause's cost (injected minus healthy, same kind
-and ranks) with the rise of `attribution.measured_step_s`, within RECOVERY. Two recoveries are
-known to fall short, by the attribution's own definitions (docs/simulator.md, "Injections"),
-and are strict xfails that quote the numbers measured when they were written:
-
-- `jitter`: the `imbalance` counterfactual levels each rank at its peers' median, so it
-  recovers the step's slowest draw minus the median draw; the mean draw every rank pays (and
-  in a pipeline, the previous stage's draw the next one inherits) stays in the step.
-- `loader-stall`: the gap before the first replayed step is outside the replayed timeline, so
-  the `host` cause recovers (n - 1) / n of the stall over n replayed steps (0.75 at 5 steps).
-
-The main finding is the report's first; under `jitter` that is PIP002 (the bubble, whose
-counterfactual with 4x the micro-batches also averages the draws out: 0.0062 s against BAL004's
-0.0057 s), a strict xfail too; BAL004 is the first finding the healthy run does not raise.
+and ranks) with the step time the cause adds, within RECOVERY:
+- `stage-slow`, `loader-stall`: the rise of `attribution.measured_step_s` over the healthy run.
+- `jitter`: the random per-rank draws are work as well as imbalance; balancing (data, sequence
+  lengths) moves work between the ranks of a stage and deletes none, so what it can save is
+  the injected run against the same run with each step's draws replaced by their mean over
+  each stage's ranks (the simulator re-run with balanced draws: the ground truth of the
+  `imbalance` counterfactual, docs/metrics.md "Attribution").
 """
 
 from __future__ import annotations
@@ -25,9 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from diag.analysis import diagnose, load_any
+from simulator.cli import simulate
+from simulator.injections import Faults
 
 LAYOUT = ["--ranks", "8", "--layout", "dp=2,tp=2,pp=2", "--gpus-per-node", "4", "--steps", "5",
           "--microbatches", "4", "--layers", "4", "--hidden", "1024"]  # fmt: skip
@@ -42,19 +40,9 @@ CASES = {
     "jitter:ms=20": ("imbalance", [], "BAL004", []),
     "loader-stall:rank=3,ms=30": ("host", [3], "BAL005", [3]),
 }
-SHORT = {
-    "jitter:ms=20": "imbalance recovers 0.0057 s of the 0.0334 s the jitter adds (17%)",
-    "loader-stall:rank=3,ms=30": "host recovers 0.0218 s of the 0.0291 s the stall adds (75%)",
-}
-"""Recoveries that fall short by the attribution's definitions (see the module docstring)."""
-NOT_FIRST = {"jitter:ms=20": "PIP002 (bubble, cost 0.0062 s) precedes BAL004 (0.0057 s)"}
-"""Main findings that come second, after one the injection makes worse as well."""
-
-
-def _marked(spec: str, reasons: dict[str, str]) -> Any:
-    if spec not in reasons:
-        return spec
-    return pytest.param(spec, marks=pytest.mark.xfail(strict=True, reason=reasons[spec]))
+JITTER = "jitter:ms=20"
+STAGE_OF_RANK = (np.arange(8) // 2) % 2
+"""The grid order of the layout: rank = (dp_i * pp + pp_i) * tp + tp_i."""
 
 
 def _simulate(out: Path, *inject: str) -> dict[str, Any]:
@@ -63,6 +51,24 @@ def _simulate(out: Path, *inject: str) -> dict[str, Any]:
         [sys.executable, "-m", "diag", "simulate", *LAYOUT, *args, "--out", str(out)],
         check=True, capture_output=True,
     )  # fmt: skip
+    return diagnose(load_any(out))[1]
+
+
+def _simulate_balanced_jitter(out: Path, spec: str) -> dict[str, Any]:
+    """The `jitter` run with each step's draws replaced by their mean over each stage's ranks
+    (in-process: the simulator's own draws, averaged)."""
+    drawn = Faults.jitter_ns
+
+    def balanced(faults: Faults, step: int) -> np.ndarray | None:
+        draws = drawn(faults, step)
+        if draws is None:
+            return None
+        means = pd.Series(draws).groupby(STAGE_OF_RANK).transform("mean")
+        return means.to_numpy()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Faults, "jitter_ns", balanced)
+        simulate.main([*LAYOUT, "--inject", spec, "--out", str(out)], standalone_mode=False)
     return diagnose(load_any(out))[1]
 
 
@@ -77,24 +83,37 @@ def injected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
     return {spec: _simulate(root / spec.split(":")[0], spec) for spec in CASES}
 
 
+@pytest.fixture(scope="module")
+def without_cause(
+    healthy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """Per injection, the run with its cause removed: the healthy run, or for `jitter` the
+    balanced draws."""
+    balanced = _simulate_balanced_jitter(tmp_path_factory.mktemp("balanced") / "run", JITTER)
+    return {spec: balanced if spec == JITTER else healthy for spec in CASES}
+
+
 def _cost_s(report: dict[str, Any], kind: str, ranks: list[int]) -> float:
     causes = report["attribution"]["causes"]
     return next((c["cost_s"] for c in causes if c["kind"] == kind and c["ranks"] == ranks), 0.0)
 
 
-@pytest.mark.parametrize("spec", [_marked(spec, SHORT) for spec in CASES])
-def test_the_matching_cause_costs_what_the_injection_adds(
-    spec: str, healthy: dict[str, Any], injected: dict[str, dict[str, Any]]
+@pytest.mark.parametrize("spec", list(CASES))
+def test_the_matching_cause_costs_what_removing_it_saves(
+    spec: str,
+    healthy: dict[str, Any],
+    injected: dict[str, dict[str, Any]],
+    without_cause: dict[str, dict[str, Any]],
 ) -> None:
     kind, ranks, _, _ = CASES[spec]
-    report = injected[spec]
-    added_s = report["attribution"]["measured_step_s"] - healthy["attribution"]["measured_step_s"]
+    report, removed = injected[spec], without_cause[spec]
+    added_s = report["attribution"]["measured_step_s"] - removed["attribution"]["measured_step_s"]
     cost_s = _cost_s(report, kind, ranks) - _cost_s(healthy, kind, ranks)
     assert added_s > 0.01
     assert cost_s == pytest.approx(added_s, rel=RECOVERY), (spec, cost_s, added_s)
 
 
-@pytest.mark.parametrize("spec", [_marked(spec, NOT_FIRST) for spec in CASES])
+@pytest.mark.parametrize("spec", list(CASES))
 def test_the_main_finding_names_the_injection(
     spec: str, injected: dict[str, dict[str, Any]]
 ) -> None:

@@ -15,9 +15,10 @@ def random_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
     """Which rank is slowest changes from step to step, and every step waits for that one.
 
     Symptom:
-        Replayed with every rank's local time at its peers' median in each step, the step is
-        much shorter; removing each rank's typical excess instead saves little: the slow rank
-        of a step is a different one each time.
+        Replayed with every rank's local time at the mean of its stage's ranks in each step
+        (the work balanced, none deleted), the step is much shorter; removing each rank's
+        typical excess instead saves little: the slow rank of a step is a different one each
+        time.
     Likely cause:
         Work that varies per batch: sequence lengths, padding, MoE routing, data augmentation;
         or noise on the hosts (interrupts, other processes). Synchronous collectives make every
@@ -27,8 +28,8 @@ def random_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
         the hosts quiet (pin processes, isolate cores); fewer synchronisation points per step
         (larger gradient accumulation) average the noise out.
     Evidence:
-        The counterfactual's saving (cost_s), the saving of every step at the peer median and
-        of every rank's typical excess removed.
+        The counterfactual's saving (cost_s), the saving of every step balanced and of every
+        rank's typical excess removed.
     """
     attribution = ctx.metrics.attribution
     cause = attribution.cause("imbalance") if attribution else None
