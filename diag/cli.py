@@ -15,10 +15,12 @@ from typing import Any
 import click
 
 from diag import __version__
-from diag.analysis import analyze_path
+from diag.analysis import analyze_path, diagnose, load_any
 from diag.check import check
 from diag.compare import compare
+from diag.convert import convert
 from diag.errors import InputError
+from diag.html_charts import Chart
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
 from diag.rules_cli import rules
@@ -104,10 +106,12 @@ def analyze(
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        report = analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps)
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
-        text = FORMATS[fmt](report)
+        if fmt == "html":
+            text = html_report(path, thresholds, hta, layout, steps)
+        else:
+            text = FORMATS[fmt](analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps))
         if out is None:
             click.echo(text, nl=False)
         else:
@@ -115,6 +119,23 @@ def analyze(
             click.echo(f"diag: wrote {out}", err=True)
     except InputError as error:
         fail(error)
+
+
+def html_report(
+    path: str,
+    thresholds: dict[str, Any] | None,
+    hta: bool,
+    layout: Layout | None,
+    steps: range | None,
+) -> str:
+    """The HTML report with the dashboard's figures (dashboard/html_report.py): the run is
+    loaded and diagnosed here, since the figures need its tables, not only the report dict."""
+    from dashboard.html_report import plotly_js_gzip, report_charts  # plotly, not Dash
+
+    run = load_any(path, layout, steps)
+    metrics, report = diagnose(run, thresholds, hta)
+    charts = [Chart(section, figure) for section, figure in report_charts(run, metrics, report)]
+    return render_html(report, charts, plotly_js_gzip())
 
 
 @main.command()
@@ -142,5 +163,6 @@ main.add_command(check)
 main.add_command(compare)
 main.add_command(rules)
 main.add_command(simulate)
+main.add_command(convert)
 
 __all__ = ["EXIT_INPUT", "fail", "main", "read_config", "write_output"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
 from diag.load import RunData
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
 from diag.units import aligned, mib, num, pct, si, size
@@ -410,14 +412,20 @@ _CSS = (
 )
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """One self-contained HTML page (inline CSS, no scripts); every string is escaped."""
+def render_html(
+    report: dict[str, Any], charts: Sequence[Chart] = (), plotly_js_gzip: bytes | None = None
+) -> str:
+    """One self-contained HTML page; every string is escaped. Without charts: inline CSS and no
+    script. With `charts` (the dashboard's figures, `dashboard/html_report.py`) and plotly.js
+    (gzip-compressed), the charts follow the findings and plotly.js is inlined once
+    (diag/html_charts.py); it opens offline."""
     esc = html.escape
     title = esc(f"diag report: {report['run'].get('run_id') or ''}")
+    drawn = bool(charts) and plotly_js_gzip is not None
     parts = [
         "<!doctype html>",
         f'<html lang="en"><head><meta charset="utf-8"><title>{title}</title>',
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{_CSS}{CHART_CSS if drawn else ''}</style></head><body>",
         f"<h1>{title}</h1>",
         f"<p><code>{esc(headline(report))}</code></p>",
     ]
@@ -429,6 +437,8 @@ def render_html(report: dict[str, Any]) -> str:
             for f in report["findings"]
         )
         parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
+    if drawn:
+        parts += chart_markup(charts)
     for section in sections(report):
         head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
         body = "".join(
@@ -439,5 +449,7 @@ def render_html(report: dict[str, Any]) -> str:
     if report["skipped"]:
         items = "".join(f"<li>{esc(note)}</li>" for note in report["skipped"])
         parts.append(f"<h2>Skipped</h2><ul>{items}</ul>")
+    if drawn and plotly_js_gzip is not None:
+        parts.append(loader_markup(plotly_js_gzip))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
