@@ -47,6 +47,8 @@ class StepContext:
         except Exception as err:
             report_once("Recorder.step enter", err)
         self._t0 = rec.clock.now()
+        if rec._fetch_t0 is not None:  # the batch came from `rec.iterate`: the step began there
+            self._t0, rec._fetch_t0 = min(rec._fetch_t0, self._t0), None
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -1,12 +1,18 @@
 """A DDP communication hook that records each bucket's all-reduce (bytes, timing, expected).
 
-It does what DDP's default all-reduce does (average the bucket across the group) and records:
+It does what DDP's default all-reduce does (average the bucket across the group), or runs the
+user's own hook (PowerSGD, `fp16_compress_hook`, `bf16_compress_hook`: `hook=`) and records
+what that hook really sends (collectors/hook_payload.py), and records:
 - one `comm` record per bucket: payload = the bucket's flat gradient buffer, expected = the
   gradients of the parameters in the bucket (the ledger's payload, params x grad dtype bytes),
   t0 when the bucket was ready and launched, t1 when its all-reduce completed;
 - the bucket buffers as communication buffers (memory category);
 - per step, a `comm_wait` span from the last bucket's launch (backward compute is done by then)
   to the last completion: the time the rank waits for the slowest rank inside backward.
+
+Registering it declares DDP's process group the `dp` group (the layout's dp is its size unless
+the user gave one), and `checksum_every=N` all-gathers a checksum of the parameters every N
+steps (`param_checksum` events): ranks whose weights drift apart are not synchronised.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import torch
 import torch.distributed as dist
 
 from collectors.comm import CommEvent, context
+from collectors.hook_payload import PayloadCapture
+from collectors.manifest import DataParallel
+from collectors.safety import report_once
 
 if TYPE_CHECKING:
     from collectors.recorder import Recorder
@@ -41,6 +50,10 @@ class DDPHookState:
         self._last_done_ns: int | None = None
         self._original_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
         self.group_size = dist.get_world_size(process_group)
+        # the user's hook and its state, run in place of the plain all-reduce
+        self.user_hook: Callable[[Any, Any], torch.futures.Future[Any]] | None = None
+        self.user_state: Any = None
+        self.capture: PayloadCapture | None = None
         # bucket index -> (buffer bytes, expected bytes); DDP rebuilds its buckets once, after
         # the first step, so an entry is recomputed when its buffer size changes.
         self._buckets: dict[int, tuple[int, int]] = {}
@@ -112,11 +125,52 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
     return work.get_future().then(done)
 
 
+def recording_wrapper_hook(state: DDPHookState, bucket: Any) -> torch.futures.Future:
+    """The user's hook, timed, its real payload recorded against the bucket's gradients."""
+    rec, capture, hook = state.recorder, state.capture, state.user_hook
+    assert hook is not None and capture is not None
+    buffer: torch.Tensor = bucket.buffer()
+    nbytes = buffer.numel() * buffer.element_size()
+    expected = state.expected_bytes(bucket, nbytes)
+    t0 = rec.clock.now()
+    if state.before_launch is not None:
+        state.before_launch()
+    state.launched(t0)
+    capture.begin()
+    try:
+        future = hook(state.user_state, bucket)
+    except BaseException:
+        capture.end()
+        raise
+
+    def done(fut: torch.futures.Future) -> Any:
+        try:
+            t1 = rec.clock.now()
+            sent_bytes, op, dtype = capture.end()
+            state.completed(t1)
+            event = CommEvent(
+                op=op, group=state.process_group, bytes=sent_bytes, dtype=dtype, t0=t0, t1=t1,
+                is_async=True, blocking=False, expected_bytes=expected, tag=state.tag,
+                fields={"hook": _hook_name(hook), "uncompressed_bytes": nbytes},
+            )  # fmt: skip
+            rec.record_comm_event(event)
+        except Exception as err:
+            report_once("recording_wrapper_hook", err)
+        return fut.value()  # the user's result, untouched (an error in it propagates)
+
+    return future.then(done)
+
+
 # DDP inspects the hook's annotations, which `from __future__ import annotations` turns into
 # strings; give it the real classes it compares against.
-recording_allreduce_hook.__annotations__.update(
-    bucket=dist.GradBucket, state=DDPHookState, **{"return": torch.futures.Future[torch.Tensor]}
-)
+for _hook in (recording_allreduce_hook, recording_wrapper_hook):
+    _hook.__annotations__.update(
+        bucket=dist.GradBucket, state=DDPHookState, **{"return": torch.futures.Future[torch.Tensor]}
+    )
+
+
+def _hook_name(hook: Callable[..., Any]) -> str:
+    return str(getattr(hook, "__qualname__", None) or type(hook).__name__)
 
 
 def register_recording_hook(
@@ -125,16 +179,96 @@ def register_recording_hook(
     process_group: Any = None,
     before_launch: Callable[[], None] | None = None,
     tag: str = "grad",
-) -> DDPHookState:
-    """Register the recording all-reduce hook on a DDP model; returns its state.
+    *,
+    hook: Callable[[Any, Any], torch.futures.Future[Any]] | None = None,
+    hook_state: Any = None,
+    checksum_every: int = 0,
+) -> DDPHookState | None:
+    """Register the recording hook on a DDP model; returns its state (None when off).
 
+    `hook`/`hook_state` are the communication hook you would give `register_comm_hook`
+    (e.g. `bf16_compress_hook` and a process group, or `powerSGD_hook` and its
+    `PowerSGDState`): it runs as it would, and its real payload is recorded against the
+    uncompressed gradients. DDP accepts one hook per model, so register yours through here.
+    `process_group` defaults to DDP's (`ddp_model.process_group`); it becomes the `dp` group.
     `before_launch` runs before each bucket's all-reduce (fault injection uses it to add
-    latency). The recorder closes each step's wait interval through the returned state.
+    latency). `checksum_every=N` (0: off) all-gathers a parameter checksum every N steps.
     """
-    state = DDPHookState(recorder, process_group, before_launch, tag)
-    ddp_model.register_comm_hook(state, recording_allreduce_hook)
+    if not getattr(recorder, "enabled", False):
+        return None
+    group = process_group
+    for candidate in (getattr(ddp_model, "process_group", None), dist.group.WORLD):
+        group = candidate if group is None else group
+    state = DDPHookState(recorder, group, before_launch, tag)
+    recorder.declare_data_parallel(
+        DataParallel("ddp", group, state.group_size, tag, hook=_hook_name(hook) if hook else None)
+    )
+    if getattr(ddp_model, "_comm_hooks", None):
+        # DDP takes one hook per model: theirs stays, unrecorded, and the run says so.
+        recorder.event("grad_sync_unrecorded", reason="the model already has a comm hook")
+        report_once(
+            "register_recording_hook",
+            RuntimeError("this DDP model already has a communication hook; pass it as "
+                         "register_recording_hook(rec, model, hook=..., hook_state=...)"),
+        )  # fmt: skip
+        return None
+    recording = recording_allreduce_hook
+    if hook is not None:
+        state.capture = PayloadCapture.install()
+        if state.capture is not None:
+            state.user_hook, state.user_state = hook, hook_state
+            recording = recording_wrapper_hook
+            recorder.on_close(state.capture.uninstall)
+        else:  # a second DDP model with its own hook: run it unrecorded rather than not at all
+            report_once("register_recording_hook", RuntimeError("one recorded hook a process"))
+            ddp_model.register_comm_hook(hook_state, hook)
+            return state
+    ddp_model.register_comm_hook(state, recording)
     recorder.on_step_end(lambda: _emit_wait(recorder, state))
+    _record_buffer_broadcasts(recorder, ddp_model, group)
+    if checksum_every > 0 and state.group_size > 1:
+        module = getattr(ddp_model, "module", ddp_model)
+        recorder.on_step_end(lambda: _checksum(recorder, module, group, checksum_every))
     return state
+
+
+def _record_buffer_broadcasts(recorder: Recorder, ddp_model: Any, group: Any) -> None:
+    """DDP broadcasts rank 0's buffers (BatchNorm statistics, any registered buffer) at every
+    forward, inside C++ where the tracer cannot see it: a rank waits there for its slowest peer,
+    which must read as waiting, not as forward compute. Recorded as a blocking `broadcast`,
+    tag `ddp.buffers`, by wrapping this model's (private, long-stable) broadcast method."""
+    original = getattr(ddp_model, "_distributed_broadcast_coalesced", None)
+    if original is None or not getattr(ddp_model, "modules_buffers", None):
+        return
+
+    def broadcast(bufs: Any, bucket_size: int, authoritative_rank: int = 0) -> Any:
+        tensors = list(bufs)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else None
+        with recorder.collective("broadcast", nbytes, group, dtype=dtype, tag="ddp.buffers"):
+            return original(tensors, bucket_size, authoritative_rank)
+
+    ddp_model._distributed_broadcast_coalesced = broadcast
+
+
+def parameter_checksum(module: torch.nn.Module) -> float:
+    """A cheap fingerprint of the weights: the float64 sum of every parameter's sum."""
+    with torch.no_grad():
+        return float(sum(float(p.detach().double().sum()) for p in module.parameters()))
+
+
+def _checksum(recorder: Recorder, module: torch.nn.Module, group: Any, every: int) -> None:
+    """Every `every` steps, all ranks' checksums, as a `param_checksum` event (not traced)."""
+    if recorder.step_index % every:
+        return
+    mine = torch.tensor([parameter_checksum(module)], dtype=torch.float64)
+    gathered = torch.empty(dist.get_world_size(group), dtype=torch.float64)
+    context.depth += 1  # the recorder's own collective is not the job's: not traced
+    try:
+        dist.all_gather_into_tensor(gathered, mine, group=group)
+    finally:
+        context.depth -= 1
+    recorder.event("param_checksum", group="dp", values=[float(v) for v in gathered.tolist()])
 
 
 def _emit_wait(recorder: Recorder, state: DDPHookState) -> None:

@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,29 @@ def build_manifest(
         hardware=_known(Hardware, hardware or {}),
         injections=list(injections or []),
     )
+
+
+@dataclass
+class DataParallel:
+    """A wrapper that synchronises gradients over a process group (DDP, FSDP2)."""
+
+    wrapper: str  # ddp | fsdp
+    group: Any  # the ProcessGroup it reduces over (never None: the default group's object)
+    size: int  # ranks in that group
+    tag: str  # the tag its gradient collectives are recorded with
+    zero_stage: int = 0  # FSDP2's full sharding is ZeRO-3
+    hook: str | None = None  # the user's DDP communication hook, by name
+
+
+def declare_data_parallel(dist: Any, dp: DataParallel, world_size: int) -> list[list[int]]:
+    """Every DP replica group's ranks, as the manifest's `groups["dp"]` lists them.
+
+    A group spanning the world is the only one; a smaller group's peers are gathered from all
+    ranks (a collective on the default group, so every rank must call this).
+    """
+    if dp.size == world_size:
+        return [list(range(world_size))]
+    mine = [int(r) for r in dist.get_process_group_ranks(dp.group)]
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return sorted({tuple(ranks): list(ranks) for ranks in everyone}.values())

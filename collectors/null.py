@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+Batch = TypeVar("Batch")
 
 
 class NullContext:
@@ -32,6 +34,9 @@ class NullRecorder:
 
     def span(self, phase: str, mb: Any = None, stage: Any = None, chunk: Any = None) -> NullContext:
         return NULL_CONTEXT
+
+    def iterate(self, loader: Iterable[Batch]) -> Iterator[Batch]:
+        return iter(loader)
 
     def collective(self, *args: Any, **kwargs: Any) -> NullContext:
         return NULL_CONTEXT

@@ -22,9 +22,9 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,12 @@ from collectors.clock import Clock
 from collectors.comm import CollectiveTracer, CommEvent
 from collectors.contexts import CollectiveContext, SpanContext, StepContext, TagContext
 from collectors.device import CudaSpanTimer, NvmlSampler
-from collectors.manifest import build_manifest, gather_rank_infos
+from collectors.manifest import (
+    DataParallel,
+    build_manifest,
+    declare_data_parallel,
+    gather_rank_infos,
+)
 from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
@@ -42,6 +47,7 @@ from diag.names import WORLD
 from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, rank_file_name, write_manifest
 
 _PHASES = {p.value for p in Phase}
+Batch = TypeVar("Batch")
 
 
 class Recorder:
@@ -86,12 +92,17 @@ class Recorder:
         self.phase: str | None = None  # the phase of the innermost open span (fwd, bwd, ...)
         self._group_names: dict[int, tuple[str, Any]] = {}
         self._step_end_callbacks: list[Callable[[], None]] = []
+        self._close_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
         self._nvml = NvmlSampler.create(self.device)
         self.watch(model, optimizer)
         self._cuda_timer = CudaSpanTimer.create(self.device)
         self._manifest: Any = None
         self._grads_at_opt_bytes: int | None = None
+        # Where the last `iterate` fetch began: the step that follows starts there, so a slow
+        # loader is its rank's time inside the step, not time between steps.
+        self._fetch_t0: int | None = None
+        self._layout_keys: set[str] = set()  # the layout fields the user gave (never inferred)
         self._closed = False
         atexit.register(self._flush_at_exit)
 
@@ -156,6 +167,7 @@ class Recorder:
                 injections=injections,
             )
             write_manifest(rec.run_dir, rec._manifest)
+        rec._layout_keys = set(layout or {})
         if trace_collectives:
             rec.trace_collectives()
         return rec
@@ -193,6 +205,30 @@ class Recorder:
         """Name a process group by its parallel dimension (`dp`, `tp`, `pp`, `ep`)."""
         self._group_names[id(group)] = (name, group)
 
+    @guarded()
+    def declare_data_parallel(self, dp: DataParallel) -> None:
+        """A DDP or FSDP2 wrapper synchronises gradients over `dp.group`: name it `dp`, infer the
+        layout's `dp` (and ZeRO stage) unless the user gave them, and write a `grad_sync` event
+        (what the no-sync pitfall rule checks the recorded collectives against).
+
+        Every rank must call it (a DP group smaller than the world is gathered from all ranks).
+        """
+        if id(dp.group) not in self._group_names:
+            self.register_group("dp", dp.group)
+        all_groups = declare_data_parallel(dist, dp, self.world_size)
+        if self._manifest is not None:
+            manifest = self._manifest
+            if "dp" not in self._layout_keys:
+                manifest.layout.dp = dp.size
+            if "zero_stage" not in self._layout_keys and dp.zero_stage:
+                manifest.layout.zero_stage = dp.zero_stage
+            manifest.groups.setdefault("dp", all_groups)
+            write_manifest(self.run_dir, manifest)
+        self.event(
+            "grad_sync", wrapper=dp.wrapper, group="dp", group_size=dp.size, tag=dp.tag,
+            hook=dp.hook,
+        )  # fmt: skip
+
     def group_name(self, group: Any) -> str:
         entry = self._group_names.get(id(group))
         if entry is not None:
@@ -204,6 +240,31 @@ class Recorder:
     # ----------------------------------------------------------------- steps and spans
     def step(self, tokens: int | None = None) -> StepContext | NullContext:
         return StepContext(self, tokens)
+
+    def iterate(self, loader: Iterable[Batch]) -> Iterator[Batch]:
+        """The loader's batches, each fetch recorded as a `data` span of the step it feeds:
+
+            for batch in rec.iterate(loader):
+                with rec.step(tokens=batch.numel()):
+                    ...
+
+        The step then begins where its fetch began, so the time a slow loader costs is its
+        rank's (host time inside the step), not an unrecorded gap between steps.
+        """
+        batches = iter(loader)
+        while True:
+            t0 = self.clock.now()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self._record_fetch(t0, self.clock.now())
+            yield batch
+
+    @guarded()
+    def _record_fetch(self, t0: int, t1: int) -> None:
+        self.record_span_interval("data", t0, t1, source="iterate")
+        self._fetch_t0 = t0
 
     def span(
         self, phase: str, mb: int | None = None, stage: int | None = None, chunk: int | None = None
@@ -231,6 +292,10 @@ class Recorder:
 
     def on_step_end(self, callback: Callable[[], None]) -> None:
         self._step_end_callbacks.append(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` when the recorder closes, before its files are (e.g. to unpatch)."""
+        self._close_callbacks.append(callback)
 
     # ----------------------------------------------------------------- collectives
     def trace_collectives(self, before_launch: Callable[[CommEvent], None] | None = None) -> None:
@@ -357,6 +422,11 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        for callback in self._close_callbacks:
+            try:
+                callback()
+            except Exception as err:
+                report_once("close callback", err)
         if self._tracer is not None:
             self._tracer.uninstall()
         if self._cuda_timer is not None:

@@ -188,3 +188,97 @@ def nonfinite_loss(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
             "clip on the global norm",
         )
     ]
+
+
+def _grad_sync_declarations(ctx: RuleContext) -> dict[int, dict[str, Any]]:
+    """rank -> the `grad_sync` event of its DDP/FSDP2 wrapper over 2+ ranks (the last one)."""
+    events = _events(ctx, "grad_sync")
+    found: dict[int, dict[str, Any]] = {}
+    for rank, fields in zip(events.get("rank", []), events.get("fields", []), strict=True):
+        size = _number((fields or {}).get("group_size"))
+        if size is not None and size > 1 and isinstance((fields or {}).get("tag"), str):
+            found[int(rank)] = fields
+    return found
+
+
+def _checksum_drift(ctx: RuleContext, tolerance: float) -> tuple[int, float] | None:
+    """(first step, relative spread) where the ranks' `param_checksum` values differ."""
+    events = _events(ctx, "param_checksum").sort_values("step", kind="stable")
+    for step, fields in zip(events.get("step", []), events.get("fields", []), strict=True):
+        raw = (fields or {}).get("values")
+        values = [v for v in map(_number, raw if isinstance(raw, list) else []) if v is not None]
+        if len(values) < 2:
+            continue
+        scale = max(max(abs(v) for v in values), 1e-12)
+        spread = (max(values) - min(values)) / scale
+        if spread > tolerance:
+            return int(step), spread
+    return None
+
+
+@rule(
+    "PIT004",
+    "pitfalls.no_grad_sync",
+    pattern=None,
+    thresholds={
+        "checksum_tolerance": Threshold(
+            1e-6, "fraction", "spread of the ranks' parameter checksums over the largest"
+        ),
+    },
+)
+def gradients_not_synchronised(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Ranks train a DDP/FSDP model, but its gradients are never synchronised.
+
+    Symptom:
+        A rank registered a DDP or FSDP2 model over 2+ ranks (`grad_sync` event) and the run
+        records no collective with its gradient tag at all; or the ranks' opt-in parameter
+        checksums (`param_checksum` events, `checksum_every=`) differ at a step.
+    Likely cause:
+        The forward runs through the unwrapped module (`model(x)` where the DDP wrapper was
+        meant), so DDP's backward hooks never fire; `no_sync()` left on; gradients reduced
+        by hand over the wrong group. Each rank then trains its own model, silently.
+    Fix:
+        Run forward and backward through the wrapper (`ddp_model(x)`), leave `no_sync()`
+        only around accumulation micro-steps, reduce over the DP group.
+    Evidence:
+        The wrapper, its group size and tag, the gradient collectives recorded (0), the steps;
+        or the first step whose checksums differ and their relative spread.
+    """
+    declared = _grad_sync_declarations(ctx)
+    if not declared or ctx.run.steps.empty:
+        return []
+    first = next(iter(declared.values()))
+    evidence: dict[str, Any] = {
+        "wrapper": first.get("wrapper"),
+        "group_size": first.get("group_size"),
+        "tag": first.get("tag"),
+    }
+    comms = ctx.run.comms
+    tags = {str(fields.get("tag")) for fields in declared.values()}
+    synced = comms[comms["tag"].isin(tags)] if not comms.empty else comms
+    silent = sorted(set(declared) - {int(r) for r in synced.get("rank", [])})
+    drift = _checksum_drift(ctx, limits["checksum_tolerance"])
+    if not silent and drift is None:
+        return []
+    if silent:
+        evidence |= {"grad_collectives": 0, "steps": int(ctx.run.steps["step"].nunique())}
+        title = (
+            f"{evidence['wrapper'] or 'DP'} model on {evidence['group_size']} ranks, but no "
+            "gradient collective was recorded: the ranks train apart"
+        )
+    if drift is not None:
+        evidence |= {"checksum_step": drift[0], "checksum_spread": drift[1]}
+        if not silent:
+            title = f"the ranks' parameters differ at step {drift[0]}: gradients are not synced"
+    return [
+        Finding(
+            rule="PIT004",
+            pattern=None,
+            severity="high",
+            title=title,
+            ranks=silent or sorted(declared),
+            evidence=evidence,
+            advice="run forward and backward through the DDP/FSDP wrapper (ddp_model(x), not "
+            "the inner module); keep no_sync() to accumulation micro-steps",
+        )
+    ]

@@ -45,6 +45,21 @@ def _losses(runs: Any, bad_from: int | None) -> Any:
     return run_dir
 
 
+def _grad_sync(runs: Any, synced: bool, checksums_differ: bool = False) -> Any:
+    def rows(rank: int, step: int) -> list[Any]:
+        out: list[Any] = []
+        if step == 0:
+            out.append(event(0, "grad_sync", wrapper="ddp", group="dp", group_size=2, tag="grad"))
+        if synced:
+            out.append(runs.comm(step, 50.0, 60.0, tag="grad", expected_bytes=1000))
+        if step % 2 == 0:
+            drift = 1.0 + 0.01 * step if checksums_differ else 1.0
+            out.append(event(step, "param_checksum", group="dp", values=[1.0, drift]))
+        return out
+
+    return state_run(runs, EIGHT, extra=rows)
+
+
 CASES = [
     RuleCase("PIT001", True, lambda runs: _epochs(runs, False),
              "same order hash in both epochs", severity="medium", ranks=(0, 1)),
@@ -57,4 +72,10 @@ CASES = [
     RuleCase("PIT003", True, lambda runs: _losses(runs, 5), "loss NaN at step 5",
              severity="high", ranks=(0,)),
     RuleCase("PIT003", False, lambda runs: _losses(runs, None), "finite losses"),
+    RuleCase("PIT004", True, lambda runs: _grad_sync(runs, synced=False),
+             "DDP on 2 ranks, no gradient all-reduce", severity="high", ranks=(0, 1)),
+    RuleCase("PIT004", True, lambda runs: _grad_sync(runs, synced=True, checksums_differ=True),
+             "weights drift apart", severity="high", ranks=(0, 1)),
+    RuleCase("PIT004", False, lambda runs: _grad_sync(runs, synced=True),
+             "gradients all-reduced, equal checksums"),
 ]  # fmt: skip
