@@ -1,0 +1,67 @@
+"""DDP with a user's compression hook, recorded: bf16 compression, then PowerSGD, one process.
+
+    torchrun --standalone --nproc-per-node 2 tests/distributed/hook_job.py OUT
+
+Writes OUT/bf16 and OUT/powersgd (5 steps each). PowerSGD compresses from step 2
+(`start_powerSGD_iter=2`, the least it allows with error feedback); before, it all-reduces
+the bucket as it is. The ranks' weights are all-gathered at the end into OUT/*/weights.json:
+the hook still synchronised them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from collectors import Recorder, register_recording_hook
+
+STEPS = 5
+
+
+def train(out: Path, hook: object, hook_state: object) -> None:
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder.from_env(out, model=model, optimizer=opt)
+    register_recording_hook(rec, model, hook=hook, hook_state=hook_state)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for batch in rec.iterate(torch.randn(32, 64, generator=generator) for _ in range(STEPS)):
+        with rec.step(tokens=batch.shape[0]):
+            with rec.span("fwd"):
+                loss = (model(batch) - batch).pow(2).mean()
+            with rec.span("bwd"):
+                loss.backward()
+            with rec.span("opt"):
+                opt.step()
+                opt.zero_grad()
+    rec.close()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, flat)
+    if dist.get_rank() == 0:
+        spread = max(float((w - everyone[0]).abs().max()) for w in everyone)
+        (out / "weights.json").write_text(json.dumps({"max_rank_difference": spread}))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    out = Path(sys.argv[1])
+    train(out / "bf16", bf16_compress_hook, None)
+    state = powersgd.PowerSGDState(
+        process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+    )
+    train(out / "powersgd", powersgd.powerSGD_hook, state)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""A user's DDP communication hook (bf16 compression, PowerSGD) under the recording hook, on 2
+gloo ranks (tests/distributed/hook_job.py): it still synchronises, and its real payload is
+recorded against the uncompressed gradients, so the report's ratio is the compression."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import diag
+
+pytestmark = pytest.mark.dist
+
+JOB = Path(__file__).with_name("hook_job.py")
+PARAM_BYTES = (64 * 128 + 128 + 128 * 64 + 64) * 4
+# PowerSGD at rank 1: P (n x 1) and Q (m x 1) per weight matrix; biases go uncompressed
+POWERSGD_BYTES = 2 * (128 + 64) * 4 + (128 + 64) * 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hooks")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node=2", str(JOB), str(out)]  # fmt: skip
+    result = subprocess.run(launch, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return out
+
+
+def grad_records(run: Path, rank: int = 0) -> list[dict[str, Any]]:
+    lines = (run / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "comm" and r["tag"] == "grad"]
+
+
+def grad_row(run: Path) -> dict[str, Any]:
+    (row,) = [c for c in diag.analyze_path(run)["collectives"] if c["tag"] == "grad"]
+    return row
+
+
+@pytest.mark.parametrize("name", ["bf16", "powersgd"])
+def test_the_users_hook_still_synchronises_the_ranks(runs: Path, name: str) -> None:
+    assert json.loads((runs / name / "weights.json").read_text())["max_rank_difference"] == 0.0
+    events = [json.loads(line) for line in (runs / name / "rank-00001.jsonl").open()]
+    (sync,) = [e for e in events if e.get("name") == "grad_sync"]
+    assert sync["hook"] in {"bf16_compress_hook", "powerSGD_hook"} and sync["group_size"] == 2
+
+
+def test_bf16_compression_sends_half_the_gradient_bytes(runs: Path) -> None:
+    for rank in (0, 1):
+        records = grad_records(runs / "bf16", rank)
+        assert len(records) == 5  # one bucket a step
+        for r in records:
+            assert r["bytes"] * 2 == r["expected_bytes"] == PARAM_BYTES
+            assert r["dtype"] == "bfloat16" and r["group"] == "dp" and r["t0"] <= r["t1"]
+    assert grad_row(runs / "bf16")["ratio"] == pytest.approx(0.5)
+
+
+def test_powersgd_payload_is_its_low_rank_factors(runs: Path) -> None:
+    by_step = {r["step"]: r for r in grad_records(runs / "powersgd")}
+    assert [by_step[s]["bytes"] for s in (0, 1)] == [PARAM_BYTES] * 2  # before start_powerSGD_iter
+    assert [by_step[s]["bytes"] for s in (2, 3, 4)] == [POWERSGD_BYTES] * 3
+    assert all(r["expected_bytes"] == PARAM_BYTES for r in by_step.values())
+    ratio = grad_row(runs / "powersgd")["ratio"]
+    assert ratio < 0.75  # the analysed steps (warm-up excluded) are mostly compressed
