@@ -43,6 +43,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.tensor import DTensor
 
+from collectors.manifest import DataParallel
 from collectors.safety import report_once
 
 if TYPE_CHECKING:
@@ -221,4 +222,19 @@ def register_fsdp_recording(
         unit.set_custom_all_gather(RecordingAllGather(rec, meter, numel, layer, delay_s))
         unit.set_custom_reduce_scatter(RecordingReduceScatter(rec, meter, numel, layer, delay_s))
     rec.on_step_end(meter.step_end)
+    group = _shard_group(modules)
+    if group is not None:  # the sharding group is the DP group, as DDP's is (ZeRO-3)
+        size = dist.get_world_size(group)
+        rec.declare_data_parallel(DataParallel("fsdp", group, size, "fsdp.rs", zero_stage=3))
     return meter
+
+
+def _shard_group(units: Sequence[nn.Module]) -> Any:
+    """The process group the units shard over: their parameters' 1-D device mesh (None for
+    HSDP's 2-D mesh or without DTensor parameters: say the layout then)."""
+    for unit in units:
+        for param in unit.parameters():
+            if isinstance(param, DTensor):
+                mesh = param.device_mesh
+                return mesh.get_group() if mesh.ndim == 1 else None
+    return None

@@ -1,6 +1,8 @@
-"""A user's DDP communication hook (bf16 compression, PowerSGD) under the recording hook, on 2
-gloo ranks (tests/distributed/hook_job.py): it still synchronises, and its real payload is
-recorded against the uncompressed gradients, so the report's ratio is the compression."""
+"""Data-parallel wrappers recorded with no layout given, on 2 gloo ranks
+(tests/distributed/dp_wrappers_job.py): a user's DDP communication hook (bf16 compression,
+PowerSGD) under the recording hook still synchronises, and its real payload is recorded against
+the uncompressed gradients, so the report's ratio is the compression; FSDP2's sharding group is
+the `dp` group and the layout is inferred."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import diag
 
 pytestmark = pytest.mark.dist
 
-JOB = Path(__file__).with_name("hook_job.py")
+JOB = Path(__file__).with_name("dp_wrappers_job.py")
 PARAM_BYTES = (64 * 128 + 128 + 128 * 64 + 64) * 4
 # PowerSGD at rank 1: P (n x 1) and Q (m x 1) per weight matrix; biases go uncompressed
 POWERSGD_BYTES = 2 * (128 + 64) * 4 + (128 + 64) * 4
@@ -67,3 +69,19 @@ def test_powersgd_payload_is_its_low_rank_factors(runs: Path) -> None:
     assert all(r["expected_bytes"] == PARAM_BYTES for r in by_step.values())
     ratio = grad_row(runs / "powersgd")["ratio"]
     assert ratio < 0.75  # the analysed steps (warm-up excluded) are mostly compressed
+
+
+@pytest.mark.parametrize("name", ["bf16", "fsdp"])
+def test_the_layout_is_inferred_from_the_wrapper(runs: Path, name: str) -> None:
+    manifest = json.loads((runs / name / "manifest.json").read_text())
+    assert manifest["layout"]["dp"] == 2 and manifest["groups"]["dp"] == [[0, 1]]
+    assert manifest["layout"]["zero_stage"] == (3 if name == "fsdp" else 0)
+    groups = {r["group"] for r in grad_records(runs / name)}
+    assert groups == ({"dp"} if name == "bf16" else set())
+
+
+def test_fsdp_reduce_scatters_are_in_the_dp_group(runs: Path) -> None:
+    report = diag.analyze_path(runs / "fsdp")
+    (rs,) = [c for c in report["collectives"] if c["tag"] == "fsdp.rs"]
+    assert rs["group"] == "dp" and rs["op"] == "reduce_scatter"
+    assert not [f for f in report["findings"] if f["rule"] == "PIT004"]

@@ -1,8 +1,9 @@
-"""DDP with a user's compression hook, recorded: bf16 compression, then PowerSGD, one process.
+"""Data-parallel wrappers recorded with no layout given: DDP with a user's compression hook
+(bf16 compression, then PowerSGD), then FSDP2, one after the other in one process.
 
-    torchrun --standalone --nproc-per-node 2 tests/distributed/hook_job.py OUT
+    torchrun --standalone --nproc-per-node 2 tests/distributed/dp_wrappers_job.py OUT
 
-Writes OUT/bf16 and OUT/powersgd (5 steps each). PowerSGD compresses from step 2
+Writes OUT/bf16, OUT/powersgd and OUT/fsdp (5 steps each). PowerSGD compresses from step 2
 (`start_powerSGD_iter=2`, the least it allows with error feedback); before, it all-reduces
 the bucket as it is. The ranks' weights are all-gathered at the end into OUT/*/weights.json:
 the hook still synchronised them.
@@ -19,19 +20,31 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collectors import Recorder, register_recording_hook
+from collectors.fsdp import register_fsdp_recording
 
 STEPS = 5
 
 
-def train(out: Path, hook: object, hook_state: object) -> None:
+def train(out: Path, hook: object = None, hook_state: object = None, fsdp: bool = False) -> None:
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)))
+    net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    if fsdp:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        units = [(fully_shard(layer, mesh=mesh), i) for i, layer in enumerate(net[::2])]
+        model: nn.Module = fully_shard(net, mesh=mesh)
+    else:
+        model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = Recorder.from_env(out, model=model, optimizer=opt)
-    register_recording_hook(rec, model, hook=hook, hook_state=hook_state)
+    if fsdp:
+        register_fsdp_recording(rec, [*units, (model, None)])
+    else:
+        register_recording_hook(rec, model, hook=hook, hook_state=hook_state)
     generator = torch.Generator().manual_seed(dist.get_rank())
     for batch in rec.iterate(torch.randn(32, 64, generator=generator) for _ in range(STEPS)):
         with rec.step(tokens=batch.shape[0]):
@@ -43,6 +56,8 @@ def train(out: Path, hook: object, hook_state: object) -> None:
                 opt.step()
                 opt.zero_grad()
     rec.close()
+    if fsdp:
+        return
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, flat)
@@ -60,6 +75,7 @@ def main() -> None:
         process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
     )
     train(out / "powersgd", powersgd.powerSGD_hook, state)
+    train(out / "fsdp", fsdp=True)
     dist.destroy_process_group()
 
 
