@@ -20,6 +20,7 @@ from diag.check import check
 from diag.compare import compare
 from diag.convert import convert
 from diag.errors import InputError
+from diag.export_cli import export
 from diag.html_charts import Chart
 from diag.launch import demo, run
 from diag.report import render_html, render_markdown, render_text
@@ -164,5 +165,6 @@ main.add_command(compare)
 main.add_command(rules)
 main.add_command(simulate)
 main.add_command(convert)
+main.add_command(export)
 
 __all__ = ["EXIT_INPUT", "fail", "main", "read_config", "write_output"]
