@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from diag import __version__
+from diag import __version__, flops
 from diag.analysis import analyze_path, diagnose, load_any
 from diag.check import check
 from diag.compare import compare
@@ -93,6 +93,18 @@ def main() -> None:
     help="Analyse only steps A to B-1 of a run directory (A: or :B open-ended): a long run's "
     "window in the memory of the window.",
 )
+@click.option(
+    "--model",
+    metavar="layers=N,hidden=N,seq=N,vocab=N",
+    callback=lambda _ctx, _param, value: _model_spec(value),
+    help="The model, for MFU (a trace folder has none; over a run's manifest it overrides): "
+    "also heads, ffn, experts, topk, and batch (sequences per micro-batch, for a trace's tokens).",
+)
+@click.option(
+    "--peak-tflops",
+    type=click.FloatRange(min=0, min_open=True),
+    help="One device's peak TFLOP/s for MFU [default: the device table, bf16 dense].",
+)
 def analyze(
     path: str,
     fmt: str | None,
@@ -101,6 +113,8 @@ def analyze(
     hta: bool,
     layout: Layout | None,
     steps: range | None,
+    model: str | None,
+    peak_tflops: float | None,
 ) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
     busy/comm/idle, bytes, memory and experts with the findings."""
@@ -110,9 +124,10 @@ def analyze(
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         if fmt == "html":
-            text = html_report(path, thresholds, hta, layout, steps)
+            text = html_report(path, thresholds, hta, layout, steps, (model, peak_tflops))
         else:
-            text = FORMATS[fmt](analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps))
+            report = analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps)
+            text = FORMATS[fmt](flops.with_overrides(report, model, peak_tflops))
         if out is None:
             click.echo(text, nl=False)
         else:
@@ -128,15 +143,28 @@ def html_report(
     hta: bool,
     layout: Layout | None,
     steps: range | None,
+    overrides: tuple[str | None, float | None] = (None, None),
 ) -> str:
     """The HTML report with the dashboard's figures (dashboard/html_report.py): the run is
-    loaded and diagnosed here, since the figures need its tables, not only the report dict."""
+    loaded and diagnosed here, since the figures need its tables, not only the report dict.
+    `overrides`: `--model` and `--peak-tflops` for MFU."""
     from dashboard.html_report import plotly_js_gzip, report_charts  # plotly, not Dash
 
     run = load_any(path, layout, steps)
     metrics, report = diagnose(run, thresholds, hta)
+    report = flops.with_overrides(report, *overrides)
     charts = [Chart(section, figure) for section, figure in report_charts(run, metrics, report)]
     return render_html(report, charts, plotly_js_gzip())
+
+
+def _model_spec(text: str | None) -> str | None:
+    """`--model` checked here (exit 2 naming the bad key), applied after the analysis."""
+    if text is not None:
+        try:
+            flops.parse_model(text)
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+    return text
 
 
 @main.command()

@@ -102,6 +102,7 @@ def headline(report: dict[str, Any]) -> str:
         f"{summary.get('steps_analysed', 0)} steps",
         f"step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
+        *_model_flops(run, summary),
         f"comm {pct(summary.get('comm_share'))} (exposed {pct(summary.get('exposed_comm_share'))}"
         + (
             f", {pct(hidden)} of it hidden)"
@@ -117,6 +118,17 @@ def headline(report: dict[str, Any]) -> str:
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
+
+
+def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """`MFU 41% (405 TFLOP/s per GPU)`; the TFLOP/s alone on a device of unknown peak; nothing
+    on a CPU run or when the model is unknown (the summary's `mfu_note` says why)."""
+    tflops = summary.get("model_tflops_per_gpu")
+    if summary.get("mfu") is not None:
+        return [f"MFU {pct(summary['mfu'])} ({num(tflops)} TFLOP/s per GPU)"]
+    if tflops is not None and run.get("device_type") not in (None, "cpu"):
+        return [f"{num(tflops)} TFLOP/s per GPU"]
+    return []
 
 
 PATTERN_NAMES: dict[int | None, str] = {

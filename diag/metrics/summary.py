@@ -1,5 +1,6 @@
 """The run's headline: step time, throughput, communication shares, imbalance, the pipeline
-bubble against theory, steps and ranks analysed, the last loss (docs/metrics.md)."""
+bubble against theory, steps and ranks analysed, the last loss, model FLOPs utilisation
+(docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import ledger
+from diag import flops, ledger
 from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.common import KEYS, NS_PER_S, ratio
@@ -51,6 +52,13 @@ def summary(
     }
     if pp > 1:  # pipeline runs only (docs/metrics.md, "Pipeline")
         summary["stage_imbalance"] = pipeline_metrics["stage_imbalance"]
+    peak_tflops, peak_note = flops.device_peak_tflops(run.manifest.ranks)
+    summary.update(
+        flops.mfu_summary(
+            run.manifest.model, summary["tokens_per_s"], run.manifest.world_size, peak_tflops,
+            peak_note,
+        )
+    )  # fmt: skip
     return summary
 
 
