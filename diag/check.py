@@ -138,6 +138,37 @@ def format_metric(name: str, value: float | None) -> str:
     return num(value)
 
 
+def _plan_violations(
+    report: Mapping[str, Any], plan_path: str, tolerance: float | None
+) -> list[str]:
+    """`--plan FILE`: the run against the plan for its own layout (diag/plan/verdict.py)."""
+    import json
+
+    from diag.plan.verdict import DEFAULT_PLAN_TOLERANCE, check_against_plan
+
+    tol = DEFAULT_PLAN_TOLERANCE if tolerance is None else tolerance
+    if tol < 0:
+        raise click.UsageError(f"--plan-tolerance must be >= 0, got {tol}")
+    try:
+        with open(plan_path, encoding="utf-8") as handle:
+            plan = json.loads(handle.read(MAX_PLAN_BYTES + 1) or "null")
+    except (OSError, ValueError) as err:
+        raise InputError(plan_path, f"cannot read the plan ({err})") from None
+    if not isinstance(plan, dict) or plan.get("schema") != "diag.plan/1":
+        raise InputError(plan_path, "not a diag.plan/1 document (diag plan --format json)")
+    try:
+        violations, problem = check_against_plan(report, plan, tol)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(plan_path, f"malformed plan entry ({err})") from None
+    if problem is not None:
+        raise InputError(plan_path, problem)
+    return violations
+
+
+MAX_PLAN_BYTES = 16 * 2**20
+"""A plan file larger than this is refused (a plan of every layout is a few MiB)."""
+
+
 # --- The command --------------------------------------------------------------------------------
 
 
@@ -173,6 +204,11 @@ def _limits_from(
     help=f"Relative slowdown allowed against --baseline [default: {DEFAULT_TOLERANCE}].",
 )
 @click.option("--config", metavar="FILE", help="TOML: [check] limits and [rules.CODE] thresholds.")
+@click.option("--plan", "plan_path", metavar="FILE",
+              help="A `diag plan --format json` file: fail when the run is slower than the plan "
+              "for its layout by more than --plan-tolerance.")  # fmt: skip
+@click.option("--plan-tolerance", type=float, default=None,
+              help="Relative slowdown allowed against --plan [default: 0.25].")  # fmt: skip
 def check(
     path: str,
     max_comm_share: float | None,
@@ -181,6 +217,8 @@ def check(
     baseline: str | None,
     tolerance: float | None,
     config: str | None,
+    plan_path: str | None = None,
+    plan_tolerance: float | None = None,
 ) -> None:
     """Gate CI on the run PATH: exit 1 with one line per violated limit or regressed metric.
 
@@ -213,6 +251,8 @@ def check(
         if baseline is not None:
             before = analyze_path(baseline, thresholds)
             violations += [r.line() for r in regressions(before, report, tol)]
+        if plan_path is not None:
+            violations += _plan_violations(report, plan_path, plan_tolerance)
     except InputError as error:
         fail(error)
     for note in notes:
@@ -221,5 +261,5 @@ def check(
         click.echo(line)
     if violations:
         raise SystemExit(EXIT_VIOLATED)
-    checked = len(settings) + (len(BASELINE_METRICS) if baseline else 0)
+    checked = len(settings) + (len(BASELINE_METRICS) if baseline else 0) + (1 if plan_path else 0)
     click.echo(f"ok: {path}: {checked} checks hold")

@@ -23,6 +23,7 @@ from diag.errors import InputError
 from diag.export_cli import export
 from diag.html_charts import Chart
 from diag.launch import demo, run
+from diag.plan_cli import plan
 from diag.report import render_html, render_markdown, render_text
 from diag.rules_cli import rules
 from diag.schema import Layout
@@ -192,6 +193,7 @@ main.add_command(check)
 main.add_command(compare)
 main.add_command(rules)
 main.add_command(simulate)
+main.add_command(plan)
 main.add_command(convert)
 main.add_command(export)
 

@@ -40,20 +40,39 @@ def activation_bytes_per_layer(
     heads: int,
     tp: int = 1,
     sequence_parallel: bool = False,
+    recompute: str = "none",
 ) -> float:
     """Activation bytes of one transformer layer, 16-bit activations (Korthikanti 2022, Table 2).
 
     tp = 1: s*b*h*(34 + 5*a*s/h). Tensor parallel: s*b*h*(10 + 24/t + 5*a*s/(h*t)).
-    Tensor + sequence parallel: s*b*h/t * (34 + 5*a*s/h). No recomputation in any case.
+    Tensor + sequence parallel: s*b*h/t * (34 + 5*a*s/h).
+    `recompute="selective"` recomputes the attention scores: the 5*a*s/h term goes (s*b*h*34
+    with tp = 1). `recompute="full"` keeps only the layer's input, 2*s*b*h (/t with sequence
+    parallelism), and runs the forward again in backward.
     """
     for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("hidden", hidden)):
         _require(value >= 1, f"{name} must be >= 1, got {value}")
     _require(heads >= 1, f"heads must be >= 1, got {heads}")
     _require(tp >= 1, f"tp must be >= 1, got {tp}")
+    _require(recompute in RECOMPUTE, f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
     if sequence_parallel or t == 1:
-        return s * b * h / t * (34 + 5 * a * s / h)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)
+
+
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation strategies `activation_bytes_per_layer` knows."""
+
+
+def static_state_bytes(params: float, bytes_per_param: float = 16) -> float:
+    """Parameters, gradients and Adam state of mixed-precision training: 16 B/param (bf16
+    params 2 + grads 2 + fp32 master 4 + m 4 + v 4; SEED §1): 70B -> 1.12 TB, 13B -> 208 GB."""
+    _require(params >= 0, f"params must be >= 0, got {params}")
+    return params * bytes_per_param
 
 
 # --- Pipeline -----------------------------------------------------------------------------------
@@ -111,6 +130,18 @@ def tp_allreduce_count(layers: int, microbatches: int) -> TpAllreduceCount:
 def pp_boundary_bytes(micro_batch: int, seq_len: int, hidden: int, dtype_bytes: float) -> float:
     """One stage-boundary activation send (= one gradient send back): b*s*h*dtype (SEED §2)."""
     return micro_batch * seq_len * hidden * dtype_bytes
+
+
+def zero3_allgather_bytes(layer_params: float, dtype_bytes: float) -> float:
+    """One ZeRO-3 / FSDP unit's all-gather payload (its unsharded parameters), once in forward
+    and again in backward, with one reduce-scatter of its gradients (SEED §2 ZeRO)."""
+    return layer_params * dtype_bytes
+
+
+def cp_kv_bytes(micro_batch: int, seq_len: int, kv_hidden: int, dtype_bytes: float) -> float:
+    """Keys and values one context-parallel rank gathers per layer in forward: the whole
+    sequence's K and V, 2 x b x s x kv_hidden x dtype (ring attention passes the same bytes)."""
+    return 2 * micro_batch * seq_len * kv_hidden * dtype_bytes
 
 
 def ep_alltoall_bytes(tokens: int, topk: int, hidden: int, dtype_bytes: float) -> float:

@@ -32,6 +32,16 @@ class ModelSpec:
     aux_loss_coef: float = 0.01
     dtype: str = "bf16"  # parameters, gradients, activations and messages
     lm_head: bool = True  # the LM head (and its FLOPs) on the last stage; off for pure theory
+    kv_heads: int | None = None  # grouped-query attention's key/value heads; None: = heads
+    gated_mlp: bool = False  # a SwiGLU MLP (three h x f matrices, no biases) as in Llama
+    tied_embeddings: bool = True  # the LM head shares the token embedding (when pp = 1)
+    learned_positions: bool = True  # a seq x h position table (False: rotary, no parameters)
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the key (and of the value) projection: h for multi-head attention."""
+        heads = self.heads if self.kv_heads is None else self.kv_heads
+        return self.hidden // self.heads * heads
 
     @property
     def ffn(self) -> int:
@@ -162,10 +172,11 @@ class LayerParams:
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> LayerParams:
     """One block's parameters on one rank: weights split by tp (Megatron), experts by ep.
     tp = ep = 1 gives the whole block of ledger.gpt_param_count."""
-    h, f = model.hidden, model.ffn
-    attn = (3 * h * h + 3 * h) // tp + h * h // tp + h  # qkv (column) + proj (row) + proj bias
+    h, f, kv = model.hidden, model.ffn, model.kv_hidden
+    qkv = h * (h + 2 * kv) + h + 2 * kv
+    attn = qkv // tp + h * h // tp + h  # qkv (column) + proj (row) + proj bias
     norms = 4 * h
-    mlp = 2 * h * f // tp + f // tp + h
+    mlp = 3 * h * f // tp if model.gated_mlp else 2 * h * f // tp + f // tp + h
     if not model.experts:
         return LayerParams(attn + norms + mlp, 0)
     router = h * model.experts
@@ -182,10 +193,11 @@ def stage_params(config: SimConfig, stage: int) -> LayerParams:
     chunks = [c * pp + stage for c in range(config.chunks)]
     last = pp * config.chunks - 1
     if 0 in chunks:
-        dense += model.vocab * h // tp + model.seq_len * h  # token (vocab-parallel) + positions
+        dense += model.vocab * h // tp  # token embedding (vocab-parallel)
+        dense += model.seq_len * h if model.learned_positions else 0
     if last in chunks:
         dense += 2 * h  # final LayerNorm
-        if pp > 1:
+        if pp > 1 or not model.tied_embeddings:
             dense += model.vocab * h // tp  # untied LM head (tied to the embedding when pp = 1)
     return LayerParams(dense, experts)
 

@@ -24,12 +24,14 @@ NS_PER_S = 1e9
 def attention_flops(model: ModelSpec) -> float:
     """Forward FLOPs of one layer's attention (QKV, scores, values, projection), one micro-batch."""
     h, b, s = model.hidden, model.micro_batch, model.seq_len
-    return 8 * b * s * h * h + 4 * b * s * s * h
+    # q and output projections 2h^2 each, keys and values 2h x kv_hidden (= 2h^2 without GQA)
+    projections = 2 * b * s * (2 * h * h + 2 * h * model.kv_hidden)
+    return projections + 4 * b * s * s * h
 
 
 def mlp_flops(model: ModelSpec, tokens: float) -> float:
-    """Forward FLOPs of a dense MLP (two GEMMs h x f) over `tokens` rows."""
-    return 4 * tokens * model.hidden * model.ffn
+    """Forward FLOPs of a dense MLP (two GEMMs h x f, three when gated) over `tokens` rows."""
+    return (6 if model.gated_mlp else 4) * tokens * model.hidden * model.ffn
 
 
 def router_flops(model: ModelSpec) -> float:

@@ -1,0 +1,111 @@
+"""`diag plan`: which layout, why, and what it will cost, before the job runs (docs/plan.md).
+
+    from diag.plan import Job, Layout, cluster_from_device, make_plan
+    plan = make_plan(Job(preset("llama3-70b"), global_batch=512), cluster_from_device(h100, 64))
+    plan.ranked[0].layout, plan.reasons
+
+Pure functions over the job, the cluster and the layouts: model presets (`models`), the
+search (`search`), memory per GPU in the six categories (`memory`), step time in the
+simulator's cost model (`timing`), the evaluation of one layout (`evaluate`), the seed's
+reasoning and the near misses (`reasons`), the calibration from a measured run
+(`calibrate`), and the text and JSON renderings (`render`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from diag import ledger
+from diag.plan.evaluate import Evaluation, evaluate
+from diag.plan.job import Cluster, Job, Layout, cluster_from_device
+from diag.plan.reasons import Reason, near_misses, reasoning
+from diag.plan.search import Invalid, SearchSpace, candidates, structural_problem
+
+__all__ = [
+    "Cluster",
+    "Evaluation",
+    "Job",
+    "Layout",
+    "Plan",
+    "PlanError",
+    "SearchSpace",
+    "cluster_from_device",
+    "make_plan",
+]
+
+
+class PlanError(ValueError):
+    """A job, cluster or layout that cannot be planned; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: Job
+    cluster: Cluster
+    ranked: list[Evaluation]  # feasible layouts, fastest first
+    evaluated: list[Evaluation]  # every buildable layout, feasible or rejected
+    invalid: list[Invalid]  # combinations that cannot be built
+    reasons: list[Reason] = field(default_factory=list)
+    misses: list[tuple[Evaluation, str]] = field(default_factory=list)
+
+    @property
+    def best(self) -> Evaluation | None:
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def static_bytes(self) -> float:
+        """16 B/param of the whole model (SEED §1)."""
+        return ledger.static_state_bytes(self.job.total_params)
+
+    def find(self, layout: Layout) -> Evaluation | None:
+        return next((e for e in self.evaluated if e.layout == layout), None)
+
+    @property
+    def meshes(self) -> list[Evaluation]:
+        """The fastest feasible variant of each mesh (dp, tp, pp, cp, ep), fastest first: the
+        layouts as a paper reports them (ZeRO stage, v and recomputation are its settings)."""
+        seen: set[tuple[int, ...]] = set()
+        out = []
+        for e in self.ranked:
+            mesh = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp, e.layout.ep)
+            if mesh not in seen:
+                seen.add(mesh)
+                out.append(e)
+        return out
+
+
+def make_plan(
+    job: Job,
+    cluster: Cluster,
+    layouts: Sequence[Layout] | None = None,
+    space: SearchSpace | None = None,
+) -> Plan:
+    """Evaluate `layouts` (default: the whole search space) and rank the feasible ones by
+    predicted throughput. PlanError when a given layout cannot be built."""
+    evaluated: list[Evaluation] = []
+    invalid: list[Invalid] = []
+    if layouts is None:
+        for item in candidates(job, cluster, space):
+            if isinstance(item, Invalid):
+                invalid.append(item)
+            else:
+                evaluated.append(evaluate(job, item, cluster))
+    else:
+        for layout in layouts:
+            problem = structural_problem(job, layout, cluster.gpus)
+            if problem is not None:
+                raise PlanError(f"layout {layout.key()}: {problem}")
+            evaluated.append(evaluate(job, layout, cluster))
+    ranked = sorted(
+        (e for e in evaluated if e.feasible), key=lambda e: (e.step_s, e.memory.total_bytes)
+    )
+    plan = Plan(job, cluster, ranked, evaluated, invalid)
+    if not ranked:
+        return plan
+    best = ranked[0]
+    reasons = reasoning(
+        best, evaluated, cluster.gpus_per_node, plan.static_bytes, cluster.memory_bytes
+    )
+    misses = near_misses(best, ranked, evaluated)
+    return Plan(job, cluster, ranked, evaluated, invalid, reasons, misses)

@@ -1,0 +1,283 @@
+"""`diag plan --from RUN`: the compute rate, link bandwidth, optimizer bandwidth and host
+overhead of a measured run, as a cluster the plan predicts other layouts on.
+
+From the run's tables (diag.load_any: a run directory, or a trace folder with its layout):
+- compute: each rank's forward and backward spans per step, less the blocking TP / EP / CP
+  collectives inside them, against the FLOPs the plan gives that layout: the achieved FLOP/s
+  (the compute efficiency, when the device is a known one);
+- links: the median bus bandwidth of the run's collectives (bytes x bus factor / duration),
+  as the plan's bytes on the intra-node link (inter-node too when the run spans hosts);
+- optimizer: the `opt` spans against the simulator's 30 B/param of HBM traffic;
+- overhead: what the measured step holds beyond the calibrated prediction (data loading,
+  Python), carried to every layout predicted for this machine.
+The medians over steps after the first (warm-up) and the slowest rank's median make a CPU
+hog beside the run move the figures by its share of the time, not flip them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import ledger
+from diag.devices import device_for_name
+from diag.errors import InputError
+from diag.plan.job import Cluster, Job, Layout
+from diag.plan.memory import PARAM_BYTES
+from diag.plan.timing import layer_forward_flops, step_time
+from diag.schema import Layout as RunLayout
+from simulator.config import ModelSpec
+from simulator.hardware import HardwareSpec
+
+INSIDE_COMPUTE_GROUPS = ("tp", "ep", "cp")
+"""Groups whose blocking collectives run inside the forward and backward spans."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What was measured and what it made of the cluster."""
+
+    path: str
+    job: Job
+    layout: Layout
+    cluster: Cluster
+    measured_step_s: float
+    measured_compute_s: float
+    achieved_flops_per_s: float
+    link_GBps: float | None  # median bus bandwidth of the collectives (None: no collective)
+    optimizer_s: float
+    overhead_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "layout": self.layout.key(),
+            "measured_step_s": self.measured_step_s,
+            "measured_compute_s": self.measured_compute_s,
+            "achieved_tflops": self.achieved_flops_per_s / 1e12,
+            "compute_efficiency": self.cluster.hardware.mfu,
+            "link_GBps": self.link_GBps,
+            "optimizer_s": self.optimizer_s,
+            "overhead_s": self.overhead_s,
+        }
+
+
+def job_of(run: Any, path: str) -> tuple[Job, Layout]:
+    """The model, batch and layout a run's manifest declares; InputError naming what lacks."""
+    manifest = run.manifest
+    info, lay = manifest.model, manifest.layout
+    needed = {
+        "layers": info.layers,
+        "hidden": info.hidden,
+        "heads": info.heads,
+        "seq_len": info.seq_len,
+        "micro_batch": info.micro_batch,
+        "vocab": info.vocab,
+    }
+    missing = [k for k, v in needed.items() if not v]
+    if missing:
+        raise InputError(path, f"the manifest's model lacks {', '.join(missing)}: cannot plan it")
+    model = ModelSpec(
+        layers=int(info.layers),
+        hidden=int(info.hidden),
+        heads=int(info.heads),
+        seq_len=int(info.seq_len),
+        micro_batch=int(info.micro_batch),
+        vocab=int(info.vocab),
+        ffn_hidden=int(info.ffn_hidden) if info.ffn_hidden else None,
+        experts=int(info.experts or 0),
+        topk=int(info.topk or 2),
+        tied_embeddings=(lay.pp or 1) == 1,
+    )
+    layout = layout_of(lay)
+    accumulation = max(int(lay.grad_accum or 1), 1)
+    per_step = layout.microbatches * (accumulation if layout.pp == 1 else 1)
+    layout = replace(layout, microbatches=per_step)
+    job = Job(model, layout.dp * model.micro_batch * per_step, model.micro_batch)
+    return job, layout
+
+
+def layout_of(lay: RunLayout) -> Layout:
+    """The plan's layout of a manifest's layout (ep counted inside dp, as the plan does)."""
+    dp, ep = int(lay.dp or 1), int(lay.ep or 1)
+    return Layout(
+        dp=dp * ep,
+        tp=int(lay.tp or 1),
+        pp=int(lay.pp or 1),
+        cp=int(lay.cp or 1),
+        ep=ep,
+        zero=int(lay.zero_stage or 0),
+        microbatches=max(int(lay.microbatches or 1), 1),
+        v=max(int(lay.virtual_stages or 1), 1),
+        recompute="none",
+    )
+
+
+def _per_rank_step(frame: pd.DataFrame, first_step: int) -> pd.Series:
+    """Summed durations (s) per (rank, step) after the warm-up step."""
+    frame = frame[frame["step"] > first_step]
+    seconds = (frame["t1"] - frame["t0"]).astype(float) / 1e9
+    return seconds.groupby([frame["rank"], frame["step"]]).sum()
+
+
+def _slowest_median(values: pd.Series) -> float:
+    """The largest per-rank median: the rank that paces the step."""
+    if values.empty:
+        return 0.0
+    return float(values.groupby(level=0).median().max())
+
+
+def _waits_inside_compute(spans: pd.DataFrame) -> pd.DataFrame:
+    """The comm_wait spans that lie inside a forward or backward span of their rank and step
+    (DDP's wait for its last bucket at the end of backward): waiting, not computing."""
+    waits = spans[spans["phase"] == "comm_wait"]
+    work = spans[spans["phase"].isin(["fwd", "bwd"])][["rank", "step", "t0", "t1"]]
+    if waits.empty or work.empty:
+        return waits.iloc[:0]
+    pairs = waits.reset_index().merge(work, on=["rank", "step"], suffixes=("", "_work"))
+    inside = pairs[(pairs["t0"] >= pairs["t0_work"]) & (pairs["t1"] <= pairs["t1_work"])]
+    return waits.loc[inside["index"].unique()]
+
+
+def _median_of(values: pd.Series, rank: int) -> float:
+    """One rank's median (0 when it has none)."""
+    if values.empty:
+        return 0.0
+    medians = values.groupby(level=0).median()
+    return float(medians.get(rank, 0.0))
+
+
+def calibrate(run: Any, path: str) -> Calibration:
+    """Calibrate the cost model on `run` (a loaded RunData); InputError when it lacks steps."""
+    job, layout = job_of(run, path)
+    steps = run.steps
+    first = int(steps["step"].min()) if not steps.empty else 0
+    later = steps[steps["step"] > first] if steps["step"].nunique() > 1 else steps
+    if later.empty:
+        raise InputError(path, "no step records: nothing to calibrate on")
+    step_s = _slowest_median(_per_rank_step(later, first - 1))
+    spans = run.spans
+    compute = _per_rank_step(spans[spans["phase"].isin(["fwd", "bwd"])], first)
+    comms = run.comms
+    inside = comms[comms["group"].isin(INSIDE_COMPUTE_GROUPS) & comms["blocking"].fillna(False)]
+    compute = compute.sub(_per_rank_step(inside, first), fill_value=0.0)
+    compute = compute.sub(_per_rank_step(_waits_inside_compute(spans), first), fill_value=0.0)
+    compute_s = _slowest_median(compute)
+    if compute_s <= 0:
+        raise InputError(path, "no forward/backward spans: cannot calibrate compute")
+    # the rank that computes longest paces the step: its own waits are transfers, not skew
+    pacing = int(compute.groupby(level=0).median().idxmax())
+    opt_s = _median_of(_per_rank_step(spans[spans["phase"] == "opt"], first), pacing)
+    # blocking collectives sit on the critical path whole; DDP's async all-reduces overlap the
+    # backward, so only their exposed wait (comm_wait) says what the link carries
+    # (a pipeline's receives are left out: a blocking recv mostly waits for its sender)
+    blocking = comms[comms["blocking"].fillna(False).astype(bool) & (comms["group"] != "pp")]
+    link = _median_busbw_GBps(blocking)
+    device = device_for_name(run.manifest.ranks[0].device_name if run.manifest.ranks else None)
+    hw = _hardware(run, job, layout, compute_s, opt_s, link, device)
+    per_node = int(run.manifest.hardware.gpus_per_node or layout.world)
+    cluster = Cluster(layout.world, per_node, hw, device.key if device else None)
+    if link is None and layout.dp > 1:
+        wait_s = _median_of(_per_rank_step(spans[spans["phase"] == "comm_wait"], first), pacing)
+        cluster = _fit_dp_link(job, layout, cluster, wait_s)
+        link = cluster.hardware.intra_node_GBps * cluster.hardware.nccl_efficiency
+    predicted = step_time(job, layout, cluster)
+    overhead = max(step_s - predicted.step_s, 0.0)
+    cluster = replace(cluster, overhead_s=overhead)
+    flops = compute_flops(job, layout)
+    return Calibration(
+        path, job, layout, cluster, step_s, compute_s, flops / compute_s, link, opt_s, overhead
+    )
+
+
+def _fit_dp_link(job: Job, layout: Layout, cluster: Cluster, wait_s: float) -> Cluster:
+    """The link bandwidth at which the model's exposed DP all-reduce is the measured wait
+    (bisection on a log scale: the exposed time falls as the bandwidth grows)."""
+
+    def with_link(gbps: float) -> Cluster:
+        hw = replace(cluster.hardware, intra_node_GBps=gbps, inter_node_GBps=gbps)
+        return replace(cluster, hardware=hw)
+
+    low, high = 1e-4, 1e4  # GB/s
+    for _ in range(60):
+        mid = (low * high) ** 0.5
+        if step_time(job, layout, with_link(mid)).dp_s > wait_s:
+            low = mid
+        else:
+            high = mid
+    return with_link(high)
+
+
+def compute_flops(job: Job, layout: Layout) -> float:
+    """FLOPs one GPU of the heaviest stage computes per step in `layout` (what the plan's
+    compute time is made of): forward + backward + recomputation, over tp x cp."""
+    # the plan's compute time at 1 FLOP/ns; its ratio to the measured time is the rate
+    unit = HardwareSpec(device_tflops=1e-3, mfu=1.0)
+    cluster = Cluster(layout.world, layout.world, unit)
+    return step_time(job, layout, cluster).compute_s * 1e9
+
+
+def _median_busbw_GBps(comms: pd.DataFrame) -> float | None:
+    if comms.empty:
+        return None
+    seconds = (comms["t1"] - comms["t0"]).astype(float) / 1e9
+    factor = np.array(
+        [
+            ledger.bus_factor(op, int(n))
+            for op, n in zip(comms["op"], comms["group_size"].fillna(2), strict=True)
+        ]
+    )
+    # the plan counts 16-bit messages; a run in another dtype moves bytes in that ratio
+    scale = PARAM_BYTES / np.array([_dtype_bytes(d) for d in comms["dtype"]], dtype=float)
+    busbw = comms["bytes"].astype(float).to_numpy() * factor * scale / seconds.to_numpy()
+    good = busbw[np.isfinite(busbw) & (busbw > 0)]
+    return float(np.median(good)) / 1e9 if good.size else None
+
+
+def _dtype_bytes(name: object) -> int:
+    try:
+        return ledger.dtype_bytes(str(name))
+    except ValueError:
+        return PARAM_BYTES
+
+
+def _hardware(
+    run: Any,
+    job: Job,
+    layout: Layout,
+    compute_s: float,
+    opt_s: float,
+    link: float | None,
+    device: Any,
+) -> HardwareSpec:
+    achieved = compute_flops(job, layout) / compute_s
+    base = HardwareSpec()
+    if device is not None:  # a known accelerator: its peak, the measured share of it
+        peak_tflops, mfu = device.peak_tflops_bf16, min(achieved / device.peak_flops_per_s, 1.0)
+    else:  # a CPU or an unknown part: the achieved rate is the peak
+        peak_tflops, mfu = achieved / 1e12, 1.0
+    nccl = base.nccl_efficiency
+    link_GBps = link / nccl if link else base.intra_node_GBps
+    hbm = base.hbm_GBps
+    if opt_s > 0:
+        from diag.plan.memory import stage_params
+
+        hbm = 30 * stage_params(job, layout) / (layout.dp if layout.zero else 1) / (opt_s * 1e9)
+    memory = run.manifest.hardware.device_memory_bytes
+    name = run.manifest.ranks[0].device_name if run.manifest.ranks else None
+    return HardwareSpec(
+        device_name=f"{name or run.manifest.device_type or 'device'} (calibrated)",
+        device_tflops=peak_tflops,
+        mfu=mfu,
+        hbm_GBps=hbm,
+        device_memory_gb=(memory / 1e9) if memory else base.device_memory_gb,
+        intra_node_GBps=link_GBps,
+        inter_node_GBps=link_GBps,
+        nccl_efficiency=nccl,
+    )
+
+
+__all__ = ["Calibration", "calibrate", "compute_flops", "job_of", "layer_forward_flops"]

@@ -1,0 +1,109 @@
+"""One layout evaluated: its memory, communication by dimension, step time, throughput, MFU,
+and why it is rejected (None when it is feasible)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag import ledger
+from diag.plan.job import Cluster, Job, Layout
+from diag.plan.memory import (
+    PARAM_BYTES,
+    MemoryPerGpu,
+    block_params,
+    layers_per_gpu,
+    memory_per_gpu,
+    stage_params,
+)
+from diag.plan.timing import (
+    StepTime,
+    model_flops_per_step,
+    placement,
+    recompute_flops_per_step,
+    step_time,
+)
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    layout: Layout
+    memory: MemoryPerGpu
+    time: StepTime
+    comm_bytes: dict[str, float]  # payload bytes one GPU sends per step, by dimension
+    tokens_per_s: float
+    mfu: float  # model FLOPs over the peak of every GPU for the step
+    hfu: float  # the same with the recomputed FLOPs counted (Megatron's "% of peak")
+    bubble_fraction: float
+    rejected: str | None  # why the layout cannot (or must not) run; None: feasible
+    rejected_kind: str | None = None  # "memory", "crosses-nodes"
+
+    @property
+    def step_s(self) -> float:
+        return self.time.step_s
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejected is None
+
+
+def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
+    """Payload bytes one GPU of the heaviest stage moves per step, by parallel dimension."""
+    m = job.model
+    b, s, h = job.micro_batch, m.seq_len // layout.cp, m.hidden
+    n, mbs = layers_per_gpu(job, layout), layout.microbatches
+    forwards = 2 if layout.recompute == "full" else 1
+    out = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0, "dp": 0.0, "zero": 0.0}
+    if layout.tp > 1:
+        count = ledger.tp_allreduce_count(n, mbs)
+        calls = count.forward * forwards + count.backward
+        out["tp"] = calls * ledger.tp_allreduce_bytes(b, s, h, PARAM_BYTES)
+    if layout.cp > 1:
+        out["cp"] = n * mbs * (forwards + 1) * ledger.cp_kv_bytes(b, s, m.kv_hidden, PARAM_BYTES)
+    if layout.ep > 1 and m.experts:
+        a2a = ledger.ep_alltoall_bytes(b * s, m.topk, h, PARAM_BYTES)
+        out["ep"] = n * mbs * 2 * (forwards + 1) * a2a
+    if layout.pp > 1:
+        out["pp"] = 2 * mbs * ledger.pp_boundary_bytes(b, s, h, PARAM_BYTES)
+    params = stage_params(job, layout)
+    if layout.dp > 1 and layout.zero < 3:
+        out["dp"] = ledger.dp_grad_payload_bytes(params, PARAM_BYTES)
+    if layout.dp > 1 and layout.zero >= 3:
+        unit = ledger.zero3_allgather_bytes(block_params(job, layout), PARAM_BYTES)
+        out["zero"] = n * mbs * (forwards + 2) * unit
+    return out
+
+
+def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
+    """Every figure of `layout`, and its rejection if it does not fit or crosses nodes."""
+    memory = memory_per_gpu(job, layout)
+    time = step_time(job, layout, cluster)
+    flops = model_flops_per_step(job)
+    peak_all = time.step_s * layout.world * cluster.peak_flops_per_s
+    rejected, kind = None, None
+    where = placement(layout, cluster.gpus_per_node)
+    budget = cluster.memory_bytes
+    if where.tp:  # context parallelism may cross nodes (ring attention over IB): timed
+        rejected = (
+            f"TP={layout.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node): pitfall 1"
+        )
+        kind = "crosses-nodes"
+    elif where.ep and job.model.experts:
+        rejected = f"EP={layout.ep} x TP={layout.tp} crosses nodes: all-to-all over the slow links"
+        kind = "crosses-nodes"
+    elif memory.total_bytes > budget:
+        rejected = f"needs {memory.total_bytes / GB:.1f} GB per GPU > {budget / GB:.0f} GB"
+        kind = "memory"
+    return Evaluation(
+        layout=layout,
+        memory=memory,
+        time=time,
+        comm_bytes=comm_bytes_per_step(job, layout),
+        tokens_per_s=job.tokens_per_step / time.step_s,
+        mfu=flops / peak_all,
+        hfu=(flops + recompute_flops_per_step(job, layout)) / peak_all,
+        bubble_fraction=ledger.bubble_fraction(layout.pp, layout.microbatches, layout.v),
+        rejected=rejected,
+        rejected_kind=kind,
+    )

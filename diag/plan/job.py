@@ -1,0 +1,125 @@
+"""What `diag plan` lays out: the job (model, batch), the cluster, and one candidate layout.
+
+Layout terms (Megatron's, SEED-DIGEST section 2): the world is tp x cp x pp x dp GPUs; ep
+splits the experts over ep of the dp ranks (expert parallelism inside data parallelism, as
+Megatron-Core does), so it does not multiply the world. `global_batch = micro_batch x
+microbatches x dp` sequences per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from diag.devices import DeviceSpec
+from simulator.config import ModelSpec, SimConfig, model_params
+from simulator.hardware import HardwareSpec
+
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation: none; selective (Korthikanti 2022: the attention scores are
+recomputed, the rest kept); full (only each layer's input is kept, the forward runs twice)."""
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.5
+"""Share of the device's peak its GEMMs reach: the simulator's default `mfu` (hardware.py)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs, how many per node, and what each computes and carries (the simulator's spec)."""
+
+    gpus: int
+    gpus_per_node: int
+    hardware: HardwareSpec
+    device_key: str | None = None  # the devices.py entry it came from (None: a calibrated one)
+    overhead_s: float = 0.0  # fixed host time per step outside compute and communication
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.hardware.device_memory_gb * 1e9
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        return self.hardware.device_tflops * 1e12
+
+
+def cluster_from_device(
+    device: DeviceSpec, gpus: int, gpus_per_node: int | None = None, **overrides: float
+) -> Cluster:
+    """The cluster of `gpus` devices of the table's `device`; `overrides` replace fields of the
+    simulator's HardwareSpec (device_memory_gb, intra_node_GBps, mfu, ...)."""
+    hardware = HardwareSpec(
+        device_name=device.name,
+        device_tflops=device.peak_tflops_bf16,
+        mfu=DEFAULT_COMPUTE_EFFICIENCY,
+        hbm_GBps=device.hbm_GBps,
+        device_memory_gb=device.memory_gb,
+        intra_node_GBps=device.intra_node_GBps,
+        inter_node_GBps=device.inter_node_GBps,
+    )
+    hardware = replace(hardware, **overrides)  # type: ignore[arg-type]
+    hardware.check()
+    per_node = device.gpus_per_node if gpus_per_node is None else gpus_per_node
+    if gpus < 1 or per_node < 1:
+        raise ValueError(f"gpus and gpus_per_node must be >= 1, got {gpus}, {per_node}")
+    return Cluster(gpus, per_node, hardware, device.key)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The model and the batch to lay out; `params` overrides the architecture's count (the
+    seed's round 70B) and scales every per-GPU share of it."""
+
+    model: ModelSpec
+    global_batch: int  # sequences per optimizer step
+    micro_batch: int = 1  # sequences per micro-batch per data-parallel rank
+    params: float | None = None
+
+    @property
+    def architecture_params(self) -> int:
+        return model_params(SimConfig(model=self.model))
+
+    @property
+    def total_params(self) -> float:
+        return float(self.architecture_params if self.params is None else self.params)
+
+    @property
+    def param_scale(self) -> float:
+        """total_params over the architecture's count (1 unless --params overrides it)."""
+        return self.total_params / self.architecture_params
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.model.seq_len
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay the job out."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0  # ZeRO stage 0-3 over the dp group
+    microbatches: int = 1  # per step per pipeline (gradient accumulation without a pipeline)
+    v: int = 1  # interleaved 1F1B virtual stages per GPU
+    recompute: str = "none"
+    sequence_parallel: bool = field(default=True)  # with tp > 1 (Korthikanti 2022)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def key(self) -> str:
+        """`dp=8,tp=8,pp=35,...`: the spelling `--layout` reads and the JSON carries."""
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        parts += [f"cp={self.cp}"] if self.cp > 1 else []
+        parts += [f"ep={self.ep}"] if self.ep > 1 else []
+        parts += [f"zero={self.zero}", f"m={self.microbatches}"]
+        parts += [f"v={self.v}"] if self.v > 1 else []
+        parts.append(f"recompute={self.recompute}")
+        return ",".join(parts)

@@ -1,0 +1,71 @@
+"""Model presets for `diag plan`: public architectures as the simulator's `ModelSpec`.
+
+Each preset is the paper's or the released config's shape (layers, hidden, heads, FFN width,
+vocabulary, sequence length), so that the plan's parameter counts and FLOPs are the model's:
+- gpt3-175b: Brown et al. 2020 (96 x 12288, 96 heads, seq 2048); Megatron's 51,200 vocabulary.
+- megatron-1t: Narayanan et al. 2021 (arXiv 2104.04473) Table 1, the 1T row: 128 layers,
+  hidden 25600, 160 heads, seq 2048, vocabulary 51,200.
+- mt-nlg-530b: Smith et al. 2022 (arXiv 2201.11990): 105 layers, hidden 20480, 128 heads,
+  seq 2048.
+- llama3-8b / llama3-70b / llama3-405b: Llama 3 (arXiv 2407.21783) Table 3: SwiGLU, 8 key/value
+  heads, vocabulary 128,256, rotary positions, untied embeddings; seq 8192.
+- mixtral-8x7b: Mistral's released config: 32 x 4096, SwiGLU 14336, 8 experts, top-2.
+"""
+
+from __future__ import annotations
+
+from simulator.config import ModelSpec
+
+
+def _gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
+    """A GPT-3-style model: 4h MLP, multi-head attention, learned positions, tied embeddings."""
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq_len=2048)
+
+
+def _llama(layers: int, hidden: int, heads: int, ffn_hidden: int) -> ModelSpec:
+    """A Llama 3 model: SwiGLU, 8 key/value heads, rotary positions, untied embeddings."""
+    return ModelSpec(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        ffn_hidden=ffn_hidden,
+        vocab=128256,
+        seq_len=8192,
+        kv_heads=8,
+        gated_mlp=True,
+        tied_embeddings=False,
+        learned_positions=False,
+    )
+
+
+PRESETS: dict[str, ModelSpec] = {
+    "gpt3-175b": _gpt(96, 12288, 96),
+    "megatron-1t": _gpt(128, 25600, 160),
+    "mt-nlg-530b": _gpt(105, 20480, 128),
+    "llama3-8b": _llama(32, 4096, 32, 14336),
+    "llama3-70b": _llama(80, 8192, 64, 28672),
+    "llama3-405b": _llama(126, 16384, 128, 53248),
+    "mixtral-8x7b": ModelSpec(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        ffn_hidden=14336,
+        vocab=32000,
+        seq_len=4096,
+        kv_heads=8,
+        gated_mlp=True,
+        tied_embeddings=False,
+        learned_positions=False,
+        experts=8,
+        topk=2,
+    ),
+}
+"""Preset name -> the model (micro_batch 1; the command line sets the batch)."""
+
+
+def preset(name: str) -> ModelSpec:
+    """The preset called `name`; KeyError naming the choices."""
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(PRESETS)}") from None

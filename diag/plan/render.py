@@ -1,0 +1,160 @@
+"""The plan as text (what a person reads first) and as JSON (`diag.plan/1`, for scripts)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from fractions import Fraction
+from typing import Any
+
+from diag import ledger
+from diag.plan import Plan
+from diag.plan.evaluate import GB, Evaluation
+from diag.plan.job import Layout
+
+PLAN_SCHEMA = "diag.plan/1"
+TOP = 5
+
+
+def bubble_text(layout: Layout) -> str:
+    """(p-1)/(v m + p-1) as a fraction and a share: `7/11 = 63.6%`."""
+    p, m, v = layout.pp, layout.microbatches, layout.v
+    if p == 1:
+        return "0 (no pipeline)"
+    share = ledger.bubble_fraction(p, m, v)
+    return f"{Fraction(p - 1, v * m + p - 1)} = {share:.1%}"
+
+
+def worked_figures(plan: Plan, layout: Layout | None) -> dict[str, float]:
+    """The seed's worked numbers for this job: static state, activations per layer and for
+    all layers (tp 1, no recomputation, the job's sequence and micro-batch)."""
+    m = plan.job.model
+    per_layer = ledger.activation_bytes_per_layer(
+        m.seq_len, plan.job.micro_batch, m.hidden, m.heads
+    )
+    out = {
+        "params": plan.job.total_params,
+        "static_bytes": plan.static_bytes,
+        "activation_bytes_per_layer": per_layer,
+        "activation_bytes_all_layers": per_layer * m.layers,
+    }
+    return out
+
+
+def _evaluation_json(e: Evaluation) -> dict[str, Any]:
+    return {
+        "layout": e.layout.key(),
+        **{k: v for k, v in asdict(e.layout).items()},
+        "step_time_s": e.step_s,
+        "tokens_per_s": e.tokens_per_s,
+        "mfu": e.mfu,
+        "hfu": e.hfu,
+        "bubble_fraction": e.bubble_fraction,
+        "bubble": bubble_text(e.layout),
+        "memory_bytes": e.memory.as_dict(),
+        "time": e.time.as_dict(),
+        "comm_bytes_per_step": e.comm_bytes,
+        "rejected": e.rejected,
+    }
+
+
+def plan_json(plan: Plan, top: int = TOP) -> dict[str, Any]:
+    """The `diag.plan/1` document."""
+    job, cluster = plan.job, plan.cluster
+    model = asdict(job.model)
+    hw = asdict(cluster.hardware)
+    shown = plan.ranked[:top] if len(plan.evaluated) > top else plan.evaluated
+    return {
+        "schema": PLAN_SCHEMA,
+        "job": {
+            "model": model,
+            "params": job.total_params,
+            "global_batch": job.global_batch,
+            "micro_batch": job.micro_batch,
+            "tokens_per_step": job.tokens_per_step,
+        },
+        "cluster": {
+            "gpus": cluster.gpus,
+            "gpus_per_node": cluster.gpus_per_node,
+            "device": cluster.device_key,
+            "hardware": hw,
+            "overhead_s": cluster.overhead_s,
+        },
+        "worked": worked_figures(plan, None),
+        "considered": len(plan.evaluated) + len(plan.invalid),
+        "feasible": len(plan.ranked),
+        "layouts": [_evaluation_json(e) for e in shown],
+        "meshes": [_evaluation_json(e) for e in plan.meshes[:top]],
+        "reasoning": [asdict(r) for r in plan.reasons],
+        "near_misses": [{"layout": e.layout.key(), "why": why} for e, why in plan.misses],
+    }
+
+
+def _gb(value: float) -> str:
+    return f"{value / GB:,.1f} GB"
+
+
+def plan_text(plan: Plan, top: int = TOP) -> str:
+    """The plan as a person reads it: the job, the worked numbers, the ranking, the reasons."""
+    job, cluster = plan.job, plan.cluster
+    w = worked_figures(plan, None)
+    m = job.model
+    lines = [
+        f"plan  {cluster.gpus} x {cluster.hardware.device_name} ({cluster.gpus_per_node} per "
+        f"node, {cluster.hardware.device_memory_gb:g} GB)  global batch {job.global_batch} x "
+        f"seq {m.seq_len}, micro-batch {job.micro_batch}",
+        f"state   {job.total_params / 1e9:,.1f}B params x 16 B/param = {_gb(w['static_bytes'])}"
+        f" static state (params 2 + grads 2 + fp32 master 4 + Adam 8)",
+        f"activations (tp 1, no recompute, seq {m.seq_len}, micro-batch {job.micro_batch}): "
+        f"{w['activation_bytes_per_layer'] / GB:,.2f} GB per layer, "
+        f"{_gb(w['activation_bytes_all_layers'])} for {m.layers} layers",
+        f"considered {len(plan.evaluated) + len(plan.invalid)} layouts: {len(plan.ranked)} "
+        "feasible",
+    ]
+    if not plan.evaluated:
+        lines.append(
+            "no layout can be built: "
+            + (plan.invalid[0].reason if plan.invalid else "nothing to consider")
+        )
+        return "\n".join(lines) + "\n"
+    given = len(plan.evaluated) <= top
+    shown = plan.evaluated if given else plan.meshes[:top]
+    lines.append("")
+    lines.append("   step      tokens/s   MFU    HFU   bubble         memory/GPU  layout")
+    for e in shown:
+        status = "" if e.feasible else f"  REJECTED: {e.rejected}"
+        lines.append(
+            f"  {e.step_s:8.3f} s {e.tokens_per_s:10.4g}  {e.mfu:5.1%}  {e.hfu:5.1%}  "
+            f"{bubble_text(e.layout):13s}  {_gb(e.memory.total_bytes):>10s}  "
+            f"{e.layout.key()}{status}"
+        )
+    for e in shown[:1] if given else plan.ranked[:1]:
+        lines.append("")
+        lines.append(f"{e.layout.key()}:")
+        mem = e.memory.as_dict()
+        lines.append("  memory/GPU  " + "  ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
+        lines.append(
+            f"  state/GPU   {_gb(e.memory.static_bytes)} (params + grads + optimizer)"
+            f"  bubble {bubble_text(e.layout)}"
+        )
+        lines.append(
+            "  step        "
+            + "  ".join(
+                f"{k.removesuffix('_s')} {v:.4g} s" for k, v in e.time.as_dict().items() if v
+            )
+        )
+        lines.append(
+            "  comm/step   " + "  ".join(f"{k} {_gb(v)}" for k, v in e.comm_bytes.items() if v)
+            or "  comm/step   none"
+        )
+    if plan.reasons:
+        lines.append("")
+        lines.append("why the first choice")
+        for r in plan.reasons:
+            lines.append(f"  {r.dimension}={r.value}  [{r.rule}]")
+            lines.append(f"      {r.why}")
+    if plan.misses:
+        lines.append("")
+        lines.append("near misses")
+        for e, why in plan.misses:
+            lines.append(f"  {e.layout.key()}: {why}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,123 @@
+"""Enumerate the layouts of a job on a cluster: every combination that can be built, and for
+the rest the reason it cannot (divisibility), with the limits that keep the search small."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
+
+MAX_VIRTUAL_STAGES = 8
+CP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the search may choose: a framework's limits (Megatron-LM 2021 had no ZeRO) or a
+    user's pins (`--tp 8`). None: any value."""
+
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    max_v: int = MAX_VIRTUAL_STAGES
+    max_cp: int = max(CP_SIZES)
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A combination that cannot be built, and why."""
+
+    layout: Layout
+    reason: str
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def structural_problem(job: Job, layout: Layout, gpus: int) -> str | None:
+    """Why `layout` cannot be built for `job` on `gpus` GPUs, or None."""
+    m = job.model
+    kv_heads = m.heads if m.kv_heads is None else m.kv_heads
+    if layout.world != gpus:
+        return f"dp x tp x pp x cp = {layout.world}, not the {gpus} GPUs"
+    if m.heads % layout.tp or m.ffn % layout.tp or kv_heads % layout.tp:
+        return f"tp={layout.tp} does not divide heads ({m.heads}), kv heads or ffn ({m.ffn})"
+    if m.seq_len % layout.cp:
+        return f"cp={layout.cp} does not divide seq ({m.seq_len})"
+    if layout.ep > 1 and (not m.experts or m.experts % layout.ep or layout.dp % layout.ep):
+        return f"ep={layout.ep} must divide the experts ({m.experts}) and dp ({layout.dp})"
+    if layout.pp * layout.v > m.layers:
+        return f"pp x v = {layout.pp * layout.v} stages for {m.layers} layers"
+    per_step = layout.dp * job.micro_batch * layout.microbatches
+    if per_step != job.global_batch:
+        return (
+            f"global batch {job.global_batch} is not dp ({layout.dp}) x micro-batch "
+            f"({job.micro_batch}) x m"
+        )
+    if layout.v > 1 and layout.microbatches % layout.pp:
+        return f"interleaving needs m ({layout.microbatches}) divisible by pp ({layout.pp})"
+    if layout.zero and layout.dp == 1:
+        return "ZeRO needs dp > 1"
+    return None
+
+
+def candidates(
+    job: Job, cluster: Cluster, space: SearchSpace | None = None
+) -> Iterator[Layout | Invalid]:
+    """Every layout of the search space: valid ones as `Layout`, the rest as `Invalid`.
+
+    tp: powers of two up to twice a node (the ones across nodes are kept to say why they
+    lose), cp up to 8, pp every divisor of what remains, dp the rest; micro-batches from the
+    global batch; v up to 8; ZeRO 0-3; recomputation none / selective / full; ep the
+    divisors of the experts."""
+    space = space or SearchSpace()
+    gpus, model = cluster.gpus, job.model
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= 2 * cluster.gpus_per_node and t <= gpus]
+    tps = [space.tp] if space.tp is not None else tps
+    eps = list(_divisors(model.experts)) if model.experts else [1]
+    for tp in tps:
+        for cp in (c for c in CP_SIZES if c <= space.max_cp):
+            if gpus % (tp * cp):
+                continue
+            for pp in _divisors(gpus // (tp * cp)):
+                dp = gpus // (tp * cp * pp)
+                if pp > model.layers or space.pp not in (None, pp) or space.dp not in (None, dp):
+                    continue
+                if job.global_batch % (dp * job.micro_batch):
+                    yield Invalid(
+                        Layout(dp, tp, pp, cp),
+                        f"global batch {job.global_batch} "
+                        f"not divisible by dp ({dp}) x micro-batch ({job.micro_batch})",
+                    )
+                    continue
+                m = job.global_batch // (dp * job.micro_batch)
+                base = Layout(dp, tp, pp, cp, microbatches=m)
+                yield from _variants(job, base, eps, gpus, space)
+
+
+def _variants(
+    job: Job, base: Layout, eps: list[int], gpus: int, space: SearchSpace
+) -> Iterator[Layout | Invalid]:
+    vs = [v for v in (1, 2, 4, 8) if (base.pp > 1 or v == 1) and v <= space.max_v]
+    zeros = [z for z in space.zero_stages if base.dp > 1 or z == 0] or [0]
+    for ep in eps:
+        for v in vs:
+            for zero in zeros:
+                for recompute in space.recompute:
+                    layout = Layout(
+                        base.dp,
+                        base.tp,
+                        base.pp,
+                        base.cp,
+                        ep,
+                        zero,
+                        base.microbatches,
+                        v,
+                        recompute,
+                    )
+                    problem = structural_problem(job, layout, gpus)
+                    yield layout if problem is None else Invalid(layout, problem)

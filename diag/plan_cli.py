@@ -1,0 +1,247 @@
+"""`diag plan`: the click shell over diag.plan (which layout, why, and what it costs).
+
+Exit codes as every command: 0 success, 2 unusable input or arguments with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from diag.analysis import load_any
+from diag.devices import DEVICES, device_by_key
+from diag.errors import InputError
+from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
+from diag.plan.calibrate import calibrate
+from diag.plan.job import RECOMPUTE
+from diag.plan.models import PRESETS, preset
+from diag.plan.render import plan_json, plan_text
+from diag.shell import fail, parse_layout
+from simulator.config import ModelSpec
+
+_LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "m", "v", "recompute"}
+
+
+def parse_layout_spec(text: str, gpus: int) -> Layout:
+    """`dp=8,tp=8,pp=35,m=240,recompute=full` -> Layout; dp defaults to what remains."""
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or key not in _LAYOUT_KEYS:
+            raise click.BadParameter(
+                f"{part!r}: expected KEY=VALUE, KEY one of {', '.join(sorted(_LAYOUT_KEYS))}"
+            )
+        fields[key] = value
+    recompute = fields.pop("recompute", "none")
+    if recompute not in RECOMPUTE:
+        raise click.BadParameter(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    try:
+        ints = {k: int(v) for k, v in fields.items()}
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: sizes must be integers") from None
+    if any(v < 0 for v in ints.values()):
+        raise click.BadParameter(f"{text!r}: sizes must be >= 0")
+    tp, pp, cp = ints.get("tp", 1), ints.get("pp", 1), ints.get("cp", 1)
+    if min(tp, pp, cp) < 1:
+        raise click.BadParameter(f"{text!r}: tp, pp and cp must be >= 1")
+    dp = ints.get("dp", max(gpus // (tp * pp * cp), 1))
+    return Layout(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ints.get("ep", 1),
+        zero=ints.get("zero", 0),
+        microbatches=max(ints.get("m", 1), 1),
+        v=max(ints.get("v", 1), 1),
+        recompute=recompute,
+    )
+
+
+def _model(name: str | None, overrides: dict[str, int | None]) -> ModelSpec:
+    if name is None and overrides.get("layers") is None:
+        raise click.UsageError("give --model PRESET or the model's shape (--layers --hidden ...)")
+    base = preset(name) if name else ModelSpec(layers=1)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(base, **given)  # type: ignore[arg-type]
+
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"{name}: a comma-separated list of integers, got {text!r}"
+        ) from None
+
+
+def planned_from_run(
+    path: str, run_layout: str | None, layouts: tuple[str, ...], top: int
+) -> tuple[dict[str, Any], str]:
+    """(JSON document, text) of the plan calibrated on the run at `path`: its own layout
+    first, then `layouts` (each with its own micro-batch count: the global batch follows)."""
+    run = load_any(path, parse_layout(run_layout) if run_layout else None)
+    cal = calibrate(run, path)
+    cluster = cal.cluster
+    wanted = [cal.layout] + [parse_layout_spec(t, cluster.gpus) for t in layouts]
+    docs, texts = [], []
+    for layout in wanted:
+        batch = layout.dp * cal.job.micro_batch * layout.microbatches
+        job = Job(cal.job.model, batch, cal.job.micro_batch, cal.job.params)
+        plan = make_plan(job, cluster, [layout])
+        docs.append(plan_json(plan, top)["layouts"][0])
+        texts.append(plan_text(plan, top))
+    calibration = cal.as_dict()
+    head = (
+        "calibrated on "
+        + path
+        + ": "
+        + ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in calibration.items()
+            if k != "path"
+        )
+    )
+    doc = {"schema": "diag.plan/1", "calibration": calibration, "layouts": docs}
+    return doc, head + "\n\n" + "\n".join(texts)
+
+
+@click.command()
+@click.option("--model", "model_name", type=click.Choice(sorted(PRESETS)), help="A preset.")
+@click.option("--layers", type=click.IntRange(1), help="Transformer blocks.")
+@click.option("--hidden", type=click.IntRange(1), help="Model width.")
+@click.option("--heads", type=click.IntRange(1), help="Attention heads.")
+@click.option("--kv-heads", type=click.IntRange(1), help="Key/value heads (grouped-query).")
+@click.option("--ffn-hidden", type=click.IntRange(1), help="MLP width [default: 4 x hidden].")
+@click.option("--vocab", type=click.IntRange(1), help="Vocabulary size.")
+@click.option("--seq", "seq_len", type=click.IntRange(1), help="Sequence length.")
+@click.option("--experts", type=click.IntRange(0), help="MoE experts (0: dense).")
+@click.option("--topk", type=click.IntRange(1), help="Experts per token.")
+@click.option("--params", type=float, help="Parameter count to use (e.g. the seed's 70e9).")
+@click.option("--gpus", type=click.IntRange(1), help="GPUs in the cluster.")
+@click.option("--gpus-per-node", type=click.IntRange(1), help="[default: the device's node]")
+@click.option("--device", type=click.Choice(sorted(DEVICES)), default="h100", show_default=True)
+@click.option("--memory-gb", type=float, help="Device memory override (GB).")
+@click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s override.")
+@click.option("--intra-node-GBps", "intra", type=float, help="Scale-up link override (GB/s).")
+@click.option("--inter-node-GBps", "inter", type=float, help="Scale-out link override (GB/s).")
+@click.option("--compute-efficiency", type=float, help="Share of peak the GEMMs reach [0.5].")
+@click.option("--global-batch", type=click.IntRange(1), help="Sequences per step.")
+@click.option("--micro-batch", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "--layout",
+    "layouts",
+    multiple=True,
+    metavar="dp=N,tp=N,pp=N,m=N,...",
+    help="Evaluate these layouts instead of searching (repeatable).",
+)
+@click.option("--zero", "zero_text", metavar="0,1,2,3", help="ZeRO stages the search may use.")
+@click.option(
+    "--recompute",
+    "recompute_text",
+    metavar="none,selective,full",
+    help="Recomputation the search may use.",
+)
+@click.option("--max-v", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-cp", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--from", "from_run", metavar="RUN", help="Calibrate on a measured run.")
+@click.option("--run-layout", metavar="dp=N,tp=N,...", help="A trace folder's layout (--from).")
+@click.option("--top", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def plan(
+    model_name: str | None,
+    layers: int | None,
+    hidden: int | None,
+    heads: int | None,
+    kv_heads: int | None,
+    ffn_hidden: int | None,
+    vocab: int | None,
+    seq_len: int | None,
+    experts: int | None,
+    topk: int | None,
+    params: float | None,
+    gpus: int | None,
+    gpus_per_node: int | None,
+    device: str,
+    memory_gb: float | None,
+    peak_tflops: float | None,
+    intra: float | None,
+    inter: float | None,
+    compute_efficiency: float | None,
+    global_batch: int | None,
+    micro_batch: int,
+    layouts: tuple[str, ...],
+    zero_text: str | None,
+    recompute_text: str | None,
+    max_v: int,
+    max_cp: int,
+    from_run: str | None,
+    run_layout: str | None,
+    top: int,
+    fmt: str,
+) -> None:
+    """Lay a model out on a cluster: rank the layouts by predicted throughput, with memory per
+    GPU in six categories, communication by dimension, the bubble, step time and MFU, the
+    reasoning for the first choice and why the near misses lose (docs/plan.md)."""
+    try:
+        if from_run is not None:
+            doc, text = planned_from_run(from_run, run_layout, layouts, top)
+            click.echo(json.dumps(doc, indent=2) if fmt == "json" else text, nl=fmt == "json")
+            return
+        shape = {
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "ffn_hidden": ffn_hidden,
+            "vocab": vocab,
+            "seq_len": seq_len,
+            "experts": experts,
+            "topk": topk,
+        }
+        model = _model(model_name, shape)
+        if gpus is None:
+            raise click.UsageError("--gpus N is needed (or --from RUN)")
+        overrides = {
+            "device_memory_gb": memory_gb,
+            "device_tflops": peak_tflops,
+            "intra_node_GBps": intra,
+            "inter_node_GBps": inter,
+            "mfu": compute_efficiency,
+        }
+        cluster = cluster_from_device(
+            device_by_key(device),
+            gpus,
+            gpus_per_node,
+            **{k: v for k, v in overrides.items() if v is not None},
+        )
+        given = [parse_layout_spec(t, gpus) for t in layouts]
+        batch = global_batch
+        if batch is None and given:
+            batch = given[0].dp * micro_batch * given[0].microbatches
+        if batch is None:
+            raise click.UsageError("--global-batch N is needed to search")
+        job = Job(model, batch, micro_batch, params)
+        recompute = tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE
+        if any(r not in RECOMPUTE for r in recompute):
+            raise click.BadParameter(f"--recompute: choose from {RECOMPUTE}")
+        space = SearchSpace(
+            zero_stages=_ints(zero_text, "--zero") or (0, 1, 2, 3),
+            recompute=recompute,
+            max_v=max_v,
+            max_cp=max_cp,
+        )
+        result = make_plan(job, cluster, given or None, space)
+    except (PlanError, ValueError, KeyError) as err:
+        raise click.UsageError(str(err).strip("'\"")) from None
+    except InputError as error:
+        fail(error)
+    if fmt == "json":
+        click.echo(json.dumps(plan_json(result, top), indent=2, allow_nan=False))
+    else:
+        click.echo(plan_text(result, top), nl=False)
