@@ -52,6 +52,11 @@ class HookedSteps:
             self._span = self.rec.span(phase)
             self._span.__enter__()
 
+    def set_tokens(self, tokens: int | None) -> None:
+        """The open step's tokens, when they are known only at its end."""
+        if self._step is not None and tokens is not None:
+            self._step.tokens = tokens
+
     def end_step(self, loss: Any = None, failed: BaseException | None = None) -> None:
         self.span(None)
         if self._step is None:

@@ -278,8 +278,10 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
         busy = intervals.merge(intervals.clip(ops, s0, s1))
         for start, end in busy.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
-        starts, ends = np.maximum(gloo[:, 0], s0), np.minimum(gloo[:, 1], s1)
-        inside = ends > starts  # the collectives left in the step once cut to it
+        # A collective is the step's that issued it: the one its worker event starts in (one
+        # that runs on past the step's end is cut there, never counted in the next step too).
+        starts, ends = gloo[:, 0], np.minimum(gloo[:, 1], s1)
+        inside = (starts >= s0) & (starts < s1) & (ends > starts)
         comm = np.column_stack([starts[inside], ends[inside]])
         for i, start, end in zip(
             np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),

@@ -22,6 +22,7 @@ from diag.kineto.device import DeviceTime, device_time
 from diag.kineto.events import DECODER, Trace, event_from
 from diag.kineto.kernels import KernelPatterns
 from diag.limits import GZIP_MAX_RATIO, GZIP_MIN_INFLATED_BYTES, MAX_LABEL_CHARS, MAX_WORLD_SIZE
+from diag.names import WORLD
 from diag.record_checks import is_int
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -61,6 +62,23 @@ def is_trace_dir(folder: Path) -> bool:
         and not (folder / "manifest.json").exists()
         and any(_looks_like_trace(p) for p in trace_files(folder))
     )
+
+
+_STEP_FOLDER = re.compile(r"iteration_(\d+)")
+
+
+def step_folders(folder: Path) -> list[tuple[int, Path]]:
+    """torchtitan's layout (`--profiling.enable_profiling`): a folder of `iteration_N/`
+    folders, one per profiled window, each holding `rank{R}_trace.json` files; (N, folder) of
+    those that hold traces, by N. Empty for any other folder."""
+    if not folder.is_dir() or (folder / "manifest.json").exists():
+        return []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = [(int(m.group(1)), p) for p in entries if (m := _STEP_FOLDER.fullmatch(p.name))]
+    return sorted((n, p) for n, p in found if n < MAX_WORLD_SIZE**2 and is_trace_dir(p))
 
 
 def _looks_like_trace(path: Path) -> bool:
@@ -148,6 +166,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     devices = [d for d in properties if isinstance(d, dict)]
     events = scan(data.traceEvents)
     records = to_records(rank or 0, events, patterns)
+    _name_the_only_group(records["comm"], info, world)
     measured = device_time(data.traceEvents, patterns)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
     return ParsedTrace(
@@ -161,6 +180,27 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         device_time=measured,
         notes=notes,
     )
+
+
+def _name_the_only_group(
+    comms: list[dict[str, Any]], info: dict[str, Any], world: int | None
+) -> None:
+    """Collectives whose group the trace does not say (gloo's worker events carry no
+    arguments) are in the job's process group when `distributedInfo.pg_config` lists only one:
+    `world` when it spans the world size, else its description."""
+    configs = info.get("pg_config")
+    unnamed = [c for c in comms if c["group"] is None]
+    if not unnamed or not isinstance(configs, list) or len(configs) != 1:
+        return
+    (config,) = configs
+    if not isinstance(config, dict):
+        return
+    size = config.get("pg_size")
+    size = size if is_int(size) and 0 < size <= MAX_WORLD_SIZE else None
+    spans_world = size is not None and size == world
+    name = WORLD if spans_world else _text(config.get("pg_desc")) or _text(config.get("pg_name"))
+    for comm in unnamed:  # group_size stays unknown with the bytes: no bandwidth from 0 bytes
+        comm["group"] = name
 
 
 def _rank_and_world(path: Path, data: Trace) -> tuple[int | None, int | None]:
