@@ -152,8 +152,8 @@ def _plan_violations(
     try:
         with open(plan_path, encoding="utf-8") as handle:
             plan = json.loads(handle.read(MAX_PLAN_BYTES + 1) or "null")
-    except (OSError, ValueError) as err:
-        raise InputError(plan_path, f"cannot read the plan ({err})") from None
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting too deep
+        raise InputError(plan_path, f"cannot read the plan ({str(err)[:200]})") from None
     if not isinstance(plan, dict) or plan.get("schema") != "diag.plan/1":
         raise InputError(plan_path, "not a diag.plan/1 document (diag plan --format json)")
     try:

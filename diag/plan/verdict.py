@@ -9,6 +9,7 @@ the pipeline bubble.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,8 +83,10 @@ def check_against_plan(
         shown = ",".join(f"{k}={v}" for k, v in layout.items())
         return [], f"the plan has no layout {shown} (the run's)"
     planned_step = float(entry["step_time_s"])
+    if not (math.isfinite(planned_step) and planned_step > 0):
+        return [], f"the plan's step_time_s for the run's layout is {planned_step}"
     measured_step = float(report["summary"].get("step_time_s") or 0.0)
-    if planned_step <= 0 or measured_step <= planned_step * (1 + tolerance):
+    if measured_step <= planned_step * (1 + tolerance):
         return [], None
     measured, planned = measured_dimensions(report), planned_dimensions(entry)
     keys = set(measured) | set(planned)

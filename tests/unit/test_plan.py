@@ -210,3 +210,35 @@ def test_plan_flops_agree_with_the_report_mfu(name: str) -> None:
     assert model_flops_per_step(job) == pytest.approx(
         per_token.flops * job.tokens_per_step, rel=1e-3
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[" * 200_000, "cannot read the plan"),
+        ('{"schema": "other"}', "not a diag.plan/1 document"),
+        (
+            '{"schema": "diag.plan/1", "layouts": [{"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1, '
+            '"zero": 0, "microbatches": 1, "v": 1, "step_time_s": NaN, "time": {}}]}',
+            "step_time_s for the run's layout is nan",
+        ),
+        (
+            '{"schema": "diag.plan/1", "layouts": [{"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1, '
+            '"zero": 0, "microbatches": 1, "v": 1, "step_time_s": 1e-3, "time": [1]}]}',
+            "malformed plan entry",
+        ),
+    ],
+)
+def test_hostile_plan_files_are_one_line_errors(tmp_path: Path, text: str, reason: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(GOLDEN / "dp-straggler"), "--plan", str(path)])
+    assert result.exit_code == 2
+    assert reason in result.output
+    assert "Traceback" not in result.output
+
+
+def test_from_a_missing_run_is_one_line() -> None:
+    result = CliRunner().invoke(main, ["plan", "--from", "/nonexistent/run"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "diag: error: /nonexistent/run: no such file or directory"
