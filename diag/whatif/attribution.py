@@ -173,20 +173,28 @@ class _Scenarios:
 
     # --- local time ------------------------------------------------------------------------
 
-    def _excess(self, part: np.ndarray) -> np.ndarray:
-        """Per event, the typical (median over steps) excess of its rank's local time `part`
-        at this position of the step over its peers' median."""
-        over = part - self.peer_median(part)
-        frame = pd.DataFrame({"rank": self.rank, "j": self.j, "over": over})
-        typical = frame.groupby(["rank", "j"])["over"].transform("median").to_numpy()
-        return np.clip(np.nan_to_num(typical), 0, None)
+    @cached_property
+    def _pieces(self) -> dict[str, np.ndarray]:
+        """The local time before each event, whole and split into host time and compute."""
+        seg = self.base.seg_ns
+        host = np.minimum(self.host, seg)
+        return {"all": seg, "host": host, "compute": seg - host}
+
+    @cached_property
+    def _excesses(self) -> dict[str, np.ndarray]:
+        """Per piece, per event: the typical (median over steps) excess of its rank's local
+        time at this place of the step over its peers' median, at most the time itself."""
+        codes = _group_codes(self.rank, self.j)
+        out = {}
+        for name, part in self._pieces.items():
+            typical = _group_medians(codes, part - self.peer_median(part))
+            out[name] = np.minimum(np.clip(np.nan_to_num(typical), 0, None), part)
+        return out
 
     def _without(self, ranks: list[int], part: str) -> Durations:
         seg = self.base.seg_ns
-        host = np.minimum(self.host, seg)
-        pieces = {"all": seg, "host": host, "compute": seg - host}
-        excess = np.minimum(self._excess(pieces[part]), pieces[part])
         mine = np.isin(self.rank, ranks)
+        excess = self._excesses[part]
         return Durations(seg - np.where(mine, excess, 0), self.base.transfer_ns, self.base.post_ns)
 
     @cached_property
@@ -198,9 +206,19 @@ class _Scenarios:
     def leveled_saving(self) -> float:
         return self.saving(self.leveled)
 
+    def _split(self, rank: int, saved: float) -> tuple[float, float]:
+        """What leveling only the rank's host time, and only its compute, would save (one
+        replay each; none where the rank has no excess of that kind: the other is all)."""
+        mine = self.rank == rank
+        host_excess = float(self._excesses["host"][mine].sum())
+        compute_excess = float(self._excesses["compute"][mine].sum())
+        host = self.saving(self._without([rank], "host")) if host_excess > 0 else 0.0
+        if compute_excess <= 0:
+            return host, 0.0
+        return host, self.saving(self._without([rank], "compute")) if host_excess > 0 else saved
+
     def stragglers(self) -> list[Cause]:
-        seg = self.base.seg_ns
-        excess = self._excess(seg)
+        excess = self._excesses["all"]
         per_rank = pd.Series(excess).groupby(self.rank).sum() / max(int(self.ok.sum()), 1)
         candidates = per_rank[per_rank > MIN_EXCESS_SHARE * self.base_mean].nlargest(
             MAX_CANDIDATES
@@ -208,8 +226,7 @@ class _Scenarios:
         causes = []
         for rank in candidates.index:
             saved = self.saving(self._without([int(rank)], "all"))
-            host = self.saving(self._without([int(rank)], "host"))
-            compute = self.saving(self._without([int(rank)], "compute"))
+            host, compute = self._split(int(rank), saved)
             kind = "host" if host > compute else "straggler"
             if kind == "host":
                 label = f"rank {rank}: host time (data loading, work outside the recorded spans)"
@@ -310,23 +327,55 @@ class _Scenarios:
         return float(times[self.ok].mean())
 
 
-def _peer_medians(events: pd.DataFrame, role: pd.DataFrame):
-    """A function: for values per event, the median of the same (step, position) over the
+def _group_codes(*keys: np.ndarray) -> np.ndarray:
+    """One dense integer (0..G-1) per distinct combination of the key columns (integers)."""
+    combined = np.zeros(len(keys[0]), dtype=np.int64)
+    for key in keys:
+        codes, uniques = pd.factorize(key)
+        combined = combined * (len(uniques) + 1) + codes
+    return pd.factorize(combined)[0]
+
+
+def _group_medians(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per element, the median of its group's values (NaN values skipped; NaN for a group of
+    NaN only)."""
+    order = np.lexsort((values, codes))  # NaN sorts last within each group
+    group, ordered = codes[order], values[order]
+    start = np.concatenate([[0], np.cumsum(np.bincount(codes))[:-1]])
+    valid = np.bincount(codes, weights=~np.isnan(values)).astype(np.int64)
+    n = valid[group]
+    low = start[group] + np.maximum(n - 1, 0) // 2
+    high = start[group] + n // 2
+    median = (ordered[low] + ordered[np.minimum(high, start[group] + np.maximum(n - 1, 0))]) / 2
+    out = np.empty(len(values))
+    out[order] = np.where(n == 0, np.nan, median)
+    return out
+
+
+def _peer_medians(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
+    """A function: for values per event, the median of the same (step, place) over the
     other ranks of the event's role (NaN where the rank has no peer there)."""
     roles = role["role"].reindex(events["rank"].to_numpy()).to_numpy()
-    keys = pd.MultiIndex.from_arrays([roles, events["step"].to_numpy(), events["j"].to_numpy()])
-    codes, _ = pd.factorize(keys)
+    codes = _group_codes(roles, events["step"].to_numpy(), events["j"].to_numpy())
+    count = np.bincount(codes)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
 
     def median_of_others(values: np.ndarray) -> np.ndarray:
-        frame = pd.DataFrame({"key": codes, "v": values})
-        count = frame.groupby("key")["v"].transform("size").to_numpy()
-        ranked = frame.groupby("key")["v"].rank(method="first").to_numpy()
-        median_all = frame.groupby("key")["v"].transform("median").to_numpy()
-        # the median of the others: for two members, the other one's value
-        total = frame.groupby("key")["v"].transform("sum").to_numpy()
-        out = np.where(count == 2, total - values, median_all)
-        out = np.where(count >= 3, _median_without(frame, ranked, count), out)
-        return np.where(count < 2, np.nan, out)
+        order = np.lexsort((values, codes))  # by group, then by value
+        group = codes[order]
+        n = count[group]
+        place = np.arange(len(order)) - start[group]  # each member's place in its sorted group
+        ordered = values[order]
+        m = n - 1  # the group without the member
+
+        def at(i: np.ndarray) -> np.ndarray:  # the i-th value of the group without the member
+            i = i + (i >= place)
+            return ordered[start[group] + np.minimum(i, n - 1)]
+
+        median = (at(np.maximum(m - 1, 0) // 2) + at(m // 2)) / 2
+        out = np.empty(len(values))
+        out[order] = np.where(n < 2, np.nan, median)
+        return out
 
     return median_of_others
 
@@ -335,8 +384,7 @@ def _stage_means(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarr
     """A function: for values per event, the mean of the same (step, place) over the ranks of
     the event's pipeline stage (NaN where the rank is alone there)."""
     stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
-    keys = pd.MultiIndex.from_arrays([stages, events["step"].to_numpy(), events["j"].to_numpy()])
-    codes, _ = pd.factorize(keys)
+    codes = _group_codes(stages, events["step"].to_numpy(), events["j"].to_numpy())
 
     def mean_of_stage(values: np.ndarray) -> np.ndarray:
         grouped = pd.Series(values).groupby(codes)
@@ -346,67 +394,47 @@ def _stage_means(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarr
     return mean_of_stage
 
 
-def _median_without(frame: pd.DataFrame, ranked: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """For groups of 3 or more, the median of the group without each member (by its rank in
-    the sorted group: removing a value below the median shifts the median up by half a place)."""
-    ordered = frame.assign(r=ranked).sort_values(["key", "r"], kind="stable")
-    values = ordered["v"].to_numpy()
-    starts = ordered.groupby("key", sort=False).cumcount().to_numpy()
-    base = np.arange(len(values)) - starts  # index of each group's first value
-    n = count[ordered.index.to_numpy()]
-    r = ranked[ordered.index.to_numpy()].astype(int) - 1
-    m = n - 1  # size without the member
-
-    def at(i: np.ndarray) -> np.ndarray:  # the i-th of the group without the member
-        i = i + (i >= r)
-        return values[base + np.minimum(i, n - 1)]
-
-    low, high = at((m - 1) // 2), at(m // 2)
-    out = np.empty(len(values))
-    out[ordered.index.to_numpy()] = (low + high) / 2
-    return out
-
-
 def _waits(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
     """Per rank and group, the measured waiting split into arrival skew (before the last
     member arrived or the send started) and transfer, per step; how often it arrived last."""
     ev = timeline.events
     kind = ev["kind"].to_numpy()
     a, e = ev["a_ns"].to_numpy(dtype=np.float64), ev["e_ns"].to_numpy(dtype=np.float64)
-    rows = []
-    last_arrival: dict[int, float] = {}
-    for inst, members in timeline.members.items():
-        last_arrival[inst] = float(a[members].max())
-    instance = ev["instance"].to_numpy()
-    for k in np.flatnonzero(np.isin(kind, [tl.Kind.SYNC, tl.Kind.RECV, tl.Kind.WAIT])):
-        if kind[k] == tl.Kind.SYNC:
-            ready, group = last_arrival[int(instance[k])], ev["group"].iat[k]
-        elif kind[k] == tl.Kind.RECV:
-            ready, group = a[int(ev["sender"].iat[k])], ev["group"].iat[k]
-        else:
-            awaited = timeline.waits_on[int(k)]
-            ready = max(last_arrival[int(instance[w])] for w in awaited)
-            group = ev["group"].iat[awaited[0]]
-        wait = max(e[k] - a[k], 0.0)
-        skew = min(max(ready - a[k], 0.0), wait)
-        rows.append((int(ev["rank"].iat[k]), group, skew, wait - skew))
-    frame = pd.DataFrame(rows, columns=["rank", "group", "skew_ns", "transfer_ns"])
-    last = []
-    for inst, members in timeline.members.items():
-        latest = members[int(np.argmax(a[members]))]
-        last.append((int(ev["rank"].iat[latest]), ev["group"].iat[latest], inst))
-    lasts = pd.DataFrame(last, columns=["rank", "group", "instance"])
-    counts = lasts.groupby(["rank", "group"]).size()
-    totals = lasts.groupby("group").size()
-    if frame.empty:
+    rank, group = ev["rank"].to_numpy(), ev["group"].to_numpy(dtype=object)
+    instance, sender = ev["instance"].to_numpy(), ev["sender"].to_numpy()
+    members = timeline.member_event
+    owner = np.repeat(np.arange(len(timeline.member_ptr) - 1), np.diff(timeline.member_ptr))
+    last_arrival = np.full(len(timeline.member_ptr) - 1, -np.inf)
+    np.maximum.at(last_arrival, owner, a[members])
+    ready = np.full(len(ev), np.nan)
+    sync = np.flatnonzero(kind == tl.Kind.SYNC)
+    ready[sync] = last_arrival[instance[sync]]
+    recv = np.flatnonzero(kind == tl.Kind.RECV)
+    ready[recv] = a[sender[recv]]
+    wait_count = np.diff(timeline.wait_ptr)
+    waits = np.flatnonzero((kind == tl.Kind.WAIT) & (wait_count > 0))
+    if len(waits):  # the latest arrival over the collectives each wait waits for
+        awaited_ready = last_arrival[instance[timeline.wait_event]]
+        ready[waits] = np.maximum.reduceat(awaited_ready, timeline.wait_ptr[waits])
+        group = group.copy()
+        group[waits] = group[timeline.wait_event[timeline.wait_ptr[waits]]]
+    blocking = np.concatenate([sync, recv, waits])
+    if not len(blocking):
         return pd.DataFrame(columns=["rank", "group", "skew_s", "transfer_s", "last_share"])
+    wait_ns = np.maximum(e[blocking] - a[blocking], 0.0)
+    skew_ns = np.minimum(np.maximum(ready[blocking] - a[blocking], 0.0), wait_ns)
+    frame = pd.DataFrame({"rank": rank[blocking], "group": group[blocking],
+                          "skew_ns": skew_ns, "transfer_ns": wait_ns - skew_ns})  # fmt: skip
     table = frame.groupby(["rank", "group"])[["skew_ns", "transfer_ns"]].sum().reset_index()
     table["skew_s"] = table.pop("skew_ns") / NS_PER_S / max(steps, 1)
     table["transfer_s"] = table.pop("transfer_ns") / NS_PER_S / max(steps, 1)
-    table["last_share"] = [
-        counts.get((r, g), 0) / totals.get(g, 1)
-        for r, g in zip(table["rank"], table["group"], strict=True)
-    ]
+    # who arrived last at each collective (the first of the latest, in event order)
+    latest = pd.Series(a[members]).groupby(owner).idxmax().to_numpy()
+    lasts = pd.DataFrame({"rank": rank[members[latest]], "group": group[members[latest]]})
+    counts = lasts.groupby(["rank", "group"]).size().rename("last")
+    totals = lasts.groupby("group").size().rename("total")
+    table = table.join(counts, on=["rank", "group"]).join(totals, on="group")
+    table["last_share"] = (table.pop("last").fillna(0) / table.pop("total").fillna(1)).astype(float)
     return table
 
 

@@ -82,30 +82,42 @@ def pipeline_peers(manifest: schema.Manifest) -> dict[int, tuple[int, int]]:
 
 def message_pairs(comms: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int]:
     """For each receive (row position in `comms`), the position of the send it waits for."""
+    receives, sends = message_pair_rows(comms, manifest)
+    return dict(zip(receives.tolist(), sends.tolist(), strict=True))
+
+
+def message_pair_rows(
+    comms: pd.DataFrame, manifest: schema.Manifest
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row positions in `comms` of each receive and of the send it waits for (two arrays
+    of equal length): the n-th message of a (sender, receiver, tag) is the n-th receive of it."""
+    empty = np.zeros(0, dtype=np.int64)
     peers = pipeline_peers(manifest)
     if comms.empty or not peers:
-        return {}
-    p2p = comms[comms["op"].astype(object).isin(list(P2P_OPS))]
-    sends: dict[tuple[int, int, str], list[int]] = {}
-    recvs: dict[tuple[int, int, str], list[int]] = {}
-    positions = {label: i for i, label in enumerate(comms.index)}
-    for label, row in p2p.sort_values(["rank", "t0"], kind="stable").iterrows():
-        rank = int(row["rank"])
-        if rank not in peers:
-            continue
-        forward = str(row["tag"]) == FORWARD_TAG
-        previous, following = peers[rank]
-        tag = str(row["tag"])
-        if row["op"] == schema.CollectiveOp.SEND.value:
-            sends.setdefault((rank, following if forward else previous, tag), []).append(
-                positions[label]
-            )
-        else:
-            recvs.setdefault((previous if forward else following, rank, tag), []).append(
-                positions[label]
-            )
-    pairs: dict[int, int] = {}
-    for key, receives in recvs.items():
-        for recv, send in zip(receives, sends.get(key, []), strict=False):
-            pairs[recv] = send
-    return pairs
+        return empty, empty
+    op = comms["op"].astype(object).to_numpy()
+    rows = np.flatnonzero(np.isin(op, list(P2P_OPS)))
+    if not len(rows):
+        return empty, empty
+    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    size = max(max(peers), int(rank.max())) + 1
+    previous, following = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
+    for r, (before, after) in peers.items():
+        previous[r], following[r] = before, after
+    tag_codes, tag_names = label_codes(comms["tag"].iloc[rows].reset_index(drop=True))
+    forward = (np.asarray(tag_names, dtype=object) == FORWARD_TAG)[tag_codes]
+    send = op[rows] == schema.CollectiveOp.SEND.value
+    keep = previous[rank] >= 0
+    # a send goes to the next stage (activations) or the previous one; a receive comes from them
+    peer = np.where(forward == send, following[rank], previous[rank])
+    source = np.where(send, rank, peer)
+    target = np.where(send, peer, rank)
+    t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
+    frame = pd.DataFrame({"row": rows, "send": send, "key_a": source, "key_b": target,
+                          "tag": tag_codes, "rank": rank, "t0": t0})[keep]  # fmt: skip
+    frame = frame.sort_values(["rank", "t0"], kind="stable")
+    frame["n"] = frame.groupby(["send", "key_a", "key_b", "tag"], sort=False).cumcount()
+    sends = frame[frame["send"]].set_index(["key_a", "key_b", "tag", "n"])["row"]
+    recvs = frame[~frame["send"]].set_index(["key_a", "key_b", "tag", "n"])["row"]
+    joined = recvs.to_frame("recv").join(sends.rename("send"), how="inner")
+    return joined["recv"].to_numpy(dtype=np.int64), joined["send"].to_numpy(dtype=np.int64)

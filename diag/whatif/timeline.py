@@ -21,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import numba
 import numpy as np
 import pandas as pd
 
 from diag import schema
 from diag.keys import in_steps
 from diag.load import RunData
-from diag.whatif.matching import P2P_OPS, collective_instances, message_pairs
+from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 
 
 class Kind(IntEnum):
@@ -49,6 +50,8 @@ LAUNCH_PLACES = 1_000_000
 WAIT_SLACK_NS = 10_000
 """A wait depends on the launches that completed by its end (within this): a collective still
 running after the wait ended (a profiler's view of a backend thread) did not hold it."""
+LAUNCH_KIND, WAIT_KIND = int(Kind.LAUNCH), int(Kind.WAIT)
+"""As plain ints, for the compiled scan of waits."""
 HOST_PHASES = frozenset({schema.Phase.DATA.value})
 COMPUTE_PHASES = schema.COMPUTE_PHASES - HOST_PHASES
 
@@ -64,10 +67,13 @@ class Timeline:
     before the event, and its host part), j (position in its step), instance, group,
     transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
-    waits_on: dict[int, list[int]] = field(default_factory=dict)
-    """For each WAIT event, the LAUNCH events it waits for."""
-    members: dict[int, list[int]] = field(default_factory=dict)
-    """For each collective instance, its member events."""
+    member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The member events of collective instance i: member_event[member_ptr[i]:member_ptr[i+1]]
+    (instance ids are dense, 0..I-1, in `events.instance`)."""
+    wait_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    wait_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The LAUNCH events WAIT event k waits for: wait_event[wait_ptr[k]:wait_ptr[k+1]]."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -79,16 +85,16 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)
-    pairs = message_pairs(comms, run.manifest)
+    recv_rows, send_rows = message_pair_rows(comms, run.manifest)
     is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
     op = comms["op"].astype(object).to_numpy()
     kinds = np.where(instance >= 0, np.where(is_async & ~self_waiting, Kind.LAUNCH, Kind.SYNC),
                      Kind.LOCAL)  # fmt: skip
-    recv = np.array([o == schema.CollectiveOp.RECV.value for o in op], dtype=bool)
+    recv = op == schema.CollectiveOp.RECV.value
     matched_recv = np.zeros(len(comms), dtype=bool)
-    matched_recv[list(pairs)] = True
+    matched_recv[recv_rows] = True
     kinds = np.where(recv & matched_recv, Kind.RECV, kinds)
-    sends_async = np.array([o in P2P_OPS for o in op], dtype=bool) & is_async
+    sends_async = np.isin(op, list(P2P_OPS)) & is_async
     kinds = np.where(sends_async & (kinds == Kind.LOCAL), Kind.LAUNCH, kinds)
     frames = [
         pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "kind": int(Kind.START),
@@ -114,7 +120,7 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)
     _local_time(timeline, spans, _previous_step_ends(run.steps, steps, ranks))
-    _dependencies(timeline, pairs)
+    _dependencies(timeline, recv_rows, send_rows)
     return timeline
 
 
@@ -204,45 +210,86 @@ def _coverage(t0: np.ndarray, t1: np.ndarray) -> Callable[[np.ndarray], np.ndarr
     return covered
 
 
-def _dependencies(timeline: Timeline, pairs: dict[int, int]) -> None:
+def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarray) -> None:
     """Members of each collective, transfers, what each wait and receive waits for."""
     ev = timeline.events
     kind = ev["kind"].to_numpy().copy()
     a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
-    instance = ev["instance"].to_numpy()
-    in_instance = np.flatnonzero((instance >= 0) & np.isin(kind, [Kind.SYNC, Kind.LAUNCH]))
-    last_arrival = pd.Series(a[in_instance]).groupby(instance[in_instance]).transform("max")
+    raw = ev["instance"].to_numpy()
+    in_instance = np.flatnonzero((raw >= 0) & np.isin(kind, [Kind.SYNC, Kind.LAUNCH]))
+    codes, uniques = pd.factorize(raw[in_instance])  # dense ids 0..I-1, in order of first event
+    instance = np.full(len(ev), -1, dtype=np.int64)
+    instance[in_instance] = codes
+    last_arrival = np.full(len(uniques), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_arrival, codes, a[in_instance])
     transfer = np.zeros(len(ev), dtype=np.int64)
-    transfer[in_instance] = np.maximum(e[in_instance] - last_arrival.to_numpy(), 0)
-    for event, inst in zip(in_instance, instance[in_instance], strict=True):
-        timeline.members.setdefault(int(inst), []).append(int(event))
-    # receives: the event of the send each one waits for
-    by_source = {int(s): i for i, s in enumerate(ev["source"].to_numpy()) if s >= 0}
+    transfer[in_instance] = np.maximum(e[in_instance] - last_arrival[codes], 0)
+    by_instance = in_instance[np.argsort(codes, kind="stable")]
+    timeline.member_ptr = np.concatenate(
+        [[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))]
+    )
+    timeline.member_event = by_instance.astype(np.int64)
+    # receives: the event of the send each one waits for (rows of comms -> events)
+    source = ev["source"].to_numpy()
+    event_of_row = np.full(max(int(source.max()) + 1, 0) if len(source) else 0, -1, dtype=np.int64)
+    has_row = np.flatnonzero(source >= 0)
+    event_of_row[source[has_row]] = has_row
     sender = np.full(len(ev), -1, dtype=np.int64)
-    for recv_row, send_row in pairs.items():
-        recv_event, send_event = by_source.get(recv_row), by_source.get(send_row)
-        if recv_event is None or send_event is None:
-            continue
+    if len(recv_rows):
+        recv_event, send_event = event_of_row[recv_rows], event_of_row[send_rows]
+        seen = (recv_event >= 0) & (send_event >= 0)
+        recv_event, send_event = recv_event[seen], send_event[seen]
         sender[recv_event] = send_event
-        transfer[recv_event] = max(e[recv_event] - max(a[recv_event], a[send_event]), 0)
+        transfer[recv_event] = np.maximum(
+            e[recv_event] - np.maximum(a[recv_event], a[send_event]), 0
+        )
     unmatched = (kind == Kind.RECV) & (sender < 0)
     kind[unmatched] = Kind.LOCAL
     # waits: the launches of this rank since the last wait that completed by the wait's end
-    post = np.zeros(len(ev), dtype=np.int64)
-    for lo, hi in zip(timeline.first[:-1], timeline.first[1:], strict=True):
-        pending: list[int] = []
-        for k in range(lo, hi):
-            if kind[k] == Kind.LAUNCH and instance[k] >= 0:
-                pending.append(k)
-            elif kind[k] == Kind.WAIT:
-                done = [p for p in pending if e[p] <= e[k] + WAIT_SLACK_NS]
-                timeline.waits_on[k] = done
-                pending = [p for p in pending if p not in done]
-                completed = max((e[p] for p in done), default=a[k])
-                post[k] = max(e[k] - max(a[k], completed), 0)
-    no_deps = (kind == Kind.WAIT) & np.array([not timeline.waits_on.get(k) for k in range(len(ev))])
-    kind[no_deps] = Kind.LOCAL  # a wait on nothing we saw (a send's): its own duration
+    count, awaited, post = _awaited_launches(
+        kind.astype(np.int64), instance, a, e, timeline.first.astype(np.int64), WAIT_SLACK_NS
+    )
+    timeline.wait_ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    timeline.wait_event = awaited
+    kind[(kind == Kind.WAIT) & (count == 0)] = Kind.LOCAL  # a wait on nothing we saw (a send's)
     ev["kind"] = kind
+    ev["instance"] = instance
     ev["transfer_ns"] = transfer
     ev["post_ns"] = post
     ev["sender"] = sender
+
+
+@numba.njit(cache=True)
+def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
+    """Per event, how many launches it waits for (WAIT events only), those launches in event
+    order, and each wait's time after the last of them completed (post_ns)."""
+    n = len(kind)
+    count = np.zeros(n, dtype=np.int64)
+    awaited = np.empty(n, dtype=np.int64)
+    post = np.zeros(n, dtype=np.int64)
+    filled = 0
+    pending = np.empty(n, dtype=np.int64)
+    for r in range(len(first) - 1):
+        waiting = 0
+        for k in range(first[r], first[r + 1]):
+            if kind[k] == LAUNCH_KIND and instance[k] >= 0:
+                pending[waiting] = k
+                waiting += 1
+            elif kind[k] == WAIT_KIND:
+                completed = a[k]
+                kept = 0
+                for i in range(waiting):
+                    p = pending[i]
+                    if e[p] <= e[k] + slack_ns:
+                        awaited[filled] = p
+                        filled += 1
+                        count[k] += 1
+                        completed = max(completed, e[p])
+                    else:
+                        pending[kept] = p
+                        kept += 1
+                waiting = kept
+                if count[k] == 0:
+                    completed = a[k]
+                post[k] = max(e[k] - max(a[k], completed), 0)
+    return count, awaited[:filled].copy(), post
