@@ -5,6 +5,7 @@ callback and traced by the framework's own profiler route; `diag analyze` reads 
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -113,13 +114,16 @@ def test_an_accelerate_loop_is_recorded(hf_out: Path) -> None:
 
 def test_hf_profiler_traces_are_read_as_written(hf_out: Path, tmp_path: Path) -> None:
     """torch.profiler in a Trainer callback (tensorboard_trace_handler: `host_pid.ts` names, the
-    rank in distributedInfo); Megatron's `--use-pytorch-profiler` writes the same files into its
-    TensorBoard folder, beside the event files."""
+    rank in distributedInfo); and the same traces as Megatron-LM's `--use-pytorch-profiler`
+    writes them (megatron/training/training.py: `TB/../torch_profile/rank-{R}.json.gz`)."""
     report = diag.analyze_path(hf_out / "traces")
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert {c["group"] for c in report["collectives"]} == {"world"}
     assert all(float(c["count"]).is_integer() for c in report["collectives"])
-    megatron = tmp_path / "tensorboard"
-    shutil.copytree(hf_out / "traces", megatron, ignore=shutil.ignore_patterns(".diag-cache"))
-    (megatron / "events.out.tfevents.1700000000.vm.1.0").write_bytes(b"\x00\x01 not a trace")
+    megatron = tmp_path / "torch_profile"
+    megatron.mkdir()
+    for trace in (hf_out / "traces").glob("*.pt.trace.json"):
+        rank = json.loads(trace.read_text())["distributedInfo"]["rank"]
+        with gzip.open(megatron / f"rank-{rank}.json.gz", "wb") as out:
+            out.write(trace.read_bytes())
     assert [r["rank"] for r in diag.analyze_path(megatron)["ranks"]] == [0, 1]
