@@ -81,12 +81,16 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def planned_from_run(
-    path: str, run_layout: str | None, layouts: tuple[str, ...], top: int
+    path: str,
+    run_layout: str | None,
+    layouts: tuple[str, ...],
+    top: int,
+    model: ModelSpec | None = None,
 ) -> tuple[dict[str, Any], str]:
     """(JSON document, text) of the plan calibrated on the run at `path`: its own layout
     first, then `layouts` (each with its own micro-batch count: the global batch follows)."""
     run = load_any(path, parse_layout(run_layout) if run_layout else None)
-    cal = calibrate(run, path)
+    cal = calibrate(run, path, model)
     cluster = cal.cluster
     wanted = [cal.layout] + [parse_layout_spec(t, cluster.gpus) for t in layouts]
     docs, texts = [], []
@@ -189,21 +193,18 @@ def plan(
     GPU in six categories, communication by dimension, the bubble, step time and MFU, the
     reasoning for the first choice and why the near misses lose (docs/plan.md)."""
     try:
-        if from_run is not None:
-            doc, text = planned_from_run(from_run, run_layout, layouts, top)
+        shape = {
+            "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+            "ffn_hidden": ffn_hidden, "vocab": vocab, "seq_len": seq_len, "experts": experts,
+            "topk": topk,
+        }  # fmt: skip
+        if from_run is not None:  # a trace folder's model comes from the command line
+            given_model = None
+            if model_name is not None or layers is not None:
+                given_model = replace(_model(model_name, shape), micro_batch=micro_batch)
+            doc, text = planned_from_run(from_run, run_layout, layouts, top, given_model)
             click.echo(json.dumps(doc, indent=2) if fmt == "json" else text, nl=fmt == "json")
             return
-        shape = {
-            "layers": layers,
-            "hidden": hidden,
-            "heads": heads,
-            "kv_heads": kv_heads,
-            "ffn_hidden": ffn_hidden,
-            "vocab": vocab,
-            "seq_len": seq_len,
-            "experts": experts,
-            "topk": topk,
-        }
         model = _model(model_name, shape)
         if gpus is None:
             raise click.UsageError("--gpus N is needed (or --from RUN)")

@@ -65,10 +65,13 @@ class Calibration:
         }
 
 
-def job_of(run: Any, path: str) -> tuple[Job, Layout]:
-    """The model, batch and layout a run's manifest declares; InputError naming what lacks."""
+def job_of(run: Any, path: str, model: ModelSpec | None = None) -> tuple[Job, Layout]:
+    """The model, batch and layout a run's manifest declares (`model` given: that model, for a
+    trace folder, whose traces say nothing of it); InputError naming what lacks."""
     manifest = run.manifest
     info, lay = manifest.model, manifest.layout
+    if model is not None:
+        return _job(model, layout_of(lay), lay)
     needed = {
         "layers": info.layers,
         "hidden": info.hidden,
@@ -79,7 +82,10 @@ def job_of(run: Any, path: str) -> tuple[Job, Layout]:
     }
     missing = [k for k, v in needed.items() if not v]
     if missing:
-        raise InputError(path, f"the manifest's model lacks {', '.join(missing)}: cannot plan it")
+        raise InputError(
+            path,
+            f"the model lacks {', '.join(missing)}: give it (--model, or --layers --hidden ...)",
+        )
     model = ModelSpec(
         layers=int(info.layers),
         hidden=int(info.hidden),
@@ -92,7 +98,10 @@ def job_of(run: Any, path: str) -> tuple[Job, Layout]:
         topk=int(info.topk or 2),
         tied_embeddings=(lay.pp or 1) == 1,
     )
-    layout = layout_of(lay)
+    return _job(model, layout_of(lay), lay)
+
+
+def _job(model: ModelSpec, layout: Layout, lay: RunLayout) -> tuple[Job, Layout]:
     accumulation = max(int(lay.grad_accum or 1), 1)
     per_step = layout.microbatches * (accumulation if layout.pp == 1 else 1)
     layout = replace(layout, microbatches=per_step)
@@ -150,9 +159,10 @@ def _median_of(values: pd.Series, rank: int) -> float:
     return float(medians.get(rank, 0.0))
 
 
-def calibrate(run: Any, path: str) -> Calibration:
-    """Calibrate the cost model on `run` (a loaded RunData); InputError when it lacks steps."""
-    job, layout = job_of(run, path)
+def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibration:
+    """Calibrate the cost model on `run` (a loaded RunData; `model` for a trace folder);
+    InputError when it lacks steps or compute."""
+    job, layout = job_of(run, path, model)
     steps = run.steps
     first = int(steps["step"].min()) if not steps.empty else 0
     later = steps[steps["step"] > first] if steps["step"].nunique() > 1 else steps
@@ -160,14 +170,16 @@ def calibrate(run: Any, path: str) -> Calibration:
         raise InputError(path, "no step records: nothing to calibrate on")
     step_s = _slowest_median(_per_rank_step(later, first - 1))
     spans = run.spans
-    compute = _per_rank_step(spans[spans["phase"].isin(["fwd", "bwd"])], first)
+    # a run directory's forward and backward spans; a profiler trace's computation kernels
+    phases = ["fwd", "bwd"] if spans["phase"].isin(["fwd", "bwd"]).any() else ["kernel"]
+    compute = _per_rank_step(spans[spans["phase"].isin(phases)], first)
     comms = run.comms
     inside = comms[comms["group"].isin(INSIDE_COMPUTE_GROUPS) & comms["blocking"].fillna(False)]
     compute = compute.sub(_per_rank_step(inside, first), fill_value=0.0)
     compute = compute.sub(_per_rank_step(_waits_inside_compute(spans), first), fill_value=0.0)
     compute_s = _slowest_median(compute)
     if compute_s <= 0:
-        raise InputError(path, "no forward/backward spans: cannot calibrate compute")
+        raise InputError(path, "no forward/backward spans or kernels: cannot calibrate compute")
     # the rank that computes longest paces the step: its own waits are transfers, not skew
     pacing = int(compute.groupby(level=0).median().idxmax())
     opt_s = _median_of(_per_rank_step(spans[spans["phase"] == "opt"], first), pacing)

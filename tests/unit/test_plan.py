@@ -242,3 +242,40 @@ def test_from_a_missing_run_is_one_line() -> None:
     result = CliRunner().invoke(main, ["plan", "--from", "/nonexistent/run"])
     assert result.exit_code == 2
     assert result.output.strip() == "diag: error: /nonexistent/run: no such file or directory"
+
+
+REAL_NCCL = Path("/work/shared/real-traces/hta-nccl-world2")
+
+
+@pytest.mark.skipif(not REAL_NCCL.is_dir(), reason="real Kineto traces not present")
+def test_from_a_gpu_trace_folder_with_its_layout_and_model() -> None:
+    # two A100 ranks' kernels: the calibrated share of the A100's peak is a fraction of it
+    doc = json.loads(
+        _plan(
+            "--from",
+            str(REAL_NCCL),
+            "--run-layout",
+            "dp=2",
+            "--layers",
+            "12",
+            "--hidden",
+            "768",
+            "--heads",
+            "12",
+            "--seq",
+            "1024",
+            "--vocab",
+            "50257",
+            "--micro-batch",
+            "8",
+            "--format",
+            "json",
+        )
+    )
+    calibration = doc["calibration"]
+    assert 0 < calibration["compute_efficiency"] < 1
+    (own,) = doc["layouts"]
+    assert own["step_time_s"] == pytest.approx(calibration["measured_step_s"], rel=0.15)
+    lacking = CliRunner().invoke(main, ["plan", "--from", str(REAL_NCCL), "--run-layout", "dp=2"])
+    assert lacking.exit_code == 2
+    assert "the model lacks layers" in lacking.output
