@@ -1,6 +1,7 @@
 """Fault injection specs: reproduce each collapse pattern on purpose (`--inject SPEC`, DESIGN.md).
 
-    straggler:rank=R,ms=M             rank R sleeps M ms in each micro-batch's compute
+    straggler:rank=R,ms=M[,from=S]    rank R sleeps M ms in each micro-batch's compute (from
+                                      step S on: a straggler that appears midway; default 0)
     slow-comm:ms=M[,group=dp|tp|pp|ep] extra latency on every collective of that group (all if none)
     skew:frac=F[,expert=E]            the router sends ~F of the tokens to expert E (default 0)
     skew-growth:per_step=G            the skew fraction grows by G each step
@@ -37,6 +38,7 @@ GROUPS = PARALLEL_GROUPS
 class Straggler:
     rank: int  # the slow rank
     ms: float  # sleep per micro-batch compute, milliseconds
+    from_step: int = 0  # the first slow step (`from=S`): a straggler that appears midway
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,10 @@ def _group(v: str) -> str:
 
 # name -> (class, {key: (converter, required)})
 _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
-    "straggler": (Straggler, {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
+    "straggler": (
+        Straggler,
+        {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True), "from": (_nonneg_int, False)},
+    ),
     "slow-comm": (SlowComm, {"ms": (_nonneg_float, True), "group": (_group, False)}),
     "skew": (Skew, {"frac": (_fraction, True), "expert": (_nonneg_int, False)}),
     "skew-growth": (SkewGrowth, {"per_step": (_fraction, True)}),
@@ -150,6 +155,10 @@ _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
     "jitter": (Jitter, {"ms": (_nonneg_float, True)}),
     "loader-stall": (LoaderStall, {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
 }
+
+
+_FIELDS = {"from": "from_step"}
+"""Spec keys whose field is named otherwise (`from` is a Python keyword)."""
 
 
 def parse_injection(spec: str) -> Injection:
@@ -180,7 +189,7 @@ def parse_injection(spec: str) -> Injection:
     missing = [key for key, (_, required) in schema.items() if required and key not in values]
     if missing:
         raise fail(f"missing required key(s) {', '.join(missing)}")
-    injection: Injection = cls(**values)
+    injection: Injection = cls(**{_FIELDS.get(key, key): value for key, value in values.items()})
     return injection
 
 
@@ -188,9 +197,19 @@ def parse_injection(spec: str) -> Injection:
 # Sums run in spec order from 0.0, so the trainers and the simulator add the same floats.
 
 
-def straggler_ms(injections: Sequence[Injection], rank: int) -> float:
-    """Extra compute of `rank` per micro-batch, in every step (ms)."""
-    return sum((i.ms for i in injections if isinstance(i, Straggler) and i.rank == rank), 0.0)
+def straggler_ms(injections: Sequence[Injection], rank: int, step: int | None = None) -> float:
+    """Extra compute of `rank` per micro-batch in step `step` (ms); without a step, that of the
+    stragglers slow from the first step (in every step)."""
+    return sum(
+        (
+            i.ms
+            for i in injections
+            if isinstance(i, Straggler)
+            and i.rank == rank
+            and (i.from_step == 0 if step is None else i.from_step <= step)
+        ),
+        0.0,
+    )
 
 
 def slowdown_ms(injections: Sequence[Injection], rank: int) -> float:
@@ -213,7 +232,7 @@ def compute_delay_ms(
     """Extra compute of `rank` (of pipeline stage `stage`) per micro-batch in step `step` (ms;
     0 on healthy ranks)."""
     return (
-        straggler_ms(injections, rank)
+        straggler_ms(injections, rank, step)
         + slowdown_ms(injections, rank) * step
         + stage_slow_ms(injections, stage)
     )

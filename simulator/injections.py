@@ -1,6 +1,7 @@
 """The `--inject` specs of `diag run` (diag/injections.py), as the simulator applies them.
 
-    straggler:rank=R,ms=M             rank R computes M ms longer in each micro-batch's forward
+    straggler:rank=R,ms=M[,from=S]    rank R computes M ms longer in each micro-batch's forward
+                                      (from step S on; default 0)
     slow-comm:ms=M[,group=dp|tp|pp|ep] M ms more on every collective of that group (all if none)
     skew:frac=F[,expert=E]            expert E is the first choice of a share F of the tokens
     skew-growth:per_step=G            that share grows by G each step (from 1/experts without skew)
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag import injections as inj
-from diag.injections import Jitter, Skew, SkewGrowth, StageSlow
+from diag.injections import Jitter, Skew, SkewGrowth, StageSlow, Straggler
 from simulator.config import SimConfig
 
 
@@ -34,7 +35,7 @@ class Faults:
     """The injections of one run, vectorised over the rank grid."""
 
     specs: tuple[str, ...]
-    straggler_ms: np.ndarray  # (world,) extra ms per micro-batch forward
+    straggler_ms: np.ndarray  # (world,) extra ms per micro-batch forward (from step 0)
     slowdown_ms: np.ndarray  # (world,) extra ms per micro-batch forward, times the step index
     comm_ms: dict[str, float]  # group -> extra ms per collective
     skew: Skew | None
@@ -45,12 +46,16 @@ class Faults:
     loader_stall_ms: np.ndarray | None = None  # (world,) ms late at the start of every step
     jitter: tuple[inj.Injection, ...] = ()  # the parsed specs when one is a `jitter`, else ()
     seed: int = 0  # the run's seed, which the jitter draws depend on
+    late_stragglers: tuple[Straggler, ...] = ()  # stragglers from a later step (`from=S`)
 
     def compute_delay_ns(self, step: int) -> np.ndarray:
         """(world,) ns each rank's forward of one micro-batch takes longer at `step`."""
         ms = self.straggler_ms + self.slowdown_ms * step
         if self.stage_ms is not None:
             ms = ms + self.stage_ms
+        for late in self.late_stragglers:
+            if step >= late.from_step:
+                ms[late.rank] += late.ms
         return ms * 1e6
 
     def jitter_ns(self, step: int) -> np.ndarray | None:
@@ -123,6 +128,7 @@ def parse_faults(
         loader_stall_ms=_per_rank(inj.loader_stall_ms, parsed, world),
         jitter=tuple(parsed) if any(isinstance(i, Jitter) for i in parsed) else (),
         seed=seed,
+        late_stragglers=tuple(i for i in parsed if isinstance(i, Straggler) and i.from_step > 0),
     )
 
 
