@@ -7,13 +7,18 @@
 The loop below is an ordinary DDP regression job (a small residual MLP on synthetic data); it
 knows nothing of the reference trainers. `trace_collectives=True` records every collective the
 process issues (here: a loss all-reduce for logging); `register_recording_hook` records DDP's
-gradient all-reduces, which happen inside DDP where no Python function can see them.
+gradient all-reduces, which happen inside DDP where no Python function can see them (and names
+DDP's group `dp`: the layout is dp=2 without saying so); `rec.iterate` records each batch fetch
+as its step's `data` span (`--slow-loader-ms M` makes rank 1's loader slow: the main finding
+then names rank 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,11 +45,24 @@ class ResidualMLP(nn.Module):
         return self.out(h)
 
 
+def batches(
+    steps: int, batch: int, teacher: torch.Tensor, slow_ms: float
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Synthetic regression batches, different on every rank; rank 1 sleeps `slow_ms` each."""
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        if slow_ms and dist.get_rank() == 1:
+            time.sleep(slow_ms / 1000)  # a slow data loader (decoding, a remote read)
+        x = torch.randn(batch, 32, generator=generator)
+        yield x, x @ teacher
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="runs/own-loop")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--slow-loader-ms", type=float, default=0.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -57,11 +75,9 @@ def main() -> None:
     rec = Recorder.from_env(args.out, model=model, optimizer=optimizer, trace_collectives=True)
     register_recording_hook(rec, model)  # diag
 
-    generator = torch.Generator().manual_seed(dist.get_rank())
-    for _ in range(args.steps):
+    loader = batches(args.steps, args.batch, teacher, args.slow_loader_ms)
+    for x, y in rec.iterate(loader):  # diag
         with rec.step(tokens=args.batch) as step:  # diag
-            x = torch.randn(args.batch, 32, generator=generator)
-            y = x @ teacher
             with rec.span("fwd"):  # diag
                 loss = nn.functional.mse_loss(model(x), y)
             with rec.span("bwd"):  # diag

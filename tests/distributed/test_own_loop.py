@@ -40,7 +40,9 @@ def test_own_loop_example_writes_an_analysable_run(tmp_path: Path) -> None:
     report = json.loads(analysis.stdout)
     assert report["run"]["trainer"] == "custom" and report["run"]["world_size"] == 2
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["run"]["layout"]["dp"] == 2  # inferred from DDP's registration
     by_tag = {c["tag"]: c for c in report["collectives"]}
+    assert by_tag["grad"]["group"] == "dp"
     # DDP's gradient buckets, through the recording hook, match the parameters' bytes ...
     assert by_tag["grad"]["ratio"] == pytest.approx(1.0, rel=0.01)
     # ... and the loop's own loss all-reduce, seen by the tracer: 4 bytes once per step.
