@@ -1,17 +1,21 @@
 """The README's "Instrumenting your own loop" block, run as written under torchrun.
 
     torchrun --standalone --nproc-per-node 2 tests/distributed/readme_job.py [--slow-rank R]
+        [--then-broken]
 
 The block expects a script around it that defines `net` (whose forward returns the loss),
 `loader`, `torch` and `DDP`; this is that script: a small regression MLP on synthetic batches.
 `--slow-rank R --slow-ms M` makes rank R's loader sleep M ms per batch (a slow data loader);
-`--replace OLD NEW` edits the block first (the issue's bug: the forward through `net`). The run
-directory is `runs/my-job` under the working directory, as the block says.
+`--replace OLD NEW` edits the block first. The run directory is `runs/my-job` under the working
+directory, as the block says. `--then-broken` runs the block a second time in `broken/`, with
+the issue's bug (the forward through `net`, not the DDP wrapper) and parameter checksums on, all
+loaders fast (one launch for both: starting torch costs more than either run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -61,18 +65,37 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=None)
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--replace", nargs=2, action="append", default=[])
+    parser.add_argument("--then-broken", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    run_block(args.replace, batches(args.steps, dist.get_rank(), args.slow_rank, args.slow_ms))
+    if args.then_broken:
+        os.makedirs("broken", exist_ok=True)
+        os.chdir("broken")
+        run_block(BROKEN, batches(args.steps, dist.get_rank(), None, 0.0))
+    dist.destroy_process_group()
+
+
+# The issue's bug, and the checksums that see the weights drift apart.
+BROKEN = [
+    ("loss = model(batch)", "loss = net(batch)"),
+    (
+        "register_recording_hook(rec, model)",
+        "register_recording_hook(rec, model, checksum_every=2)",
+    ),
+]
+
+
+def run_block(replacements: list[tuple[str, str]], loader: Iterator[torch.Tensor]) -> None:
+    """The README block, edited by `replacements`, with this script's names in scope."""
     torch.manual_seed(0)
     block = readme_block()
-    for old, new in args.replace:
+    for old, new in replacements:
         assert old in block, f"{old!r} is not in the README block"
         block = block.replace(old, new)
-    loader = batches(args.steps, dist.get_rank(), args.slow_rank, args.slow_ms)
     scope = {"torch": torch, "DDP": DDP, "net": Regression(), "loader": loader}
     exec(compile(block, f"{README}:{SECTION}", "exec"), scope)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -17,26 +17,32 @@ pytestmark = pytest.mark.dist
 JOB = Path(__file__).with_name("readme_job.py")
 
 
-def run_readme_block(cwd: Path, *args: str) -> dict[str, Any]:
-    """torchrun the block in `cwd`, then `diag analyze runs/my-job --format json`."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node=2", str(JOB), *args]  # fmt: skip
-    result = subprocess.run(launch, cwd=cwd, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+def analyze(run: Path) -> dict[str, Any]:
+    """`diag analyze RUN --format json`, as a user would run it."""
     analysis = subprocess.run(
-        [sys.executable, "-m", "diag", "analyze", "runs/my-job", "--format", "json"],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "diag", "analyze", str(run), "--format", "json"],
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert analysis.returncode == 0, analysis.stderr
     return json.loads(analysis.stdout)
 
 
 @pytest.fixture(scope="module")
-def slow_loader_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The block as written; rank 1's loader sleeps 40 ms a batch (compute is a few ms)."""
-    return run_readme_block(
-        tmp_path_factory.mktemp("readme"), "--slow-rank", "1", "--slow-ms", "40"
-    )
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The block as written, rank 1's loader sleeping 40 ms a batch (compute is a few ms), in
+    runs/my-job; then the block with the issue's bug in broken/runs/my-job (one launch)."""
+    cwd = tmp_path_factory.mktemp("readme")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node=2", str(JOB), "--slow-rank", "1", "--slow-ms", "40",
+              "--then-broken"]  # fmt: skip
+    result = subprocess.run(launch, cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def slow_loader_report(job: Path) -> dict[str, Any]:
+    return analyze(job / "runs" / "my-job")
 
 
 def test_the_readme_block_records_a_dp_job_right(slow_loader_report: dict[str, Any]) -> None:
@@ -57,14 +63,9 @@ def test_a_slow_loader_on_rank_1_is_the_main_finding(slow_loader_report: dict[st
     assert main["rule"] in {"BAL001", "BAL003", "BAL005"}, main
 
 
-def test_training_through_the_inner_module_is_a_high_pitfall(tmp_path: Path) -> None:
+def test_training_through_the_inner_module_is_a_high_pitfall(job: Path) -> None:
     """The issue's bug: the forward through `net`, not the DDP wrapper: DDP never syncs."""
-    report = run_readme_block(
-        tmp_path,
-        "--replace", "loss = model(batch)", "loss = net(batch)",
-        "--replace", "register_recording_hook(rec, model)",
-        "register_recording_hook(rec, model, checksum_every=2)",
-    )  # fmt: skip
+    report = analyze(job / "broken" / "runs" / "my-job")
     (finding,) = [f for f in report["findings"] if f["rule"] == "PIT004"]
     assert finding["severity"] == "high" and finding["ranks"] == [0, 1]
     evidence = finding["evidence"]
