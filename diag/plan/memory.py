@@ -78,13 +78,27 @@ def stage_params(job: Job, layout: Layout) -> float:
     return layers_per_gpu(job, layout) * block_params(job, layout) + ends * job.param_scale
 
 
+SCHEDULE_REPLAY_LIMIT = 4096
+"""Above this many micro-batch chunks the closed form stands in for replaying the order."""
+
+
 @lru_cache(maxsize=4096)
 def microbatches_in_flight(pp: int, microbatches: int, v: int) -> int:
-    """Model chunks whose forward activations stage 0 holds at once (its peak)."""
+    """Model chunks whose forward activations stage 0 holds at once (its peak): the real
+    order's, or for long orders its closed form (1F1B: min(m, p); interleaved: Megatron's
+    warm-up (p-1) x 2 + (v-1) x p + 1; tests/unit/test_plan.py holds the two equal)."""
     if pp == 1:
         return 1
+    if microbatches * v > SCHEDULE_REPLAY_LIMIT:
+        return in_flight_closed_form(pp, microbatches, v)
     schedule = "interleaved" if v > 1 else "1f1b"
     return peak_in_flight(schedule_order(schedule, 0, pp, microbatches, v))
+
+
+def in_flight_closed_form(pp: int, microbatches: int, v: int) -> int:
+    if v == 1:
+        return min(microbatches, pp)
+    return min(microbatches * v, (pp - 1) * 2 + (v - 1) * pp + 1)
 
 
 def activation_bytes(job: Job, layout: Layout) -> float:

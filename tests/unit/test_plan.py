@@ -279,3 +279,45 @@ def test_from_a_gpu_trace_folder_with_its_layout_and_model() -> None:
     lacking = CliRunner().invoke(main, ["plan", "--from", str(REAL_NCCL), "--run-layout", "dp=2"])
     assert lacking.exit_code == 2
     assert "the model lacks layers" in lacking.output
+
+
+def test_in_flight_closed_form_matches_the_schedules() -> None:
+    from diag.plan.memory import in_flight_closed_form
+    from diag.schedules import peak_in_flight, schedule_order
+
+    for p in range(2, 9):
+        for m in range(1, 33):
+            order = schedule_order("1f1b", 0, p, m, 1)
+            assert peak_in_flight(order) == in_flight_closed_form(p, m, 1)
+            for v in (2, 4) if m % p == 0 else ():
+                order = schedule_order("interleaved", 0, p, m, v)
+                assert peak_in_flight(order) == in_flight_closed_form(p, m, v)
+
+
+def test_a_huge_batch_is_planned_without_replaying_its_schedule() -> None:
+    out = _plan(
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "16",
+        "--layout",
+        "pp=16,dp=1,m=1000000",
+        "--recompute",
+        "full",
+    )
+    assert "1,000,000" in out or "m=1000000" in out
+
+
+def test_moe_plan_keeps_ep_inside_a_node() -> None:
+    space = SearchSpace(max_cp=1, max_v=2)
+    plan = make_plan(
+        Job(preset("mixtral-8x7b"), 512, 1),
+        cluster_from_device(device_by_key("h100"), 64),
+        space=space,
+    )
+    best = plan.ranked[0].layout
+    assert best.ep > 1 and best.ep * best.tp <= 8
+    assert plan.ranked[0].comm_bytes["ep"] > 0
+    assert any(
+        e.rejected and "all-to-all over the slow links" in e.rejected for e in plan.evaluated
+    )
