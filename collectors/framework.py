@@ -71,7 +71,16 @@ class HookedSteps:
 
 def batch_tokens(batch: Any) -> int | None:
     """Tokens in a batch: the element count of its token ids (`input_ids`, else the first
-    integer tensor), else the first tensor's leading dimension (samples); None if no tensor."""
+    integer tensor), else the first tensor's leading dimension (samples); None if no tensor
+    (or a batch of a shape this cannot read: the step is recorded without tokens)."""
+    try:
+        return _batch_tokens(batch)
+    except Exception as err:
+        report_once("batch_tokens", err)
+        return None
+
+
+def _batch_tokens(batch: Any) -> int | None:
     if isinstance(batch, Mapping) and torch.is_tensor(batch.get("input_ids")):
         return int(batch["input_ids"].numel())
     tensors = _tensors(batch)
