@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def test_bubble_p8_m4_is_7_of_11() -> None:
 # --- published layouts (figures checked against the papers: docs/plan.md) ----------------------
 
 
+@functools.cache  # one search per case, shared by its tests
 def _meshes(name: str, device: str, gpus: int, batch: int, space: SearchSpace) -> list:
     plan = make_plan(
         Job(preset(name), batch, 1), cluster_from_device(device_by_key(device), gpus), space=space
