@@ -42,9 +42,9 @@ from collectors.manifest import (
 from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
-from collectors.writer import RankWriter
+from collectors.writer import RankFormat, open_rank_writer
 from diag.names import WORLD
-from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, rank_file_name, write_manifest
+from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
 
 _PHASES = {p.value for p in Phase}
 Batch = TypeVar("Batch")
@@ -65,6 +65,7 @@ class Recorder:
         track_activations: bool = True,
         activation_every: int = 10,
         memory_budget_bytes: int | None = None,
+        format: RankFormat | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,8 @@ class Recorder:
         self.enabled = True
         self.step_index = 0
         self.steps_completed = 0
-        self._writer = RankWriter(self.run_dir / rank_file_name(rank))
+        # format: "jsonl" or "arrow" (.arrows, docs/run-format.md); None: $DIAG_RANK_FORMAT
+        self._writer = open_rank_writer(self.run_dir, rank, format)
         self._activations = SavedTensorTracker() if track_activations else None
         # Saved-tensor hooks cost a Python call per saved tensor, so activations are measured
         # on the first 3 steps and every `activation_every`-th step after (null on the others).
@@ -125,6 +127,7 @@ class Recorder:
         activation_every: int = 10,
         device: torch.device | None = None,
         enabled: bool = True,
+        format: RankFormat | None = None,
     ) -> Recorder | NullRecorder:
         """Build the recorder of this rank from torchrun's environment (RANK, WORLD_SIZE, ...).
 
@@ -146,6 +149,7 @@ class Recorder:
             track_activations=track_activations,
             activation_every=activation_every,
             memory_budget_bytes=(hardware or {}).get("device_memory_bytes"),
+            format=format,
         )
         gpus_per_node = (hardware or {}).get("gpus_per_node")
         physical_host = socket.gethostname()

@@ -1,4 +1,5 @@
-"""Append-only JSONL writer for one rank, safe to call from communication threads."""
+"""Append-only writers of one rank's records, safe to call from communication threads: JSON
+lines (`rank-NNNNN.jsonl`) or an Arrow IPC stream (`rank-NNNNN.arrows`, diag/arrow_format.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from diag.schema import rank_file_name
+
+RankFormat = Literal["arrow", "jsonl"]
+FORMATS: tuple[RankFormat, ...] = ("arrow", "jsonl")
 
 
 class RankWriter:
@@ -21,7 +27,19 @@ class RankWriter:
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
         # A new run replaces an older rank file of the same name (never mixes two runs).
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._file.write(self._header())
+        self._file.flush()
+
+    def _header(self) -> bytes:
+        return b""
+
+    def _encode(self, records: list[dict[str, Any]]) -> bytes:
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        return text.encode("utf-8")
+
+    def _trailer(self) -> bytes:
+        return b""
 
     def write(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -32,10 +50,49 @@ class RankWriter:
             records, self._pending = self._pending, []
         if not records or self._file.closed:
             return
-        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-        self._file.write(text)
+        # one write() per flush: a kill leaves whole flushes (an Arrow batch is one message)
+        self._file.write(self._encode(records))
         self._file.flush()
 
     def close(self) -> None:
+        if self._file.closed:
+            return
         self.flush()
+        self._file.write(self._trailer())
         self._file.close()
+
+
+class ArrowRankWriter(RankWriter):
+    """The same, as an Arrow IPC stream: the schema when created, one record batch (one IPC
+    message, one `write()`) per flush, the end-of-stream marker on close."""
+
+    def _header(self) -> bytes:
+        from diag import arrow_format  # pyarrow is imported only by ranks that write Arrow
+
+        self._format = arrow_format
+        return arrow_format.stream_header()
+
+    def _encode(self, records: list[dict[str, Any]]) -> bytes:
+        return self._format.encode_batch(records)
+
+    def _trailer(self) -> bytes:
+        return self._format.END_OF_STREAM
+
+
+FORMAT_ENV = "DIAG_RANK_FORMAT"
+"""Chooses the format of recorders that are not given one (e.g. `DIAG_RANK_FORMAT=arrow
+diag run dp ...`: the reference trainers do not pass one)."""
+
+
+def open_rank_writer(run_dir: Path, rank: int, format: RankFormat | None = None) -> RankWriter:
+    """The writer of `rank`'s file in `run_dir`, in `format` ("arrow" or "jsonl"; None: the
+    environment's DIAG_RANK_FORMAT, else "jsonl")."""
+    if format is None:
+        format = "arrow" if os.environ.get(FORMAT_ENV, "").strip() == "arrow" else "jsonl"
+    if format == "arrow":
+        from diag.arrow_format import rank_file_name as arrow_name
+
+        return ArrowRankWriter(run_dir / arrow_name(rank))
+    if format == "jsonl":
+        return RankWriter(run_dir / rank_file_name(rank))
+    raise ValueError(f"rank file format {format!r}, expected one of {', '.join(FORMATS)}")

@@ -23,6 +23,7 @@ from diag.errors import InputError
 from diag.export_cli import export
 from diag.html_charts import Chart
 from diag.launch import demo, run
+from diag.parallel import use_scheduler
 from diag.plan_cli import plan
 from diag.report import render_html, render_markdown, render_text
 from diag.rules_cli import rules
@@ -107,6 +108,12 @@ def main() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="One device's peak TFLOP/s for MFU [default: the device table, bf16 dense].",
 )
+@click.option(
+    "--scheduler",
+    metavar="tcp://HOST:8786",
+    help="Parse the rank files or traces on this Dask cluster [default: $DASK_SCHEDULER_ADDRESS,"
+    " else local processes]; its workers must see PATH at the same path.",
+)
 def analyze(
     path: str,
     fmt: str | None,
@@ -117,9 +124,11 @@ def analyze(
     steps: range | None,
     model: str | None,
     peak_tflops: float | None,
+    scheduler: str | None,
 ) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
     busy/comm/idle, bytes, memory and experts with the findings."""
+    use_scheduler(scheduler)
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
+from diag import arrow_format, schema
+from diag.arrow_format import SUFFIX
+from diag.arrow_format import rank_file_name as arrow_rank_file_name
 from diag.errors import InputError
 from diag.keys import rank_steps_in
 from diag.limits import (
@@ -31,7 +33,17 @@ from diag.limits import (
 )
 from diag.parallel import map_chunks, total_bytes
 from diag.record_checks import check_values, depth, finite
-from diag.records import Column, Packed, concat, decode_rank_file, pack, take, unpack
+from diag.records import (
+    Column,
+    Encoded,
+    Packed,
+    concat,
+    decode_rank_file,
+    label_array,
+    pack,
+    take,
+    unpack,
+)
 from diag.schema import Manifest, RecordKind
 
 STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
@@ -141,9 +153,10 @@ def load_run(
         names = ", ".join(sorted(nan_loss))
         skipped.append(f"{names}: loss is NaN in {sum(nan_loss.values())} step records (kept)")
     columns = {
-        kind: {name: unpack([chunk.columns[kind][name] for chunk in chunks]) for name in names}
+        kind: {name: _gather(kind, name, [chunk.columns[kind][name] for chunk in chunks])
+               for name in names}
         for kind, names in _COLUMNS.items()
-    }
+    }  # fmt: skip
     if steps is not None:
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
@@ -261,9 +274,13 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
 
 def _canonical(name: str) -> str:
     """The name the writer gives the rank a file name holds (rank-00001.jsonl for
-    rank-000001.jsonl); the name itself when it holds none."""
+    rank-000001.jsonl, rank-00001.arrows for rank-000001.arrows); the name itself when it
+    holds none."""
     match = schema.RANK_FILE_RE.match(name)
-    return schema.rank_file_name(int(match.group(1))) if match else name
+    if not match:
+        return name
+    rank = int(match.group(1))
+    return arrow_rank_file_name(rank) if name.endswith(SUFFIX) else schema.rank_file_name(rank)
 
 
 @dataclass
@@ -305,8 +322,8 @@ def read_rank_chunk(
     if breakdown is None:
         return RankChunk(parsed, columns)
     kinds = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
-    steps, spans, comms = (_frame(kind, {n: unpack([c]) for n, c in columns[kind].items()})
-                           for kind in kinds)  # fmt: skip
+    steps, spans, comms = (_frame(kind, {n: _gather(kind, n, [c]) for n, c in
+                                         columns[kind].items()}) for kind in kinds)  # fmt: skip
     warmup = window is None or window.start == 0
     reduced = breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
     columns[RecordKind.SPAN.value] = _span_window(columns)
@@ -345,6 +362,8 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
         )
     if not data or data.isspace():
         return RankFile(pack(_as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
+    if file.name.endswith(SUFFIX):
+        return _read_arrow(data, rank, file.name)
     decoded = None if _has_long_line(data) else decode_rank_file(data, _COLUMNS)
     events = None if decoded is None else _event_rows(decoded.event_lines, rank)
     if decoded is None or events is None:
@@ -361,6 +380,28 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
         for kind, count in decoded.reversed_times.items()
     ]
     return RankFile(pack(columns, floats=_NUMERIC), skipped)
+
+
+def _read_arrow(data: bytes, rank: int, name: str) -> RankFile:
+    """An Arrow rank file (diag/arrow_format.py): typed columns straight from its batches;
+    records that fit no typed schema were written as JSON lines and take the checked path."""
+    decoded = arrow_format.decode(data, name, _COLUMNS, _NUMERIC)
+    if decoded.fatal:
+        return RankFile(pack(_as_columns({})), [f"{decoded.skipped[0]}, rank {rank} not analysed"])
+    columns = decoded.columns
+    for table in columns.values():
+        table["rank"] = np.full(len(table["step"]), rank, dtype=np.int64)
+    part = RankFile(columns, decoded.skipped, decoded.nan_loss)
+    if not decoded.other_lines:
+        return part
+    lines = _read_lines(b"\n".join(decoded.other_lines), rank, f"{name} (JSON records)")
+    for kind, table in columns.items():
+        extra = lines.columns[kind]
+        if len(extra["step"]):  # the meta record alone adds no rows
+            part.columns[kind] = {col: concat([table[col], extra[col]]) for col in table}
+    part.skipped += lines.skipped
+    part.nan_loss += lines.nan_loss
+    return part
 
 
 def _has_long_line(data: bytes) -> bool:
@@ -459,11 +500,39 @@ def _event_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
+def _gather(kind: str, name: str, parts: list[Packed]) -> Column | Encoded:
+    """One column from its packed parts: a categorical column that every part
+    dictionary-encoded stays encoded (`_frame` makes its categories from the dictionary, not
+    from millions of decoded labels); others are unpacked."""
+    if name in _CATEGORIES.get(kind, ()) and parts and all(isinstance(p, Encoded) for p in parts):
+        merged = concat(parts)
+        assert isinstance(merged, Encoded)
+        return merged
+    return unpack(parts)
+
+
+def _categorical(encoded: Encoded) -> pd.Categorical:
+    """The column `astype("category")` would make of the decoded labels, built from the
+    dictionary: the dictionary's own categorical (its categories sorted, its dtype inferred
+    as for the whole column) indexed by the codes, unused categories dropped."""
+    used = np.bincount(encoded.codes, minlength=len(encoded.values)) > 0
+    values = [value for value, kept in zip(encoded.values, used.tolist(), strict=True) if kept]
+    remap = np.cumsum(used) - 1  # old dictionary code -> code among the used values
+    dictionary = pd.Series(label_array(values)).astype("category")
+    codes = dictionary.cat.codes.to_numpy()[remap[encoded.codes]]
+    return pd.Categorical.from_codes(codes, dtype=dictionary.dtype)
+
+
+def _frame(kind: str, columns: dict[str, Column | Encoded]) -> pd.DataFrame:
     """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
     names = list(_COLUMNS[kind])
+    encoded = {name: v for name, v in columns.items() if isinstance(v, Encoded)}
     if len(columns[names[0]]):
-        frame = pd.DataFrame({name: columns[name] for name in names}, copy=False)
+        frame = pd.DataFrame(
+            {name: _categorical(v) if isinstance(v := columns[name], Encoded) else v
+             for name in names},
+            copy=False,
+        )  # fmt: skip
     else:  # no rows: every column an object column (lists of nothing infer float)
         frame = pd.DataFrame(columns=names)
     for name in ("rank", "step", "t0", "t1"):
@@ -478,7 +547,8 @@ def _frame(kind: str, columns: dict[str, Column]) -> pd.DataFrame:
         if name != "loss":  # a diverged loss is data; an infinite byte count is not
             frame[name] = frame[name].where(np.isfinite(frame[name]))
     for name in _CATEGORIES.get(kind, ()):
-        frame[name] = frame[name].astype("category")
+        if name not in encoded or not len(frame):
+            frame[name] = frame[name].astype("category")
     return frame
 
 

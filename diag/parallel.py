@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +35,35 @@ def workers() -> int:
         return os.cpu_count() or 1
 
 
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+_scheduler: str | None = None
+
+
+def scheduler_address() -> str | None:
+    """The Dask scheduler the per-file work goes to: `using_scheduler`'s, else the
+    environment's DASK_SCHEDULER_ADDRESS, else None (local processes)."""
+    return _scheduler or os.environ.get(SCHEDULER_ENV, "").strip() or None
+
+
+def use_scheduler(address: str | None) -> None:
+    """From now on, send every `map_chunks` to the Dask scheduler at `address` (None: leave
+    the choice to the environment); what `diag analyze --scheduler` sets."""
+    global _scheduler
+    _scheduler = address
+
+
+@contextlib.contextmanager
+def using_scheduler(address: str | None) -> Iterator[None]:
+    """Within the block, send every `map_chunks` to the Dask scheduler at `address` (None:
+    leave the choice to the environment)."""
+    global _scheduler
+    before, _scheduler = _scheduler, address or _scheduler
+    try:
+        yield
+    finally:
+        _scheduler = before
+
+
 def map_chunks(
     parse: Callable[[list[tuple[int, Path]]], Result],
     files: Sequence[tuple[int, Path]],
@@ -46,14 +75,23 @@ def map_chunks(
 ) -> list[Result]:
     """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
     worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
-    forces the number of processes). A chunk holds at most `chunk_files` files, so a worker's
-    memory does not grow with the run; `progress(done, total)` is called as chunks finish."""
+    forces the number of processes), or on the Dask cluster of `scheduler_address()`. A
+    chunk holds at most `chunk_files` files, so a worker's memory does not grow with the
+    run; `progress(done, total)` is called as chunks finish."""
     forced = count is not None
     count = min(count or workers(), len(files))
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
     size = max(1, min(chunk_files, -(-len(files) // (max(count, 1) * CHUNKS_PER_WORKER))))
     chunks = [list(files[i : i + size]) for i in range(0, len(files), size)]
+    address = scheduler_address()
+    if address is not None and chunks:
+        from diag.distributed_scheduler import map_on_cluster  # Dask only when asked for
+
+        on_cluster = map_on_cluster(address, parse, chunks)
+        if progress is not None:
+            progress(len(chunks), len(chunks))
+        return on_cluster
     if not parallel:
         return [parse(chunk) for chunk in chunks]
     methods = multiprocessing.get_all_start_methods()

@@ -263,11 +263,11 @@ def _decode_labels(parts: list[Encoded]) -> np.ndarray:
             (merged.setdefault(v, len(merged)) for v in part.values), np.int64, len(part.values)
         )
         codes.append(remap[part.codes])
-    table = _label_array(list(merged))
+    table = label_array(list(merged))
     return table[np.concatenate(codes)]
 
 
-def _label_array(values: list[Any]) -> np.ndarray:
+def label_array(values: list[Any]) -> np.ndarray:
     """The distinct values as the array pandas would infer from a list holding them: ints
     (float with NaN when null is among them), floats, bools without nulls; objects
     otherwise (strings become pandas' str dtype from there, as from a list)."""

@@ -23,7 +23,8 @@ RUN_SCHEMA = "diag.run/1"
 REPORT_SCHEMA = "diag.report/1"
 MANIFEST_FILE = "manifest.json"
 TRACES_DIR = "traces"
-RANK_FILE_RE = re.compile(r"^rank-(\d{5,})\.jsonl$")
+RANK_FILE_RE = re.compile(r"^rank-(\d{5,})\.(jsonl|arrows)$")
+"""A rank file: JSON lines (`.jsonl`) or an Arrow IPC stream (`.arrows`, diag/arrow_format.py)."""
 
 
 def rank_file_name(rank: int) -> str:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diag.schema import write_manifest
+from simulator.arrow_writer import ArrowRankFiles
 from simulator.config import ModelSpec, SimConfig, SimulationError, model_params
 from simulator.engine import Engine
 from simulator.hardware import HardwareSpec
 from simulator.injections import parse_faults, stage_of_ranks
-from simulator.writer import RankFiles, build_manifest, finish, prepare
+from simulator.writer import RUN_START_NS, RankFiles, build_manifest, finish, meta_line, prepare
 
 __all__ = [
     "HardwareSpec",
@@ -42,10 +43,15 @@ class SimResult:
     seconds: float  # wall time of the simulation and the writing
 
 
-def simulate(config: SimConfig, out: str | Path, command: str | None = None) -> SimResult:
+def simulate(
+    config: SimConfig, out: str | Path, command: str | None = None, format: str = "jsonl"
+) -> SimResult:
     """Simulate `config` and write its run directory at `out` (created; the manifest and rank
-    files of an earlier run there are replaced). SimulationError (one line) when the
-    configuration cannot be simulated."""
+    files of an earlier run there are replaced), its rank files in `format` ("jsonl" or
+    "arrow", simulator/arrow_writer.py). SimulationError (one line) when the configuration
+    cannot be simulated."""
+    if format not in ("jsonl", "arrow"):
+        raise SimulationError(f"rank file format {format!r}, expected arrow or jsonl")
     started = time.perf_counter()
     config.check()
     try:
@@ -62,10 +68,15 @@ def simulate(config: SimConfig, out: str | Path, command: str | None = None) -> 
     bucket_mb = max(buckets) / 2**20 if buckets else None
     manifest = build_manifest(path, config, command, bucket_mb)
     write_manifest(path, manifest)
-    files = RankFiles(path, config, engine.stage_ranks)
+    files: RankFiles | ArrowRankFiles
+    if format == "arrow":
+        metas = [meta_line(config, r) for r in range(config.world_size)]
+        files = ArrowRankFiles(path, config, engine.stage_ranks, metas, RUN_START_NS)
+    else:
+        files = RankFiles(path, config, engine.stage_ranks)
     for _step, batches in engine.steps():
         files.add_step(batches)
-    files.flush()
+    files.flush(last=True)
     finish(path, manifest, config.steps)
     return SimResult(
         path, config.world_size, config.steps, files.records, files.bytes,

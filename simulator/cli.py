@@ -71,6 +71,10 @@ def _default_out() -> Path:
 @click.option("--opt-ms", type=_nonneg, default=None, help="[default: from HBM bandwidth]")
 @click.option("--fragmentation", type=_nonneg, default=0.05, help="Share of allocated bytes.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory.")
+@click.option(
+    "--format", "rank_format", type=click.Choice(["arrow", "jsonl"]), default="jsonl",
+    help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
+)  # fmt: skip
 def simulate(**options: object) -> None:
     """Simulate a training job of any size and write its run directory (as `diag run` would):
     compute from FLOPs, collectives over intra/inter-node links, the pipeline schedule and
@@ -80,7 +84,7 @@ def simulate(**options: object) -> None:
         config = build_config(o)
         out = o["out"] if isinstance(o["out"], Path) else _default_out()
         command = shlex.join(["diag", "simulate", *sys.argv[2:]])
-        result = run_simulation(config, out, command)
+        result = run_simulation(config, out, command, str(o["rank_format"]))
     except SimulationError as err:
         click.echo(f"diag: error: {err}", err=True)
         raise SystemExit(EXIT_INPUT) from None

@@ -184,7 +184,7 @@ class RankFiles:
         self.pending += len(ranks)
         self.records += len(ranks)
 
-    def flush(self) -> None:
+    def flush(self, last: bool = False) -> None:  # `last`: the Arrow writer's end marker
         mode = "ab" if self._started else "wb"
         for path, lines in zip(self.paths, self.buffers, strict=True):
             data = b"".join(lines)

@@ -1,0 +1,509 @@
+"""The columnar rank file `rank-NNNNN.arrows`: one Arrow IPC stream per rank (docs/run-format.md,
+"Arrow rank files"), written by the collectors and `diag simulate`, read by `diag.load`.
+
+The stream's schema has one column per record kind, each a list of a typed struct (that kind's
+schema), and one `other` column of JSON lines. Every flush (at least one a step) appends one
+record batch of one row: the records of that flush, each kind in its own typed list. A record
+that fits no typed schema (an unknown kind, a label that is an integer, a missing required
+field) travels as its JSON line in `other`, and the reader sends those lines through the JSONL
+loader's checked path, so nothing a JSONL file can say is lost. Fields a typed schema does not
+name are kept as one JSON object per record (`extra`): an event's free fields, a step's
+device samples.
+
+The writer appends each batch as one encapsulated IPC message with one `write()`, so a rank
+killed by SIGKILL leaves every flushed batch whole; the reader stops at the first incomplete
+or unreadable message and says how many batches it kept.
+
+Reading is for hostile input: the file is read whole (what a JSONL rank file costs) and the
+stream is decoded from that buffer, so a message that declares a larger body than the file
+holds fails instead of allocating it; compressed bodies and dictionary batches (which would
+let a few bytes declare gigabytes) are refused; each batch is validated in full before use.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from diag import schema
+from diag.limits import (
+    MAX_ABS_TIME_NS,
+    MAX_EXPERTS,
+    MAX_INDEX,
+    MAX_JSON_DEPTH,
+    MAX_LABEL_CHARS,
+    MAX_LINE_BYTES,
+    MAX_NOTES_PER_FILE,
+    MAX_STEP,
+)
+from diag.record_checks import depth, is_int
+from diag.records import INT_COLUMNS, Encoded, Packed
+
+FORMAT_KEY = b"diag.format"
+FORMAT_VALUE = b"diag.run/1 arrows 1"
+"""Schema metadata naming the format and its version (a reader refuses other values)."""
+SUFFIX = ".arrows"
+EXTRA = "extra"
+"""In every kind's struct: the record's fields that the typed schema does not name, as one
+JSON object text (null when none)."""
+OTHER = "other"
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""Arrow's end-of-stream marker, written when a writer closes (a killed rank has none)."""
+
+_I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_MEMORY_FIELDS = tuple((name, _F64) for name in (*schema.MEMORY_CATEGORIES, "device_peak",
+                                                  "host_rss"))  # fmt: skip
+KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
+    "step": (("step", _I64), ("t0", _I64), ("t1", _I64), ("tokens", _F64), ("loss", _F64)),
+    "span": (
+        ("step", _I64), ("phase", _STR), ("mb", _I64), ("stage", _I64), ("chunk", _I64),
+        ("t0", _I64), ("t1", _I64),
+    ),
+    "comm": (
+        ("step", _I64), ("op", _STR), ("group", _STR), ("group_size", _F64), ("bytes", _F64),
+        ("dtype", _STR), ("t0", _I64), ("t1", _I64), ("expected_bytes", _F64), ("tag", _STR),
+        ("async", _BOOL), ("blocking", _BOOL),
+    ),
+    "mem": (("step", _I64), *_MEMORY_FIELDS, ("source", _STR)),
+    "experts": (
+        ("step", _I64), ("layer", _I64), ("tokens", pa.list_(_F64)), ("dropped", _F64),
+        ("capacity", _F64), ("aux_loss", _F64),
+    ),
+    "event": (("step", _I64), ("name", _STR)),
+}  # fmt: skip
+"""The typed fields of each record kind (every one nullable but `step`, `t0`, `t1`)."""
+NOT_NULL = frozenset({"step", "t0", "t1"})
+INDICES = frozenset({"mb", "stage", "chunk", "layer"})
+"""Integer fields bounded like the JSONL reader's indices and integer labels."""
+LABELS = frozenset({"phase", "op", "group", "dtype", "tag", "source", "name"})
+
+
+def kind_type(kind: str) -> pa.StructType:
+    return pa.struct([pa.field(n, t) for n, t in KIND_FIELDS[kind]] + [pa.field(EXTRA, _STR)])
+
+
+STREAM_SCHEMA = pa.schema(
+    [pa.field(kind, pa.list_(kind_type(kind))) for kind in KIND_FIELDS]
+    + [pa.field(OTHER, pa.list_(_STR))],
+    metadata={FORMAT_KEY: FORMAT_VALUE},
+)
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}{SUFFIX}"
+
+
+def stream_header() -> bytes:
+    """The stream's first message (its schema), written once when a rank file is created."""
+    return STREAM_SCHEMA.serialize().to_pybytes()
+
+
+# --- writing -------------------------------------------------------------------------------------
+_REQUIRED = {kind: tuple(schema.REQUIRED_FIELDS.get(kind, ())) for kind in KIND_FIELDS}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63
+
+
+def _fits(value: Any, kind: pa.DataType) -> bool:
+    if value is None:
+        return True
+    if kind == _I64:
+        return is_int(value) and _INT64_MIN <= value < _INT64_MAX
+    if kind == _F64:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    return isinstance(value, list) and all(_fits(v, _F64) and v is not None for v in value)
+
+
+def _json(value: Any) -> str:
+    # default=str: a collector must never fail on a field it cannot encode (JSONL: the same)
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def encode_batch(records: Iterable[Mapping[str, Any]]) -> bytes:
+    """One flush's records as one encapsulated IPC message (a record batch of one row)."""
+    rows: dict[str, list[list[Any]]] = {kind: [] for kind in KIND_FIELDS}
+    other: list[str] = []
+    for record in records:
+        kind = record.get("kind")
+        fields = KIND_FIELDS.get(kind) if isinstance(kind, str) else None
+        if (
+            fields is None
+            or not isinstance(kind, str)
+            or any(name not in record for name in _REQUIRED[kind])
+            or any(record.get(n) is None for n in NOT_NULL if any(n == f for f, _ in fields))
+            or not all(_fits(record.get(name), kind_of) for name, kind_of in fields)
+        ):
+            other.append(_json(record))
+            continue
+        typed = {name for name, _ in fields}
+        rest = {k: v for k, v in record.items() if k not in typed and k != "kind"}
+        rows[kind].append(
+            [record.get(name) for name, _ in fields] + [_json(rest) if rest else None]
+        )
+    columns = [_kind_column(kind, rows[kind]) for kind in KIND_FIELDS]
+    columns.append(pa.array([other], type=pa.list_(_STR)))
+    batch = pa.RecordBatch.from_arrays(columns, schema=STREAM_SCHEMA)
+    return batch.serialize().to_pybytes()
+
+
+def _kind_column(kind: str, rows: list[list[Any]]) -> pa.Array:
+    struct_type = kind_type(kind)
+    children = [
+        pa.array([row[i] for row in rows], type=struct_type.field(i).type)
+        for i in range(struct_type.num_fields)
+    ]
+    values = pa.StructArray.from_arrays(children, fields=list(struct_type))
+    return pa.ListArray.from_arrays(pa.array([0, len(rows)], pa.int32()), values)
+
+
+def encode_columns(
+    world: int,
+    tables: Mapping[str, tuple[np.ndarray, dict[str, pa.Array]]],
+    other: list[str] | None = None,
+) -> pa.RecordBatch:
+    """Every rank's records of one flush as one batch of `world` rows (row r: rank r's), from
+    each kind's columns over all records: (rank of each record, sorted; typed arrays by field
+    name, missing fields null). The simulator writes row r of it to rank r's file."""
+    columns = []
+    for kind in KIND_FIELDS:
+        struct_type = kind_type(kind)
+        ranks, arrays = tables.get(kind, (np.zeros(0, np.int64), {}))
+        count = len(ranks)
+        children = [
+            arrays[f.name] if f.name in arrays else pa.nulls(count, f.type) for f in struct_type
+        ]
+        values = pa.StructArray.from_arrays(children, fields=list(struct_type))
+        offsets = np.searchsorted(ranks, np.arange(world + 1)).astype(np.int32)
+        columns.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+    if other is None:  # `other`: one JSON line a rank (the simulator's meta records)
+        columns.append(pa.ListArray.from_arrays(pa.array(np.zeros(world + 1, np.int32)),
+                                                pa.array([], _STR)))  # fmt: skip
+    else:
+        offsets = np.arange(world + 1, dtype=np.int32)
+        columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(other, _STR)))
+    return pa.RecordBatch.from_arrays(columns, schema=STREAM_SCHEMA)
+
+
+# --- reading -------------------------------------------------------------------------------------
+@dataclass
+class ArrowRank:
+    """One Arrow rank file decoded: packed columns by kind (rank excluded), the JSON lines of
+    records that fit no typed schema, notes, and how many step records have a NaN loss.
+    `fatal`: the whole file is unusable (the note says why)."""
+
+    columns: dict[str, dict[str, Packed]] = field(default_factory=dict)
+    other_lines: list[bytes] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    nan_loss: int = 0
+    fatal: bool = False
+
+
+def decode(
+    data: bytes,
+    name: str,
+    columns: Mapping[str, tuple[str, ...]],
+    floats: Mapping[str, Iterable[str]],
+) -> ArrowRank:
+    """Decode one rank file's bytes into the loader's columns (`columns`: by kind, the names it
+    keeps; `floats`: by kind, the numeric ones, NaN for null)."""
+    batches, notes, error = _read_batches(data, name)
+    if error is not None:
+        return ArrowRank(skipped=[f"{name}: {error}"], fatal=True)
+    out = ArrowRank(skipped=notes)
+    rejected: Counter[str] = Counter()
+    for kind in KIND_FIELDS:
+        values = _values(batches, kind)
+        keep = _checks(kind, values, rejected)
+        free: list[dict[str, Any]] = []
+        if kind == "event":
+            free, ok = _event_fields(values.field(EXTRA), keep, rejected)
+            keep &= ok
+        values = values.filter(pa.array(keep)) if not keep.all() else values
+        table: dict[str, Packed] = {}
+        for col in columns[kind]:
+            if col == "rank":
+                continue
+            if kind == "event" and col == "fields":
+                table[col] = [f for f, k in zip(free, keep.tolist(), strict=True) if k]
+            else:
+                table[col] = _packed(values.field(col), col, col in floats.get(kind, ()))
+        if kind == "step" and len(values):
+            out.nan_loss = int(pc.sum(pc.is_nan(values.field("loss"))).as_py() or 0)
+        out.columns[kind] = table
+    other = pa.chunked_array([b.column(OTHER).flatten() for b in batches], _STR)
+    out.other_lines = [line.encode() for line in other.to_pylist() if line is not None]
+    for i, (reason, count) in enumerate(rejected.items()):
+        if i == MAX_NOTES_PER_FILE:
+            out.skipped.append(f"{name}: {sum(list(rejected.values())[i:])} more records "
+                               f"skipped ({len(rejected) - i} other reasons)")  # fmt: skip
+            break
+        out.skipped.append(f"{name}: {count} {'record' if count == 1 else 'records'} skipped "
+                           f"({reason})")  # fmt: skip
+    return out
+
+
+def records(data: bytes, name: str, notes: list[str]) -> Iterator[dict[str, Any]]:
+    """Every record of a rank file as a dict (typed fields, then its `extra` fields), batch by
+    batch, each batch's kinds in schema order then its JSON lines; what cannot be read is
+    noted in `notes` (`diag convert`)."""
+    batches, found, error = _read_batches(data, name)
+    notes += found if error is None else [f"{name}: {error}"]
+    for batch in batches:
+        for kind in KIND_FIELDS:
+            for row in _values([batch], kind).to_pylist():
+                if row is None:
+                    continue
+                extra = row.pop(EXTRA)
+                fields = _extra_object(extra) if extra is not None else {}
+                if fields is None:
+                    notes.append(f"{name}: a {kind} record's extra fields unreadable, dropped")
+                    fields = {}
+                yield {"kind": kind, **row, **fields}
+        for line in batch.column(OTHER).flatten().to_pylist():
+            value = _extra_object(line) if line is not None else None
+            if value is not None:
+                yield value
+
+
+def _extra_object(text: str) -> dict[str, Any] | None:
+    """A JSON object text within the line and depth bounds, or None."""
+    try:
+        value = json.loads(text) if len(text) <= MAX_LINE_BYTES else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or depth(value) > MAX_JSON_DEPTH:
+        return None
+    return value
+
+
+def _read_batches(data: bytes, name: str) -> tuple[list[pa.RecordBatch], list[str], str | None]:
+    """The stream's complete batches, a note when it ends in an incomplete or unreadable one,
+    or the reason the whole file is unusable (no valid schema of this format)."""
+    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
+    try:
+        message = reader.read_next_message()
+        if message.type != "schema":
+            return [], [], "not an Arrow rank file (no schema message first)"
+        stream_schema = pa.ipc.read_schema(message)
+    except StopIteration:
+        return [], [], "empty Arrow stream (no schema)"
+    except (pa.ArrowException, OSError, ValueError):
+        return [], [], "not an Arrow IPC stream (or its schema is cut short)"
+    wrong = check_schema(stream_schema)
+    if wrong is not None:
+        return [], [], wrong
+    batches: list[pa.RecordBatch] = []
+    problem = None
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError, ValueError):
+            problem = "ends in an incomplete or unreadable message (a rank killed mid-write?)"
+            break
+        if message.type != "record batch":
+            problem = f"holds a {message.type} message, not a record batch"
+            break
+        if _compressed(message.metadata.to_pybytes()):
+            problem = "holds a compressed record batch (this format writes none)"
+            break
+        try:
+            batch = pa.ipc.read_record_batch(message, stream_schema)
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError):
+            problem = "holds a corrupt record batch"
+            break
+        batches.append(batch)
+    notes = []
+    if problem is not None:
+        plural = "batch" if len(batches) == 1 else "batches"
+        notes.append(f"{name}: {problem}; read up to there ({len(batches)} complete {plural} "
+                     "kept, the rest skipped)")  # fmt: skip
+    return batches, notes, None
+
+
+def check_schema(found: pa.Schema) -> str | None:
+    """Why a stream's schema is not this format's, or None. Extra columns and extra struct
+    fields are allowed (the format grows by extension); the typed ones must match."""
+    meta = found.metadata or {}
+    if meta.get(FORMAT_KEY) != FORMAT_VALUE:
+        shown = meta.get(FORMAT_KEY, b"none")[:40].decode("utf-8", "replace")
+        return f"not a diag Arrow rank file (format {shown!r}, expected {FORMAT_VALUE.decode()!r})"
+    for expected in STREAM_SCHEMA:
+        index = found.get_field_index(expected.name)
+        if index < 0:
+            return f"wrong schema: no column {expected.name!r}"
+        got = found.field(index).type
+        if not pa.types.is_list(got):
+            return f"wrong schema: column {expected.name!r} is {got}, expected {expected.type}"
+        if expected.name == OTHER:
+            if got.value_type != _STR:
+                return f"wrong schema: column {OTHER!r} is {got}, expected {expected.type}"
+            continue
+        if not pa.types.is_struct(got.value_type):
+            return f"wrong schema: column {expected.name!r} is {got}, expected a list of structs"
+        for child in expected.type.value_type:
+            at = got.value_type.get_field_index(child.name)
+            if at < 0 or got.value_type.field(at).type != child.type:
+                return f"wrong schema: {expected.name}.{child.name} missing or not {child.type}"
+    return None
+
+
+def _compressed(metadata: bytes) -> bool:
+    """Whether an IPC record batch message declares compressed bodies (a flatbuffer:
+    Message.header is a RecordBatch table whose field 3 is its BodyCompression). Malformed
+    metadata counts as compressed (refused)."""
+    try:
+        message = _table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+        header = _field_offset(metadata, message, 2)
+        if header is None:
+            return True
+        batch = _table(metadata, header + struct.unpack_from("<I", metadata, header)[0])
+        return _field_offset(metadata, batch, 3) is not None
+    except struct.error:
+        return True
+
+
+def _table(buffer: bytes, position: int) -> tuple[int, int]:
+    """A flatbuffer table: its position and that of its vtable."""
+    vtable = position - struct.unpack_from("<i", buffer, position)[0]
+    if not 0 <= vtable < len(buffer):
+        raise struct.error("vtable outside the buffer")
+    return position, vtable
+
+
+def _field_offset(buffer: bytes, table: tuple[int, int], index: int) -> int | None:
+    """Where field `index` of a table is stored, or None when absent."""
+    position, vtable = table
+    vtable_bytes = struct.unpack_from("<H", buffer, vtable)[0]
+    slot = 4 + 2 * index
+    if slot + 2 > vtable_bytes:
+        return None
+    offset = struct.unpack_from("<H", buffer, vtable + slot)[0]
+    return position + offset if offset else None
+
+
+def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
+    """A kind's records over every batch, as one struct array of the typed fields."""
+    wanted = kind_type(kind)
+    if not batches:
+        return pa.array([], type=wanted)
+    lists = [batch.column(kind) for batch in batches]
+    values = (pa.concat_arrays(lists) if len(lists) > 1 else lists[0]).flatten()
+    children = [values.field(f.name) for f in wanted]
+    mask = values.is_null() if values.null_count else None
+    return pa.StructArray.from_arrays(children, fields=list(wanted), mask=mask)
+
+
+def _checks(kind: str, values: pa.StructArray, rejected: Counter[str]) -> np.ndarray:
+    """Which records are usable (what diag/record_checks.py checks on the JSONL path), with
+    each rejected record's reason counted."""
+    count = len(values)
+    keep = np.ones(count, dtype=bool)
+    if not count:
+        return keep
+
+    def reject(bad: np.ndarray, reason: str) -> None:
+        fresh = bad & keep
+        if fresh.any():
+            rejected[reason] += int(fresh.sum())
+            keep[fresh] = False
+
+    if values.null_count:
+        reject(values.is_null().to_numpy(zero_copy_only=False), f"{kind} record that is null")
+    step = values.field("step")
+    reject(_nulls(step), f"{kind} record with step null, not an integer >= 0")
+    steps = _ints(step)
+    reject(steps < 0, f"{kind} record with a negative step, not an integer >= 0")
+    reject(steps >= MAX_STEP, f"{kind} record with a step beyond the limit of 2**40")
+    names = {f.name for f in values.type}
+    if "t0" in names:
+        t0, t1 = values.field("t0"), values.field("t1")
+        reject(_nulls(t0) | _nulls(t1), f"{kind} record with null or non-finite t0/t1")
+        a, b = _ints(t0), _ints(t1)
+        far = (np.abs(a) >= MAX_ABS_TIME_NS) | (np.abs(b) >= MAX_ABS_TIME_NS)
+        far |= (a == np.iinfo(np.int64).min) | (b == np.iinfo(np.int64).min)  # abs overflows
+        reject(far, f"{kind} record with t0/t1 beyond ±2**62 ns")
+        reject(b < a, f"{kind} record with t1 before t0")
+    for name in sorted(names & INDICES):
+        index = _ints(values.field(name), fill=0)
+        reject((index < 0) | (index >= MAX_INDEX),
+               f"{kind} record whose {name} is not an integer in 0..{MAX_INDEX - 1}")  # fmt: skip
+    for name in sorted(names & LABELS):
+        lengths = pc.fill_null(pc.utf8_length(values.field(name)), 0)
+        too_long = f"{kind} record whose {name} is longer than {MAX_LABEL_CHARS} characters"
+        reject(lengths.to_numpy() > MAX_LABEL_CHARS, too_long)
+    if kind == "experts":
+        tokens = values.field("tokens")
+        reject(_nulls(tokens), "experts record whose tokens is not a list of numbers")
+        lengths = pc.fill_null(pc.list_value_length(tokens), 0).to_numpy()
+        reject(
+            lengths > MAX_EXPERTS,
+            f"experts record whose tokens has more than {MAX_EXPERTS} entries",
+        )
+        flat = pc.list_flatten(tokens)
+        bad = pc.invert(pc.fill_null(pc.is_finite(flat), False)).to_numpy(zero_copy_only=False)
+        parents = pc.list_parent_indices(tokens).to_numpy()
+        not_numbers = np.zeros(count, dtype=bool)
+        not_numbers[parents[bad]] = True
+        reject(not_numbers, "experts record whose tokens is not a list of numbers")
+    return keep
+
+
+def _nulls(array: pa.Array) -> np.ndarray:
+    return array.is_null().to_numpy(zero_copy_only=False)
+
+
+def _ints(array: pa.Array, fill: int = 0) -> np.ndarray:
+    return pc.fill_null(array, fill).to_numpy().astype(np.int64, copy=False)
+
+
+def _event_fields(
+    extra: pa.Array, keep: np.ndarray, rejected: Counter[str]
+) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Each event's free fields (its `extra` JSON object) and which of them are usable."""
+    ok = np.ones(len(extra), dtype=bool)
+    fields: list[dict[str, Any]] = []
+    for i, text in enumerate(extra.to_pylist()):
+        value: Any = {}
+        if text is not None and keep[i]:
+            try:
+                value = json.loads(text) if len(text) <= MAX_LINE_BYTES else None
+            except (ValueError, RecursionError):
+                value = None
+            if not isinstance(value, dict) or depth(value) > MAX_JSON_DEPTH - 1:
+                rejected[f"event record whose fields are not a JSON object of at most "
+                         f"{MAX_JSON_DEPTH} levels"] += 1  # fmt: skip
+                ok[i] = False
+                value = {}
+        fields.append(value)
+    return fields, ok
+
+
+def _packed(array: pa.Array, name: str, numeric: bool) -> Packed:
+    """A column as the loader packs it (diag/records.py): int64 / float64 arrays, labels and
+    nullable integers dictionary-encoded, lists as Python lists."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    kind = array.type
+    if numeric:
+        return pc.fill_null(array.cast(_F64), float("nan")).to_numpy(zero_copy_only=False)
+    if name in INT_COLUMNS:
+        return array.to_numpy()
+    if pa.types.is_list(kind):
+        return array.to_pylist()
+    encoded = array.dictionary_encode(null_encoding="encode")
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    return Encoded(encoded.dictionary.to_pylist(), codes)

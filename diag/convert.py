@@ -1,0 +1,123 @@
+"""`diag convert RUN --to arrow|jsonl`: rewrite a run directory's rank files in the other format.
+
+Each rank file is read on its own (the same bounded readers as `diag analyze`), written beside
+it under a temporary name, renamed into place, and only then is the old file removed: a
+conversion cut short leaves every rank readable. A JSONL file becomes one Arrow record batch a
+step (records without a step, such as the meta line, go with the first); an Arrow file becomes
+one JSON line a record. Lines or batches that cannot be read are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from diag import arrow_format, schema
+from diag.errors import InputError
+from diag.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
+from diag.options import fail
+from diag.record_checks import depth
+
+TARGETS = {"arrow": arrow_format.SUFFIX, "jsonl": ".jsonl"}
+
+
+def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
+    """Convert every rank file of `run_dir` not yet in format `to`; the number converted and
+    notes on what was skipped. InputError when the folder is not a run directory."""
+    if not (run_dir / schema.MANIFEST_FILE).is_file():
+        raise InputError(run_dir, "not a run directory (no manifest.json)")
+    suffix = TARGETS[to]
+    try:
+        files = sorted(p for p in run_dir.iterdir() if schema.RANK_FILE_RE.match(p.name))
+    except OSError as err:
+        raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
+    notes: list[str] = []
+    converted = 0
+    for path in files:
+        if path.suffix == suffix:
+            continue
+        target = path.with_suffix(suffix)
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            notes.append(f"{path.name}: cannot read ({err.strerror or err}), not converted")
+            continue
+        records = _arrow_records(data, path.name, notes) if path.suffix == arrow_format.SUFFIX \
+            else _jsonl_records(data, path.name, notes)  # fmt: skip
+        temporary = target.with_name(f".{target.name}.tmp")
+        with open(temporary, "wb") as stream:
+            if to == "arrow":
+                stream.write(arrow_format.stream_header())
+                for batch in _by_step(records):
+                    stream.write(arrow_format.encode_batch(batch))
+                stream.write(arrow_format.END_OF_STREAM)
+            else:
+                for record in records:
+                    stream.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        os.replace(temporary, target)
+        path.unlink()
+        converted += 1
+    return converted, notes
+
+
+def _jsonl_records(data: bytes, name: str, notes: list[str]) -> list[dict[str, Any]]:
+    records, bad = [], 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict) or depth(record) > MAX_JSON_DEPTH:
+            bad += 1
+            continue
+        records.append(record)
+    if bad:
+        notes.append(f"{name}: {bad} unreadable lines skipped")
+    return records
+
+
+def _arrow_records(data: bytes, name: str, notes: list[str]) -> list[dict[str, Any]]:
+    records = list(arrow_format.records(data, name, notes))
+    return records
+
+
+def _by_step(records: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive records grouped into one batch a step, as a collector flushes them."""
+    batch: list[dict[str, Any]] = []
+    current: Any = None
+    for record in records:
+        step = record.get("step")
+        if batch and step is not None and current is not None and step != current:
+            yield batch
+            batch = []
+        if step is not None:
+            current = step
+        batch.append(record)
+    if batch:
+        yield batch
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--to", "to", type=click.Choice(sorted(TARGETS)), required=True,
+    help="The format to write: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
+)  # fmt: skip
+def convert(run_dir: Path, to: str) -> None:
+    """Rewrite RUN_DIR's rank files as Arrow IPC streams or JSON lines (docs/run-format.md)."""
+    try:
+        converted, notes = convert_run(run_dir, to)
+    except InputError as err:
+        fail(err)
+    except OSError as err:
+        fail(InputError(run_dir, f"cannot write ({err.strerror or err})"))
+    for note in notes:
+        click.echo(f"diag: note: {note}", err=True)
+    click.echo(f"converted {converted} rank files of {run_dir} to {to}")

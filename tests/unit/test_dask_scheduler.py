@@ -1,0 +1,122 @@
+"""`diag analyze --scheduler`: the per-file work on a real Dask cluster (a `LocalCluster` of two
+worker processes here) gives the local analysis's report exactly, for a run directory and a
+profiler trace folder; without a scheduler nothing of Dask is imported.
+
+The cluster runs in a child process: under pytest the folder tests/distributed/ (the gloo
+tests) is importable as `distributed` and shadows Dask's package of that name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from diag.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "tests" / "data" / "golden-runs" / "dp-profiled" / "traces"
+
+
+def _cluster_job(run: str, traces: str) -> dict[str, Any]:
+    """In the child: each input analysed cold locally and on a 2-worker LocalCluster (through
+    the API and through the CLI option); what the test compares."""
+    from distributed import Client, LocalCluster
+
+    from diag.analysis import analyze_path
+    from diag.parallel import using_scheduler
+
+    out: dict[str, Any] = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, memory_limit="2GiB") as cluster:  # fmt: skip
+        address = cluster.scheduler_address
+        for name, source in (("run", Path(run)), ("traces", Path(traces))):
+            local, remote, cli = (shutil.copytree(source, source.parent / f"{name}-{k}")
+                                  for k in ("local", "cluster", "cli"))  # fmt: skip
+            # each analysed cold: a cache written by one must not serve another
+            out[f"{name}_local"] = analyze_path(local)
+            with using_scheduler(address):
+                out[f"{name}_cluster"] = analyze_path(remote)
+            if name == "run":  # the option itself, once
+                result = CliRunner().invoke(main, ["analyze", str(cli), "--format", "json",
+                                                   "--scheduler", address])  # fmt: skip
+                assert result.exit_code == 0, result.output
+                out[f"{name}_cli"] = json.loads(result.stdout)
+        with Client(address) as client:
+            prefixes = client.run_on_scheduler(
+                lambda dask_scheduler: list(dask_scheduler.task_prefixes)
+            )
+        out["task_prefixes"] = sorted(map(str, prefixes))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("dask")
+    root = tmp_path_factory.mktemp("dask")
+    run = root / "run"
+    result = CliRunner().invoke(main, [
+        "simulate", "--layout", "dp=2,tp=2,pp=2", "--microbatches", "4", "--steps", "4",
+        "--gpus-per-node", "4", "--format", "arrow", "--inject", "straggler:rank=3,ms=20",
+        "--out", str(run),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    traces = shutil.copytree(TRACES, root / "traces")
+    code = (
+        "import json, sys\n"
+        "from tests.unit.test_dask_scheduler import _cluster_job\n"
+        f"json.dump(_cluster_job({str(run)!r}, {str(traces)!r}), sys.stdout)\n"
+    )
+    env = {**os.environ, "DASK_SCHEDULER_ADDRESS": ""}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=600, cwd=ROOT, env=env)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    reports: dict[str, Any] = json.loads(child.stdout)
+    reports["run_dir"] = str(run)
+    return reports
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    a, b = json.loads(json.dumps(a)), json.loads(json.dumps(b))
+    for report in (a, b):
+        report["run"].pop("run_id", None)  # the copies' folder names
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_run_directory_on_the_cluster_equals_local(reports: dict[str, Any]) -> None:
+    assert _same(reports["run_cluster"], reports["run_local"])
+    assert _same(reports["run_cli"], reports["run_local"])
+    assert reports["run_local"]["findings"]
+
+
+def test_trace_folder_on_the_cluster_equals_local(reports: dict[str, Any]) -> None:
+    assert _same(reports["traces_cluster"], reports["traces_local"])
+
+
+def test_the_cluster_did_the_per_file_work(reports: dict[str, Any]) -> None:
+    prefixes = reports["task_prefixes"]
+    assert "read_rank_chunk" in prefixes and "parse_chunk" in prefixes, prefixes
+
+
+def test_a_local_analysis_imports_nothing_of_dask(reports: dict[str, Any], tmp_path: Path) -> None:
+    run = shutil.copytree(reports["run_dir"], tmp_path / "run")
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from diag.cli import main\n"
+        f"r = CliRunner().invoke(main, ['analyze', {str(run)!r}])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n"
+    )
+    env = {**os.environ, "DASK_SCHEDULER_ADDRESS": ""}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
