@@ -32,7 +32,8 @@ NS_PER_S = 1e9
 MAX_CANDIDATES = 4
 """Ranks whose persistent excess is replayed one by one (the largest excesses)."""
 MAX_EVENTS = 150_000
-"""Events replayed at most (steps are dropped from the end beyond): the replay is a Python loop."""
+"""Events replayed at most (steps are dropped from the end beyond, never below two steps): the
+attribution replays a few dozen times, and the timeline is built in pandas."""
 MIN_EXCESS_SHARE = 0.01
 """A rank whose typical excess is below this share of the step is no straggler candidate."""
 

@@ -7,17 +7,18 @@ says how closely: clock offsets between hosts and records that match no peer cos
 with some durations replaced it gives the step times the run would have had (the
 counterfactuals of diag/whatif/attribution.py).
 
-The loop is compiled (numba): a 3D run of 1,024 ranks has millions of events per replay and
-the attribution replays it a few dozen times; as plain Python that was minutes.
+The loop is compiled (numba) for large timelines: a 3D run of 1,024 ranks has hundreds of
+thousands of events per replay and the attribution replays it a few dozen times; as plain
+Python that was minutes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from diag.whatif.compiled import COMPILE_FROM_EVENTS, for_size
 from diag.whatif.timeline import Kind, Timeline
 
 START, LAUNCH, SYNC, RECV, WAIT, LOCAL, END = (int(k) for k in (
@@ -50,15 +51,17 @@ def relative_ns(timeline: Timeline) -> np.ndarray:
     return (a - a.min()).astype(np.float64) if len(a) else np.zeros(0)
 
 
-def replay(timeline: Timeline, durations: Durations) -> np.ndarray:
-    """The replayed end time (ns after the earliest event, float) of every event."""
+def replay(timeline: Timeline, durations: Durations, compiled: bool | None = None) -> np.ndarray:
+    """The replayed end time (ns after the earliest event, float) of every event; the loop
+    compiled or not as `compiled` says (None: by the timeline's size)."""
     ev = timeline.events
     opening = timeline.first[:-1]
     # each rank's chain begins where its first event's measured local time began (the end of
     # the step before the window, where one was recorded)
     relative = relative_ns(timeline)
     origin = relative[opening] - ev["seg_ns"].to_numpy(dtype=np.float64)[opening]
-    return _replay(
+    size = len(ev) if compiled is None else (COMPILE_FROM_EVENTS if compiled else 0)
+    return for_size(_replay, size)(
         ev["kind"].to_numpy(dtype=np.int64),
         (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64),
         ev["instance"].to_numpy(dtype=np.int64),
@@ -77,15 +80,17 @@ def replay(timeline: Timeline, durations: Durations) -> np.ndarray:
     )
 
 
-@numba.njit(cache=True)
 def _replay(kind, own, instance, sender, from_start, measured_start, seg, transfer, post,
             first, origin, member_ptr, member_event, wait_ptr, wait_event):  # fmt: skip
     """Each rank runs until it meets something not yet complete; a collective completes when
-    its last member arrives (a count per collective, no rescans). Arrays as in `replay`."""
+    its last member arrives (a count per collective, no rescans). Arrays as in `replay`.
+
+    Plain Python that numba compiles as it is (diag/whatif/compiled.py): one function, no
+    calls of our own; `x != x` tests for NaN (not yet known)."""
     n, ranks, instances = len(kind), len(first) - 1, len(member_ptr) - 1
     arrived = np.full(n, np.nan)
     done = np.full(n, np.nan)
-    missing = np.diff(member_ptr).copy()
+    missing = member_ptr[1:] - member_ptr[:-1]
     latest = np.full(instances, -np.inf)
     clock = origin.copy()
     started = origin.copy()  # when the chain's last event began (a launch may be timed from it)
@@ -100,29 +105,33 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
             k, end = position[r], first[r + 1]
             while k < end:
                 what = kind[k]
-                if what == LAUNCH:
-                    at = (started[r] if from_start[k] else clock[r]) + seg[k]
-                    _arrive(k, at, arrived, instance, latest, missing, member_ptr, member_event,
-                            done, transfer)  # fmt: skip
+                arrival = (started[r] if from_start[k] else clock[r]) + seg[k]
+                if what in (LAUNCH, SYNC) and arrived[k] != arrived[k]:
+                    # a member arrives; the last one completes its collective
+                    arrived[k] = arrival
+                    inst = instance[k]
+                    if inst >= 0:
+                        latest[inst] = max(latest[inst], arrival)
+                        missing[inst] -= 1
+                        if missing[inst] == 0:
+                            for i in range(member_ptr[inst], member_ptr[inst + 1]):
+                                done[member_event[i]] = latest[inst] + transfer[member_event[i]]
+                    progressed = True
+                if what == LAUNCH:  # the rank goes on; a launch does not move its clock
                     k += 1
                     progressed = True
                     continue
-                arrival = clock[r] + seg[k]
                 started[r] = arrival
                 if what in (START, END):
                     done[k] = arrival
                 elif what == LOCAL:
                     done[k] = arrival + own[k]
                 elif what == SYNC:
-                    if np.isnan(arrived[k]):
-                        _arrive(k, arrival, arrived, instance, latest, missing, member_ptr,
-                                member_event, done, transfer)  # fmt: skip
-                        progressed = True
-                    if np.isnan(done[k]):
+                    if done[k] != done[k]:
                         break
                 elif what == RECV:
                     sent = arrived[sender[k]]
-                    if np.isnan(sent):
+                    if sent != sent:
                         arrived[k] = arrival
                         break
                     done[k] = max(arrival, sent) + transfer[k]
@@ -131,7 +140,7 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                     blocked = False
                     for i in range(wait_ptr[k], wait_ptr[k + 1]):
                         t = done[wait_event[i]]
-                        if np.isnan(t):
+                        if t != t:
                             blocked = True
                             break
                         ready = max(ready, t)
@@ -145,58 +154,24 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
             if k >= end:
                 active[r] = False
                 remaining -= 1
-        if remaining > 0 and not progressed:
-            _unblock(kind, instance, sender, measured_start, position, active, arrived, latest,
-                     member_ptr, member_event, done, transfer, wait_ptr, wait_event)  # fmt: skip
-    return done
-
-
-@numba.njit(cache=True)
-def _arrive(k, at, arrived, instance, latest, missing, member_ptr, member_event, done, transfer):
-    if not np.isnan(arrived[k]):  # counted already
-        return
-    arrived[k] = at
-    inst = instance[k]
-    if inst < 0:
-        return
-    latest[inst] = max(latest[inst], at)
-    missing[inst] -= 1
-    if missing[inst] == 0:
-        _finish(inst, latest, member_ptr, member_event, done, transfer)
-
-
-@numba.njit(cache=True)
-def _finish(inst, latest, member_ptr, member_event, done, transfer):
-    for i in range(member_ptr[inst], member_ptr[inst + 1]):
-        m = member_event[i]
-        done[m] = latest[inst] + transfer[m]
-
-
-@numba.njit(cache=True)
-def _unblock(kind, instance, sender, measured_start, position, active, arrived, latest,
-             member_ptr, member_event, done, transfer, wait_ptr, wait_event):  # fmt: skip
-    """No rank can go on (records that match no complete set of peers): complete the blocked
-    collective that was met first (by measured start) with the members that arrived, so the
-    replay goes on."""
-    met = np.full(len(position), np.inf)
-    for r in range(len(position)):
-        if active[r]:
-            met[r] = measured_start[position[r]]
-    order = np.argsort(met)
-    for r in order:
-        if not active[r]:
+        if remaining == 0 or progressed:
             continue
-        k = position[r]
-        if kind[k] == SYNC:
-            _finish(instance[k], latest, member_ptr, member_event, done, transfer)
-            return
-        if kind[k] == WAIT:
-            for i in range(wait_ptr[k], wait_ptr[k + 1]):
-                _finish(instance[wait_event[i]], latest, member_ptr, member_event, done, transfer)
-            return
+        # No rank can go on (records that match no complete set of peers): complete the
+        # blocked collective met first (by measured start) with the members that arrived.
+        met = np.full(ranks, np.inf)
+        for r in range(ranks):
+            if active[r]:
+                met[r] = measured_start[position[r]]
+        k = position[int(np.argmin(met))]
         if kind[k] == RECV:
             arrived[sender[k]] = arrived[k]  # the send never came
-            return
+            continue
+        lo, hi = (wait_ptr[k], wait_ptr[k + 1]) if kind[k] == WAIT else (k, k + 1)
+        for w in range(lo, hi):
+            inst = instance[wait_event[w]] if kind[k] == WAIT else instance[k]
+            for i in range(member_ptr[inst], member_ptr[inst + 1]):
+                done[member_event[i]] = latest[inst] + transfer[member_event[i]]
+    return done
 
 
 def step_times_ns(timeline: Timeline, done: np.ndarray) -> np.ndarray:

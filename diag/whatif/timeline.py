@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-import numba
 import numpy as np
 import pandas as pd
 
 from diag import schema
 from diag.keys import in_steps
 from diag.load import RunData
+from diag.whatif.compiled import for_size
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 
 
@@ -246,7 +246,7 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     unmatched = (kind == Kind.RECV) & (sender < 0)
     kind[unmatched] = Kind.LOCAL
     # waits: the launches of this rank since the last wait that completed by the wait's end
-    count, awaited, post = _awaited_launches(
+    count, awaited, post = for_size(_awaited_launches, len(ev))(
         kind.astype(np.int64), instance, a, e, timeline.first.astype(np.int64), WAIT_SLACK_NS
     )
     timeline.wait_ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
@@ -259,10 +259,10 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     ev["sender"] = sender
 
 
-@numba.njit(cache=True)
 def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
     """Per event, how many launches it waits for (WAIT events only), those launches in event
-    order, and each wait's time after the last of them completed (post_ns)."""
+    order, and each wait's time after the last of them completed (post_ns). Plain Python that
+    numba compiles (diag/whatif/compiled.py)."""
     n = len(kind)
     count = np.zeros(n, dtype=np.int64)
     awaited = np.empty(n, dtype=np.int64)

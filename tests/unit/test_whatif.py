@@ -82,3 +82,36 @@ def test_waiting_is_split_into_skew_and_transfer(simulated: dict[str, dict]) -> 
     assert rows[(2, "tp")]["skew_s"] > 10 * rows[(3, "tp")]["skew_s"]
     ranks = {r["rank"]: r for r in simulated["straggler"]["ranks"]}
     assert ranks[2]["skew_s"] > ranks[3]["skew_s"]
+
+
+@pytest.mark.parametrize("name", ["dp", "pp-interleaved", "zero3", "ep", "simulated-3d"])
+def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path: Path) -> None:
+    """Large timelines run the replay and the scan of waits compiled by numba, small ones as
+    Python (diag/whatif/compiled.py): the same code, so the same times to the bit, on runs with
+    every kind of event (DDP launches and waits, pipeline receives, blocking collectives), the
+    measured durations and a counterfactual's."""
+    from diag.metrics.time_breakdown import analysed_steps
+    from diag.whatif import compiled, timeline
+    from diag.whatif.replay import Durations, replay
+
+    if name == "simulated-3d":
+        run = load_any(_simulate(tmp_path / name, "straggler:rank=3,ms=5"))
+    else:
+        shutil.copytree(RUNS / name, tmp_path / name, ignore=shutil.ignore_patterns(".diag-cache"))
+        run = load_any(tmp_path / name)
+    steps, _ = analysed_steps(run.steps, run.starts_at_warmup)
+    events = timeline.build(run, steps)
+    measured = Durations.measured(events)
+    halved = Durations(measured.seg_ns / 2, measured.transfer_ns, measured.post_ns * 0)
+    for durations in (measured, halved):
+        plain = replay(events, durations, compiled=False)
+        fast = replay(events, durations, compiled=True)
+        assert plain.tobytes() == fast.tobytes()
+    ev = events.events
+    scan = (ev["kind"].to_numpy(dtype="int64"), ev["instance"].to_numpy(),
+            ev["a_ns"].to_numpy(), ev["e_ns"].to_numpy(), events.first.astype("int64"),
+            timeline.WAIT_SLACK_NS)  # fmt: skip
+    for plain_out, fast_out in zip(timeline._awaited_launches(*scan),
+                                   compiled.compiled(timeline._awaited_launches)(*scan),
+                                   strict=True):  # fmt: skip
+        assert plain_out.tolist() == fast_out.tolist()
