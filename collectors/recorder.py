@@ -133,6 +133,9 @@ class Recorder:
 
         Rank 0 writes the manifest. When torch.distributed is initialised, all ranks meet at a
         start barrier that aligns clocks across hosts, so every rank must call this.
+        `layout` ({"dp": 4, "tp": 2, ...}, the manifest's fields) is what the analysis holds the
+        run against; without it, registering DDP or FSDP2 sets `dp` (and FSDP2's ZeRO stage)
+        from the wrapper's group, and every other dimension is 1.
         """
         if not enabled or os.environ.get("DIAG_COLLECTORS", "1") == "0":
             return NullRecorder()
