@@ -1,6 +1,7 @@
 """Collector overhead on the DP reference loop: step time with collectors on over off, one run.
 
     python benchmarks/collector_overhead.py [--nproc 2] [--steps 100] [--block 4] [--warmup 5]
+                                            [--format both|arrow|jsonl]
 
 Launches itself under torchrun. Every rank builds three identical DDP-wrapped GPTs (same seed,
 same data) and trains them in the loop shape of reference_runs/dp.py (spans data/fwd/bwd/opt,
@@ -14,13 +15,17 @@ After a warm-up, they run in interleaved blocks of `--block` steps, in the order
 on-off-plain, plain-off-on, ... so that machine noise (other processes, frequency changes) hits
 every variant alike. A step's time is the slowest rank's (`perf_counter` around the whole
 step). Rank 0 prints the medians and `collector overhead (on/off step time): X.XXX` (the goal is
-<= 1.01); `off/plain` is the cost of the switched-off recorder's no-op contexts.
+<= 1.01); `off/plain` is the cost of the switched-off recorder's no-op contexts. With
+`--format both` (the default) the whole measurement runs once per rank-file format (Arrow IPC
+stream, JSON lines), one torchrun job each.
+
+The launcher's own options (`--nproc`, `--format`) are not passed on to the ranks: torchrun
+would read `--nproc` as an abbreviation of its ambiguous `--nproc-per-node`/`--nproc_per_node`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -51,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory of the 'on' variant (kept)")
+    p.add_argument("--format", choices=("both", "arrow", "jsonl"), default="both",
+                   help="rank-file format of the 'on' variant (both: one job each)")  # fmt: skip
     args = p.parse_args(argv)
     if min(args.nproc, args.steps, args.block) < 1 or args.warmup < 0:
         p.error("--nproc, --steps and --block must be >= 1, --warmup >= 0")
@@ -60,10 +67,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------- launcher
 
 
+_LAUNCHER_OPTIONS = ("--nproc", "--format")
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """`argv` without the launcher's own options (`--nproc N`, `--nproc=N`, `--format F`)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _LAUNCHER_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in _LAUNCHER_OPTIONS)):
+            out.append(arg)
+    return out
+
+
 def launch(argv: list[str], args: argparse.Namespace) -> int:
-    """Re-run this file under torchrun with `args.nproc` ranks."""
+    """Re-run this file under torchrun with `args.nproc` ranks, once per format asked for."""
+    formats = ("arrow", "jsonl") if args.format == "both" else (args.format,)
+    for fmt in formats:
+        print(f"\n=== rank files: {fmt}", flush=True)
+        code = launch_one([*rank_argv(argv), "--format", fmt], args, fmt)
+        if code != 0:
+            return code
+    return 0
+
+
+def launch_one(argv: list[str], args: argparse.Namespace, fmt: str) -> int:
     tmp = None if args.out else tempfile.mkdtemp(prefix="diag-overhead-")
-    out = args.out or os.path.join(tmp or "", "run")
+    out = f"{args.out}-{fmt}" if args.out else os.path.join(tmp or "", "run")
     env = {**os.environ, _CHILD_ENV: "1", "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -136,6 +170,7 @@ def rank_main(args: argparse.Namespace) -> None:
                 trace_collectives=True,
                 track_activations=True,
                 device=env.device,
+                format="jsonl" if args.format == "jsonl" else "arrow",
             )
             assert isinstance(rec, Recorder)
             rec.register_group("dp", None)
@@ -228,12 +263,14 @@ def report(args: argparse.Namespace, world: int, per_rank: list[dict[str, list[f
 
 def count_records(run_dir: str) -> str:
     """Records per kind in rank 0's file: evidence that the 'on' variant really recorded."""
-    counts: dict[str, int] = {}
-    with open(os.path.join(run_dir, "rank-00000.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            kind = json.loads(line).get("kind", "?")
-            counts[kind] = counts.get(kind, 0) + 1
-    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    from pathlib import Path
+
+    from diag.load import read_rank_file
+
+    path = next(p for p in Path(run_dir).glob("rank-00000.*"))
+    part = read_rank_file(0, path)
+    counts = {kind: len(table["step"]) for kind, table in part.columns.items()}
+    return f"{path.name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
 
 
 def main(argv: list[str] | None = None) -> int:

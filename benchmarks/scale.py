@@ -1,6 +1,7 @@
 """How `diag analyze` grows with the run: time and peak memory for 64 to 4,096 ranks.
 
     python benchmarks/scale.py [--ranks 64,256,1024,4096] [--steps 100] [--work DIR] [--keep]
+    python benchmarks/scale.py --shape 3d [--runs 1024:100,16384:10] [--formats arrow,jsonl]
 
 For each world size it writes a run directory (benchmarks/synthetic_run.py: data parallel,
 hosts of 8 ranks, rank 1 a straggler, 4 micro-batches, about 17 records per rank and step) and
@@ -13,6 +14,12 @@ analyses it in a fresh process three times:
 Each analysis prints its phases (load, metrics and rules, report) from inside, the process's
 peak resident memory, and that of its largest parse worker. The table ends with the growth from
 one size to the next: time and memory ratios over the ratio of rank-steps (1.0 = linear).
+
+`--shape 3d` measures the hard shape instead: `diag simulate` runs of dp x tp=8 x pp=8 with 32
+micro-batches on hosts of 8 (every TP all-reduce and PP send/recv of every micro-batch: about
+26,000 records per rank in 100 steps), each written in every format of `--formats` and analysed
+cold, tables cached and report cached as above, with the ratio of each format's figures to
+JSONL's printed beside them (the same machine, the same minutes).
 
 Ratios, not absolute seconds, are what to compare across machines: this machine is shared.
 """
@@ -157,6 +164,72 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"findings at the largest size: {', '.join(rows[-1]['cold']['findings']) or 'none'}")
 
 
+def one_3d_run(work: Path, ranks: int, steps: int, fmt: str) -> dict[str, Any]:
+    """A dp x tp8 x pp8, m=32 simulated run in `fmt`, measured cold, tables and report cached."""
+    from simulator import SimConfig, simulate
+
+    dp = ranks // 64
+    config = SimConfig(dp=dp, tp=8, pp=8, microbatches=32, steps=steps, gpus_per_node=8)
+    run_dir = work / f"3d-r{ranks}-s{steps}-{fmt}"
+    written = simulate(config, run_dir, format=fmt)
+    shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)
+    cold = measure(run_dir)
+    (run_dir / CACHE_DIR / REPORT_ENTRY).unlink(missing_ok=True)
+    tables = measure(run_dir)
+    cached = measure(run_dir)
+    return {"ranks": ranks, "steps": steps, "format": fmt, "write_s": written.seconds,
+            "bytes": written.bytes, "cold": cold, "tables": tables, "cached": cached}  # fmt: skip
+
+
+def print_3d_table(rows: list[dict[str, Any]]) -> None:
+    mib = 2**20
+    print(f"{'ranks':>6} {'steps':>5} {'format':>6} {'MiB':>6} | {'cold s':>7} {'load':>6} "
+          f"{'analyse':>7} {'peak MiB':>8} {'worker':>6} | {'tables s':>8} {'cached s':>8} | "
+          "vs jsonl: cold, load, peak")  # fmt: skip
+    jsonl = {(r["ranks"], r["steps"]): r for r in rows if r["format"] == "jsonl"}
+    for row in rows:
+        cold = row["cold"]
+        base = jsonl.get((row["ranks"], row["steps"]))
+        ratios = ""
+        if base is not None and row is not base:
+            ratios = (f"{cold['wall_s'] / base['cold']['wall_s']:.2f} "
+                      f"{cold['load_s'] / base['cold']['load_s']:.2f} "
+                      f"{cold['peak_rss_bytes'] / base['cold']['peak_rss_bytes']:.2f}")  # fmt: skip
+        print(f"{row['ranks']:>6} {row['steps']:>5} {row['format']:>6} "
+              f"{row['bytes'] / mib:>6.0f} | {cold['wall_s']:>7.1f} {cold['load_s']:>6.1f} "
+              f"{cold['analyse_s']:>7.1f} {cold['peak_rss_bytes'] / mib:>8.0f} "
+              f"{cold['worker_peak_rss_bytes'] / mib:>6.0f} | {row['tables']['wall_s']:>8.1f} "
+              f"{row['cached']['wall_s']:>8.1f} | {ratios}")  # fmt: skip
+    for row in rows:
+        if (row["ranks"], row["steps"], row["format"]) == (1024, 100, "arrow"):
+            seconds = row["cold"]["wall_s"]
+            verdict = "met" if seconds <= GOAL_1024_S else "NOT met"
+            print(f"\ngoal: the 1,024-rank 3D run (Arrow) cold in <= {GOAL_1024_S:.0f} s: "
+                  f"{seconds:.1f} s, {verdict} (load {row['cold']['load_s']:.1f} s)")  # fmt: skip
+
+
+def main_3d(args: argparse.Namespace) -> int:
+    work = args.work or Path(tempfile.mkdtemp(prefix="diag-scale-3d-"))
+    work.mkdir(parents=True, exist_ok=True)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    rows = []
+    try:
+        for spec in args.runs.split(","):
+            ranks, steps = (int(n) for n in spec.split(":"))
+            for fmt in formats:
+                rows.append(one_3d_run(work, ranks, steps, fmt))
+                print(f"  {ranks} ranks x {steps} steps ({fmt}): cold "
+                      f"{rows[-1]['cold']['wall_s']:.1f} s", flush=True)  # fmt: skip
+                if not args.keep:
+                    shutil.rmtree(work / f"3d-r{ranks}-s{steps}-{fmt}", ignore_errors=True)
+    finally:
+        if not args.keep and args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print_3d_table(rows)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", default="64,256,1024,4096", help="comma-separated world sizes")
@@ -164,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, help="where to write the runs (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the runs afterwards")
     p.add_argument("--analyse-one", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--shape", choices=("dp", "3d"), default="dp",
+                   help="dp: synthetic DP runs; 3d: simulated dp x tp8 x pp8, m=32")  # fmt: skip
+    p.add_argument("--runs", default="1024:100,16384:10", help="3d: RANKS:STEPS, comma-separated")
+    p.add_argument("--formats", default="arrow,jsonl", help="3d: rank-file formats to compare")
     args = p.parse_args(argv)
     if args.analyse_one:
         print(json.dumps(analyse_here(args.analyse_one)))
         return 0
+    if args.shape == "3d":
+        return main_3d(args)
     sizes = [int(n) for n in args.ranks.split(",") if n.strip()]
     work = args.work or Path(tempfile.mkdtemp(prefix="diag-scale-"))
     work.mkdir(parents=True, exist_ok=True)

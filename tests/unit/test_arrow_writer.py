@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,21 @@ def test_convert_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["convert", str(tmp_path), "--to", "arrow"])
     assert result.exit_code == 2
     assert result.stderr.startswith("diag: error: ") and "manifest.json" in result.stderr
+
+
+def test_overhead_benchmark_keeps_its_own_options_from_torchrun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun read the benchmark's `--nproc 2` as its ambiguous `--nproc-per-node`: the
+    launcher's own options never reach the ranks' command line."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "collector_overhead.py"
+    spec = importlib.util.spec_from_file_location("collector_overhead", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "collector_overhead", bench)  # its dataclasses look it up
+    spec.loader.exec_module(bench)
+    argv = ["--nproc", "2", "--steps", "8", "--nproc=3", "--format", "arrow", "--block", "2"]
+    assert bench.rank_argv(argv) == ["--steps", "8", "--block", "2"]
+    assert bench.parse_args(argv).format == "arrow"
