@@ -195,6 +195,8 @@ def register_recording_hook(
     latency). `checksum_every=N` (0: off) all-gathers a parameter checksum every N steps.
     """
     if not getattr(recorder, "enabled", False):
+        if hook is not None:  # collectors off: the job still trains with its own hook
+            ddp_model.register_comm_hook(hook_state, hook)
         return None
     group = process_group
     for candidate in (getattr(ddp_model, "process_group", None), dist.group.WORLD):

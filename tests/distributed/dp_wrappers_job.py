@@ -19,7 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    bf16_compress_hook,
+    fp16_compress_hook,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -76,6 +79,13 @@ def main() -> None:
     )
     train(out / "powersgd", powersgd.powerSGD_hook, state)
     train(out / "fsdp", fsdp=True)
+    # collectors off: the job's own hook is registered as DDP would (DDP refuses bf16 on CPU)
+    model = DDP(nn.Linear(4, 4))
+    register_recording_hook(
+        Recorder.from_env(out / "off", enabled=False), model, hook=fp16_compress_hook
+    )
+    hooks = [hook.__name__ for hook, _ in model._comm_hooks]
+    (out / f"off-hooks-{dist.get_rank()}.json").write_text(json.dumps(hooks))
     dist.destroy_process_group()
 
 

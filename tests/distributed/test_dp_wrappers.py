@@ -85,3 +85,9 @@ def test_fsdp_reduce_scatters_are_in_the_dp_group(runs: Path) -> None:
     (rs,) = [c for c in report["collectives"] if c["tag"] == "fsdp.rs"]
     assert rs["group"] == "dp" and rs["op"] == "reduce_scatter"
     assert not [f for f in report["findings"] if f["rule"] == "PIT004"]
+
+
+def test_with_collectors_off_the_users_hook_still_runs(runs: Path) -> None:
+    for rank in (0, 1):
+        hooks = json.loads((runs / f"off-hooks-{rank}.json").read_text())
+        assert hooks == ["fp16_compress_hook"]
