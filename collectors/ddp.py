@@ -202,29 +202,31 @@ def register_recording_hook(
     for candidate in (getattr(ddp_model, "process_group", None), dist.group.WORLD):
         group = candidate if group is None else group
     state = DDPHookState(recorder, group, before_launch, tag)
+    hooked = bool(getattr(ddp_model, "_comm_hooks", None))  # DDP takes one hook per model
+    if hook is not None and not hooked:
+        state.capture = PayloadCapture.install()  # None: a second model's, run unrecorded
+    recorded = not hooked and (hook is None or state.capture is not None)
+    # an unrecorded sync declares no tag: the no-sync rule must not read its silence
     recorder.declare_data_parallel(
-        DataParallel("ddp", group, state.group_size, tag, hook=_hook_name(hook) if hook else None)
-    )
-    if getattr(ddp_model, "_comm_hooks", None):
-        # DDP takes one hook per model: theirs stays, unrecorded, and the run says so.
-        recorder.event("grad_sync_unrecorded", reason="the model already has a comm hook")
+        DataParallel("ddp", group, state.group_size, tag if recorded else None,
+                     hook=_hook_name(hook) if hook else None)
+    )  # fmt: skip
+    if not recorded:
+        why = "the model already has a comm hook" if hooked else "one recorded hook a process"
+        recorder.event("grad_sync_unrecorded", reason=why)
         report_once(
             "register_recording_hook",
-            RuntimeError("this DDP model already has a communication hook; pass it as "
+            RuntimeError(f"DDP gradients not recorded: {why}; pass your hook as "
                          "register_recording_hook(rec, model, hook=..., hook_state=...)"),
         )  # fmt: skip
+        if not hooked and hook is not None:
+            ddp_model.register_comm_hook(hook_state, hook)
         return None
     recording = recording_allreduce_hook
-    if hook is not None:
-        state.capture = PayloadCapture.install()
-        if state.capture is not None:
-            state.user_hook, state.user_state = hook, hook_state
-            recording = recording_wrapper_hook
-            recorder.on_close(state.capture.uninstall)
-        else:  # a second DDP model with its own hook: run it unrecorded rather than not at all
-            report_once("register_recording_hook", RuntimeError("one recorded hook a process"))
-            ddp_model.register_comm_hook(hook_state, hook)
-            return state
+    if state.capture is not None:
+        state.user_hook, state.user_state = hook, hook_state
+        recording = recording_wrapper_hook
+        recorder.on_close(state.capture.uninstall)
     ddp_model.register_comm_hook(state, recording)
     recorder.on_step_end(lambda: _emit_wait(recorder, state))
     _record_buffer_broadcasts(recorder, ddp_model, group)

@@ -82,7 +82,7 @@ class DataParallel:
     wrapper: str  # ddp | fsdp
     group: Any  # the ProcessGroup it reduces over (never None: the default group's object)
     size: int  # ranks in that group
-    tag: str  # the tag its gradient collectives are recorded with
+    tag: str | None  # the tag its gradient collectives are recorded with (None: unrecorded)
     zero_stage: int = 0  # FSDP2's full sharding is ZeRO-3
     hook: str | None = None  # the user's DDP communication hook, by name
 

@@ -86,6 +86,12 @@ def main() -> None:
     )
     hooks = [hook.__name__ for hook, _ in model._comm_hooks]
     (out / f"off-hooks-{dist.get_rank()}.json").write_text(json.dumps(hooks))
+    # a model whose hook was registered before diag's: it stays, unrecorded, and the run says so
+    model = DDP(nn.Linear(4, 4))
+    model.register_comm_hook(None, fp16_compress_hook)
+    rec = Recorder.from_env(out / "hooked", model=model)
+    assert register_recording_hook(rec, model) is None
+    rec.close()
     dist.destroy_process_group()
 
 

@@ -91,3 +91,10 @@ def test_with_collectors_off_the_users_hook_still_runs(runs: Path) -> None:
     for rank in (0, 1):
         hooks = json.loads((runs / f"off-hooks-{rank}.json").read_text())
         assert hooks == ["fp16_compress_hook"]
+
+
+def test_a_hook_registered_before_is_kept_and_said_unrecorded(runs: Path) -> None:
+    events = [json.loads(line) for line in (runs / "hooked" / "rank-00000.jsonl").open()]
+    names = {e.get("name"): e for e in events if e["kind"] == "event"}
+    assert names["grad_sync"]["tag"] is None  # no tag: the no-sync rule does not judge it
+    assert "already has a comm hook" in names["grad_sync_unrecorded"]["reason"]

@@ -45,11 +45,13 @@ def _losses(runs: Any, bad_from: int | None) -> Any:
     return run_dir
 
 
-def _grad_sync(runs: Any, synced: bool, checksums_differ: bool = False) -> Any:
+def _grad_sync(
+    runs: Any, synced: bool, checksums_differ: bool = False, tag: str | None = "grad"
+) -> Any:
     def rows(rank: int, step: int) -> list[Any]:
         out: list[Any] = []
         if step == 0:
-            out.append(event(0, "grad_sync", wrapper="ddp", group="dp", group_size=2, tag="grad"))
+            out.append(event(0, "grad_sync", wrapper="ddp", group="dp", group_size=2, tag=tag))
         if synced:
             out.append(runs.comm(step, 50.0, 60.0, tag="grad", expected_bytes=1000))
         if step % 2 == 0:
@@ -78,4 +80,6 @@ CASES = [
              "weights drift apart", severity="high", ranks=(0, 1)),
     RuleCase("PIT004", False, lambda runs: _grad_sync(runs, synced=True),
              "gradients all-reduced, equal checksums"),
+    RuleCase("PIT004", False, lambda runs: _grad_sync(runs, synced=False, tag=None),
+             "a sync diag could not record (the user's hook came first)"),
 ]  # fmt: skip
