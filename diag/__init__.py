@@ -16,6 +16,10 @@ Types
     `RunData` (the loaded tables), `RunMetrics` (what the report is built from; its
     `memory_peak` is the one peak memory that the rules, `diag check` and the dashboard share),
     `InputError` (one line: "PATH: reason").
+Growing runs
+    `RunTail(folder, window_steps)`: a run directory read while it grows (`poll`, only the
+    bytes appended since the last read; `window` of the last finished steps), for `diag watch`
+    and the live dashboard.
 The report contract
     `REPORT_SCHEMA` ("diag.report/1", the report's `schema` field).
 Reading a report as diag shows it
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
     from diag.metrics import RunMetrics, compute_metrics
     from diag.report import PATTERN_NAMES, Section, device_section, hta_sections, rank_list
     from diag.schema import REPORT_SCHEMA
+    from diag.watch import RunTail
 
 __version__ = "0.1.0"
 
@@ -65,6 +70,7 @@ _HOME = {
     "hta_sections": "diag.report",
     "format_metric": "diag.check",
     "compare_reports": "diag.compare",
+    "RunTail": "diag.watch",
 }
 """Each public name and the module that defines it."""
 
@@ -74,6 +80,7 @@ __all__ = [
     "InputError",
     "RunData",
     "RunMetrics",
+    "RunTail",
     "Section",
     "analyze_path",
     "compare_reports",

@@ -184,7 +184,12 @@ def _model_spec(text: str | None) -> str | None:
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--config", metavar="FILE", help="TOML file of rule thresholds.")
 @click.option("--hta", is_flag=True, help="Add HTA's analyses of the runs' profiler traces.")
-def dashboard(paths: tuple[str, ...], host: str, port: int, config: str | None, hta: bool) -> None:
+@click.option(
+    "--live", is_flag=True, help="Follow runs still being written: re-read and redraw every 2 s."
+)
+def dashboard(
+    paths: tuple[str, ...], host: str, port: int, config: str | None, hta: bool, live: bool
+) -> None:
     """Serve the Dash dashboard over the run directories PATHS (bubbles, stragglers, bytes,
     memory, expert load, comparison). Only these runs are served."""
     from dashboard.app import serve  # Dash is imported only for this command
@@ -192,7 +197,7 @@ def dashboard(paths: tuple[str, ...], host: str, port: int, config: str | None, 
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        serve(list(paths), host, port, thresholds, hta)
+        serve(list(paths), host, port, thresholds, hta, 2.0 if live else None)
     except InputError as error:
         fail(error)
 
