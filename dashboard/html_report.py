@@ -12,7 +12,7 @@ Up to `PER_RANK_MAX` ranks every rank is drawn. Above it the ranks are grouped a
 groups them by default (host, stage, DP replica or blocks of ranks): the group x step heatmap and
 the groups' median and slowest rank lead, and one group is drawn rank by rank: the group of the
 first blamed rank (the fullest rank's group for memory), as the dashboard's drill-down starts. So
-the page grows with the groups, not the ranks (`benchmarks/html_report_size.py`).
+the page grows with the groups, not the ranks (1,024 ranks: 2.4 MB, tests/unit/test_html_report.py).
 
 Imports plotly, pandas and the dashboard's data module, never Dash.
 """
