@@ -106,7 +106,7 @@ def _timeline(loaded: LoadedRun, by: str) -> Figures:
     members, size = group_members(groups, name, blamed)
     window = timeline_window(loaded.run, steps, members)
     shown = f"{len(members)} of the {size} ranks" if size > len(members) else f"{size} ranks"
-    title = f"spans per rank (ms): {GROUPINGS[by]} {name}, {shown}"
+    title = f"spans per rank (ms): {name}, {shown}"  # as the Timeline page titles it
     return [(section, figures.timeline(window.spans, window.comms, blamed, title))]
 
 
