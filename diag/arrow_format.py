@@ -44,7 +44,7 @@ from diag.limits import (
     MAX_NOTES_PER_FILE,
     MAX_STEP,
 )
-from diag.record_checks import depth, is_int
+from diag.record_checks import depth
 from diag.records import INT_COLUMNS, Encoded, Packed
 
 FORMAT_KEY = b"diag.format"
@@ -109,20 +109,24 @@ def stream_header() -> bytes:
 # --- writing -------------------------------------------------------------------------------------
 _REQUIRED = {kind: tuple(schema.REQUIRED_FIELDS.get(kind, ())) for kind in KIND_FIELDS}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63
+_NOT_NULL_OF = {
+    kind: tuple(n for n, _ in KIND_FIELDS[kind] if n in NOT_NULL) for kind in KIND_FIELDS
+}
 
 
 def _fits(value: Any, kind: pa.DataType) -> bool:
     if value is None:
         return True
-    if kind == _I64:
-        return is_int(value) and _INT64_MIN <= value < _INT64_MAX
-    if kind == _F64:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == _STR:
-        return isinstance(value, str)
-    if kind == _BOOL:
-        return isinstance(value, bool)
-    return isinstance(value, list) and all(_fits(v, _F64) and v is not None for v in value)
+    cls = type(value)
+    if kind is _I64:
+        return cls is int and _INT64_MIN <= value < _INT64_MAX
+    if kind is _F64:
+        return cls is float or cls is int
+    if kind is _STR:
+        return cls is str
+    if kind is _BOOL:
+        return cls is bool
+    return cls is list and all(type(v) is float or type(v) is int for v in value)
 
 
 def _json(value: Any) -> str:
@@ -132,7 +136,7 @@ def _json(value: Any) -> str:
 
 def encode_batch(records: Iterable[Mapping[str, Any]]) -> bytes:
     """One flush's records as one encapsulated IPC message (a record batch of one row)."""
-    rows: dict[str, list[list[Any]]] = {kind: [] for kind in KIND_FIELDS}
+    row: dict[str, list[Any]] = {kind: [] for kind in KIND_FIELDS}
     other: list[str] = []
     for record in records:
         kind = record.get("kind")
@@ -141,30 +145,27 @@ def encode_batch(records: Iterable[Mapping[str, Any]]) -> bytes:
             fields is None
             or not isinstance(kind, str)
             or any(name not in record for name in _REQUIRED[kind])
-            or any(record.get(n) is None for n in NOT_NULL if any(n == f for f, _ in fields))
+            or any(record.get(name) is None for name in _NOT_NULL_OF[kind])
             or not all(_fits(record.get(name), kind_of) for name, kind_of in fields)
         ):
             other.append(_json(record))
             continue
-        typed = {name for name, _ in fields}
+        typed = {name: record.get(name) for name, _ in fields}
         rest = {k: v for k, v in record.items() if k not in typed and k != "kind"}
-        rows[kind].append(
-            [record.get(name) for name, _ in fields] + [_json(rest) if rest else None]
-        )
-    columns = [_kind_column(kind, rows[kind]) for kind in KIND_FIELDS]
-    columns.append(pa.array([other], type=pa.list_(_STR)))
+        typed[EXTRA] = _json(rest) if rest else None
+        row[kind].append(typed)
+    # one conversion per kind present (a kind's rows as dicts: a single call into Arrow);
+    # kinds without records this flush reuse a prebuilt empty list
+    row[OTHER] = other
+    columns = [
+        pa.array([row[f.name]], type=f.type) if row[f.name] else _EMPTY[f.name]
+        for f in STREAM_SCHEMA
+    ]
     batch = pa.RecordBatch.from_arrays(columns, schema=STREAM_SCHEMA)
     return batch.serialize().to_pybytes()
 
 
-def _kind_column(kind: str, rows: list[list[Any]]) -> pa.Array:
-    struct_type = kind_type(kind)
-    children = [
-        pa.array([row[i] for row in rows], type=struct_type.field(i).type)
-        for i in range(struct_type.num_fields)
-    ]
-    values = pa.StructArray.from_arrays(children, fields=list(struct_type))
-    return pa.ListArray.from_arrays(pa.array([0, len(rows)], pa.int32()), values)
+_EMPTY = {f.name: pa.array([[]], type=f.type) for f in STREAM_SCHEMA}
 
 
 def encode_columns(
