@@ -174,8 +174,9 @@ def attribution_section(report: dict[str, Any]) -> Section:
     overlap = measured - ideal - sum(c["cost_s"] for c in causes)
     rows = [["ideal step (every imbalance and transfer removed)", ms(ideal), pct(ideal / measured)]]
     rows += [[f"+ {c['label']}", ms(c["cost_s"]), pct(c["cost_share"])] for c in causes]
-    rows.append(["- overlap of the causes above" if overlap < 0 else "+ not attributed",
-                 ms(abs(overlap)), pct(abs(overlap) / measured)])  # fmt: skip
+    if abs(overlap) >= 0.0005 * measured:  # a remainder that rounds to nothing is not shown
+        rows.append(["- overlap of the causes above" if overlap < 0 else "+ not attributed",
+                     ms(abs(overlap)), pct(abs(overlap) / measured)])  # fmt: skip
     rows.append(["= measured step (replayed)", ms(measured), pct(1.0)])
     title = (
         f"where the step goes (what-if replay of {attribution['steps_replayed']} steps, "
