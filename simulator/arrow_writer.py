@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from diag import arrow_format
 from simulator.config import SimConfig
 from simulator.records import Batch
+from simulator.writer import write_buffers
 
 FLUSH_RECORDS = 2_000_000
 """Buffered records at which the rank files are appended to (bounds memory at any scale)."""
@@ -90,15 +91,10 @@ class ArrowRankFiles:
             self.flush()
 
     def flush(self, last: bool = False) -> None:
-        mode = "ab" if self._started else "wb"
-        for path, parts in zip(self.paths, self.buffers, strict=True):
-            if last:
+        if last:
+            for parts in self.buffers:
                 parts.append(arrow_format.END_OF_STREAM)
-            data = b"".join(parts)
-            with open(path, mode) as stream:
-                stream.write(data)
-            self.bytes += len(data)
-            parts.clear()
+        self.bytes += write_buffers(self.paths, self.buffers, append=self._started)
         self._started = True
         self.pending = 0
 

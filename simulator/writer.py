@@ -185,15 +185,22 @@ class RankFiles:
         self.records += len(ranks)
 
     def flush(self, last: bool = False) -> None:  # `last`: the Arrow writer's end marker
-        mode = "ab" if self._started else "wb"
-        for path, lines in zip(self.paths, self.buffers, strict=True):
-            data = b"".join(lines)
-            with open(path, mode) as stream:
-                stream.write(data)
-            self.bytes += len(data)
-            lines.clear()
+        self.bytes += write_buffers(self.paths, self.buffers, append=self._started)
         self._started = True
         self.pending = 0
+
+
+def write_buffers(paths: list[Path], buffers: list[list[bytes]], append: bool) -> int:
+    """Write each rank's buffered bytes to its file (appended after the first flush, which
+    starts the file anew) and empty the buffers; the bytes written."""
+    written = 0
+    for path, parts in zip(paths, buffers, strict=True):
+        data = b"".join(parts)
+        with open(path, "ab" if append else "wb") as stream:
+            stream.write(data)
+        written += len(data)
+        parts.clear()
+    return written
 
 
 def prepare(out: Path) -> None:
