@@ -1,5 +1,5 @@
 """The `loader-stall` and `jitter` injections of the reference trainers, diagnosed end to end:
-2-rank dp runs of 5 steps (torchrun, gloo).
+2-rank dp runs of 5 (loader-stall) and 8 (jitter) steps (torchrun, gloo).
 
 A stall outside the recorded step reads as host time on the stalled rank (BAL005, pattern 3),
 not as a slower rank's compute (BAL001, pattern 1); per-rank, per-step jitter reads as random
@@ -26,7 +26,10 @@ def test_loader_stall_is_host_time_on_its_rank(tmp_path: Path, run_dp) -> None:
 
 
 def test_jitter_is_random_imbalance_naming_no_rank(tmp_path: Path, run_dp) -> None:
-    run_dp(tmp_path, "--steps", "5", "--inject", "jitter:ms=40", nproc=2)
+    # 8 steps: over fewer, each rank's median draw differs enough to read as a persistent
+    # excess; 100 ms: balancing two ranks saves half their gap (|a - b| / 2, 17 ms on average),
+    # well above the DP transfers even when gloo is slow on a loaded machine
+    run_dp(tmp_path, "--steps", "8", "--inject", "jitter:ms=100", nproc=2)
     findings = analyze_path(tmp_path)["findings"]
     main = findings[0]
     assert (main["rule"], main["ranks"]) == ("BAL004", []), findings
