@@ -162,6 +162,13 @@ def test_golden_summary(golden) -> None:
         "world_size": 2,
         "warmup_steps_excluded": 1,
         "loss_last": approx((1.25 + 1.0) / 2),
+        # MFU (diag/flops.py): 6 N + 12 L h s FLOPs a token, no peak known for a CPU
+        "active_params": 114688,
+        "model_flops_per_token": approx(6 * 114688 + 12 * 2 * 64 * 32),  # L 2, h 64, s 32
+        "model_tflops_per_gpu": approx(737280 * (4000 / 0.230) / 2 / 1e12),
+        "peak_tflops_per_gpu": None,
+        "mfu": None,
+        "mfu_note": "no peak known for device 'cpu' (CPU or unknown); give --peak-tflops",
     }
     assert golden.findings == [] and golden.skipped == []
 
