@@ -36,6 +36,24 @@ def run_dp():
     return diag_run
 
 
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory: pytest.TempPathFactory):
+    """`shared_run(trainer, *args)`: the run directory of `diag run TRAINER ARGS` on 2 ranks,
+    made once per session for every test that asks for the same run (they only read it; the
+    suite's time is mostly launches)."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def run(trainer: str, *args: str) -> Path:
+        key = (trainer, *args)
+        if key not in made:
+            path = tmp_path_factory.mktemp(f"{trainer}-shared") / "run"
+            diag_run(path, *args, trainer=trainer, nproc=2)
+            made[key] = path
+        return made[key]
+
+    return run
+
+
 @pytest.fixture
 def run_tp():
     return functools.partial(diag_run, trainer="tp")

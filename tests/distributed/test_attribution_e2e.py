@@ -4,8 +4,6 @@ the same cause), within 30% on 2 ranks (which do not oversubscribe this machine'
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from diag.analysis import analyze_path
@@ -22,9 +20,8 @@ def _main(report: dict) -> dict:
 
 
 @pytest.mark.parametrize("trainer", list(HEALTHY))
-def test_a_straggler_is_the_main_finding(trainer: str, tmp_path: Path, run_dp) -> None:
-    run_dp(tmp_path, *HEALTHY[trainer], "--inject", STRAGGLER, trainer=trainer, nproc=2)
-    report = analyze_path(tmp_path)
+def test_a_straggler_is_the_main_finding(trainer: str, shared_run) -> None:
+    report = analyze_path(shared_run(trainer, *HEALTHY[trainer], "--inject", STRAGGLER))
     main = _main(report)
     ranked = [(f["rule"], f["ranks"], f.get("cost_s")) for f in report["findings"]]
     assert main["ranks"] == [1], f"{trainer}: {ranked}"
@@ -32,12 +29,10 @@ def test_a_straggler_is_the_main_finding(trainer: str, tmp_path: Path, run_dp) -
 
 
 @pytest.mark.parametrize("trainer", ["dp", "pp"])
-def test_its_cost_is_what_removing_it_saves(trainer: str, tmp_path: Path, run_dp) -> None:
-    slow, healthy = tmp_path / "slow", tmp_path / "healthy"
-    steps = ("--steps", "8")  # more steps than the healthy runs: two runs' noise averages out
-    run_dp(slow, *HEALTHY[trainer], *steps, "--inject", STRAGGLER, trainer=trainer, nproc=2)
-    run_dp(healthy, *HEALTHY[trainer], *steps, trainer=trainer, nproc=2)
-    with_it, without = analyze_path(slow), analyze_path(healthy)
+def test_its_cost_is_what_removing_it_saves(trainer: str, shared_run) -> None:
+    # the runs of the two tests above (8 steps for dp and pp: two runs' noise averages out)
+    slow = shared_run(trainer, *HEALTHY[trainer], "--inject", STRAGGLER)
+    with_it, without = analyze_path(slow), analyze_path(shared_run(trainer, *HEALTHY[trainer]))
     saved_s = with_it["attribution"]["measured_step_s"] - without["attribution"]["measured_step_s"]
     main = _main(with_it)
     # what the healthy run already loses to the same cause (a pipeline's own stage imbalance)

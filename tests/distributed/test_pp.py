@@ -137,7 +137,7 @@ def test_pp2_x_dp2_bytes_groups_and_injections(tmp_path: Path) -> None:
     """`diag run pp` with PP=2 x DP=2: send/recv bytes equal the ledger's boundary bytes, one
     recorded gradient all-reduce per step over dp, groups in the manifest; a straggler stage and
     a slow dp group show where they belong."""
-    delay_ms, straggle_ms, m = 40, 20, 4
+    delay_ms, straggle_ms, m = 40, 40, 4  # 40 ms: 4 ranks on 2 cores stretch a 30 ms forward
     cmd = [sys.executable, "-m", "diag", "run", "pp", "--nproc=4", "--out", str(tmp_path), "--pp",
            "2", "--dp", "2", "--layers", "4", "--steps", "3", "--microbatches", str(m), *MODEL,
            "--inject", f"slow-comm:ms={delay_ms},group=dp",

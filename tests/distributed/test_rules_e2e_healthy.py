@@ -14,26 +14,23 @@ while choosing it; the margins above are the reason it is stable.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from diag.analysis import analyze_path
 
 pytestmark = pytest.mark.dist
 
-HEALTHY = {
-    "dp": ["--steps", "5"],
+HEALTHY = {  # dp and pp: 8 steps, shared with the straggler's cost (test_attribution_e2e.py)
+    "dp": ["--steps", "8"],
     "zero3": ["--steps", "5", "--micro-batch", "64"],
     "tp": ["--steps", "5", "--hidden", "512", "--micro-batch", "8"],
-    "pp": ["--steps", "5", "--microbatches", "8", "--micro-batch", "8"],
+    "pp": ["--steps", "8", "--microbatches", "8", "--micro-batch", "8"],
     "ep": ["--steps", "5", "--capacity-factor", "2.0", "--micro-batch", "16"],
 }
 
 
 @pytest.mark.parametrize("trainer", list(HEALTHY))
-def test_healthy_run_has_no_high_finding(trainer: str, tmp_path: Path, run_dp) -> None:
-    run_dp(tmp_path, *HEALTHY[trainer], trainer=trainer, nproc=2)
-    findings = analyze_path(tmp_path)["findings"]
+def test_healthy_run_has_no_high_finding(trainer: str, shared_run) -> None:
+    findings = analyze_path(shared_run(trainer, *HEALTHY[trainer]))["findings"]
     high = [f"{f['rule']}: {f['title']}" for f in findings if f["severity"] == "high"]
     assert not high, f"a healthy {trainer} run was diagnosed: {high}"
