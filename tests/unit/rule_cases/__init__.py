@@ -6,10 +6,14 @@ with the `runs` fixture's RunWriter (tests/conftest.py) and returns its path.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import diag.rules.families as rule_families
 
 
 @dataclass(frozen=True)
@@ -23,19 +27,8 @@ class RuleCase:
 
 
 def all_cases() -> list[RuleCase]:
-    from rule_cases import (
-        balance,
-        communication,
-        lost_time,
-        memory,
-        moe,
-        pipeline,
-        pitfalls,
-        topology,
-        trend,
-    )  # fmt: skip
-
-    families = (
-        balance, communication, lost_time, memory, moe, pipeline, pitfalls, topology, trend,
-    )  # fmt: skip
+    """The cases of every rule family: one module here for each module of
+    diag/rules/families (a family without its case module fails to import)."""
+    names = sorted(m.name for m in pkgutil.iter_modules(rule_families.__path__))
+    families = [importlib.import_module(f"rule_cases.{name}") for name in names]
     return [case for family in families for case in family.CASES]
