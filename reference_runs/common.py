@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -147,6 +148,45 @@ class Loop:
     rec: Recorder | NullRecorder
     step: Callable[[int], None]
     close: Callable[[], None] | None = None
+
+
+def accumulated_step(
+    setup: Setup,
+    rec: Recorder | NullRecorder,
+    batches: Iterator[Batch],
+    forward: Callable[[torch.Tensor, torch.Tensor], Any],
+    gradient_sync: Callable[[bool], AbstractContextManager[Any]],
+    optimizer: torch.optim.Optimizer,
+    clip_params: list[torch.nn.Parameter],
+) -> Callable[[int], None]:
+    """One optimizer step of `--grad-accum` micro-batches (data, fwd, bwd spans each, then
+    opt), the data-parallel trainers' step. `gradient_sync(last)` is entered around each
+    micro-batch's forward and backward: the wrapper's way of reducing gradients only in the last
+    (DDP's `no_sync()`, FSDP2's `set_requires_gradient_sync`)."""
+    cfg, faults, leak = setup.cfg, setup.faults, setup.leak()
+    tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
+
+    def train_step(step_index: int) -> None:
+        with rec.step(tokens=tokens_per_step) as step:
+            for mb in range(cfg.grad_accum):
+                with rec.span("data", mb=mb):
+                    inputs, targets = next(batches)
+                with gradient_sync(mb == cfg.grad_accum - 1):
+                    with rec.span("fwd", mb=mb):
+                        faults.apply_compute_delay(step_index)
+                        _, loss = forward(inputs, targets)
+                        if leak is not None:
+                            leak.step()
+                    with rec.span("bwd", mb=mb):
+                        (loss / cfg.grad_accum).backward()
+            with rec.span("opt"):
+                if cfg.clip_grad is not None:
+                    clip_gradients(rec, clip_params, cfg.clip_grad)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step.loss = loss.item()
+
+    return train_step
 
 
 def run_trainer(

@@ -23,7 +23,7 @@ from diag.names import DP
 from reference_runs.common import (
     Loop,
     Setup,
-    clip_gradients,
+    accumulated_step,
     exit_process,
     hook_ddp,
     run_trainer,
@@ -57,30 +57,13 @@ def build(setup: Setup) -> Loop:
     rec = setup.open_recorder(model, optimizer, count_params(model), layout)
     hook_ddp(rec, ddp, faults.comm_delay_s(DP))
     batches = setup.batches(rec, env.rank, setup.topology.dp, cfg.grad_accum)
-    leak = setup.leak()
-    tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
 
-    def train_step(step_index: int) -> None:
-        with rec.step(tokens=tokens_per_step) as step:
-            for mb in range(cfg.grad_accum):
-                with rec.span("data", mb=mb):
-                    inputs, targets = next(batches)
-                last = mb == cfg.grad_accum - 1
-                with contextlib.nullcontext() if last else ddp.no_sync():
-                    with rec.span("fwd", mb=mb):
-                        faults.apply_compute_delay(step_index)
-                        _, loss = ddp(inputs, targets)
-                        if leak is not None:
-                            leak.step()
-                    with rec.span("bwd", mb=mb):
-                        (loss / cfg.grad_accum).backward()
-            with rec.span("opt"):
-                if cfg.clip_grad is not None:
-                    clip_gradients(rec, list(model.parameters()), cfg.clip_grad)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            step.loss = loss.item()
+    def gradient_sync(last: bool) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext() if last else ddp.no_sync()
 
+    train_step = accumulated_step(
+        setup, rec, batches, ddp, gradient_sync, optimizer, list(model.parameters())
+    )
     return Loop(rec, train_step)
 
 

@@ -22,6 +22,7 @@ bytes, and the unsharded parameters as communication buffers.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch.distributed.fsdp import fully_shard
 
 from collectors.fsdp import register_fsdp_recording
 from diag.names import DP
-from reference_runs.common import Loop, Setup, clip_gradients, exit_process, run_trainer
+from reference_runs.common import Loop, Setup, accumulated_step, exit_process, run_trainer
 from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, count_params
 from reference_runs.topology import Topology
@@ -82,30 +83,13 @@ def build(setup: Setup) -> Loop:
     if rec.enabled or comm_delay_s:
         register_fsdp_recording(rec, units, delay_s=comm_delay_s)
     batches = setup.batches(rec, env.rank, dp, cfg.grad_accum)
-    leak = setup.leak()
-    tokens_per_step = cfg.micro_batch * cfg.seq * cfg.grad_accum
 
-    def train_step(step_index: int) -> None:
-        with rec.step(tokens=tokens_per_step) as step:
-            for mb in range(cfg.grad_accum):
-                with rec.span("data", mb=mb):
-                    inputs, targets = next(batches)
-                if cfg.grad_accum > 1:  # reduce-scatter in the last micro-batch only
-                    model.set_requires_gradient_sync(mb == cfg.grad_accum - 1)
-                with rec.span("fwd", mb=mb):
-                    faults.apply_compute_delay(step_index)
-                    _, loss = model(inputs, targets)
-                    if leak is not None:
-                        leak.step()
-                with rec.span("bwd", mb=mb):
-                    (loss / cfg.grad_accum).backward()
-            with rec.span("opt"):
-                if cfg.clip_grad is not None:
-                    clip_gradients(rec, sharded, cfg.clip_grad)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            step.loss = loss.item()
+    def gradient_sync(last: bool) -> contextlib.AbstractContextManager[object]:
+        if cfg.grad_accum > 1:  # reduce-scatter in the last micro-batch only
+            model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
 
+    train_step = accumulated_step(setup, rec, batches, model, gradient_sync, optimizer, sharded)
     return Loop(rec, train_step)
 
 
