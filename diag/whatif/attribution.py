@@ -188,9 +188,16 @@ class _Scenarios:
         codes = _group_codes(self.rank, self.j)
         out = {}
         for name, part in self._pieces.items():
-            typical = _group_medians(codes, part - self.peer_median(part))
+            peers = self._seg_peer_median if name == "all" else self.peer_median(part)
+            typical = _group_medians(codes, part - peers)
             out[name] = np.minimum(np.clip(np.nan_to_num(typical), 0, None), part)
         return out
+
+    @cached_property
+    def _seg_peer_median(self) -> np.ndarray:
+        """The peers' median of the local time before each event (the excesses and the ideal
+        step both read it)."""
+        return self.peer_median(self.base.seg_ns)
 
     def _without(self, ranks: list[int], part: str) -> Durations:
         seg = self.base.seg_ns
@@ -322,7 +329,7 @@ class _Scenarios:
     def ideal(self) -> float:
         """The step with every local-time imbalance and every transfer removed."""
         seg = self.base.seg_ns
-        level = np.minimum(seg, np.nan_to_num(self.peer_median(seg), nan=np.inf))
+        level = np.minimum(seg, np.nan_to_num(self._seg_peer_median, nan=np.inf))
         zero = np.zeros_like(self.base.transfer_ns)
         times = step_times_ns(self.timeline, replay(self.timeline, Durations(level, zero, zero)))
         return float(times[self.ok].mean())
