@@ -508,3 +508,16 @@ def _packed(array: pa.Array, name: str, numeric: bool) -> Packed:
     encoded = array.dictionary_encode(null_encoding="encode")
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
     return Encoded(encoded.dictionary.to_pylist(), codes)
+
+
+def body_length(metadata: bytes) -> int | None:
+    """The body length an IPC message's metadata (its Message flatbuffer) declares, 0 when the
+    field is absent; None when the metadata is malformed (an incremental reader, diag/tail.py,
+    needs it to tell a message still being written from a whole one)."""
+    try:
+        message = _table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+        at = _field_offset(metadata, message, 3)
+        length = 0 if at is None else struct.unpack_from("<q", metadata, at)[0]
+    except struct.error:
+        return None
+    return length if length >= 0 else None

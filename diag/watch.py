@@ -2,23 +2,21 @@
 severity or goes away, until the manifest says the run ended.
 
 Every `interval_s` the rank files are read from where the last read stopped (only the bytes
-appended since, whole lines only: a line still being written waits for the next read), each
-record checked as the loader checks it (diag/schema.py, diag/record_checks.py: nothing is
-executed, no line over MAX_LINE_BYTES is held, no nesting deeper than MAX_JSON_DEPTH is
-parsed). The steps every rank has finished are analysed as a window of the last
-`window_steps` (the rules see what the job does now, not its average since the start, so a
-straggler that appears midway is named within a few steps), and older records are dropped, so
-the memory stays that of the window however long the job runs.
+appended since, diag/tail.py: whole lines of a `.jsonl` file, whole record batches of an
+`.arrows` one; what is still being written waits for the next read), each record checked as
+the loader checks it (diag/schema.py, diag/record_checks.py: nothing is executed, no line over
+MAX_LINE_BYTES is held, no nesting deeper than MAX_JSON_DEPTH is parsed, an Arrow batch is
+read with the full reader's checks). The steps every rank has finished are analysed as a
+window of the last `window_steps` (the rules see what the job does now, not its average since
+the start, so a straggler that appears midway is named within a few steps), and older records
+are dropped, so the memory stays that of the window however long the job runs.
 
 A finding is the same finding while its rule and blamed ranks are (`rule`, `ranks`); it is
 reported gone only after two analyses without it, so one noisy window does not make it flap.
-JSON-lines rank files only: an Arrow rank file (`.arrows`, diag simulate) is analysed after the
-run with `diag analyze`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,26 +29,16 @@ import click
 from diag import schema
 from diag.analysis import diagnose
 from diag.errors import InputError
-from diag.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
 from diag.load import RunData, run_from_records
-from diag.record_checks import check_values, depth
+from diag.record_checks import check_values
 from diag.report import finding_head
 from diag.schema import RecordKind
 from diag.shell import fail, project_config, rule_thresholds
+from diag.tail import FileTail, open_tail
 
-READ_MAX_BYTES = 64 * 2**20
-"""Bytes read from one rank file per poll at most (a long backlog is read over several)."""
 KINDS = frozenset(k.value for k in RecordKind)
 GONE_AFTER = 2
 """Analyses in a row without a finding before it is reported gone."""
-
-
-@dataclass
-class _Tail:
-    """One rank file, read up to `offset`."""
-
-    path: Path
-    offset: int = 0
 
 
 @dataclass
@@ -62,7 +50,7 @@ class RunTail:
     window_steps: int = 8
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
-    _tails: dict[int, _Tail] = field(default_factory=dict)
+    _tails: dict[int, FileTail] = field(default_factory=dict)
     _last_step: dict[int, int] = field(default_factory=dict)  # rank -> its last step record
 
     def manifest(self) -> schema.Manifest | None:
@@ -75,8 +63,7 @@ class RunTail:
     def poll(self, manifest: schema.Manifest) -> None:
         """Read what every rank file gained since the last poll."""
         for rank in range(manifest.world_size):
-            tail = self._tails.setdefault(rank, _Tail(self.folder / schema.rank_file_name(rank)))
-            for kind, record in self._new_records(rank, tail):
+            for kind, record in self._new_records(rank):
                 if kind == RecordKind.STEP.value:
                     self._last_step[rank] = max(self._last_step.get(rank, -1), record["step"])
                 self.records.setdefault(kind, []).append(record)
@@ -101,49 +88,30 @@ class RunTail:
         run.starts_at_warmup = first == 0
         return run
 
-    def _new_records(self, rank: int, tail: _Tail) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(kind, record) of the whole lines appended to the rank file since the last read."""
-        try:
-            with tail.path.open("rb") as fh:
-                fh.seek(tail.offset)
-                data = fh.read(READ_MAX_BYTES)
-        except OSError:
-            return  # not created yet, or being replaced: the next poll reads it
-        end = data.rfind(b"\n") + 1
-        if end == 0:
-            if len(data) > MAX_LINE_BYTES:  # a line that never ends: skip what was read
-                tail.offset += len(data)
-                self.skipped.append(f"{tail.path.name}: a line longer than {MAX_LINE_BYTES} "
-                                    "bytes, skipped")  # fmt: skip
-            return
-        tail.offset += end
-        for line in data[:end].split(b"\n"):
-            record = self._checked(line, tail.path.name)
-            if record is not None:
+    def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(kind, record) of the records appended to the rank's file since the last read."""
+        tail = self._tails.get(rank)
+        if tail is None:
+            tail = open_tail(self.folder, rank)
+            if tail is None:
+                return  # not created yet: the next poll looks again
+            self._tails[rank] = tail
+        new = tail.read_new()
+        self.skipped += tail.notes
+        tail.notes.clear()
+        for record in new:
+            if self._checked(record, tail.path.name):
                 record["rank"] = rank
                 kind = record["kind"]
                 yield kind, _event_row(record) if kind == RecordKind.EVENT.value else record
 
-    def _checked(self, line: bytes, name: str) -> dict[str, Any] | None:
-        """The line's record when the loader would use it, else None (a note for a bad one)."""
-        if not line.strip():
-            return None
-        if len(line) > MAX_LINE_BYTES:
-            self.skipped.append(f"{name}: a line longer than {MAX_LINE_BYTES} bytes, skipped")
-            return None
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            self.skipped.append(f"{name}: a line that is not valid JSON, skipped")
-            return None
-        if depth(record) > MAX_JSON_DEPTH:
-            self.skipped.append(f"{name}: a record nested too deeply, skipped")
-            return None
+    def _checked(self, record: Any, name: str) -> bool:
+        """Whether the loader would use the record (a note for a bad one)."""
         reason = schema.check_record(record) or check_values(record)
         if reason:
             self.skipped.append(f"{name}: a record skipped ({reason})")
-            return None
-        return record if record["kind"] in KINDS else None
+            return False
+        return bool(record["kind"] in KINDS)
 
 
 def _event_row(record: dict[str, Any]) -> dict[str, Any]:
