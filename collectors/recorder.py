@@ -1,4 +1,5 @@
-"""The per-rank recorder: steps, spans, collectives, memory, experts and events to RUN/rank-N.jsonl.
+"""The per-rank recorder: steps, spans, collectives, memory, experts and events to RUN/rank-N.arrows
+(an Arrow IPC stream; `format="jsonl"` or DIAG_RANK_FORMAT=jsonl: RUN/rank-N.jsonl).
 
     rec = Recorder.from_env("runs/my-job", model=model, optimizer=opt, trace_collectives=True)
     for batch in loader:
@@ -81,7 +82,7 @@ class Recorder:
         self.enabled = True
         self.step_index = 0
         self.steps_completed = 0
-        # format: "jsonl" or "arrow" (.arrows, docs/run-format.md); None: $DIAG_RANK_FORMAT
+        # format: "arrow" (.arrows, docs/run-format.md) or "jsonl"; None: $DIAG_RANK_FORMAT
         self._writer = open_rank_writer(self.run_dir, rank, format)
         self._activations = SavedTensorTracker() if track_activations else None
         # Saved-tensor hooks cost a Python call per saved tensor, so activations are measured

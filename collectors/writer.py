@@ -80,15 +80,19 @@ class ArrowRankWriter(RankWriter):
 
 
 FORMAT_ENV = "DIAG_RANK_FORMAT"
-"""Chooses the format of recorders that are not given one (e.g. `DIAG_RANK_FORMAT=arrow
-diag run dp ...`: the reference trainers do not pass one)."""
+"""Chooses the format of recorders that are not given one (e.g. `DIAG_RANK_FORMAT=jsonl
+diag run dp ...`: the reference trainers do not pass one). Unset or empty: Arrow."""
+DEFAULT_FORMAT: RankFormat = "arrow"
 
 
 def open_rank_writer(run_dir: Path, rank: int, format: RankFormat | None = None) -> RankWriter:
     """The writer of `rank`'s file in `run_dir`, in `format` ("arrow" or "jsonl"; None: the
-    environment's DIAG_RANK_FORMAT, else "jsonl")."""
+    environment's DIAG_RANK_FORMAT, else "arrow"). ValueError for any other format."""
     if format is None:
-        format = "arrow" if os.environ.get(FORMAT_ENV, "").strip() == "arrow" else "jsonl"
+        chosen = os.environ.get(FORMAT_ENV, "").strip().lower() or DEFAULT_FORMAT
+        if chosen not in FORMATS:
+            raise ValueError(f"{FORMAT_ENV}={chosen!r}, expected one of {', '.join(FORMATS)}")
+        format = chosen
     if format == "arrow":
         from diag.arrow_format import rank_file_name as arrow_name
 

@@ -65,6 +65,24 @@ def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
     return converted, notes
 
 
+def rank_file(run_dir: Path, rank: int) -> Path | None:
+    """The rank's file in `run_dir` under the writer's name, Arrow first (the one the loader
+    reads of two), or None."""
+    for name in (arrow_format.rank_file_name(rank), schema.rank_file_name(rank)):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return None
+
+
+def rank_records(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every readable record of one rank file, either format, as dicts (an Arrow file's typed
+    fields all present, null where the record had none); what was skipped goes to `notes`."""
+    data, found = path.read_bytes(), [] if notes is None else notes
+    if path.suffix == arrow_format.SUFFIX:
+        return _arrow_records(data, path.name, found)
+    return _jsonl_records(data, path.name, found)
+
+
 def _jsonl_records(data: bytes, name: str, notes: list[str]) -> list[dict[str, Any]]:
     records, bad = [], 0
     for line in data.split(b"\n"):

@@ -44,12 +44,12 @@ class SimResult:
 
 
 def simulate(
-    config: SimConfig, out: str | Path, command: str | None = None, format: str = "jsonl"
+    config: SimConfig, out: str | Path, command: str | None = None, format: str = "arrow"
 ) -> SimResult:
     """Simulate `config` and write its run directory at `out` (created; the manifest and rank
-    files of an earlier run there are replaced), its rank files in `format` ("jsonl" or
-    "arrow", simulator/arrow_writer.py). SimulationError (one line) when the configuration
-    cannot be simulated."""
+    files of an earlier run there are replaced), its rank files in `format` ("arrow", the
+    default, simulator/arrow_writer.py, or "jsonl"). SimulationError (one line) when the
+    configuration cannot be simulated."""
     if format not in ("jsonl", "arrow"):
         raise SimulationError(f"rank file format {format!r}, expected arrow or jsonl")
     started = time.perf_counter()

@@ -72,8 +72,8 @@ def _default_out() -> Path:
 @click.option("--fragmentation", type=_nonneg, default=0.05, help="Share of allocated bytes.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory.")
 @click.option(
-    "--format", "rank_format", type=click.Choice(["arrow", "jsonl"]), default="jsonl",
-    help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
+    "--format", "rank_format", type=click.Choice(["arrow", "jsonl"]), default="arrow",
+    show_default=True, help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
 )  # fmt: skip
 def simulate(**options: object) -> None:
     """Simulate a training job of any size and write its run directory (as `diag run` would):

@@ -16,6 +16,7 @@ import collectors.memory
 import collectors.safety
 from collectors import Recorder
 from collectors.comm import CollectiveTracer
+from diag.convert import rank_file, rank_records
 from reference_runs.faults import Leak
 
 torch.set_num_threads(1)
@@ -38,8 +39,13 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def read_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
-    path = run_dir / f"rank-{rank:05d}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    """The rank's records as written, whichever format the recorder wrote (Arrow by default)."""
+    path = rank_file(run_dir, rank)
+    assert path is not None, f"no rank file of rank {rank} in {run_dir}"
+    notes: list[str] = []
+    records = rank_records(path, notes)
+    assert notes == [], notes
+    return records
 
 
 def of_kind(records: list[dict[str, Any]], kind: str, **match: Any) -> list[dict[str, Any]]:

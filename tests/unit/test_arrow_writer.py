@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from collectors.writer import FORMAT_ENV
+from collectors import Recorder
+from collectors.writer import FORMAT_ENV, open_rank_writer
 from diag.cli import main
+from diag.convert import rank_file, rank_records
 from diag.launch import torchrun_command
 from diag.load import load_run, read_rank_file
 
@@ -72,14 +74,16 @@ def _pid_of(path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One small 3D run (with MoE: every record kind) simulated in both formats."""
+    """One small 3D run (with MoE: every record kind) simulated in both formats (Arrow: the
+    default, no --format)."""
     root = tmp_path_factory.mktemp("sim")
     args = ["simulate", "--layout", "dp=2,tp=2,pp=2,ep=2", "--experts", "4",
             "--microbatches", "4", "--steps", "6", "--gpus-per-node", "4"]  # fmt: skip
     runs = {}
     for fmt in ("arrow", "jsonl"):
         out = root / fmt
-        result = CliRunner().invoke(main, [*args, "--out", str(out), "--format", fmt])
+        chosen = [] if fmt == "arrow" else ["--format", fmt]
+        result = CliRunner().invoke(main, [*args, "--out", str(out), *chosen])
         assert result.exit_code == 0, result.output
         runs[fmt] = out
     return runs
@@ -124,6 +128,44 @@ def test_convert_both_ways_keeps_the_tables(simulated: dict[str, Path], tmp_path
             a = getattr(after, name).sort_values(keys, kind="stable").reset_index(drop=True)
             b = getattr(before, name).sort_values(keys, kind="stable").reset_index(drop=True)
             assert a.astype(str).equals(b.astype(str)), (fmt, name)
+
+
+def test_arrow_is_the_default_and_jsonl_stays_a_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(FORMAT_ENV, raising=False)
+    tmp_path.mkdir(exist_ok=True)
+
+    def name(**options: Any) -> str:
+        writer = open_rank_writer(tmp_path, 3, **options)
+        writer.close()
+        return writer.path.name
+
+    assert name() == "rank-00003.arrows"
+    assert name(format="jsonl") == "rank-00003.jsonl"
+    monkeypatch.setenv(FORMAT_ENV, "jsonl")
+    assert name() == "rank-00003.jsonl"
+    assert name(format="arrow") == "rank-00003.arrows"  # a format given wins over the env
+    monkeypatch.setenv(FORMAT_ENV, " ")
+    assert name() == "rank-00003.arrows"
+    monkeypatch.setenv(FORMAT_ENV, "parquet")
+    with pytest.raises(ValueError, match=r"DIAG_RANK_FORMAT='parquet', expected one of arrow"):
+        name()
+    monkeypatch.delenv(FORMAT_ENV)
+    for fmt, suffix in ((None, ".arrows"), ("jsonl", ".jsonl")):
+        run = tmp_path / f"recorder-{fmt}"
+        rec = Recorder(run, format=fmt)  # type: ignore[arg-type]
+        with rec.step(tokens=1):
+            pass
+        rec.close()
+        assert [p.suffix for p in run.glob("rank-*")] == [suffix]
+        assert len(load_run_records(run)) == 1
+
+
+def load_run_records(run: Path) -> list[dict[str, Any]]:
+    path = rank_file(run, 0)
+    assert path is not None
+    return [r for r in rank_records(path) if r["kind"] == "step"]
 
 
 def test_convert_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:

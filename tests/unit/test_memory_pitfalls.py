@@ -6,7 +6,6 @@ collectors see them, in a 2-rank world of torch's fake backend (no data moves)."
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch import nn
 from collectors import Recorder
 from collectors.fsdp import register_fsdp_recording
 from collectors.memory import SavedTensorTracker
+from diag.convert import rank_file, rank_records
 from reference_runs.common import clip_gradients
 from reference_runs.config import parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader, order_hash
@@ -31,8 +31,9 @@ SIX = ("params", "grads", "optimizer", "activations", "comm_buffers", "fragmenta
 
 
 def records(run_dir: Path, kind: str, **match: Any) -> list[dict[str, Any]]:
-    lines = (run_dir / "rank-00000.jsonl").read_text().splitlines()
-    out = [json.loads(line) for line in lines]
+    path = rank_file(run_dir, 0)
+    assert path is not None
+    out = rank_records(path)
     return [r for r in out if r["kind"] == kind and all(r.get(k) == v for k, v in match.items())]
 
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from diag import ledger
 from diag.analysis import diagnose, load_any
 from diag.cli import main
+from diag.convert import rank_records
 from diag.injections import jitter_ms, parse_injection
 from diag.load import load_run
 from simulator import HardwareSpec, ModelSpec, SimConfig, SimulationError, simulate
@@ -265,18 +266,23 @@ def test_run_directory_follows_the_contract(tmp_path: Path) -> None:
     tags = set(data.comms["tag"])
     assert {"tp.attn.fwd", "tp.mlp.bwd", "act", "grad", "dispatch", "combine.bwd"} <= tags
     assert (data.comms["t1"] >= data.comms["t0"]).all()
-    first = (tmp_path / "run" / "rank-00000.jsonl").read_text().splitlines()[0]
-    assert json.loads(first)["kind"] == "meta"
+    assert sorted(p.name for p in (tmp_path / "run").glob("rank-*"))[0] == "rank-00000.arrows"
+    metas = [r for r in rank_records(tmp_path / "run" / "rank-00000.arrows") if r["kind"] == "meta"]
+    assert len(metas) == 1 and metas[0]["rank"] == 0
     assert len(data.experts) == 4 * 2 * 3  # per MoE layer (on its stage), dp replica and step
 
 
-def test_same_seed_same_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("format", ["arrow", "jsonl"])
+def test_same_seed_same_run(tmp_path: Path, format: str) -> None:
     config = SimConfig(dp=2, tp=2, steps=3, model=ModelSpec(**SMALL))
-    simulate(config, tmp_path / "a")
-    simulate(config, tmp_path / "b")
+    simulate(config, tmp_path / "a", format=format)
+    simulate(config, tmp_path / "b", format=format)
     for rank in range(4):
-        name = f"rank-{rank:05d}.jsonl"
+        name = f"rank-{rank:05d}.{'arrows' if format == 'arrow' else 'jsonl'}"
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    if format == "jsonl":  # the meta record is the first line
+        first = (tmp_path / "a" / "rank-00000.jsonl").read_text().splitlines()[0]
+        assert json.loads(first)["kind"] == "meta"
 
 
 @pytest.mark.parametrize(
