@@ -16,8 +16,8 @@ from diag.devices import DEVICES, device_by_key
 from diag.errors import InputError
 from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
 from diag.plan.calibrate import calibrate
-from diag.plan.job import RECOMPUTE
-from diag.plan.models import PRESETS, preset
+from diag.plan.job import RECOMPUTE, Kernels
+from diag.plan.models import KERNELS, PRESETS, preset
 from diag.plan.render import plan_json, plan_text
 from diag.shell import fail, parse_layout
 from simulator.config import ModelSpec
@@ -69,6 +69,13 @@ def _model(name: str | None, overrides: dict[str, int | None]) -> ModelSpec:
     return replace(base, **given)  # type: ignore[arg-type]
 
 
+def _kernels(name: str | None, flash: bool | None, dropout: bool | None) -> Kernels:
+    """The preset's (or Korthikanti's GPT defaults), with the command line's overrides."""
+    base = KERNELS[name.lower()] if name else Kernels()
+    given = {"flash_attention": flash, "dropout": dropout}
+    return replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
 def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -96,7 +103,7 @@ def planned_from_run(
     docs, texts = [], []
     for layout in wanted:
         batch = layout.dp * cal.job.micro_batch * layout.microbatches
-        job = Job(cal.job.model, batch, cal.job.micro_batch, cal.job.params)
+        job = replace(cal.job, global_batch=batch)
         plan = make_plan(job, cluster, [layout])
         docs.append(plan_json(plan, top)["layouts"][0])
         texts.append(plan_text(plan, top))
@@ -127,6 +134,17 @@ def planned_from_run(
 @click.option("--experts", type=click.IntRange(0), help="MoE experts (0: dense).")
 @click.option("--topk", type=click.IntRange(1), help="Experts per token.")
 @click.option("--params", type=float, help="Parameter count to use (e.g. the seed's 70e9).")
+@click.option(
+    "--flash-attention/--no-flash-attention",
+    "flash",
+    default=None,
+    help="Fused attention: no scores stored [default: the preset's; off for a shape].",
+)
+@click.option(
+    "--dropout/--no-dropout",
+    default=None,
+    help="Dropout masks stored [default: the preset's; on for a shape].",
+)
 @click.option("--gpus", type=click.IntRange(1), help="GPUs in the cluster.")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="[default: the device's node]")
 @click.option("--device", type=click.Choice(sorted(DEVICES)), default="h100", show_default=True)
@@ -169,6 +187,8 @@ def plan(
     experts: int | None,
     topk: int | None,
     params: float | None,
+    flash: bool | None,
+    dropout: bool | None,
     gpus: int | None,
     gpus_per_node: int | None,
     device: str,
@@ -227,7 +247,7 @@ def plan(
             batch = given[0].dp * micro_batch * given[0].microbatches
         if batch is None:
             raise click.UsageError("--global-batch N is needed to search")
-        job = Job(model, batch, micro_batch, params)
+        job = Job(model, batch, micro_batch, params, _kernels(model_name, flash, dropout))
         recompute = tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE
         if any(r not in RECOMPUTE for r in recompute):
             raise click.BadParameter(f"--recompute: choose from {RECOMPUTE}")

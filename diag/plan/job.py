@@ -68,6 +68,19 @@ def cluster_from_device(
 
 
 @dataclass(frozen=True)
+class Kernels:
+    """How the blocks are computed, beyond their shape: what the activations hold and what the
+    backward recomputes. The defaults are Korthikanti 2022's GPT (the seed's formula)."""
+
+    flash_attention: bool = False
+    """Fused attention (Dao 2022): the s x s scores are never stored; the backward recomputes
+    them from Q and K (2 b s^2 h FLOPs a layer). Standard since 2022; Llama 3 uses it."""
+    dropout: bool = True
+    """Dropout after attention and the MLP (and on the scores without flash attention), whose
+    masks are stored: GPT-3, Megatron-LM, MT-NLG. Llama and Mixtral train without it."""
+
+
+@dataclass(frozen=True)
 class Job:
     """The model and the batch to lay out; `params` overrides the architecture's count (the
     seed's round 70B) and scales every per-GPU share of it."""
@@ -76,6 +89,7 @@ class Job:
     global_batch: int  # sequences per optimizer step
     micro_batch: int = 1  # sequences per micro-batch per data-parallel rank
     params: float | None = None
+    kernels: Kernels = field(default_factory=Kernels)
 
     @property
     def architecture_params(self) -> int:

@@ -3,21 +3,22 @@
 Static state is 16 B/param (SEED §1) of the parameters the GPU's stage holds after tensor,
 pipeline and expert splits, with ZeRO's divisions over dp: stage 1 the 12 B of optimizer
 state, stage 2 also the 2 B of gradients, stage 3 also the 2 B of parameters. Activations are
-Korthikanti 2022's per layer (diag.ledger) times the layers of the heaviest stage times the
-micro-batches the schedule keeps in flight (1F1B: about p, independent of m; interleaved a
-little more: `diag.schedules.peak_in_flight` of the real order), plus the fp32 logits on the
-last stage. Buffers as the simulator counts them; fragmentation a share of the rest.
+the block's (diag.plan.activations: Korthikanti 2022's count for the block the job trains)
+times the blocks the stage holds in flight at its peak (diag.plan.pipeline: 1F1B about p
+micro-batches of its chunk, independent of m; interleaved a little more), plus the fp32
+logits on the last stage. Buffers as the simulator counts them; fragmentation a share of the
+rest. Each stage that can be the heaviest (the first, the second, the last) is counted; the
+one that needs the most is the layout's.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from diag import ledger
+from diag.plan.activations import block_activation_bytes
 from diag.plan.job import Job, Layout
-from diag.schedules import peak_in_flight, schedule_order
+from diag.plan.pipeline import Stage, blocks_in_flight, stages
 from simulator.config import layer_params
 
 PARAM_BYTES = 2  # bf16 parameters (and gradients, activations, messages)
@@ -57,67 +58,58 @@ class MemoryPerGpu:
         }
 
 
-def layers_per_gpu(job: Job, layout: Layout) -> int:
-    """Blocks on the heaviest pipeline GPU: ceil(L / (p v)) per chunk, v chunks (an uneven
-    split puts the extra layers somewhere; the heaviest stage paces the pipeline)."""
-    return math.ceil(job.model.layers / (layout.pp * layout.v)) * layout.v
-
-
 def block_params(job: Job, layout: Layout) -> float:
     """One block's parameters on one GPU (its TP shard, its experts)."""
     return layer_params(job.model, layout.tp, layout.ep).total * job.param_scale
 
 
-def stage_params(job: Job, layout: Layout) -> float:
-    """Parameters on the heaviest GPU: its blocks plus the embedding or the head."""
+def pipeline_stages(job: Job, layout: Layout) -> tuple[Stage, ...]:
+    """The stages of `layout` that can be its heaviest (diag.plan.pipeline)."""
+    return stages(job.model.layers, layout.pp, layout.v)
+
+
+def layers_per_gpu(job: Job, layout: Layout) -> int:
+    """Blocks on the pipeline GPU that holds the most."""
+    return max(stage.blocks for stage in pipeline_stages(job, layout))
+
+
+def params_of(job: Job, layout: Layout, stage: Stage) -> float:
+    """Parameters on one GPU of `stage`: its blocks plus the embedding or the head."""
     m, tp = job.model, layout.tp
-    embedding = m.vocab * m.hidden / tp + (m.seq_len * m.hidden if m.learned_positions else 0)
-    head = m.vocab * m.hidden / tp if (layout.pp > 1 or not m.tied_embeddings) else 0.0
-    head += 2 * m.hidden  # final LayerNorm
-    ends = embedding + head if layout.pp == 1 else max(embedding, head)
-    return layers_per_gpu(job, layout) * block_params(job, layout) + ends * job.param_scale
+    ends = 0.0
+    if stage.embedding:
+        ends += m.vocab * m.hidden / tp + (m.seq_len * m.hidden if m.learned_positions else 0)
+    if stage.head:
+        ends += m.vocab * m.hidden / tp if (layout.pp > 1 or not m.tied_embeddings) else 0.0
+        ends += 2 * m.hidden  # final LayerNorm
+    return stage.blocks * block_params(job, layout) + ends * job.param_scale
 
 
-SCHEDULE_REPLAY_LIMIT = 4096
-"""Above this many micro-batch chunks the closed form stands in for replaying the order."""
+def stage_params(job: Job, layout: Layout) -> float:
+    """Parameters on the pipeline GPU that holds the most."""
+    return max(params_of(job, layout, stage) for stage in pipeline_stages(job, layout))
 
 
-@lru_cache(maxsize=4096)
-def microbatches_in_flight(pp: int, microbatches: int, v: int) -> int:
-    """Model chunks whose forward activations stage 0 holds at once (its peak): the real
-    order's, or for long orders its closed form (1F1B: min(m, p); interleaved: Megatron's
-    warm-up (p-1) x 2 + (v-1) x p + 1; tests/unit/test_plan.py holds the two equal)."""
-    if pp == 1:
-        return 1
-    if microbatches * v > SCHEDULE_REPLAY_LIMIT:
-        return in_flight_closed_form(pp, microbatches, v)
-    schedule = "interleaved" if v > 1 else "1f1b"
-    return peak_in_flight(schedule_order(schedule, 0, pp, microbatches, v))
-
-
-def in_flight_closed_form(pp: int, microbatches: int, v: int) -> int:
-    if v == 1:
-        return min(microbatches, pp)
-    return min(microbatches * v, (pp - 1) * 2 + (v - 1) * pp + 1)
-
-
-def activation_bytes(job: Job, layout: Layout) -> float:
-    """Activations on the heaviest GPU at its peak."""
+def layer_activation_bytes(job: Job, layout: Layout) -> float:
+    """One block's activations for one micro-batch on one GPU (diag.plan.activations)."""
     m = job.model
-    sp = layout.sequence_parallel and layout.tp > 1
-    per_layer = ledger.activation_bytes_per_layer(
+    return block_activation_bytes(
+        m,
+        job.kernels,
         max(m.seq_len // layout.cp, 1),
         job.micro_batch,
-        m.hidden,
-        m.heads,
         layout.tp,
-        sp,
+        layout.sequence_parallel and layout.tp > 1,
         layout.recompute,
     )
-    chunks = microbatches_in_flight(layout.pp, layout.microbatches, layout.v)
-    per_chunk = layers_per_gpu(job, layout) // layout.v
-    logits = job.micro_batch * m.seq_len / layout.cp * m.vocab / layout.tp * 4  # fp32
-    return per_layer * per_chunk * chunks + logits
+
+
+def activation_bytes(job: Job, layout: Layout, stage: Stage) -> float:
+    """Activations on one GPU of `stage` at its peak, plus the fp32 logits on the last."""
+    m = job.model
+    held = blocks_in_flight(stage, layout.pp, layout.microbatches)
+    logits = job.micro_batch * m.seq_len / layout.cp * m.vocab / layout.tp * 4 if stage.head else 0
+    return layer_activation_bytes(job, layout) * held + logits
 
 
 def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
@@ -140,14 +132,22 @@ def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
 
 
 def memory_per_gpu(job: Job, layout: Layout) -> MemoryPerGpu:
-    """The six categories on the heaviest GPU of `layout`."""
-    params = stage_params(job, layout)
+    """The six categories on the GPU of `layout` that needs the most memory."""
+    return max(
+        (stage_memory(job, layout, stage) for stage in pipeline_stages(job, layout)),
+        key=lambda memory: memory.total_bytes,
+    )
+
+
+def stage_memory(job: Job, layout: Layout, stage: Stage) -> MemoryPerGpu:
+    """The six categories on one GPU of `stage`."""
+    params = params_of(job, layout, stage)
     dp = layout.dp
     state = ledger.static_state_bytes(params)  # 16 B/param before ZeRO
     weights = params * PARAM_BYTES / (dp if layout.zero >= 3 else 1)
     grads = params * GRAD_BYTES / (dp if layout.zero >= 2 else 1)
     optimizer = (state - params * (PARAM_BYTES + GRAD_BYTES)) / (dp if layout.zero >= 1 else 1)
-    activations = activation_bytes(job, layout)
+    activations = activation_bytes(job, layout, stage)
     buffers = comm_buffer_bytes(job, layout, params)
     allocated = weights + grads + optimizer + activations + buffers
     return MemoryPerGpu(

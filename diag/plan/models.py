@@ -10,10 +10,15 @@ vocabulary, sequence length), so that the plan's parameter counts and FLOPs are 
 - llama3-8b / llama3-70b / llama3-405b: Llama 3 (arXiv 2407.21783) Table 3: SwiGLU, 8 key/value
   heads, vocabulary 128,256, rotary positions, untied embeddings; seq 8192.
 - mixtral-8x7b: Mistral's released config: 32 x 4096, SwiGLU 14336, 8 experts, top-2.
+
+Each preset also says how it was trained (`KERNELS`): the GPT-era models (2020-2022) with
+dropout and the attention scores stored, as Korthikanti 2022 counts them; Llama 3 and Mixtral
+with flash attention and no dropout.
 """
 
 from __future__ import annotations
 
+from diag.plan.job import Job, Kernels
 from simulator.config import ModelSpec
 
 
@@ -69,3 +74,22 @@ def preset(name: str) -> ModelSpec:
         return PRESETS[name.lower()]
     except KeyError:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+GPT_ERA = Kernels(flash_attention=False, dropout=True)
+MODERN = Kernels(flash_attention=True, dropout=False)
+KERNELS: dict[str, Kernels] = {
+    "gpt3-175b": GPT_ERA,
+    "megatron-1t": GPT_ERA,
+    "mt-nlg-530b": GPT_ERA,
+    "llama3-8b": MODERN,
+    "llama3-70b": MODERN,
+    "llama3-405b": MODERN,
+    "mixtral-8x7b": MODERN,
+}
+"""Preset name -> how its blocks were trained (flash attention, dropout)."""
+
+
+def preset_job(name: str, global_batch: int, micro_batch: int = 1) -> Job:
+    """The job of preset `name` trained as its paper trained it."""
+    return Job(preset(name), global_batch, micro_batch, kernels=KERNELS[name.lower()])

@@ -73,7 +73,7 @@ def loss_line(best: Evaluation, other: Evaluation) -> str:
             return f"{other.rejected} (predicted {ratio:.2f}x the step: the rule rejects it)"
         if other.step_s < best.step_s:
             faster = best.step_s / other.step_s - 1
-            return f"{other.rejected} (would be {faster:.0%} faster)"
+            return f"{other.rejected} (would be {faster:.1%} faster)"
         return other.rejected
     ratio = other.step_s / best.step_s - 1
     mine, theirs = best.time.as_dict(), other.time.as_dict()

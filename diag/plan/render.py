@@ -8,8 +8,9 @@ from typing import Any
 
 from diag import ledger
 from diag.plan import Plan
+from diag.plan.activations import block_activation_bytes
 from diag.plan.evaluate import GB, Evaluation
-from diag.plan.job import Layout
+from diag.plan.job import Job, Layout
 
 PLAN_SCHEMA = "diag.plan/1"
 TOP = 5
@@ -25,19 +26,32 @@ def bubble_text(layout: Layout) -> str:
 
 
 def worked_figures(plan: Plan, layout: Layout | None) -> dict[str, float]:
-    """The seed's worked numbers for this job: static state, activations per layer and for
-    all layers (tp 1, no recomputation, the job's sequence and micro-batch)."""
+    """The seed's worked numbers for this job: static state, Korthikanti's GPT-block
+    activations per layer and for all layers (tp 1, no recomputation, the job's sequence and
+    micro-batch), and the activations of the block the job trains (what the plan uses)."""
     m = plan.job.model
     per_layer = ledger.activation_bytes_per_layer(
         m.seq_len, plan.job.micro_batch, m.hidden, m.heads
     )
-    out = {
+    block = block_activation_bytes(m, plan.job.kernels, m.seq_len, plan.job.micro_batch)
+    return {
         "params": plan.job.total_params,
         "static_bytes": plan.static_bytes,
         "activation_bytes_per_layer": per_layer,
         "activation_bytes_all_layers": per_layer * m.layers,
+        "block_activation_bytes_per_layer": block,
     }
-    return out
+
+
+def block_text(job: Job) -> str:
+    """What the job's block stores beyond Korthikanti's GPT block: `GQA 8/128 heads, ...`."""
+    m, k = job.model, job.kernels
+    heads = m.heads if m.kv_heads is None else m.kv_heads
+    parts = [f"GQA {heads}/{m.heads} heads" if heads != m.heads else "multi-head"]
+    parts.append(f"{'SwiGLU' if m.gated_mlp else 'MLP'} {m.ffn}")
+    parts.append("flash attention" if k.flash_attention else "scores stored")
+    parts.append("dropout" if k.dropout else "no dropout")
+    return ", ".join(parts)
 
 
 def _evaluation_json(e: Evaluation) -> dict[str, Any]:
@@ -104,9 +118,12 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
         f"seq {m.seq_len}, micro-batch {job.micro_batch}",
         f"state   {job.total_params / 1e9:,.1f}B params x 16 B/param = {_gb(w['static_bytes'])}"
         f" static state (params 2 + grads 2 + fp32 master 4 + Adam 8)",
-        f"activations (tp 1, no recompute, seq {m.seq_len}, micro-batch {job.micro_batch}): "
+        f"activations, Korthikanti's GPT block (tp 1, no recompute, seq {m.seq_len}, "
+        f"micro-batch {job.micro_batch}): "
         f"{w['activation_bytes_per_layer'] / GB:,.2f} GB per layer, "
         f"{_gb(w['activation_bytes_all_layers'])} for {m.layers} layers",
+        f"  the job's block ({block_text(job)}): "
+        f"{w['block_activation_bytes_per_layer'] / GB:,.2f} GB per layer",
         f"considered {len(plan.evaluated) + len(plan.invalid)} layouts: {len(plan.ranked)} "
         "feasible",
     ]

@@ -7,9 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
+from diag.plan.pipeline import stage_count_problem
 
 MAX_VIRTUAL_STAGES = 8
 CP_SIZES = (1, 2, 4, 8)
+FLASH_IS_SELECTIVE = (
+    "selective recomputation is what flash attention does already (the scores are never kept)"
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,9 @@ def structural_problem(job: Job, layout: Layout, gpus: int) -> str | None:
         return f"cp={layout.cp} does not divide seq ({m.seq_len})"
     if layout.ep > 1 and (not m.experts or m.experts % layout.ep or layout.dp % layout.ep):
         return f"ep={layout.ep} must divide the experts ({m.experts}) and dp ({layout.dp})"
-    if layout.pp * layout.v > m.layers:
-        return f"pp x v = {layout.pp * layout.v} stages for {m.layers} layers"
+    stage_problem = stage_count_problem(m.layers, layout.pp, layout.v)
+    if stage_problem is not None:
+        return stage_problem
     per_step = layout.dp * job.micro_batch * layout.microbatches
     if per_step != job.global_batch:
         return (
@@ -72,8 +77,9 @@ def candidates(
 
     tp: powers of two up to twice a node (the ones across nodes are kept to say why they
     lose), cp up to 8, pp every divisor of what remains, dp the rest; micro-batches from the
-    global batch; v up to 8; ZeRO 0-3; recomputation none / selective / full; ep the
-    divisors of the experts."""
+    global batch; v up to 8; ZeRO 0-3; recomputation none / selective / full (not selective
+    with flash attention, which recomputes the scores itself); ep the divisors of the
+    experts."""
     space = space or SearchSpace()
     gpus, model = cluster.gpus, job.model
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= 2 * cluster.gpus_per_node and t <= gpus]
@@ -120,4 +126,6 @@ def _variants(
                         recompute,
                     )
                     problem = structural_problem(job, layout, gpus)
+                    if recompute == "selective" and job.kernels.flash_attention:
+                        problem = problem or FLASH_IS_SELECTIVE
                     yield layout if problem is None else Invalid(layout, problem)

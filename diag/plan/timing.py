@@ -5,12 +5,14 @@ each collective `latency + payload x bus_factor / (link GB/s x NCCL efficiency)`
 intra- or inter-node link its group sits on, the optimizer over HBM bandwidth. They are
 composed as `simulator.engine` runs them, in closed form for the heaviest stage (the engine
 replays every rank; tests/unit/test_plan_engine.py holds the two together):
-- a micro-batch is its layers' forward and backward (twice the forward), with the TP
-  all-reduces on the critical path (2 per layer forward, 2 backward), context parallelism's
-  key/value gathers, expert parallelism's 4 all-to-alls per layer, ZeRO-3's parameter
-  gathers where the layer's compute does not hide them, and the recomputed forward;
-- a pipeline runs m + (p-1)/v micro-batch slots (the bubble is the (p-1)/v extra) and pays
-  one activation and one gradient transfer per boundary on the critical path;
+- a micro-batch is its layers' forward and backward (twice the forward; flash attention's
+  backward also recomputes Q K^T), with the TP all-reduces on the critical path (2 per layer
+  forward, 2 backward), context parallelism's key/value gathers, expert parallelism's 4
+  all-to-alls per layer, ZeRO-3's parameter gathers where the layer's compute does not hide
+  them, and the recomputed forward;
+- a pipeline runs m micro-batch slots of its heaviest stage and (p-1)/v of its mean stage
+  (the bubble; the stages as diag.plan.pipeline splits them) and pays one activation and one
+  gradient transfer per boundary on the critical path;
 - DDP's gradient buckets all-reduce during the last backward (at most 4 buckets, ready evenly
   over it, as the engine does): what outlasts the backward is exposed;
 - then the optimizer, then a fixed host overhead per step (0 unless calibrated).
@@ -19,11 +21,13 @@ replays every rank; tests/unit/test_plan_engine.py holds the two together):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from diag import ledger
 from diag.plan.job import Cluster, Job, Layout
-from diag.plan.memory import PARAM_BYTES, block_params, layers_per_gpu, stage_params
+from diag.plan.memory import PARAM_BYTES, block_params, pipeline_stages, stage_params
+from diag.plan.pipeline import Stage
 from simulator.costs import Costs, attention_flops, head_flops, mlp_flops, router_flops
 from simulator.engine import MAX_BUCKETS
 
@@ -112,15 +116,22 @@ def model_flops_per_step(job: Job) -> float:
     return 3 * per_mb * job.global_batch / job.micro_batch
 
 
+def scores_flops(job: Job) -> float:
+    """Forward FLOPs of one block's attention scores (Q K^T and the values), one micro-batch."""
+    return 4.0 * job.micro_batch * job.model.seq_len**2 * job.model.hidden
+
+
 def recompute_flops_per_step(job: Job, layout: Layout) -> float:
-    """The extra FLOPs recomputation adds: a whole forward (full), the scores (selective)."""
-    m = replace(job.model, micro_batch=job.micro_batch)
+    """The extra FLOPs recomputation adds: a whole forward (full), the scores (selective),
+    and flash attention's Q K^T again in every backward (half the scores)."""
+    m = job.model
     mbs = job.global_batch / job.micro_batch
+    flash = scores_flops(job) / 2 if job.kernels.flash_attention else 0.0
     if layout.recompute == "full":
-        return m.layers * layer_forward_flops(job) * mbs
-    if layout.recompute == "selective":
-        return m.layers * 4 * m.micro_batch * m.seq_len**2 * m.hidden * mbs
-    return 0.0
+        return m.layers * (layer_forward_flops(job) + flash) * mbs
+    if layout.recompute == "selective" and not job.kernels.flash_attention:
+        return m.layers * scores_flops(job) * mbs
+    return m.layers * flash * mbs
 
 
 def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
@@ -131,48 +142,57 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
     # compute divides over tp and cp alike: the simulator's Costs split by their product
     costs = Costs(model, hw, layout.tp * layout.cp)
     rate_per_ns = hw.flops_per_s * NS
-    n = layers_per_gpu(job, layout)
     layer_fwd_ns = layer_forward_flops(job) / (layout.tp * layout.cp) / rate_per_ns
     if model.experts:  # each EP rank computes the tokens routed to its experts
         layer_fwd_ns = costs.attn_fwd_ns + costs.router_fwd_ns
         layer_fwd_ns += costs.expert_row_fwd_ns * model.tokens * model.topk
-    scores_ns = 4.0 * model.micro_batch * model.seq_len**2 * model.hidden
-    scores_ns /= layout.tp * layout.cp * rate_per_ns
-    recompute_ns = {"none": 0.0, "selective": scores_ns, "full": layer_fwd_ns}[layout.recompute]
+    scores_ns = scores_flops(job) / (layout.tp * layout.cp * rate_per_ns)
+    flash_ns = scores_ns / 2 if job.kernels.flash_attention else 0.0  # Q K^T in backward
+    selective_ns = 0.0 if job.kernels.flash_attention else scores_ns
+    recompute_ns = {"none": 0.0, "selective": selective_ns, "full": layer_fwd_ns + flash_ns}
     forwards = 2 if layout.recompute == "full" else 1  # the forward's collectives run again
-    mb_compute_ns = n * (3 * layer_fwd_ns + recompute_ns) + 3 * costs.head_fwd_ns
+    block_compute_ns = 3 * layer_fwd_ns + flash_ns + recompute_ns[layout.recompute]
+    head_ns = 3 * costs.head_fwd_ns
 
     seq_local = model.seq_len // layout.cp
     tp_bytes = ledger.tp_allreduce_bytes(model.micro_batch, seq_local, model.hidden, PARAM_BYTES)
     tp_ns = float(costs.collective_ns("all_reduce", tp_bytes, layout.tp, where.tp))
-    mb_tp_ns = n * (2 * forwards + 2) * tp_ns
+    block_tp_ns = (2 * forwards + 2) * tp_ns
     kv_bytes = ledger.cp_kv_bytes(model.micro_batch, seq_local, model.kv_hidden, PARAM_BYTES)
     cp_ns = float(costs.collective_ns("all_gather", kv_bytes, layout.cp, where.cp))
-    mb_cp_ns = n * (forwards + 1) * cp_ns  # gather in forward, reduce-scatter in backward
-    mb_ep_ns = 0.0
+    block_cp_ns = (forwards + 1) * cp_ns  # gather in forward, reduce-scatter in backward
+    block_ep_ns = 0.0
     if model.experts and layout.ep > 1:
         tokens = model.micro_batch * seq_local
         a2a = ledger.ep_alltoall_bytes(tokens, model.topk, model.hidden, PARAM_BYTES)
-        mb_ep_ns = (
-            n
-            * 2
-            * (forwards + 1)
-            * float(costs.collective_ns("all_to_all", a2a, layout.ep, where.ep))
-        )
-    mb_zero_ns = 0.0
+        a2a_ns = float(costs.collective_ns("all_to_all", a2a, layout.ep, where.ep))
+        block_ep_ns = 2 * (forwards + 1) * a2a_ns
+    gather_ns = 0.0
     if layout.zero >= 3 and layout.dp > 1:
         gather = ledger.zero3_allgather_bytes(block_params(job, layout), PARAM_BYTES)
         gather_ns = float(costs.collective_ns("all_gather", gather, layout.dp, where.dp))
-        # prefetched under the previous layer; the first one of each pass waits in full
+
+    def zero_ns(blocks: int) -> float:
+        """ZeRO-3's gathers prefetched under the previous block; the first of each pass waits."""
+        if not gather_ns:
+            return 0.0
         hidden_fwd = max(gather_ns - layer_fwd_ns, 0.0)
         hidden_bwd = max(2 * gather_ns - 2 * layer_fwd_ns, 0.0)  # gather + reduce-scatter
-        mb_zero_ns = 2 * gather_ns + (n - 1) * (forwards * hidden_fwd + hidden_bwd)
+        return 2 * gather_ns + (blocks - 1) * (forwards * hidden_fwd + hidden_bwd)
+
+    def parts(stage: Stage) -> tuple[float, float, float, float, float]:
+        """One micro-batch on `stage`: compute, TP, CP, EP, ZeRO-3 (ns)."""
+        n = stage.blocks
+        compute = n * block_compute_ns + (head_ns if stage.head else 0.0)
+        return compute, n * block_tp_ns, n * block_cp_ns, n * block_ep_ns, zero_ns(n)
 
     m, p, v = layout.microbatches, layout.pp, layout.v
-    mb_ns = mb_compute_ns + mb_tp_ns + mb_cp_ns + mb_ep_ns + mb_zero_ns
-    # the fill and drain are the other stages' work: the mean stage (the head is on one)
-    mean_stage_ns = mb_ns - 3 * costs.head_fwd_ns * (p - 1) / p
-    bubble_ns = (p - 1) / v * mean_stage_ns
+    split = pipeline_stages(job, layout)
+    heaviest = max(split, key=lambda stage: sum(parts(stage)))
+    mb_compute_ns, mb_tp_ns, mb_cp_ns, mb_ep_ns, mb_zero_ns = parts(heaviest)
+    mb_ns = sum(parts(heaviest))
+    # the fill and drain are the other stages' work: the mean stage
+    bubble_ns = (p - 1) / v * _mean_stage_ns(split, p, parts)
     boundary = ledger.pp_boundary_bytes(model.micro_batch, seq_local, model.hidden, PARAM_BYTES)
     p2p_ns = float(costs.collective_ns("send", boundary, 2, where.pp)) if p > 1 else 0.0
     # each micro-batch slot waits for one activation in and one gradient in
@@ -198,6 +218,18 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
         optimizer_s=costs.optimizer_ns(opt_params) * NS,
         overhead_s=cluster.overhead_s,
     )
+
+
+def _mean_stage_ns(
+    split: tuple[Stage, ...], pp: int, parts: Callable[[Stage], tuple[float, ...]]
+) -> float:
+    """A micro-batch on the mean of the pp stages: the first, the last, and pp - 2 like the
+    second (`split` holds those three; fewer when pp < 3)."""
+    if pp == 1:
+        return sum(parts(split[0]))
+    first, last = sum(parts(split[0])), sum(parts(split[-1]))
+    middle = sum(parts(split[1])) if pp > 2 else 0.0
+    return (first + last + (pp - 2) * middle) / pp
 
 
 def _exposed_grad_allreduce_ns(
