@@ -42,7 +42,7 @@ from diag.load import RunData
 
 CACHE_DIR = ".diag-cache"
 REPORT_FILE = "report"
-FORMAT = 3
+FORMAT = 4
 """Bump when an entry changes shape (3: Arrow tables and a signed header; 2 and 1 were pickles)."""
 HEADER = "diag-cache"
 SECRET_FILE = "secret"
@@ -51,7 +51,7 @@ MAX_HEADER_BYTES = 256 * 2**20
 """An entry's JSON body holds notes and a manifest, never the tables: this bounds reading it."""
 _DIAG = Path(__file__).parent
 _TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
-_OPTIONAL_TABLES = ("rank_steps", "device_time")
+_OPTIONAL_TABLES = ("rank_steps", "comm_totals", "device_time")
 
 
 @dataclass
@@ -329,6 +329,7 @@ def _decode_run(folder: Path, place: Path, body: dict[str, Any]) -> RunData:
         starts_at_warmup=bool(body["starts_at_warmup"]),
         span_steps=None if span_steps is None else int(span_steps),
         rank_steps=frames.pop("rank_steps", None),
+        comm_totals=frames.pop("comm_totals", None),
         device_time=frames.pop("device_time", None),
         **frames,
     )

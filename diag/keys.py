@@ -23,6 +23,13 @@ def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) 
     return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)
 
 
+def whole_steps(steps: pd.DataFrame, span_steps: int | None) -> pd.DataFrame:
+    """The (rank, step)s of `steps` whose every span and collective a run holds: all of them,
+    unless the run was too large and keeps every record only below `span_steps`
+    (`RunData.span_steps`)."""
+    return steps if span_steps is None else steps[steps["step"] < span_steps]
+
+
 def in_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Which rows of `frame` belong to a (rank, step) of `steps` (a boolean array), with one
     integer key per pair: far cheaper than a merge on millions of records."""

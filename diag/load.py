@@ -100,6 +100,10 @@ class RunData:
     rank_steps: pd.DataFrame | None = None
     """The per-(rank, step) time breakdown (`diag.metrics`), computed while loading when the
     run was too large to keep every span; None otherwise (the metrics compute it)."""
+    comm_totals: pd.DataFrame | None = None
+    """The collectives summed per (rank, step, op, group, tag, group size)
+    (`diag.metrics.comm_totals`), summed while loading when the run was too large to keep
+    every collective; None otherwise (the metrics sum them)."""
     starts_at_warmup: bool = True
     """False when only a window of steps after the first was read (`steps`): its first step
     is an ordinary one, not the run's warm-up."""
@@ -111,14 +115,19 @@ class RunData:
     """Why a cache entry beside the data was not used (reported with `skipped`, never stored
     in a cache: they describe this read, not the data)."""
     span_steps: int | None = None
-    """When set, `spans` holds every span only for steps below this (plus every comm_wait span
-    and the spans of steps without a step record): enough for timelines, stages and the
-    rules, at a memory that does not grow with the run's length. None: every span."""
+    """When set, `spans` and `comms` hold every record only for steps below this (plus every
+    comm_wait span and the records of steps without a step record): enough for timelines,
+    stages, the replay and the rules that match records across ranks, at a memory that does
+    not grow with the run's length; `rank_steps` and `comm_totals` cover every step. None:
+    every record."""
 
 
-Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], pd.DataFrame]
-"""A per-(rank, step) reduction of some ranks' steps, spans and collectives (warm-up flag last):
-the metrics' time breakdown, which a large run's workers compute before dropping spans."""
+Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], dict[str, pd.DataFrame]]
+"""Per-(rank, step) reductions of some ranks' steps, spans and collectives (warm-up flag last)
+by the RunData field they fill: the metrics' time breakdown (`rank_steps`) and collective
+totals (`comm_totals`), which a large run's workers compute before keeping a window of spans
+and collectives."""
+REDUCED_TABLES = ("rank_steps", "comm_totals")
 
 
 def load_run(
@@ -127,8 +136,8 @@ def load_run(
     """Load a run directory (manifest.json + rank-NNNNN.jsonl); raises InputError if unusable.
     `steps`: keep only the records of these steps (the others are dropped while parsing, so
     a long run's window costs the memory of the window). `breakdown`: on a large run, the
-    workers reduce every span with it into `RunData.rank_steps` and keep only a window of
-    spans; without it every span is kept.
+    workers reduce every span and collective with it into `RunData.rank_steps` and
+    `comm_totals` and keep only a window of both; without it every record is kept.
 
     Rank files are parsed in parallel processes when the run is large (`parallel.py`)."""
     run_dir = Path(path)
@@ -163,7 +172,8 @@ def load_run(
     run = _run_from_columns(manifest, run_dir, columns, skipped)
     run.starts_at_warmup = steps is None or steps.start == 0
     if reduce is not None:
-        run.rank_steps = pd.concat([c.breakdown for c in chunks], ignore_index=True)
+        for name in REDUCED_TABLES:
+            setattr(run, name, _concat_reduced([c.reduced[name] for c in chunks]))
         run.span_steps = SPAN_WINDOW_STEPS
     return run
 
@@ -296,20 +306,20 @@ class RankFile:
 @dataclass
 class RankChunk:
     """Consecutive rank files parsed by one worker: their notes (`files`, columns emptied),
-    their records as one set of packed columns by kind, and their time breakdown per
-    (rank, step) when the spans were reduced to a window (`read_rank_chunk`)."""
+    their records as one set of packed columns by kind, and their reductions (`Breakdown`)
+    when the spans and collectives were reduced to a window (`read_rank_chunk`)."""
 
     files: list[RankFile]
     columns: dict[str, dict[str, Packed]]
-    breakdown: pd.DataFrame | None = None
+    reduced: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def read_rank_chunk(
     files: list[tuple[int, Path]], breakdown: Breakdown | None = None, window: range | None = None
 ) -> RankChunk:
     """Parse a few rank files (only the records of the steps in `window` when given); with a
-    `breakdown`, reduce their records with it from every span, then keep only the spans
-    `RunData.span_steps` describes."""
+    `breakdown`, reduce their records with it from every span and collective, then keep
+    only the spans and collectives `RunData.span_steps` describes."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
     columns = {
         kind: {name: concat([p.columns[kind][name] for p in parsed]) for name in names}
@@ -326,7 +336,8 @@ def read_rank_chunk(
                                          columns[kind].items()}) for kind in kinds)  # fmt: skip
     warmup = window is None or window.start == 0
     reduced = breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
-    columns[RecordKind.SPAN.value] = _span_window(columns)
+    for kind in (RecordKind.SPAN.value, RecordKind.COMM.value):
+        columns[kind] = _step_window(columns, kind)
     return RankChunk(parsed, columns, reduced)
 
 
@@ -337,17 +348,37 @@ def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
     return table if keep.all() else {name: take(values, keep) for name, values in table.items()}
 
 
-def _span_window(columns: dict[str, dict[str, Packed]]) -> dict[str, Packed]:
-    """Some ranks' spans of the first SPAN_WINDOW_STEPS steps, their comm_wait spans and
-    those of (rank, step)s without a step record (reported as orphans by the metrics)."""
-    spans, recorded = columns[RecordKind.SPAN.value], columns[RecordKind.STEP.value]
-    step = np.asarray(unpack([spans["step"]]), dtype=np.int64)
-    phase = np.asarray(unpack([spans["phase"]]), dtype=object)
-    keep = (step < SPAN_WINDOW_STEPS) | (phase == schema.Phase.COMM_WAIT.value)
+def _step_window(columns: dict[str, dict[str, Packed]], kind: str) -> dict[str, Packed]:
+    """Some ranks' records of `kind` of the first SPAN_WINDOW_STEPS steps, their comm_wait
+    spans and the records of (rank, step)s without a step record (reported as orphans by the
+    metrics)."""
+    table, recorded = columns[kind], columns[RecordKind.STEP.value]
+    step = np.asarray(unpack([table["step"]]), dtype=np.int64)
+    keep = step < SPAN_WINDOW_STEPS
+    if kind == RecordKind.SPAN.value:
+        keep |= _labels_equal(table["phase"], schema.Phase.COMM_WAIT.value)
     keep |= ~rank_steps_in(
-        unpack([spans["rank"]]), step, unpack([recorded["rank"]]), unpack([recorded["step"]])
+        unpack([table["rank"]]), step, unpack([recorded["rank"]]), unpack([recorded["step"]])
     )
-    return {name: take(values, keep) for name, values in spans.items()}
+    return {name: take(values, keep) for name, values in table.items()}
+
+
+def _labels_equal(column: Packed, label: str) -> np.ndarray:
+    """Which rows of a packed label column hold `label` (on the codes when it is encoded)."""
+    if isinstance(column, Encoded):
+        matches = [i for i, value in enumerate(column.values) if value == label]
+        return np.isin(column.codes, matches)
+    return np.asarray(unpack([column]), dtype=object) == label
+
+
+def _concat_reduced(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The workers' reduced tables as one, label columns categorical again (chunks with
+    different labels would otherwise concatenate to object columns)."""
+    frame = pd.concat(parts, ignore_index=True)
+    for name in frame.columns:
+        if any(isinstance(part[name].dtype, pd.CategoricalDtype) for part in parts):
+            frame[name] = frame[name].astype("category")
+    return frame
 
 
 def read_rank_file(rank: int, file: Path) -> RankFile:

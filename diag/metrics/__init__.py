@@ -11,20 +11,22 @@ from typing import Any
 
 import pandas as pd
 
+from diag.keys import whole_steps
 from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.collectives import collectives, tp_vs_ledger
+from diag.metrics.comm_totals import run_comm_totals, step_breakdown
 from diag.metrics.common import KEYS, NS_PER_S, analysed_steps, in_steps, note_orphans
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
-from diag.metrics.time_breakdown import rank_table, step_breakdown, time_breakdown
+from diag.metrics.time_breakdown import rank_table, time_breakdown
 from diag.whatif.attribution import Attribution, attribute, attribution_summary, with_waits
 
 __all__ = [
     "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
-    "in_steps", "memory_peak", "step_breakdown",
+    "in_steps", "memory_peak", "run_comm_totals", "step_breakdown", "whole_steps",
 ]  # fmt: skip
 
 
@@ -82,7 +84,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
         summary=summary,
         ranks=ranks,
         rank_steps=rank_steps,
-        collectives=collectives(run.comms, windows),
+        collectives=collectives(run_comm_totals(run), windows),
         memory=memory_maxima(run.memory),
         memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
         memory_peak=memory_peak(run.memory),

@@ -12,42 +12,42 @@ import pandas as pd
 
 from diag import ledger
 from diag.load import RunData
-from diag.metrics.common import KEYS, NS_PER_S, in_steps
+from diag.metrics.comm_totals import run_comm_totals, weighted_median
+from diag.metrics.common import NS_PER_S, in_steps
 
 COLLECTIVE_KEYS = ["op", "group", "tag"]
 
 
-def collectives(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def collectives(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, group, tag), from the run's collective totals (`comm_totals`) of the analysed
+    `steps`: calls and bytes per rank and step (the mean over ranks) against the ledger, time,
+    the median group size and the bus bandwidth."""
     columns = [
         *COLLECTIVE_KEYS, "count", "bytes", "bytes_per_step", "expected_bytes", "ratio",
         "time_s", "group_size", "busbw_GBps",
     ]  # fmt: skip
-    records = comms.merge(steps[KEYS], on=KEYS, how="inner")
+    records = totals.loc[in_steps(totals, steps)]
     if records.empty:
         return pd.DataFrame(columns=columns)
-    records["duration_ns"] = records["t1"] - records["t0"]
-    records["has_expected"] = records["expected_bytes"].notna()
-    per_rank = records.groupby([*COLLECTIVE_KEYS, "rank"], dropna=False).agg(
-        count=("op", "size"),
+    per_rank = records.groupby([*COLLECTIVE_KEYS, "rank"], dropna=False, observed=True).agg(
+        count=("count", "sum"),
         bytes=("bytes", "sum"),
-        measured=("bytes", "count"),  # profiler traces may not say (DeepEP, gloo)
+        measured=("measured", "sum"),  # profiler traces may not say (DeepEP, gloo)
         expected_bytes=("expected_bytes", "sum"),
-        has_expected=("has_expected", "any"),
+        expected=("expected", "sum"),
         duration_ns=("duration_ns", "sum"),
     )
     steps_per_rank = steps.groupby("rank").size()
     rank_steps = steps_per_rank.reindex(per_rank.index.get_level_values("rank")).to_numpy()
     per_rank["bytes"] = per_rank["bytes"].where(per_rank["measured"] > 0)
     per_rank["bytes_per_step"] = per_rank["bytes"] / rank_steps
-    per_rank["expected_bytes"] = per_rank["expected_bytes"].where(per_rank["has_expected"])
+    per_rank["expected_bytes"] = per_rank["expected_bytes"].where(per_rank["expected"] > 0)
+    per_rank = per_rank.drop(columns=["measured", "expected"]).astype("float64")
     table = per_rank.groupby(level=COLLECTIVE_KEYS, dropna=False, sort=False).mean()
-    table = table.join(
-        records.groupby(COLLECTIVE_KEYS, dropna=False, sort=False).agg(
-            group_size=("group_size", "median"),
-            all_bytes=("bytes", "sum"),
-            all_ns=("duration_ns", "sum"),
-        )
-    ).reset_index()
+    by_collective = records.groupby(COLLECTIVE_KEYS, dropna=False, observed=True, sort=False)
+    sums = by_collective.agg(all_bytes=("bytes", "sum"), all_ns=("duration_ns", "sum"))
+    sums["group_size"] = _median_group_sizes(records, sums.index)
+    table = table.join(sums).reset_index()
     table["tag"] = table["tag"].astype(object).where(table["tag"].notna(), None)
     table["ratio"] = table["bytes"] / table["expected_bytes"].where(table["expected_bytes"] > 0)
     table["time_s"] = table["duration_ns"] / NS_PER_S
@@ -63,6 +63,27 @@ def collectives(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return table[columns].reset_index(drop=True)
 
 
+def _median_group_sizes(records: pd.DataFrame, collectives: pd.Index) -> list[float]:
+    """Per collective of `collectives`, the median group size over its calls (each totals row
+    counts its calls once per call)."""
+    calls = records.groupby([*COLLECTIVE_KEYS, "group_size"], dropna=False, observed=True)
+    counts = calls["count"].sum()
+    by_collective: dict[tuple[object, ...], list[tuple[float, int]]] = {}
+    for (*key, size), count in counts.items():
+        by_collective.setdefault(_key(key), []).append((float(size), int(count)))
+    medians = []
+    for key in collectives:
+        pairs = by_collective.get(_key(list(key)), [])
+        sizes = np.array([size for size, _ in pairs], dtype=np.float64)
+        medians.append(weighted_median(sizes, np.array([n for _, n in pairs], dtype=np.int64)))
+    return medians
+
+
+def _key(values: list[object]) -> tuple[object, ...]:
+    """A group key with every null the same (NaN is not equal to itself)."""
+    return tuple(None if pd.isna(v) else v for v in values)
+
+
 TP_LAYER_TAG = r"^tp\.(?:attn|mlp)\.(fwd|bwd)$"
 """Tags of the per-layer TP collectives (reference_runs/tp_comms.py); the group is `tp`."""
 
@@ -71,12 +92,13 @@ def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | No
     """Per op and direction, the per-layer TP collectives per rank and step against the ledger's
     2 x layers x microbatches of `micro_batch x seq x hidden x dtype` bytes each (sequence
     parallel: as many reduce-scatters and all-gathers). None without such collectives."""
-    comms = run.comms.loc[run.comms["group"] == "tp", [*KEYS, "op", "tag", "bytes"]]
+    totals = run_comm_totals(run)
+    comms = totals.loc[totals["group"] == "tp", ["rank", "step", "op", "tag", "count", "bytes"]]
     codes, tags = pd.factorize(comms["tag"])  # the regex runs once per distinct tag
     ways = [m.group(1) if (m := re.match(TP_LAYER_TAG, str(t))) else None for t in tags]
     direction = np.array([*ways, None], dtype=object)[codes]  # code -1 (null tag) -> None
     keep = pd.notna(direction) & in_steps(comms, steps)
-    records = comms.loc[keep, ["op", "bytes"]].assign(direction=direction[keep])
+    records = comms.loc[keep, ["op", "count", "bytes"]].assign(direction=direction[keep])
     model, layout = run.manifest.model, run.manifest.layout
     if records.empty or not model.layers or steps.empty:
         return None
@@ -90,7 +112,7 @@ def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | No
         payload = 0
     rank_steps = len(steps)
     rows = []
-    groups = records.groupby(["op", "direction"])
+    groups = records.groupby(["op", "direction"], observed=True)
     for (op, way), group in sorted(groups, key=lambda item: (item[0][0], item[0][1] != "fwd")):
         # a rank holds layers / pp of the model (its stage's): the ledger counts per rank
         count = (theory.forward if way == "fwd" else theory.backward) / (layout.pp or 1)
@@ -99,7 +121,7 @@ def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | No
         rows.append({
             "op": op,
             "direction": way,
-            "count_per_step": len(group) / rank_steps,
+            "count_per_step": int(group["count"].sum()) / rank_steps,
             "ledger_count_per_step": count,
             "bytes_per_step": measured,
             "ledger_bytes_per_step": expected,

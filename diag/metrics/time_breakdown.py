@@ -9,17 +9,9 @@ import pandas as pd
 
 from diag import schema
 from diag.intervals import union_length_by
-from diag.metrics.common import KEYS, NS_PER_S, analysed_steps
+from diag.metrics.common import KEYS, NS_PER_S
 
 PIPELINE_GROUP = "pp"
-
-
-def step_breakdown(
-    steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame, warmup: bool = True
-) -> pd.DataFrame:
-    """The `rank_steps` table of some ranks' records (each (rank, step) on its own, so the
-    loader may measure a large run a few ranks at a time and concatenate)."""
-    return time_breakdown(spans, comms, analysed_steps(steps, warmup)[0])
 
 
 def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:

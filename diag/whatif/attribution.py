@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from diag import ledger
+from diag.keys import in_steps, whole_steps
 from diag.load import RunData
 from diag.roles import rank_roles
 from diag.whatif import timeline as tl
@@ -127,8 +128,11 @@ def attribute(run: RunData, steps: pd.DataFrame) -> Attribution | None:
 
 
 def _window(run: RunData, steps: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The first analysed steps that keep the replay under MAX_EVENTS events."""
-    per_step = (len(run.comms) + len(run.spans) / 4 + 2 * len(run.steps)) / max(len(steps), 1)
+    """The first analysed steps that keep the replay under MAX_EVENTS events (among those
+    whose records a large run keeps whole)."""
+    steps = whole_steps(steps, run.span_steps)
+    comms, spans = in_steps(run.comms, steps).sum(), in_steps(run.spans, steps).sum()
+    per_step = (comms + spans / 4 + 2 * len(steps)) / max(len(steps), 1)
     keep = max(2, int(MAX_EVENTS / max(per_step * steps["rank"].nunique(), 1)))
     order = np.sort(steps["step"].unique())
     if len(order) <= keep:

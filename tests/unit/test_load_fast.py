@@ -167,9 +167,17 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
     assert set(outside["phase"]) <= {"comm_wait", "fwd", "bwd"}
     assert set(outside.loc[outside["phase"] != "comm_wait", "step"]) == {4, 40}  # no step record
     assert (full.spans["phase"] == "comm_wait").sum() == (kept["phase"] == "comm_wait").sum()
+    assert set(reduced.comms["step"]) == {0, 1}  # collectives too: a window of records
+    assert reduced.comm_totals is not None and set(reduced.comm_totals["step"]) == set(
+        full.comms["step"]
+    )
+    # what is measured on every record (the time breakdown, the collectives' sums) is the
+    # same; the replay and the rules matching records across ranks see the window in both
+    full.span_steps = reduced.span_steps
     metrics_full, report_full = diagnose(full)
     metrics_reduced, report_reduced = diagnose(reduced)
     pd.testing.assert_frame_equal(metrics_full.rank_steps, metrics_reduced.rank_steps)
+    pd.testing.assert_frame_equal(metrics_full.collectives, metrics_reduced.collectives)
     assert report_full == report_reduced
 
 

@@ -90,7 +90,7 @@ def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path:
     Python (diag/whatif/compiled.py): the same code, so the same times to the bit, on runs with
     every kind of event (DDP launches and waits, pipeline receives, blocking collectives), the
     measured durations and a counterfactual's."""
-    from diag.metrics.time_breakdown import analysed_steps
+    from diag.metrics.common import analysed_steps
     from diag.whatif import compiled, timeline
     from diag.whatif.replay import Durations, replay
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from diag import intervals
-from diag.metrics import NS_PER_S, in_steps
+from diag.metrics import NS_PER_S, in_steps, whole_steps
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import find_stragglers
 
@@ -163,11 +163,13 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
         Per rank, the union of group `dp` collectives, the part of it not spent waiting
         (hidden), and its share of the step wall time.
     """
-    run, ranks = ctx.run, ctx.metrics.ranks
+    run = ctx.run
+    # a large run keeps every record only in a window of steps: measure over those
+    steps = whole_steps(ctx.metrics.rank_steps, run.span_steps)
     comms = run.comms[run.comms["group"] == "dp"]
-    if comms.empty or ranks.empty:
+    if comms.empty or steps.empty:
         return []
-    comms = comms[in_steps(comms, ctx.metrics.rank_steps)]
+    comms = comms[in_steps(comms, steps)]
     waits = pd.concat([
         run.spans.loc[run.spans["phase"] == "comm_wait", ["rank", "t0", "t1"]],
         run.comms.loc[_blocking_all(run.comms), ["rank", "t0", "t1"]],
@@ -178,7 +180,8 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
     waiting = intervals.union_length_by(waits, ["rank"]).reindex(either.index, fill_value=0)
     dp_s = float(intervals.union_length_by(comms, ["rank"]).sum()) / NS_PER_S
     hidden_s = float((either - waiting).sum()) / NS_PER_S
-    wall_s = float(ranks.loc[ranks["rank"].isin(comms["rank"]), "wall_s"].sum())
+    walls = steps.groupby("rank")["wall_s"].sum()  # as the rank table sums them
+    wall_s = float(walls[walls.index.isin(comms["rank"])].sum())
     if dp_s <= 0 or wall_s <= 0:
         return []
     hidden, share = hidden_s / dp_s, dp_s / wall_s

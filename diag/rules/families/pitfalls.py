@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from diag.metrics import run_comm_totals
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 
@@ -253,9 +254,9 @@ def gradients_not_synchronised(ctx: RuleContext, limits: Mapping[str, float]) ->
         "group_size": first.get("group_size"),
         "tag": first.get("tag"),
     }
-    comms = ctx.run.comms
+    totals = run_comm_totals(ctx.run)
     tags = {str(fields.get("tag")) for fields in declared.values()}
-    synced = comms[comms["tag"].isin(tags)] if not comms.empty else comms
+    synced = totals[totals["tag"].isin(tags)] if not totals.empty else totals
     silent = sorted(set(declared) - {int(r) for r in synced.get("rank", [])})
     drift = _checksum_drift(ctx, limits["checksum_tolerance"])
     if not silent and drift is None:

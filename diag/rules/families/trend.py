@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.metrics import run_comm_totals
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 _STEP_THRESHOLDS = {
@@ -148,8 +149,8 @@ def _main_creep(creeps: list[Creep]) -> tuple[Creep, list[int]] | None:
 
 def _alltoall_growth(ctx: RuleContext, z: float) -> Slope | None:
     """The trend of all-to-all bytes per step (median over ranks), analysed steps only."""
-    comms = ctx.run.comms
-    a2a = comms[comms["op"] == schema.CollectiveOp.ALL_TO_ALL.value]
+    totals = run_comm_totals(ctx.run)
+    a2a = totals[totals["op"] == schema.CollectiveOp.ALL_TO_ALL.value]
     keys = ctx.metrics.rank_steps[["rank", "step"]]
     a2a = a2a.merge(keys, on=["rank", "step"], how="inner")
     if a2a.empty:
