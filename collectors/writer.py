@@ -67,13 +67,15 @@ class ArrowRankWriter(RankWriter):
     message, one `write()`) per flush, the end-of-stream marker on close."""
 
     def _header(self) -> bytes:
-        from diag import arrow_format  # pyarrow is imported only by ranks that write Arrow
+        # pyarrow is imported only by ranks that write Arrow
+        from diag import arrow_encode, arrow_format
 
-        self._format = arrow_format
+        self._format, self._encode_flush = arrow_format, arrow_encode.encode_flush
         return arrow_format.stream_header()
 
     def _encode(self, records: list[dict[str, Any]]) -> bytes:
-        return self._format.encode_batch(records)
+        # the batch assembled from its buffers: arrow_format.encode_batch's bytes, ~3x cheaper
+        return self._encode_flush(records)
 
     def _trailer(self) -> bytes:
         return self._format.END_OF_STREAM

@@ -94,6 +94,19 @@ class RunWriter:
         return rows
 
 
+def raw_records(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    """A rank's records as written, in whichever format its writer chose (diag.convert reads
+    both); an unreadable record fails the test."""
+    from diag.convert import rank_file, rank_records
+
+    path = rank_file(run_dir, rank)
+    assert path is not None, f"no rank file of rank {rank} in {run_dir}"
+    notes: list[str] = []
+    records = rank_records(path, notes)
+    assert notes == [], notes
+    return records
+
+
 def _ns(ms: float) -> int:
     return BASE_NS + round(ms * MS)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.writer import FORMAT_ENV
 from diag import ledger
 from diag.analysis import analyze_path
 from diag.launch import torchrun_command
@@ -68,8 +69,10 @@ def _steps_written(path: Path) -> int:
 
 
 def test_sigkill_of_one_rank_leaves_every_flushed_step_analysable(tmp_path: Path) -> None:
+    """JSON lines (the Arrow twin of this test: tests/unit/test_arrow_writer.py)."""
     cmd = torchrun_command("reference_runs.dp", ["--steps", "500", "--out", str(tmp_path)], 2)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, FORMAT_ENV: "jsonl"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     victim = tmp_path / "rank-00001.jsonl"
     try:
         deadline = time.monotonic() + 120

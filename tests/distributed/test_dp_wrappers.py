@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import diag
+from tests.conftest import raw_records
 
 pytestmark = pytest.mark.dist
 
@@ -35,8 +36,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def grad_records(run: Path, rank: int = 0) -> list[dict[str, Any]]:
-    lines = (run / f"rank-{rank:05d}.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "comm" and r["tag"] == "grad"]
+    return [r for r in raw_records(run, rank) if r["kind"] == "comm" and r["tag"] == "grad"]
 
 
 def grad_row(run: Path) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def grad_row(run: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["bf16", "powersgd"])
 def test_the_users_hook_still_synchronises_the_ranks(runs: Path, name: str) -> None:
     assert json.loads((runs / name / "weights.json").read_text())["max_rank_difference"] == 0.0
-    events = [json.loads(line) for line in (runs / name / "rank-00001.jsonl").open()]
+    events = raw_records(runs / name, 1)
     (sync,) = [e for e in events if e.get("name") == "grad_sync"]
     assert sync["hook"] in {"bf16_compress_hook", "powerSGD_hook"} and sync["group_size"] == 2
 
@@ -94,7 +94,7 @@ def test_with_collectors_off_the_users_hook_still_runs(runs: Path) -> None:
 
 
 def test_a_hook_registered_before_is_kept_and_said_unrecorded(runs: Path) -> None:
-    events = [json.loads(line) for line in (runs / "hooked" / "rank-00000.jsonl").open()]
+    events = raw_records(runs / "hooked", 0)
     names = {e.get("name"): e for e in events if e["kind"] == "event"}
     assert names["grad_sync"]["tag"] is None  # no tag: the no-sync rule does not judge it
     assert "already has a comm hook" in names["grad_sync_unrecorded"]["reason"]

@@ -17,6 +17,7 @@ import pytest
 
 import diag
 from diag.schema import MEMORY_CATEGORIES
+from tests.conftest import raw_records
 
 pytestmark = pytest.mark.dist
 
@@ -24,8 +25,7 @@ HERE = Path(__file__).parent
 
 
 def records(run: Path, rank: int, kind: str) -> list[dict[str, Any]]:
-    lines = (run / f"rank-{rank:05d}.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+    return [r for r in raw_records(run, rank) if r["kind"] == kind]
 
 
 def assert_dp_run_recorded(run: Path, steps: int) -> dict[str, Any]:

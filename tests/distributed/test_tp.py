@@ -5,7 +5,6 @@ model's in a 2-process gloo world."""
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.model import GPT, GPTConfig, count_params
 from reference_runs.tp import TensorParallelGPT, shard
 from reference_runs.tp_comms import TpComm
+from tests.conftest import raw_records
 
 pytestmark = pytest.mark.dist
 
@@ -81,7 +81,7 @@ def test_tp4_collectives_match_the_ledger_and_the_loss_the_single_process_model(
     counts = tp.groupby(["rank", "step", direction]).size()
     assert len(counts) == 4 * STEPS * 2 and (counts == per_step).all()
     # every layer and place, fwd and bwd, once per micro-batch (layer from the raw records)
-    raw = [json.loads(line) for line in (tmp_path / "rank-00002.jsonl").read_text().splitlines()]
+    raw = raw_records(tmp_path, 2)
     places = Counter((r["layer"], r["tag"]) for r in raw if r["kind"] == "comm")
     assert places == {
         (layer, f"tp.{name}.{way}"): MICROBATCHES * STEPS

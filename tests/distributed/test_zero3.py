@@ -11,7 +11,6 @@ only the data order from the second epoch on), the zero3 run a tiny `--device-me
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from diag.load import RunData, load_run
 from diag.metrics import compute_metrics
 from reference_runs.model import GPT, GPTConfig, count_params
+from tests.conftest import raw_records
 from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist
@@ -52,8 +52,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def events(run_dir: Path, name: str) -> list[dict[str, Any]]:
     out = []
     for rank in range(N):
-        for line in (run_dir / f"rank-{rank:05d}.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in raw_records(run_dir, rank):
             if record["kind"] == "event" and record["name"] == name:
                 out.append({**record, "rank": rank})
     return out
@@ -123,8 +122,8 @@ def test_all_gather_and_reduce_scatter_bytes_per_unit(runs: dict[str, Path]) -> 
         assert (per_step[("expected_bytes", "sum")] == nbytes).all(), tag
         padding = PAD_BYTES if tag != "fsdp.ag.bwd" else 0  # the root unit's
         assert (per_step[("bytes", "sum")] == nbytes + padding).all(), tag
-    raw = (runs["zero3"] / "rank-00001.jsonl").read_text().splitlines()
-    units = Counter((r["tag"], r["layer"]) for r in map(json.loads, raw) if r["kind"] == "comm")
+    raw = raw_records(runs["zero3"], 1)
+    units = Counter((r["tag"], r["layer"]) for r in raw if r["kind"] == "comm")
     assert units == {
         (tag, layer): STEPS for tag in want for layer in (None, *range(LAYERS))
         if (tag, layer) != ("fsdp.ag.bwd", None)
