@@ -1,6 +1,7 @@
 """The collectors' Arrow flush (diag/arrow_encode.py, the IPC message assembled from its buffers)
 writes the bytes pyarrow's own conversion writes (arrow_format.encode_batch), for any records:
-typed ones, ones that fit no schema (they travel as JSON in `other`), empty flushes."""
+typed ones, ones that fit no schema (they travel as JSON in `other`), empty flushes, a flush
+seen before (its metadata and labels from the caches)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ T = 1_700_000_000_000_000_000
 def _same(records: list[dict[str, Any]]) -> None:
     fast = arrow_encode.encode_flush(records)
     assert fast == arrow_format.encode_batch(records)
+    assert arrow_encode.encode_flush(records) == fast  # again, from the caches of shapes
     batch = pa.ipc.read_record_batch(pa.py_buffer(fast), arrow_format.STREAM_SCHEMA)
     batch.validate(full=True)
 
