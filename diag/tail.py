@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diag import arrow_format
+from diag import arrow_format, schema
 from diag.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
 from diag.record_checks import depth
 
@@ -155,7 +155,7 @@ def open_tail(folder: Path, rank: int) -> FileTail | None:
     arrows = folder / arrow_format.rank_file_name(rank)
     if arrows.is_file():
         return ArrowTail(arrows)
-    jsonl = folder / f"rank-{rank:05d}.jsonl"
+    jsonl = folder / schema.rank_file_name(rank)
     if jsonl.is_file():
         return JsonlTail(jsonl)
     return None
