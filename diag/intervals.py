@@ -107,15 +107,18 @@ def _union_length_by_ints(
     """The grouped union in numpy: sort by (keys, start), then a running maximum of the ends
     that restarts at each group (each group's ends are offset into a band of their own);
     None when the bands would not fit in int64."""
-    order = np.lexsort((starts, *key_columns[::-1]))
-    sorted_keys = [column[order] for column in key_columns]
+    group_id = _dense_group_id(key_columns)
+    sort_keys = key_columns[::-1] if group_id is None else [group_id]
+    order = np.lexsort((starts, *sort_keys))  # one key column sorts several times faster
     s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
     first = np.zeros(len(s), dtype=bool)
     first[0] = True
-    for column in sorted_keys:
-        first[1:] |= column[1:] != column[:-1]
+    for column in sort_keys:
+        ordered = column[order]
+        first[1:] |= ordered[1:] != ordered[:-1]
     group = np.cumsum(first) - 1
     heads = np.flatnonzero(first)
+    sorted_keys = [column[order[heads]] for column in key_columns]
     base = np.repeat(s[heads], np.diff(np.append(heads, len(s))))  # each group's first start
     relative_end = np.clip(e - base, 0, None)
     band = int(relative_end.max()) + 1
@@ -128,11 +131,27 @@ def _union_length_by_ints(
     gain = np.clip(e - cover_from, 0, None)
     totals = np.add.reduceat(gain, heads)
     index = (
-        pd.MultiIndex.from_arrays([k[heads] for k in sorted_keys], names=keys)
+        pd.MultiIndex.from_arrays(sorted_keys, names=keys)
         if len(keys) > 1
-        else pd.Index(sorted_keys[0][heads], name=keys[0])
+        else pd.Index(sorted_keys[0], name=keys[0])
     )
     return pd.Series(totals, index=index)
+
+
+def _dense_group_id(key_columns: list[np.ndarray]) -> np.ndarray | None:
+    """One integer per row that orders as the key columns do (mixed radix over each column's
+    range), or None when the ranges' product would not fit in int64."""
+    if len(key_columns) == 1:
+        return None
+    combined = np.zeros(len(key_columns[0]), dtype=np.int64)
+    space = 1
+    for column in key_columns:
+        low, high = int(column.min()), int(column.max())
+        space *= high - low + 1
+        if space >= 2**62:
+            return None
+        combined = combined * (high - low + 1) + (column.astype(np.int64) - low)
+    return combined
 
 
 def _union_length_by_frame(frame: pd.DataFrame, keys: list[str], start: str, end: str) -> pd.Series:

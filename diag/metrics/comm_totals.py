@@ -9,6 +9,11 @@ order: both ways give the same numbers.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -26,26 +31,75 @@ for the ledger's bytes; duration_ns: summed t1 - t0."""
 
 
 def comm_totals(comms: pd.DataFrame) -> pd.DataFrame:
-    """The collectives of `comms` summed per TOTAL_KEYS (null keys kept as their own group)."""
+    """The collectives of `comms` summed per TOTAL_KEYS (a null key is a key of its own), one
+    row per key in key order. Vectorised: each key column becomes small integer codes, the
+    codes one mixed-radix integer per record, and the sums `bincount`s over it (float sums of
+    integers, exact below 2**53: 104 days of ns, 9 PB of bytes, per key)."""
     if comms.empty:
         return pd.DataFrame({name: pd.Series(dtype=_dtype(name)) for name in TOTAL_COLUMNS})
-    frame = pd.DataFrame({
-        **{key: comms[key] for key in TOTAL_KEYS},
-        "bytes": comms["bytes"],
-        "measured": comms["bytes"].notna(),
-        "expected_bytes": comms["expected_bytes"],
-        "expected": comms["expected_bytes"].notna(),
-        "duration_ns": comms["t1"] - comms["t0"],
-    })  # fmt: skip
-    totals = frame.groupby(TOTAL_KEYS, dropna=False, observed=True, sort=False).agg(
-        count=("measured", "size"),
-        bytes=("bytes", "sum"),
-        measured=("measured", "sum"),
-        expected_bytes=("expected_bytes", "sum"),
-        expected=("expected", "sum"),
-        duration_ns=("duration_ns", "sum"),
-    )
-    return totals.reset_index()[TOTAL_COLUMNS]
+    keys = [_Codes.of(comms[key]) for key in TOTAL_KEYS]
+    combined = np.zeros(len(comms), dtype=np.int64)
+    for key in keys:
+        combined = combined * key.size + key.codes
+    present, inverse = _present_and_inverse(combined, math.prod(key.size for key in keys))
+    frame: dict[str, Any] = {}
+    for name, key in reversed(list(zip(TOTAL_KEYS, keys, strict=True))):
+        present, digit = np.divmod(present, key.size)
+        frame[name] = key.values(digit)
+    groups = len(frame["rank"])
+
+    def summed(values: np.ndarray) -> np.ndarray:
+        return np.bincount(inverse, weights=values, minlength=groups)
+
+    bytes_ = comms["bytes"].to_numpy(dtype=np.float64)
+    expected = comms["expected_bytes"].to_numpy(dtype=np.float64)
+    frame["count"] = np.bincount(inverse, minlength=groups).astype(np.int64)
+    frame["bytes"] = summed(np.nan_to_num(bytes_, nan=0.0))
+    frame["measured"] = summed((~np.isnan(bytes_)).astype(np.float64)).astype(np.int64)
+    frame["expected_bytes"] = summed(np.nan_to_num(expected, nan=0.0))
+    frame["expected"] = summed((~np.isnan(expected)).astype(np.float64)).astype(np.int64)
+    durations = (comms["t1"].to_numpy(np.int64) - comms["t0"].to_numpy(np.int64)).astype(float)
+    frame["duration_ns"] = summed(durations).astype(np.int64)
+    return pd.DataFrame({name: frame[name] for name in TOTAL_COLUMNS})
+
+
+def _present_and_inverse(combined: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of `combined` (sorted) and each element's index among them:
+    by a count over the key space when it is not much larger than the records (no sort),
+    else by `np.unique`."""
+    if space > 4 * len(combined) + 1024:
+        return np.unique(combined, return_inverse=True)
+    present = np.flatnonzero(np.bincount(combined, minlength=space))
+    position = np.zeros(space, dtype=np.int64)
+    position[present] = np.arange(len(present))
+    return present, position[combined]
+
+
+@dataclass
+class _Codes:
+    """One key column as integer codes 0..size-1 (null: a code of its own) and the way back."""
+
+    codes: np.ndarray
+    size: int
+    values: Callable[[np.ndarray], Any]
+
+    @classmethod
+    def of(cls, column: pd.Series) -> _Codes:
+        """Codes in the order of the values (as a sorted group-by gives them), null last."""
+        if isinstance(column.dtype, pd.CategoricalDtype):  # labels (sorted categories)
+            dtype, labels = column.dtype, len(column.dtype.categories)
+            codes = column.cat.codes.to_numpy(np.int64)
+            return cls(np.where(codes < 0, labels, codes), labels + 1,
+                       lambda c: pd.Categorical.from_codes(np.where(c == labels, -1, c),
+                                                           dtype=dtype))  # fmt: skip
+        if column.dtype.kind in "iu":  # ranks and steps: dense integers
+            values = column.to_numpy(np.int64)
+            low = int(values.min())
+            return cls(values - low, int(values.max()) - low + 1, lambda c: c + low)
+        found, uniques = pd.factorize(column, sort=True, use_na_sentinel=True)
+        table = np.append(np.asarray(uniques, dtype=np.float64), np.nan)  # null: the last code
+        codes = np.where(found < 0, len(uniques), found).astype(np.int64)
+        return cls(codes, len(uniques) + 1, lambda c: table[c])
 
 
 def step_breakdown(

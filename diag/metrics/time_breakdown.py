@@ -15,11 +15,36 @@ PIPELINE_GROUP = "pp"
 
 
 def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Intervals of analysed steps cut to their rank's step window (empty ones dropped)."""
-    merged = frame[[*KEYS, "t0", "t1"]].merge(windows, on=KEYS, how="inner")
-    merged["t0"] = np.maximum(merged["t0"], merged["w0"])
-    merged["t1"] = np.minimum(merged["t1"], merged["w1"])
-    return merged.loc[merged["t1"] > merged["t0"], [*KEYS, "t0", "t1"]]
+    """Intervals of analysed steps cut to their rank's step window (empty ones dropped);
+    each record finds its (rank, step) window by one integer key, not a merge."""
+    at, found = _window_rows(frame, windows)
+    t0 = np.maximum(frame["t0"].to_numpy(np.int64)[found], windows["w0"].to_numpy()[at])
+    t1 = np.minimum(frame["t1"].to_numpy(np.int64)[found], windows["w1"].to_numpy()[at])
+    kept = t1 > t0
+    return pd.DataFrame({
+        "rank": frame["rank"].to_numpy(np.int64)[found][kept],
+        "step": frame["step"].to_numpy(np.int64)[found][kept],
+        "t0": t0[kept],
+        "t1": t1[kept],
+    })  # fmt: skip
+
+
+def _window_rows(frame: pd.DataFrame, windows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows of `frame` whose (rank, step) has a window: that window's row, and which
+    rows of `frame` they are (a boolean mask)."""
+    ranks, steps = frame["rank"].to_numpy(np.int64), frame["step"].to_numpy(np.int64)
+    window_ranks = windows["rank"].to_numpy(np.int64)
+    window_steps = windows["step"].to_numpy(np.int64)
+    if not len(ranks) or not len(window_ranks):
+        return np.zeros(0, dtype=np.int64), np.zeros(len(ranks), dtype=bool)
+    width = int(max(steps.max(), window_steps.max())) + 1
+    window_keys = window_ranks * width + window_steps
+    order = np.argsort(window_keys, kind="stable")
+    sorted_keys = window_keys[order]
+    keys = ranks * width + steps
+    position = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    found = sorted_keys[position] == keys
+    return order[position[found]], found
 
 
 def _blocking(comms: pd.DataFrame) -> pd.Series:
