@@ -16,8 +16,8 @@ from diag.devices import DEVICES, device_by_key
 from diag.errors import InputError
 from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
 from diag.plan.calibrate import calibrate
-from diag.plan.job import RECOMPUTE, Kernels
-from diag.plan.models import KERNELS, PRESETS, preset
+from diag.plan.job import RECOMPUTE, Training
+from diag.plan.models import TRAINING, PRESETS, preset
 from diag.plan.render import plan_json, plan_text
 from diag.shell import fail, parse_layout
 from simulator.config import ModelSpec
@@ -69,9 +69,9 @@ def _model(name: str | None, overrides: dict[str, int | None]) -> ModelSpec:
     return replace(base, **given)  # type: ignore[arg-type]
 
 
-def _kernels(name: str | None, flash: bool | None, dropout: bool | None) -> Kernels:
+def _training(name: str | None, flash: bool | None, dropout: bool | None) -> Training:
     """The preset's (or Korthikanti's GPT defaults), with the command line's overrides."""
-    base = KERNELS[name.lower()] if name else Kernels()
+    base = TRAINING[name.lower()] if name else Training()
     given = {"flash_attention": flash, "dropout": dropout}
     return replace(base, **{k: v for k, v in given.items() if v is not None})
 
@@ -247,7 +247,7 @@ def plan(
             batch = given[0].dp * micro_batch * given[0].microbatches
         if batch is None:
             raise click.UsageError("--global-batch N is needed to search")
-        job = Job(model, batch, micro_batch, params, _kernels(model_name, flash, dropout))
+        job = Job(model, batch, micro_batch, params, _training(model_name, flash, dropout))
         recompute = tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE
         if any(r not in RECOMPUTE for r in recompute):
             raise click.BadParameter(f"--recompute: choose from {RECOMPUTE}")

@@ -19,13 +19,13 @@ scores; full recomputation keeps only the block's input 2sbh (/t with sequence p
 
 from __future__ import annotations
 
-from diag.plan.job import Kernels
+from diag.plan.job import Training
 from simulator.config import ModelSpec
 
 
 def block_activation_bytes(
     model: ModelSpec,
-    kernels: Kernels,
+    training: Training,
     seq_len: int,
     micro_batch: int,
     tp: int = 1,
@@ -39,7 +39,7 @@ def block_activation_bytes(
     sp = sequence_parallel and t > 1
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
-    mask = 1.0 if kernels.dropout else 0.0  # bytes per element of a dropout mask
+    mask = 1.0 if training.dropout else 0.0  # bytes per element of a dropout mask
     routed = model.topk if model.experts else 1
     ffn = model.ffn / h * routed  # MLP rows per token, in units of h
     # split over t by tensor parallelism alone (Korthikanti's 24 / t of the 34)
@@ -47,7 +47,7 @@ def block_activation_bytes(
     # kept whole on every TP rank unless sequence parallelism splits them (his 10)
     whole = (2 + 2 + mask) + (2 + 2 + mask)
     scores = 0.0
-    if not kernels.flash_attention and recompute != "selective":
+    if not training.flash_attention and recompute != "selective":
         scores = (2 + 3 * mask) * model.heads * s / h  # softmax out; dropout mask and out
     if sp or t == 1:
         return sbh / t * (whole + split + scores)

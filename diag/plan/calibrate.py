@@ -6,7 +6,9 @@ From the run's tables (diag.load_any: a run directory, or a trace folder with it
   collectives inside them, against the FLOPs the plan gives that layout: the achieved FLOP/s
   (the compute efficiency, when the device is a known one);
 - links: the median bus bandwidth of the run's collectives (bytes x bus factor / duration),
-  as the plan's bytes on the intra-node link (inter-node too when the run spans hosts);
+  as the plan's bytes on the intra-node link (inter-node too when the run spans hosts); and
+  with a pipeline, the latency of one message (`pipeline_message_s`) as every message's
+  fixed cost: the schedule pays it at each receive, v times as many with interleaving;
 - optimizer: the `opt` spans against the simulator's 30 B/param of HBM traffic;
 - overhead: what the measured step holds beyond the calibrated prediction (data loading,
   Python), carried to every layout predicted for this machine.
@@ -188,8 +190,12 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     # (a pipeline's receives are left out: a blocking recv mostly waits for its sender)
     blocking = comms[comms["blocking"].fillna(False).astype(bool) & (comms["group"] != "pp")]
     link = _median_busbw_GBps(blocking)
+    message_s = pipeline_message_s(comms, layout, first)
     device = device_for_name(run.manifest.ranks[0].device_name if run.manifest.ranks else None)
     hw = _hardware(run, job, layout, compute_s, opt_s, link, device)
+    if message_s is not None:  # the alpha of every message on this machine, measured
+        latency_us = message_s * 1e6
+        hw = replace(hw, intra_latency_us=latency_us, inter_latency_us=latency_us)
     per_node = int(run.manifest.hardware.gpus_per_node or layout.world)
     cluster = Cluster(layout.world, per_node, hw, device.key if device else None)
     if link is None and layout.dp > 1:
@@ -203,6 +209,43 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     return Calibration(
         path, job, layout, cluster, step_s, compute_s, flops / compute_s, link, opt_s, overhead
     )
+
+
+def pipeline_message_s(comms: pd.DataFrame, layout: Layout, first_step: int) -> float | None:
+    """Mean seconds a pipeline receive takes once its message has been sent: the receive's end
+    less the later of its start and the last send of that kind to it from its neighbour
+    stage (None without any). A message moves only when both ends are in the call (gloo's
+    rendezvous), so this is what each of a schedule's receives costs beyond waiting for the
+    sender: on a loaded CPU, the sender's wake-up. The mean, since the schedule pays the sum."""
+    pp = layout.pp
+    pipe = comms[(comms["group"] == "pp") & (comms["step"] > first_step)]
+    if pp < 2 or pipe.empty:
+        return None
+    stride = layout.tp * layout.ep  # diag.names.GRID_AXES: (dp, pp, ep, tp), tp innermost
+    rank = pipe["rank"].astype("int64")
+    stage = (rank // stride) % pp
+    # the stage a message goes to: activations forward, gradients back (interleaving wraps)
+    ahead = pipe["tag"].map({"act": 1, "grad": -1}).fillna(0).astype("int64")
+    to_stage = (stage + ahead) % pp
+    pipe = pipe.assign(
+        receiver=(rank + (to_stage - stage) * stride).where(pipe["op"] == "send", rank)
+    )
+    sends = pipe[pipe["op"] == "send"][["step", "receiver", "tag", "t0"]]
+    recvs = pipe[pipe["op"] == "recv"][["step", "receiver", "tag", "t0", "t1"]]
+    if sends.empty or recvs.empty:
+        return None
+    matched = pd.merge_asof(
+        recvs.sort_values("t1").astype({"t1": "int64"}),
+        sends.rename(columns={"t0": "sent"}).sort_values("sent").astype({"sent": "int64"}),
+        left_on="t1",
+        right_on="sent",
+        by=["step", "receiver", "tag"],
+        direction="backward",
+    ).dropna(subset=["sent"])
+    if matched.empty:
+        return None
+    waited = matched["t1"] - np.maximum(matched["t0"], matched["sent"])
+    return float(waited.mean()) / 1e9
 
 
 def _fit_dp_link(job: Job, layout: Layout, cluster: Cluster, wait_s: float) -> Cluster:
@@ -292,4 +335,11 @@ def _hardware(
     )
 
 
-__all__ = ["Calibration", "calibrate", "compute_flops", "job_of", "layer_forward_flops"]
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "compute_flops",
+    "job_of",
+    "layer_forward_flops",
+    "pipeline_message_s",
+]

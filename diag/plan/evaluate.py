@@ -11,6 +11,7 @@ from diag.plan.memory import (
     PARAM_BYTES,
     MemoryPerGpu,
     block_params,
+    boundary_bytes,
     layers_per_gpu,
     memory_per_gpu,
     stage_params,
@@ -65,7 +66,7 @@ def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
         a2a = ledger.ep_alltoall_bytes(b * s, m.topk, h, PARAM_BYTES)
         out["ep"] = n * mbs * 2 * (forwards + 1) * a2a
     if layout.pp > 1:
-        out["pp"] = 2 * mbs * ledger.pp_boundary_bytes(b, s, h, PARAM_BYTES)
+        out["pp"] = 2 * layout.v * mbs * boundary_bytes(job, layout)
     params = stage_params(job, layout)
     if layout.dp > 1 and layout.zero < 3:
         out["dp"] = ledger.dp_grad_payload_bytes(params, PARAM_BYTES)

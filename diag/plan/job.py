@@ -68,7 +68,7 @@ def cluster_from_device(
 
 
 @dataclass(frozen=True)
-class Kernels:
+class Training:
     """How the blocks are computed, beyond their shape: what the activations hold and what the
     backward recomputes. The defaults are Korthikanti 2022's GPT (the seed's formula)."""
 
@@ -89,7 +89,7 @@ class Job:
     global_batch: int  # sequences per optimizer step
     micro_batch: int = 1  # sequences per micro-batch per data-parallel rank
     params: float | None = None
-    kernels: Kernels = field(default_factory=Kernels)
+    training: Training = field(default_factory=Training)
 
     @property
     def architecture_params(self) -> int:

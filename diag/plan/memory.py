@@ -95,7 +95,7 @@ def layer_activation_bytes(job: Job, layout: Layout) -> float:
     m = job.model
     return block_activation_bytes(
         m,
-        job.kernels,
+        job.training,
         max(m.seq_len // layout.cp, 1),
         job.micro_batch,
         layout.tp,
@@ -112,6 +112,15 @@ def activation_bytes(job: Job, layout: Layout, stage: Stage) -> float:
     return layer_activation_bytes(job, layout) * held + logits
 
 
+def boundary_bytes(job: Job, layout: Layout) -> float:
+    """One pipeline message on one GPU: the hidden state b s h, sharded s / t by sequence
+    parallelism (Korthikanti 2022; Megatron's scatter/gather did the same before it,
+    Narayanan 2021 section 4.1: each TP rank sends its share over its own link)."""
+    m = job.model
+    whole = ledger.pp_boundary_bytes(job.micro_batch, m.seq_len // layout.cp, m.hidden, 2)
+    return whole / (layout.tp if layout.sequence_parallel and layout.tp > 1 else 1)
+
+
 def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
     """DDP's flat gradient buffer, pipeline send/receive buffers, ZeRO-3's gathered units,
     the all-to-all buffers of expert parallelism (at the capacity factor)."""
@@ -119,7 +128,7 @@ def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
     buffers = 0.0
     if layout.dp > 1 and layout.zero < 2:
         buffers += params * GRAD_BYTES
-    boundary = ledger.pp_boundary_bytes(job.micro_batch, m.seq_len // layout.cp, m.hidden, 2)
+    boundary = boundary_bytes(job, layout)
     if layout.pp > 1:
         buffers += 2 * boundary
     if layout.zero >= 3 and layout.dp > 1:  # this unit and the prefetched next one

@@ -11,14 +11,14 @@ vocabulary, sequence length), so that the plan's parameter counts and FLOPs are 
   heads, vocabulary 128,256, rotary positions, untied embeddings; seq 8192.
 - mixtral-8x7b: Mistral's released config: 32 x 4096, SwiGLU 14336, 8 experts, top-2.
 
-Each preset also says how it was trained (`KERNELS`): the GPT-era models (2020-2022) with
+Each preset also says how it was trained (`TRAINING`): the GPT-era models (2020-2022) with
 dropout and the attention scores stored, as Korthikanti 2022 counts them; Llama 3 and Mixtral
 with flash attention and no dropout.
 """
 
 from __future__ import annotations
 
-from diag.plan.job import Job, Kernels
+from diag.plan.job import Job, Training
 from simulator.config import ModelSpec
 
 
@@ -76,9 +76,9 @@ def preset(name: str) -> ModelSpec:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(PRESETS)}") from None
 
 
-GPT_ERA = Kernels(flash_attention=False, dropout=True)
-MODERN = Kernels(flash_attention=True, dropout=False)
-KERNELS: dict[str, Kernels] = {
+GPT_ERA = Training(flash_attention=False, dropout=True)
+MODERN = Training(flash_attention=True, dropout=False)
+TRAINING: dict[str, Training] = {
     "gpt3-175b": GPT_ERA,
     "megatron-1t": GPT_ERA,
     "mt-nlg-530b": GPT_ERA,
@@ -92,4 +92,4 @@ KERNELS: dict[str, Kernels] = {
 
 def preset_job(name: str, global_batch: int, micro_batch: int = 1) -> Job:
     """The job of preset `name` trained as its paper trained it."""
-    return Job(preset(name), global_batch, micro_batch, kernels=KERNELS[name.lower()])
+    return Job(preset(name), global_batch, micro_batch, training=TRAINING[name.lower()])

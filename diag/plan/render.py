@@ -33,7 +33,7 @@ def worked_figures(plan: Plan, layout: Layout | None) -> dict[str, float]:
     per_layer = ledger.activation_bytes_per_layer(
         m.seq_len, plan.job.micro_batch, m.hidden, m.heads
     )
-    block = block_activation_bytes(m, plan.job.kernels, m.seq_len, plan.job.micro_batch)
+    block = block_activation_bytes(m, plan.job.training, m.seq_len, plan.job.micro_batch)
     return {
         "params": plan.job.total_params,
         "static_bytes": plan.static_bytes,
@@ -45,7 +45,7 @@ def worked_figures(plan: Plan, layout: Layout | None) -> dict[str, float]:
 
 def block_text(job: Job) -> str:
     """What the job's block stores beyond Korthikanti's GPT block: `GQA 8/128 heads, ...`."""
-    m, k = job.model, job.kernels
+    m, k = job.model, job.training
     heads = m.heads if m.kv_heads is None else m.kv_heads
     parts = [f"GQA {heads}/{m.heads} heads" if heads != m.heads else "multi-head"]
     parts.append(f"{'SwiGLU' if m.gated_mlp else 'MLP'} {m.ffn}")

@@ -126,6 +126,6 @@ def _variants(
                         recompute,
                     )
                     problem = structural_problem(job, layout, gpus)
-                    if recompute == "selective" and job.kernels.flash_attention:
+                    if recompute == "selective" and job.training.flash_attention:
                         problem = problem or FLASH_IS_SELECTIVE
                     yield layout if problem is None else Invalid(layout, problem)

@@ -12,7 +12,7 @@ replays every rank; tests/unit/test_plan_engine.py holds the two together):
   them, and the recomputed forward;
 - a pipeline runs m micro-batch slots of its heaviest stage and (p-1)/v of its mean stage
   (the bubble; the stages as diag.plan.pipeline splits them) and pays one activation and one
-  gradient transfer per boundary on the critical path;
+  gradient transfer for each of its v m chunk passes and the p - 1 of the fill;
 - DDP's gradient buckets all-reduce during the last backward (at most 4 buckets, ready evenly
   over it, as the engine does): what outlasts the backward is exposed;
 - then the optimizer, then a fixed host overhead per step (0 unless calibrated).
@@ -26,7 +26,13 @@ from dataclasses import dataclass, replace
 
 from diag import ledger
 from diag.plan.job import Cluster, Job, Layout
-from diag.plan.memory import PARAM_BYTES, block_params, pipeline_stages, stage_params
+from diag.plan.memory import (
+    PARAM_BYTES,
+    block_params,
+    boundary_bytes,
+    pipeline_stages,
+    stage_params,
+)
 from diag.plan.pipeline import Stage
 from simulator.costs import Costs, attention_flops, head_flops, mlp_flops, router_flops
 from simulator.engine import MAX_BUCKETS
@@ -126,10 +132,10 @@ def recompute_flops_per_step(job: Job, layout: Layout) -> float:
     and flash attention's Q K^T again in every backward (half the scores)."""
     m = job.model
     mbs = job.global_batch / job.micro_batch
-    flash = scores_flops(job) / 2 if job.kernels.flash_attention else 0.0
+    flash = scores_flops(job) / 2 if job.training.flash_attention else 0.0
     if layout.recompute == "full":
         return m.layers * (layer_forward_flops(job) + flash) * mbs
-    if layout.recompute == "selective" and not job.kernels.flash_attention:
+    if layout.recompute == "selective" and not job.training.flash_attention:
         return m.layers * scores_flops(job) * mbs
     return m.layers * flash * mbs
 
@@ -147,8 +153,8 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
         layer_fwd_ns = costs.attn_fwd_ns + costs.router_fwd_ns
         layer_fwd_ns += costs.expert_row_fwd_ns * model.tokens * model.topk
     scores_ns = scores_flops(job) / (layout.tp * layout.cp * rate_per_ns)
-    flash_ns = scores_ns / 2 if job.kernels.flash_attention else 0.0  # Q K^T in backward
-    selective_ns = 0.0 if job.kernels.flash_attention else scores_ns
+    flash_ns = scores_ns / 2 if job.training.flash_attention else 0.0  # Q K^T in backward
+    selective_ns = 0.0 if job.training.flash_attention else scores_ns
     recompute_ns = {"none": 0.0, "selective": selective_ns, "full": layer_fwd_ns + flash_ns}
     forwards = 2 if layout.recompute == "full" else 1  # the forward's collectives run again
     block_compute_ns = 3 * layer_fwd_ns + flash_ns + recompute_ns[layout.recompute]
@@ -193,10 +199,12 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
     mb_ns = sum(parts(heaviest))
     # the fill and drain are the other stages' work: the mean stage
     bubble_ns = (p - 1) / v * _mean_stage_ns(split, p, parts)
-    boundary = ledger.pp_boundary_bytes(model.micro_batch, seq_local, model.hidden, PARAM_BYTES)
+    boundary = boundary_bytes(job, layout)
     p2p_ns = float(costs.collective_ns("send", boundary, 2, where.pp)) if p > 1 else 0.0
-    # each micro-batch slot waits for one activation in and one gradient in
-    pp_p2p_ns = 2 * (m + (p - 1) / v) * p2p_ns if p > 1 else 0.0
+    # each of the v m chunk passes waits for one activation in and one gradient in (the
+    # transfer starts when both ends are there, as in the engine), and the fill and the drain
+    # for p - 1 more each: interleaving multiplies the messages by v (Narayanan 2021, 2.2)
+    pp_p2p_ns = 2 * (v * m + p - 1) * p2p_ns if p > 1 else 0.0
 
     params = stage_params(job, layout)
     dp_ns = 0.0

@@ -335,10 +335,10 @@ def test_block_activations_are_korthikantis_for_his_gpt_block(
 ) -> None:
     from diag import ledger
     from diag.plan.activations import block_activation_bytes
-    from diag.plan.job import Kernels
+    from diag.plan.job import Training
 
     model = preset("gpt3-175b")
-    ours = block_activation_bytes(model, Kernels(), 2048, 2, tp, sp, recompute)
+    ours = block_activation_bytes(model, Training(), 2048, 2, tp, sp, recompute)
     seed = ledger.activation_bytes_per_layer(2048, 2, 12288, 96, tp, sp, recompute)
     assert ours == pytest.approx(seed, rel=1e-12)
 
@@ -346,11 +346,11 @@ def test_block_activations_are_korthikantis_for_his_gpt_block(
 def test_llama_block_activations_count_gqa_swiglu_and_flash() -> None:
     # 8 of 128 key/value heads, SwiGLU at 3.25 h, no dropout, no scores: 31.75 s b h
     from diag.plan.activations import block_activation_bytes
-    from diag.plan.models import KERNELS
+    from diag.plan.models import TRAINING
 
     model = preset("llama3-405b")
     sbh = 8192 * 16384
-    got = block_activation_bytes(model, KERNELS["llama3-405b"], 8192, 1)
+    got = block_activation_bytes(model, TRAINING["llama3-405b"], 8192, 1)
     assert got == pytest.approx(31.75 * sbh)
 
 
