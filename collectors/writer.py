@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+from collectors.safety import report_once
 from diag.schema import rank_file_name
 
 RankFormat = Literal["arrow", "jsonl"]
@@ -89,11 +90,16 @@ DEFAULT_FORMAT: RankFormat = "arrow"
 
 def open_rank_writer(run_dir: Path, rank: int, format: RankFormat | None = None) -> RankWriter:
     """The writer of `rank`'s file in `run_dir`, in `format` ("arrow" or "jsonl"; None: the
-    environment's DIAG_RANK_FORMAT, else "arrow"). ValueError for any other format."""
+    environment's DIAG_RANK_FORMAT, else "arrow"). ValueError for any other `format`; another
+    DIAG_RANK_FORMAT is logged once and the default written (a typo in the job's environment
+    must not stop its training)."""
     if format is None:
         chosen = os.environ.get(FORMAT_ENV, "").strip().lower() or DEFAULT_FORMAT
         if chosen not in FORMATS:
-            raise ValueError(f"{FORMAT_ENV}={chosen!r}, expected one of {', '.join(FORMATS)}")
+            error = ValueError(f"{FORMAT_ENV}={chosen!r}, expected one of {', '.join(FORMATS)}; "
+                               f"writing {DEFAULT_FORMAT}")  # fmt: skip
+            report_once(FORMAT_ENV, error)
+            chosen = DEFAULT_FORMAT
         format = chosen
     if format == "arrow":
         from diag.arrow_format import rank_file_name as arrow_name

@@ -4,6 +4,7 @@ SIGKILL mid-run), the simulator, and `diag convert`; each read back as its JSONL
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import collectors.safety
 from collectors import Recorder
 from collectors.writer import FORMAT_ENV, open_rank_writer
 from diag.cli import main
@@ -131,7 +133,7 @@ def test_convert_both_ways_keeps_the_tables(simulated: dict[str, Path], tmp_path
 
 
 def test_arrow_is_the_default_and_jsonl_stays_a_choice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(FORMAT_ENV, raising=False)
     tmp_path.mkdir(exist_ok=True)
@@ -148,9 +150,13 @@ def test_arrow_is_the_default_and_jsonl_stays_a_choice(
     assert name(format="arrow") == "rank-00003.arrows"  # a format given wins over the env
     monkeypatch.setenv(FORMAT_ENV, " ")
     assert name() == "rank-00003.arrows"
-    monkeypatch.setenv(FORMAT_ENV, "parquet")
-    with pytest.raises(ValueError, match=r"DIAG_RANK_FORMAT='parquet', expected one of arrow"):
-        name()
+    monkeypatch.setenv(FORMAT_ENV, "parquet")  # logged once, not fatal: the default written
+    monkeypatch.setattr(collectors.safety, "_reported", set())
+    with caplog.at_level(logging.WARNING, logger="collectors"):
+        assert name() == "rank-00003.arrows"
+    assert "DIAG_RANK_FORMAT='parquet', expected one of arrow, jsonl" in caplog.text
+    with pytest.raises(ValueError, match=r"rank file format 'parquet'"):
+        name(format="parquet")
     monkeypatch.delenv(FORMAT_ENV)
     for fmt, suffix in ((None, ".arrows"), ("jsonl", ".jsonl")):
         run = tmp_path / f"recorder-{fmt}"
