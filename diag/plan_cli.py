@@ -17,7 +17,7 @@ from diag.errors import InputError
 from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
 from diag.plan.calibrate import calibrate
 from diag.plan.job import RECOMPUTE, Training
-from diag.plan.models import TRAINING, PRESETS, preset
+from diag.plan.models import PRESETS, TRAINING, preset
 from diag.plan.render import plan_json, plan_text
 from diag.shell import fail, parse_layout
 from simulator.config import ModelSpec

@@ -69,8 +69,9 @@ def cluster_from_device(
 
 @dataclass(frozen=True)
 class Training:
-    """How the blocks are computed, beyond their shape: what the activations hold and what the
-    backward recomputes. The defaults are Korthikanti 2022's GPT (the seed's formula)."""
+    """How the job trains its blocks, beyond their shape: what the activations hold and what
+    the backward recomputes. The defaults are Korthikanti 2022's GPT block (the seed's
+    formula); the presets carry their papers' (diag.plan.models.TRAINING)."""
 
     flash_attention: bool = False
     """Fused attention (Dao 2022): the s x s scores are never stored; the backward recomputes
