@@ -1,14 +1,16 @@
 """`diag plan`: which layout, why, and what it will cost, before the job runs (docs/plan.md).
 
-    from diag.plan import Job, Layout, cluster_from_device, make_plan
-    plan = make_plan(Job(preset("llama3-70b"), global_batch=512), cluster_from_device(h100, 64))
+    from diag.plan import cluster_from_device, make_plan
+    from diag.plan.models import preset_job
+    plan = make_plan(preset_job("llama3-70b", global_batch=512), cluster_from_device(h100, 64))
     plan.ranked[0].layout, plan.reasons
 
-Pure functions over the job, the cluster and the layouts: model presets (`models`), the
-search (`search`), memory per GPU in the six categories (`memory`), step time in the
-simulator's cost model (`timing`), the evaluation of one layout (`evaluate`), the seed's
-reasoning and the near misses (`reasons`), the calibration from a measured run
-(`calibrate`), and the text and JSON renderings (`render`).
+Pure functions over the job, the cluster and the layouts: model presets and how their papers
+trained them (`models`), the search (`search`), one block's activations (`activations`), the
+pipeline split and each stage's peak in flight (`pipeline`), memory per GPU in the six
+categories (`memory`), step time in the simulator's cost model (`timing`), the evaluation of
+one layout (`evaluate`), the seed's reasoning and the near misses (`reasons`), the
+calibration from a measured run (`calibrate`), and the text and JSON renderings (`render`).
 """
 
 from __future__ import annotations
