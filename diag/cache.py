@@ -309,6 +309,7 @@ def write(folder: Path, name: str, new_key: str, run: RunData) -> Path | None:
                 "key": new_key, "format": FORMAT, "tables": described,
                 "manifest": run.manifest.to_dict(), "skipped": run.skipped,
                 "starts_at_warmup": run.starts_at_warmup, "span_steps": run.span_steps,
+                "rank_file_suffix": run.rank_file_suffix,
             }  # fmt: skip
             _write_signed(place, name, body, secret)
             return place / f"{name}.json"
@@ -328,6 +329,7 @@ def _decode_run(folder: Path, place: Path, body: dict[str, Any]) -> RunData:
         skipped=[str(note) for note in body["skipped"]],
         starts_at_warmup=bool(body["starts_at_warmup"]),
         span_steps=None if span_steps is None else int(span_steps),
+        rank_file_suffix=".arrows" if body.get("rank_file_suffix") == ".arrows" else ".jsonl",
         rank_steps=frames.pop("rank_steps", None),
         comm_totals=frames.pop("comm_totals", None),
         device_time=frames.pop("device_time", None),

@@ -37,9 +37,19 @@ def map_on_cluster(
     except (OSError, TimeoutError) as err:
         raise InputError(address, f"cannot reach the Dask scheduler ({err})") from None
     try:
+        from distributed import as_completed
+
         # pure=False: every chunk is computed (keys never shared with another analysis)
         futures = client.map(parse, list(chunks), pure=False)
-        return list(client.gather(futures))
+        order = {future.key: i for i, future in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        # each result is fetched as soon as it is ready and released on the cluster, so a
+        # worker holds the chunk it works on, not every result it made
+        for future in as_completed(futures, loop=client.loop):
+            results[order[future.key]] = future.result()
+            future.release()
+        del futures
+        return results
     except (OSError, TimeoutError) as err:
         raise InputError(address, f"the Dask cluster failed ({err})") from None
     finally:

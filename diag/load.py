@@ -80,6 +80,13 @@ KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
 REDUCE_SPANS_FROM_BYTES = 128 * 2**20
 """Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
 SPAN_WINDOW_STEPS = 8
+"""At most this many steps keep every span and collective in a large run (`RunData.span_steps`)"""
+WINDOW_RECORDS = 4_000_000
+"""...and fewer when the window would hold more spans and collectives than this (over all
+ranks), but never fewer than MIN_WINDOW_STEPS: what the replay and the rules that match records
+across ranks read, kept at a size that does not grow with the world."""
+MIN_WINDOW_STEPS = 3
+"""The warm-up step and two analysed steps: the fewest the replay compares."""
 OPEN_END = 2**62
 """The end of a window of steps `A:` (every step from A on)."""
 
@@ -111,6 +118,8 @@ class RunData:
     """Profiler traces only: per rank, device time measured from its kernels
     (diag/kineto/device.py: kernel_time_us, idle_us, compute_us, non_compute_us, comm_us,
     overlap); None for a run directory."""
+    rank_file_suffix: str = schema.RANK_FILE_SUFFIX
+    """How most of the run's rank files are named (`.arrows` or `.jsonl`), for notes."""
     cache_notes: list[str] = field(default_factory=list)
     """Why a cache entry beside the data was not used (reported with `skipped`, never stored
     in a cache: they describe this read, not the data)."""
@@ -120,6 +129,10 @@ class RunData:
     stages, the replay and the rules that match records across ranks, at a memory that does
     not grow with the run's length; `rank_steps` and `comm_totals` cover every step. None:
     every record."""
+
+    def rank_file_name(self, rank: int) -> str:
+        """The file a rank's records come from, as notes name it."""
+        return f"rank-{rank:05d}{self.rank_file_suffix}"
 
 
 Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], dict[str, pd.DataFrame]]
@@ -149,7 +162,11 @@ def load_run(
         raise InputError(run_dir, f"cannot list the folder ({err.strerror or err})") from None
     files = list(rank_files.items())
     reduce = breakdown if total_bytes(files) >= REDUCE_SPANS_FROM_BYTES else None
-    chunks = map_chunks(partial(read_rank_chunk, breakdown=reduce, window=steps), files)
+    keep_below = None  # a large run's records are kept whole below this step
+    if reduce is not None:
+        keep_below = (steps.start if steps else 0) + _window_steps(files, manifest.world_size)
+    read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
+    chunks = map_chunks(read, files)
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
         file.name: part.nan_loss
@@ -170,11 +187,12 @@ def load_run(
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
+    run.rank_file_suffix = rank_file_suffix(list(rank_files.values()))
     run.starts_at_warmup = steps is None or steps.start == 0
     if reduce is not None:
         for name in REDUCED_TABLES:
             setattr(run, name, _concat_reduced([c.reduced[name] for c in chunks]))
-        run.span_steps = SPAN_WINDOW_STEPS
+        run.span_steps = keep_below
     return run
 
 
@@ -268,18 +286,29 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
     if not found:
         raise InputError(
             run_dir,
-            f"no rank files (rank-NNNNN.jsonl) for ranks 0..{world_size - 1} of the world",
+            f"no rank files (rank-NNNNN.arrows or rank-NNNNN.jsonl) for ranks "
+            f"0..{world_size - 1} of the world",
         )
     missing = [r for r in range(world_size) if r not in found]
+    suffix = rank_file_suffix(list(found.values()))
+
+    def named(rank: int) -> str:
+        return f"rank-{rank:05d}{suffix}"
+
     if len(missing) <= MISSING_RANKS_LISTED:
         for rank in missing:
-            name = schema.rank_file_name(rank)
-            skipped.append(f"{name}: missing (rank {rank} of {world_size} not analysed)")
+            skipped.append(f"{named(rank)}: missing (rank {rank} of {world_size} not analysed)")
     else:
-        names = ", ".join(schema.rank_file_name(r) for r in missing[:3])
+        names = ", ".join(named(r) for r in missing[:3])
         skipped.append(f"{names} and {len(missing) - 3} more: missing ({len(missing)} of "
                        f"{world_size} ranks not analysed)")  # fmt: skip
     return found
+
+
+def rank_file_suffix(files: list[Path]) -> str:
+    """The suffix most of a run's rank files have (a missing rank's file would have it)."""
+    arrows = sum(file.name.endswith(SUFFIX) for file in files)
+    return SUFFIX if 2 * arrows > len(files) else schema.RANK_FILE_SUFFIX
 
 
 def _canonical(name: str) -> str:
@@ -314,12 +343,28 @@ class RankChunk:
     reduced: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
+def _window_steps(files: list[tuple[int, Path]], world_size: int) -> int:
+    """How many first steps of a large run keep every span and collective: SPAN_WINDOW_STEPS,
+    fewer when that would exceed WINDOW_RECORDS over the world (the records per rank and step
+    counted in the first rank file), never fewer than MIN_WINDOW_STEPS."""
+    sample = read_rank_file(*files[0]).columns
+    steps = len(set(unpack([sample[RecordKind.STEP.value]["step"]]))) or 1
+    records = sum(len(sample[kind]["step"]) for kind in (RecordKind.SPAN.value,
+                                                          RecordKind.COMM.value))  # fmt: skip
+    per_step = max(records / steps, 1.0) * max(world_size, len(files))
+    fitting = int(WINDOW_RECORDS / per_step)
+    return max(min(SPAN_WINDOW_STEPS, MIN_WINDOW_STEPS), min(SPAN_WINDOW_STEPS, fitting))
+
+
 def read_rank_chunk(
-    files: list[tuple[int, Path]], breakdown: Breakdown | None = None, window: range | None = None
+    files: list[tuple[int, Path]],
+    breakdown: Breakdown | None = None,
+    window: range | None = None,
+    keep_below: int | None = None,
 ) -> RankChunk:
     """Parse a few rank files (only the records of the steps in `window` when given); with a
     `breakdown`, reduce their records with it from every span and collective, then keep
-    only the spans and collectives `RunData.span_steps` describes."""
+    only the spans and collectives of steps below `keep_below` (`RunData.span_steps`)."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
     columns = {
         kind: {name: concat([p.columns[kind][name] for p in parsed]) for name in names}
@@ -337,7 +382,7 @@ def read_rank_chunk(
     warmup = window is None or window.start == 0
     reduced = breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
     for kind in (RecordKind.SPAN.value, RecordKind.COMM.value):
-        columns[kind] = _step_window(columns, kind)
+        columns[kind] = _step_window(columns, kind, keep_below or SPAN_WINDOW_STEPS)
     return RankChunk(parsed, columns, reduced)
 
 
@@ -348,13 +393,15 @@ def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
     return table if keep.all() else {name: take(values, keep) for name, values in table.items()}
 
 
-def _step_window(columns: dict[str, dict[str, Packed]], kind: str) -> dict[str, Packed]:
-    """Some ranks' records of `kind` of the first SPAN_WINDOW_STEPS steps, their comm_wait
+def _step_window(
+    columns: dict[str, dict[str, Packed]], kind: str, keep_below: int
+) -> dict[str, Packed]:
+    """Some ranks' records of `kind` of the steps below `keep_below`, their comm_wait
     spans and the records of (rank, step)s without a step record (reported as orphans by the
     metrics)."""
     table, recorded = columns[kind], columns[RecordKind.STEP.value]
     step = np.asarray(unpack([table["step"]]), dtype=np.int64)
-    keep = step < SPAN_WINDOW_STEPS
+    keep = step < keep_below
     if kind == RecordKind.SPAN.value:
         keep |= _labels_equal(table["phase"], schema.Phase.COMM_WAIT.value)
     keep |= ~rank_steps_in(

@@ -27,8 +27,12 @@ RANK_FILE_RE = re.compile(r"^rank-(\d{5,})\.(jsonl|arrows)$")
 """A rank file: JSON lines (`.jsonl`) or an Arrow IPC stream (`.arrows`, diag/arrow_format.py)."""
 
 
+RANK_FILE_SUFFIX = ".jsonl"
+"""The JSON-lines rank files' suffix (the Arrow ones': diag/arrow_format.py, `.arrows`)."""
+
+
 def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}.jsonl"
+    return f"rank-{rank:05d}{RANK_FILE_SUFFIX}"
 
 
 class RecordKind(StrEnum):

@@ -3,11 +3,11 @@ analysed (each rank's warm-up step dropped)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
-from diag import schema
 from diag.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
 from diag.load import RunData
 
@@ -46,14 +46,15 @@ def note_orphans(run: RunData, skipped: list[str]) -> None:
     ]
     lost = pd.concat(orphans)
     if len(lost):
+        files = _file_list(lost["rank"], run.rank_file_name)
         skipped.append(
-            f"{_file_list(lost['rank'])}: {len(lost)} span/comm records of steps without a step "
-            f"record ignored (steps {_short_list(lost['step'])})"
+            f"{files}: {len(lost)} span/comm records of steps without a step record ignored "
+            f"(steps {_short_list(lost['step'])})"
         )
 
 
-def _file_list(ranks: pd.Series) -> str:
-    names = [schema.rank_file_name(int(r)) for r in sorted(ranks.unique())]
+def _file_list(ranks: pd.Series, named: Callable[[int], str]) -> str:
+    names = [named(int(r)) for r in sorted(ranks.unique())]
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
