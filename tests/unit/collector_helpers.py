@@ -16,8 +16,8 @@ import collectors.memory
 import collectors.safety
 from collectors import Recorder
 from collectors.comm import CollectiveTracer
-from diag.convert import rank_file, rank_records
 from reference_runs.faults import Leak
+from tests.conftest import raw_records
 
 torch.set_num_threads(1)
 
@@ -40,12 +40,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def read_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """The rank's records as written, whichever format the recorder wrote (Arrow by default)."""
-    path = rank_file(run_dir, rank)
-    assert path is not None, f"no rank file of rank {rank} in {run_dir}"
-    notes: list[str] = []
-    records = rank_records(path, notes)
-    assert notes == [], notes
-    return records
+    return raw_records(run_dir, rank)
 
 
 def of_kind(records: list[dict[str, Any]], kind: str, **match: Any) -> list[dict[str, Any]]:
