@@ -32,7 +32,16 @@ CACHE_DIR = ".diag-cache"
 
 
 def _peak_rss_bytes() -> int:
-    """This process's peak resident memory (Linux reports KiB)."""
+    """This process's peak resident memory since it started its program: /proc's VmHWM
+    (getrusage's ru_maxrss carries a forked parent's peak across exec, so a worker started
+    from a large process would report that process's peak)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -265,17 +265,35 @@ def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure
     """Histogram of per-rank busy time per step; blamed ranks marked on the axis."""
     busy_ms = 1e3 * ranks["busy_s"] / ranks["steps"].clip(lower=1)
     fig = go.Figure(go.Histogram(x=busy_ms, name="ranks", marker_color="#4C78A8"))
-    for rank, value in zip(ranks["rank"], busy_ms, strict=True):
-        if int(rank) in blamed:
-            fig.add_vline(
-                x=float(value),
-                line={"color": BLAME_COLOR, "dash": "dash"},
-                annotation_text=f"rank {int(rank)}",
-            )
+    marked = ranks["rank"].isin(list(blamed)).to_numpy()
+    values, names = busy_ms.to_numpy()[marked], ranks["rank"].to_numpy()[marked]
+    # a line and a label per blamed rank, set at once (plotly's add_vline re-validates every
+    # shape each call: quadratic in the 128 ranks of a blamed pipeline stage); many of them
+    # are one line per distinct value, labelled with their count
+    lines: dict[float, list[int]] = {}
+    for rank, value in zip(names.tolist(), values.tolist(), strict=True):
+        lines.setdefault(round(float(value), 3), []).append(int(rank))
+    fig.update_layout(
+        shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0,
+                 "y1": 1, "line": {"color": BLAME_COLOR, "dash": "dash"}}
+                for x in lines],
+        annotations=[{"xref": "x", "yref": "paper", "x": x, "y": 1, "showarrow": False,
+                      "yanchor": "bottom", "text": _ranks_label(members)}
+                     for x, members in lines.items()],
+    )  # fmt: skip
     fig = _layout(fig, "busy time per step across ranks (ms)", bargap=0.05)
     fig.update_xaxes(title="busy ms per step")
     fig.update_yaxes(title="ranks")
     return fig
+
+
+def _ranks_label(ranks: list[int]) -> str:
+    """`rank 3`, `ranks 3, 5`, or `12 ranks (3, 5, ...)` for a line many ranks share."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) <= 3:
+        return "ranks " + ", ".join(map(str, ranks))
+    return f"{len(ranks)} ranks ({ranks[0]}, {ranks[1]}, ...)"
 
 
 # --- Groups of ranks ----------------------------------------------------------------------------
