@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag import load, parallel, records
+from diag import load, parallel, rank_file, records
 from diag.load import load_run
 from diag.metrics import step_breakdown
 
@@ -52,7 +52,7 @@ def rich_run(runs) -> Path:
 
 def _line_by_line(monkeypatch: pytest.MonkeyPatch, run_dir: Path) -> load.RunData:
     with monkeypatch.context() as patch:
-        patch.setattr(load, "decode_rank_file", lambda data, columns: None)
+        patch.setattr(rank_file, "decode_rank_file", lambda data, columns: None)
         return load_run(run_dir)
 
 
