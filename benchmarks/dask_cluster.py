@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
     local, local_s = _timed(args.run, None)
     print(f"local analysis: {local_s:.1f} s", flush=True)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, memory_limit=args.memory_limit) as cluster:  # fmt: skip
+    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None, memory_limit=args.memory_limit)  # fmt: skip
+    with cluster:
         remote, remote_s = _timed(args.run, cluster.scheduler_address)
         with Client(cluster.scheduler_address) as client:
             peaks = client.run(_peak_rss_bytes)
