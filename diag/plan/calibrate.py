@@ -141,6 +141,19 @@ def _slowest_median(values: pd.Series) -> float:
     return float(values.groupby(level=0).median().max())
 
 
+def _pass_overhead_s(spans: pd.DataFrame, first_step: int) -> float:
+    """The fixed cost of one pass, from the median forward (f) and backward (b) span after
+    the warm-up step: a backward has twice the forward's FLOPs, so f = c + w and b = c + 2w
+    give c = 2f - b (kept within 0..f: noise or a heavier backward make it 0)."""
+    passes = spans[(spans["step"] > first_step) & spans["phase"].isin(["fwd", "bwd"])]
+    seconds = (passes["t1"] - passes["t0"]).astype(float) / 1e9
+    medians = seconds.groupby(passes["phase"].astype(str)).median()
+    if "fwd" not in medians or "bwd" not in medians:
+        return 0.0
+    forward, backward = float(medians["fwd"]), float(medians["bwd"])
+    return min(max(2 * forward - backward, 0.0), forward)
+
+
 def _waits_inside_compute(spans: pd.DataFrame) -> pd.DataFrame:
     """The comm_wait spans that lie inside a forward or backward span of their rank and step
     (DDP's wait for its last bucket at the end of backward): waiting, not computing."""
@@ -182,6 +195,12 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     compute_s = _slowest_median(compute)
     if compute_s <= 0:
         raise InputError(path, "no forward/backward spans or kernels: cannot calibrate compute")
+    passes = layout.microbatches * layout.v * 2  # forward and backward of each chunk
+    pass_s = _pass_overhead_s(spans, first) if phases == ["fwd", "bwd"] else 0.0
+    # the fixed costs take at most half the measured compute (the estimate is a difference
+    # of two medians), and the rest is FLOPs: the calibrated model gives the measured compute
+    pass_s = min(pass_s, compute_s / (2 * passes))
+    flop_s = compute_s - passes * pass_s
     # the rank that computes longest paces the step: its own waits are transfers, not skew
     pacing = int(compute.groupby(level=0).median().idxmax())
     opt_s = _median_of(_per_rank_step(spans[spans["phase"] == "opt"], first), pacing)
@@ -192,12 +211,13 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     link = _median_busbw_GBps(blocking)
     message_s = pipeline_message_s(comms, layout, first)
     device = device_for_name(run.manifest.ranks[0].device_name if run.manifest.ranks else None)
-    hw = _hardware(run, job, layout, compute_s, opt_s, link, device)
+    hw = _hardware(run, job, layout, flop_s, opt_s, link, device)
     if message_s is not None:  # the alpha of every message on this machine, measured
         latency_us = message_s * 1e6
         hw = replace(hw, intra_latency_us=latency_us, inter_latency_us=latency_us)
     per_node = int(run.manifest.hardware.gpus_per_node or layout.world)
-    cluster = Cluster(layout.world, per_node, hw, device.key if device else None)
+    cluster = Cluster(layout.world, per_node, hw, device.key if device else None,
+                      pass_overhead_s=pass_s)  # fmt: skip
     if link is None and layout.dp > 1:
         wait_s = _median_of(_per_rank_step(spans[spans["phase"] == "comm_wait"], first), pacing)
         cluster = _fit_dp_link(job, layout, cluster, wait_s)
@@ -207,7 +227,7 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     cluster = replace(cluster, overhead_s=overhead)
     flops = compute_flops(job, layout)
     return Calibration(
-        path, job, layout, cluster, step_s, compute_s, flops / compute_s, link, opt_s, overhead
+        path, job, layout, cluster, step_s, compute_s, flops / flop_s, link, opt_s, overhead
     )
 
 

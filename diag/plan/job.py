@@ -31,6 +31,10 @@ class Cluster:
     hardware: HardwareSpec
     device_key: str | None = None  # the devices.py entry it came from (None: a calibrated one)
     overhead_s: float = 0.0  # fixed host time per step outside compute and communication
+    pass_overhead_s: float = 0.0
+    """Fixed time of each forward or backward pass of one micro-batch through one chunk of
+    layers, whatever its FLOPs (launches, the framework's per-call work): calibrated on a
+    measured run (`diag plan --from`), 0 for a cluster of the device table."""
 
     @property
     def nodes(self) -> int:

@@ -15,7 +15,9 @@ replays every rank; tests/unit/test_plan_engine.py holds the two together):
   gradient transfer for each of its v m chunk passes and the p - 1 of the fill;
 - DDP's gradient buckets all-reduce during the last backward (at most 4 buckets, ready evenly
   over it, as the engine does): what outlasts the backward is exposed;
-- then the optimizer, then a fixed host overhead per step (0 unless calibrated).
+- then the optimizer, then a fixed host overhead per step (0 unless calibrated);
+- a calibrated cluster also pays a fixed cost per forward or backward pass of a micro-batch
+  through a chunk (`Cluster.pass_overhead_s`): interleaving makes v times the passes.
 """
 
 from __future__ import annotations
@@ -186,10 +188,14 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
         hidden_bwd = max(2 * gather_ns - 2 * layer_fwd_ns, 0.0)  # gather + reduce-scatter
         return 2 * gather_ns + (blocks - 1) * (forwards * hidden_fwd + hidden_bwd)
 
+    # each of its v chunks passes a micro-batch forward and backward (and forward again under
+    # full recomputation), each pass at a fixed cost beside its FLOPs (0 unless calibrated)
+    pass_ns = layout.v * (forwards + 1) * cluster.pass_overhead_s / NS
+
     def parts(stage: Stage) -> tuple[float, float, float, float, float]:
         """One micro-batch on `stage`: compute, TP, CP, EP, ZeRO-3 (ns)."""
         n = stage.blocks
-        compute = n * block_compute_ns + (head_ns if stage.head else 0.0)
+        compute = n * block_compute_ns + (head_ns if stage.head else 0.0) + pass_ns
         return compute, n * block_tp_ns, n * block_cp_ns, n * block_ep_ns, zero_ns(n)
 
     m, p, v = layout.microbatches, layout.pp, layout.v
