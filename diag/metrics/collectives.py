@@ -46,7 +46,13 @@ def collectives(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     table = per_rank.groupby(level=COLLECTIVE_KEYS, dropna=False, sort=False).mean()
     by_collective = records.groupby(COLLECTIVE_KEYS, dropna=False, observed=True, sort=False)
     sums = by_collective.agg(all_bytes=("bytes", "sum"), all_ns=("duration_ns", "sum"))
-    sums["group_size"] = _median_group_sizes(records, sums.index)
+    # the median group size over each collective's calls (a totals row counts its calls);
+    # iterating the same group-by gives the groups in the order of `sums`
+    sums["group_size"] = [
+        weighted_median(group["group_size"].to_numpy(np.float64),
+                        group["count"].to_numpy(np.int64))
+        for _, group in by_collective
+    ]  # fmt: skip
     table = table.join(sums).reset_index()
     table["tag"] = table["tag"].astype(object).where(table["tag"].notna(), None)
     table["ratio"] = table["bytes"] / table["expected_bytes"].where(table["expected_bytes"] > 0)
@@ -61,27 +67,6 @@ def collectives(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ]
     table = table.sort_values("time_s", ascending=False, kind="stable")
     return table[columns].reset_index(drop=True)
-
-
-def _median_group_sizes(records: pd.DataFrame, collectives: pd.Index) -> list[float]:
-    """Per collective of `collectives`, the median group size over its calls (each totals row
-    counts its calls once per call)."""
-    calls = records.groupby([*COLLECTIVE_KEYS, "group_size"], dropna=False, observed=True)
-    counts = calls["count"].sum()
-    by_collective: dict[tuple[object, ...], list[tuple[float, int]]] = {}
-    for (*key, size), count in counts.items():
-        by_collective.setdefault(_key(key), []).append((float(size), int(count)))
-    medians = []
-    for key in collectives:
-        pairs = by_collective.get(_key(list(key)), [])
-        sizes = np.array([size for size, _ in pairs], dtype=np.float64)
-        medians.append(weighted_median(sizes, np.array([n for _, n in pairs], dtype=np.int64)))
-    return medians
-
-
-def _key(values: list[object]) -> tuple[object, ...]:
-    """A group key with every null the same (NaN is not equal to itself)."""
-    return tuple(None if pd.isna(v) else v for v in values)
 
 
 TP_LAYER_TAG = r"^tp\.(?:attn|mlp)\.(fwd|bwd)$"
