@@ -98,7 +98,7 @@ STREAM_SCHEMA = pa.schema(
 
 
 def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}{SUFFIX}"
+    return schema.rank_file_name(rank, SUFFIX)
 
 
 def stream_header() -> bytes:

@@ -111,7 +111,7 @@ class RunData:
 
     def rank_file_name(self, rank: int) -> str:
         """The file a rank's records come from, as notes name it."""
-        return f"rank-{rank:05d}{self.rank_file_suffix}"
+        return schema.rank_file_name(rank, self.rank_file_suffix)
 
 
 Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], dict[str, pd.DataFrame]]
@@ -263,15 +263,12 @@ def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int,
         )
     missing = [r for r in range(world_size) if r not in found]
     suffix = rank_file_suffix(list(found.values()))
-
-    def named(rank: int) -> str:
-        return f"rank-{rank:05d}{suffix}"
-
     if len(missing) <= MISSING_RANKS_LISTED:
         for rank in missing:
-            skipped.append(f"{named(rank)}: missing (rank {rank} of {world_size} not analysed)")
+            name = schema.rank_file_name(rank, suffix)
+            skipped.append(f"{name}: missing (rank {rank} of {world_size} not analysed)")
     else:
-        names = ", ".join(named(r) for r in missing[:3])
+        names = ", ".join(schema.rank_file_name(r, suffix) for r in missing[:3])
         skipped.append(f"{names} and {len(missing) - 3} more: missing ({len(missing)} of "
                        f"{world_size} ranks not analysed)")  # fmt: skip
     return found

@@ -31,8 +31,9 @@ RANK_FILE_SUFFIX = ".jsonl"
 """The JSON-lines rank files' suffix (the Arrow ones': diag/arrow_format.py, `.arrows`)."""
 
 
-def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}{RANK_FILE_SUFFIX}"
+def rank_file_name(rank: int, suffix: str = RANK_FILE_SUFFIX) -> str:
+    """A rank's file name (`suffix`: `.jsonl`, or the Arrow files' `.arrows`)."""
+    return f"rank-{rank:05d}{suffix}"
 
 
 class RecordKind(StrEnum):
