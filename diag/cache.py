@@ -21,11 +21,11 @@ The cache sits in the folder (`FOLDER/.diag-cache/`), or, when that folder is re
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable
@@ -112,24 +112,46 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(?P<base>\.*[\w.]*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|.*)"
+    r"|import[ \t]+(?P<modules>.*))",
+    re.MULTILINE,
+)
+"""An import statement at the start of a line (indented too: inside a function or an `if`),
+its names in parentheses across lines. A regular expression rather than the parser: parsing
+the ~80 modules the loader imports cost half a second of every cold load. It may also match
+an import written in a docstring, which only makes the key change more often."""
+_COMMENT = re.compile(r"#.*")
+
+
 def _diag_imports(path: Path) -> list[str]:
     """Dotted names of the `diag` modules a source file imports (`from diag import x` names
     both the package and `diag.x`, which may be a module)."""
     names: list[str] = []
     package = ".".join(path.relative_to(_DIAG.parent).with_suffix("").parts[:-1])
-    for node in ast.walk(ast.parse(path.read_bytes())):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: resolve against this file's package
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([base] if base else [])])
-            names.append(base)
-            names += [f"{base}.{alias.name}" for alias in node.names]
+    text = path.read_text(encoding="utf-8").replace("\\\n", " ")  # join continued lines
+    text = _COMMENT.sub("", text)  # a comment in a parenthesised list may hold a ")"
+    for match in _IMPORT.finditer(text):
+        if match["modules"] is not None:  # import a.b, c as d
+            names += _imported_names(match["modules"])
+            continue
+        base = match["base"]
+        level = len(base) - len(base.lstrip("."))
+        base = base.lstrip(".")
+        if level:  # relative: resolve against this file's package
+            anchor = package.split(".")[: len(package.split(".")) - level + 1]
+            base = ".".join([*anchor, *([base] if base else [])])
+        names.append(base)
+        names += [f"{base}.{name}" for name in _imported_names(match["names"].strip("()"))]
     if path.name != "__init__.py":  # importing a module runs its package's __init__ first
         names.append(package)
     return [name for name in names if name.split(".")[0] == "diag"]
+
+
+def _imported_names(listed: str) -> list[str]:
+    """The names of an import list (`a, b as c`, across lines)."""
+    items = (item.split(" as ")[0].strip() for item in listed.replace("\n", " ").split(","))
+    return [item for item in items if item]
 
 
 def table_key(stamps: list[tuple[str, int, int]], options: Any, *modules: str) -> str:
