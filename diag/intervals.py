@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from diag.compiled import compiled, for_size
+
 
 def _as_array(intervals: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
     arr = np.asarray(list(intervals) if not isinstance(intervals, np.ndarray) else intervals)
@@ -196,3 +198,70 @@ def overlapping(reference: pd.DataFrame, frame: pd.DataFrame, key: str = "rank")
     found = before >= 0
     mask[found] = merged[before[found], 1] > starts[found]
     return mask & (ends > starts)
+
+
+def union_lengths_by_group(
+    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
+    groups: int, measure_count: int,
+) -> np.ndarray:  # fmt: skip
+    """Several union measures per group in one pass: for each group 0..groups-1 and each bit k
+    < measure_count, the measure of the union of the group's [start, end) intervals whose
+    `measures` has bit k set (an int64 array, groups x measure_count). Integer times; each
+    interval's group is an index in 0..groups-1. Compiled for large inputs (diag/compiled.py)."""
+    loop = for_size(_union_lengths_loop, len(group))
+    return loop(
+        np.ascontiguousarray(group, dtype=np.int64),
+        np.ascontiguousarray(starts, dtype=np.int64),
+        np.ascontiguousarray(ends, dtype=np.int64),
+        np.ascontiguousarray(measures, dtype=np.int64),
+        groups, measure_count,
+    )  # fmt: skip
+
+
+def prepare_union_lengths() -> None:
+    """Compile (or load from numba's cache) `union_lengths_by_group`'s loop now: a process
+    about to fork workers that will run it on large inputs does so once, for all of them."""
+    empty = np.zeros(0, dtype=np.int64)
+    compiled(_union_lengths_loop)(empty, empty, empty, empty, 0, 1)
+
+
+_BEFORE_ANY_TIME = -(2**63)
+
+
+def _union_lengths_loop(
+    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
+    groups: int, measure_count: int,
+) -> np.ndarray:  # fmt: skip
+    """`union_lengths_by_group`'s loop (plain Python that numba compiles unchanged): the
+    intervals bucketed by group (a counting sort, in record order), each bucket sorted by
+    start unless it already is (records come in time order), then one scan per bucket with a
+    running covered-until time per measure."""
+    count = len(group)
+    bucket_start = np.zeros(groups + 1, dtype=np.int64)
+    for i in range(count):
+        bucket_start[group[i] + 1] += 1
+    for g in range(groups):
+        bucket_start[g + 1] += bucket_start[g]
+    filled = bucket_start[:-1].copy()
+    order = np.empty(count, dtype=np.int64)
+    for i in range(count):
+        order[filled[group[i]]] = i
+        filled[group[i]] += 1
+    totals = np.zeros((groups, measure_count), dtype=np.int64)
+    covered_until = np.empty(measure_count, dtype=np.int64)
+    for g in range(groups):
+        members = order[bucket_start[g] : bucket_start[g + 1]]
+        for j in range(1, len(members)):
+            if starts[members[j]] < starts[members[j - 1]]:
+                members = members[np.argsort(starts[members], kind="mergesort")]
+                break
+        covered_until[:] = _BEFORE_ANY_TIME
+        for i in members:
+            start, end, bits = starts[i], ends[i], measures[i]
+            for k in range(measure_count):
+                if (bits >> k) & 1:
+                    begin = max(start, covered_until[k])
+                    if end > begin:
+                        totals[g, k] += end - begin
+                        covered_until[k] = end
+    return totals

@@ -114,11 +114,12 @@ class RunData:
         return schema.rank_file_name(rank, self.rank_file_suffix)
 
 
-Breakdown = Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame, bool], dict[str, pd.DataFrame]]
-"""Per-(rank, step) reductions of some ranks' steps, spans and collectives (warm-up flag last)
-by the RunData field they fill: the metrics' time breakdown (`rank_steps`) and collective
-totals (`comm_totals`), which a large run's workers compute before keeping a window of spans
-and collectives."""
+Breakdown = Callable[[list[dict[str, dict[str, Packed]]], bool], dict[str, pd.DataFrame]]
+"""Per-(rank, step) reductions of some rank files' packed columns (one dict by kind a file;
+the warm-up flag last) by the RunData field they fill: the metrics' time breakdown
+(`rank_steps`) and collective totals (`comm_totals`), which a large run's workers compute
+before keeping a window of spans and collectives. Called with no files, it prepares what
+it needs (the loader does so before starting its workers, which inherit it)."""
 REDUCED_TABLES = ("rank_steps", "comm_totals")
 
 
@@ -144,6 +145,7 @@ def load_run(
     keep_below = None  # a large run's records are kept whole below this step
     if reduce is not None:
         keep_below = (steps.start if steps else 0) + _window_steps(files, manifest.world_size)
+        reduce([], True)  # prepared here, before the workers fork: they inherit it
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
     chunks = map_chunks(read, files)
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
@@ -325,23 +327,24 @@ def read_rank_chunk(
     `breakdown`, reduce their records with it from every span and collective, then keep
     only the spans and collectives of steps below `keep_below` (`RunData.span_steps`)."""
     parsed = [read_rank_file(rank, path) for rank, path in files]
-    columns = {
-        kind: {name: concat([p.columns[kind][name] for p in parsed]) for name in names}
-        for kind, names in _COLUMNS.items()
-    }
+    per_file = [part.columns for part in parsed]
     for part in parsed:
         part.columns = {}
     if window is not None:
-        columns = {kind: _in_window(table, window) for kind, table in columns.items()}
-    if breakdown is None:
-        return RankChunk(parsed, columns)
-    kinds = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
-    steps, spans, comms = (_frame(kind, {n: _gather(kind, n, [c]) for n, c in
-                                         columns[kind].items()}) for kind in kinds)  # fmt: skip
-    warmup = window is None or window.start == 0
-    reduced = breakdown(_drop_duplicate_steps(steps, []), spans, comms, warmup)
-    for kind in (RecordKind.SPAN.value, RecordKind.COMM.value):
-        columns[kind] = _step_window(columns, kind, keep_below or SPAN_WINDOW_STEPS)
+        per_file = [{kind: _in_window(t, window) for kind, t in c.items()} for c in per_file]
+    reduced: dict[str, pd.DataFrame] = {}
+    if breakdown is not None:
+        reduced = breakdown(per_file, window is None or window.start == 0)
+        below = keep_below or SPAN_WINDOW_STEPS
+        per_file = [
+            c | {kind: _step_window(c, kind, below) for kind in (RecordKind.SPAN.value,
+                                                                 RecordKind.COMM.value)}
+            for c in per_file
+        ]  # fmt: skip
+    columns = {
+        kind: {name: concat([c[kind][name] for c in per_file]) for name in names}
+        for kind, names in _COLUMNS.items()
+    }
     return RankChunk(parsed, columns, reduced)
 
 
@@ -398,7 +401,7 @@ def _gather(kind: str, name: str, parts: list[Packed]) -> Column | Encoded:
     return unpack(parts)
 
 
-def _categorical(encoded: Encoded) -> pd.Categorical:
+def categorical(encoded: Encoded) -> pd.Categorical:
     """The column `astype("category")` would make of the decoded labels, built from the
     dictionary: the dictionary's own categorical (its categories sorted, its dtype inferred
     as for the whole column) indexed by the codes, unused categories dropped."""
@@ -410,13 +413,18 @@ def _categorical(encoded: Encoded) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, dtype=dictionary.dtype)
 
 
+def frame_of(kind: str, columns: dict[str, Packed]) -> pd.DataFrame:
+    """The table of one kind from its packed columns (a missing column: no rows)."""
+    return _frame(kind, {n: _gather(kind, n, [columns.get(n, [])]) for n in _COLUMNS[kind]})
+
+
 def _frame(kind: str, columns: dict[str, Column | Encoded]) -> pd.DataFrame:
     """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
     names = list(_COLUMNS[kind])
     encoded = {name: v for name, v in columns.items() if isinstance(v, Encoded)}
     if len(columns[names[0]]):
         frame = pd.DataFrame(
-            {name: _categorical(v) if isinstance(v := columns[name], Encoded) else v
+            {name: categorical(v) if isinstance(v := columns[name], Encoded) else v
              for name in names},
             copy=False,
         )  # fmt: skip

@@ -15,10 +15,11 @@ from diag.keys import whole_steps
 from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.collectives import collectives, tp_vs_ledger
-from diag.metrics.comm_totals import run_comm_totals, step_breakdown
+from diag.metrics.comm_totals import run_comm_totals
 from diag.metrics.common import KEYS, NS_PER_S, analysed_steps, in_steps, note_orphans
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
+from diag.metrics.file_reduction import reduce_rank_files
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
 from diag.metrics.time_breakdown import rank_table, time_breakdown
@@ -26,7 +27,7 @@ from diag.whatif.attribution import Attribution, attribute, attribution_summary,
 
 __all__ = [
     "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
-    "in_steps", "memory_peak", "run_comm_totals", "step_breakdown", "whole_steps",
+    "in_steps", "memory_peak", "reduce_rank_files", "run_comm_totals", "whole_steps",
 ]  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """Collectives summed per (rank, step, op, group, tag, group size): what every metric and rule
 that counts bytes, calls or time needs, at a size that does not grow with the number of calls.
 
-A large run's loader workers sum their ranks' collectives into this table and keep the records
+A large run's loader workers sum their ranks' collectives into this table
+(`diag.metrics.file_reduction`) and keep the records
 themselves only for a window of steps (`RunData.span_steps`); a small run's is summed here from
 every record. The sums are of integers (bytes, nanoseconds, counts), so they are exact in any
 order: both ways give the same numbers.
@@ -18,8 +19,6 @@ import numpy as np
 import pandas as pd
 
 from diag.load import RunData
-from diag.metrics.common import analysed_steps
-from diag.metrics.time_breakdown import time_breakdown
 
 TOTAL_KEYS = ["rank", "step", "op", "group", "tag", "group_size"]
 TOTAL_COLUMNS = [
@@ -32,13 +31,29 @@ for the ledger's bytes; duration_ns: summed t1 - t0."""
 
 def comm_totals(comms: pd.DataFrame) -> pd.DataFrame:
     """The collectives of `comms` summed per TOTAL_KEYS (a null key is a key of its own), one
-    row per key in key order. Vectorised: each key column becomes small integer codes, the
-    codes one mixed-radix integer per record, and the sums `bincount`s over it (float sums of
-    integers, exact below 2**53: 104 days of ns, 9 PB of bytes, per key)."""
+    row per key in key order."""
     if comms.empty:
-        return pd.DataFrame({name: pd.Series(dtype=_dtype(name)) for name in TOTAL_COLUMNS})
-    keys = [_Codes.of(comms[key]) for key in TOTAL_KEYS]
-    combined = np.zeros(len(comms), dtype=np.int64)
+        return empty_totals()
+    keys = [Codes.of(comms[key]) for key in TOTAL_KEYS]
+    numbers = {name: comms[name].to_numpy(dtype) for name, dtype in _SUMMED.items()}
+    return pd.DataFrame(totals_of(keys, numbers))
+
+
+_SUMMED = {"bytes": np.float64, "expected_bytes": np.float64, "t0": np.int64, "t1": np.int64}
+"""The collectives' columns summed (bytes, the ledger's bytes) or timed (t0, t1)."""
+
+
+def empty_totals() -> pd.DataFrame:
+    """The totals of no collectives."""
+    return pd.DataFrame({name: pd.Series(dtype=_dtype(name)) for name in TOTAL_COLUMNS})
+
+
+def totals_of(keys: list[Codes], numbers: dict[str, np.ndarray]) -> dict[str, Any]:
+    """`comm_totals`' columns from the key columns as codes (TOTAL_KEYS' order) and the
+    `_SUMMED` columns as arrays. Vectorised: the codes make one mixed-radix integer per
+    record, and the sums are `bincount`s over it (float sums of integers, exact below
+    2**53: 104 days of ns, 9 PB of bytes, per key)."""
+    combined = np.zeros(len(numbers["t0"]), dtype=np.int64)
     for key in keys:
         combined = combined * key.size + key.codes
     present, inverse = _present_and_inverse(combined, math.prod(key.size for key in keys))
@@ -51,16 +66,14 @@ def comm_totals(comms: pd.DataFrame) -> pd.DataFrame:
     def summed(values: np.ndarray) -> np.ndarray:
         return np.bincount(inverse, weights=values, minlength=groups)
 
-    bytes_ = comms["bytes"].to_numpy(dtype=np.float64)
-    expected = comms["expected_bytes"].to_numpy(dtype=np.float64)
+    bytes_, expected = numbers["bytes"], numbers["expected_bytes"]
     frame["count"] = np.bincount(inverse, minlength=groups).astype(np.int64)
     frame["bytes"] = summed(np.nan_to_num(bytes_, nan=0.0))
     frame["measured"] = summed((~np.isnan(bytes_)).astype(np.float64)).astype(np.int64)
     frame["expected_bytes"] = summed(np.nan_to_num(expected, nan=0.0))
     frame["expected"] = summed((~np.isnan(expected)).astype(np.float64)).astype(np.int64)
-    durations = (comms["t1"].to_numpy(np.int64) - comms["t0"].to_numpy(np.int64)).astype(float)
-    frame["duration_ns"] = summed(durations).astype(np.int64)
-    return pd.DataFrame({name: frame[name] for name in TOTAL_COLUMNS})
+    frame["duration_ns"] = summed((numbers["t1"] - numbers["t0"]).astype(float)).astype(np.int64)
+    return {name: frame[name] for name in TOTAL_COLUMNS}
 
 
 def _present_and_inverse(combined: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +89,7 @@ def _present_and_inverse(combined: np.ndarray, space: int) -> tuple[np.ndarray, 
 
 
 @dataclass
-class _Codes:
+class Codes:
     """One key column as integer codes 0..size-1 (null: a code of its own) and the way back."""
 
     codes: np.ndarray
@@ -84,16 +97,18 @@ class _Codes:
     values: Callable[[np.ndarray], Any]
 
     @classmethod
-    def of(cls, column: pd.Series) -> _Codes:
-        """Codes in the order of the values (as a sorted group-by gives them), null last."""
+    def of(cls, column: pd.Series | np.ndarray) -> Codes:
+        """Codes in the order of the values (as a sorted group-by gives them), null last:
+        a categorical's labels, integers, or numbers (NaN: null)."""
         if isinstance(column.dtype, pd.CategoricalDtype):  # labels (sorted categories)
+            assert isinstance(column, pd.Series)
             dtype, labels = column.dtype, len(column.dtype.categories)
             codes = column.cat.codes.to_numpy(np.int64)
             return cls(np.where(codes < 0, labels, codes), labels + 1,
                        lambda c: pd.Categorical.from_codes(np.where(c == labels, -1, c),
                                                            dtype=dtype))  # fmt: skip
         if column.dtype.kind in "iu":  # ranks and steps: dense integers
-            values = column.to_numpy(np.int64)
+            values = np.asarray(column, dtype=np.int64)
             low = int(values.min())
             return cls(values - low, int(values.max()) - low + 1, lambda c: c + low)
         found, uniques = pd.factorize(column, sort=True, use_na_sentinel=True)
@@ -101,17 +116,16 @@ class _Codes:
         codes = np.where(found < 0, len(uniques), found).astype(np.int64)
         return cls(codes, len(uniques) + 1, lambda c: table[c])
 
-
-def step_breakdown(
-    steps: pd.DataFrame, spans: pd.DataFrame, comms: pd.DataFrame, warmup: bool = True
-) -> dict[str, pd.DataFrame]:
-    """What a large run's loader workers reduce some ranks' records to (`diag.load.Breakdown`):
-    the `rank_steps` time breakdown and the `comm_totals`, each (rank, step) on its own, so
-    the loader may reduce the run a few ranks at a time and concatenate."""
-    return {
-        "rank_steps": time_breakdown(spans, comms, analysed_steps(steps, warmup)[0]),
-        "comm_totals": comm_totals(comms),
-    }
+    @classmethod
+    def of_labels(cls, labels: list[str | None], codes: np.ndarray) -> Codes:
+        """A dictionary-encoded column of labels (strings; None: null) as codes in sorted
+        label order, null last, as `of` gives a categorical; back as an object array."""
+        ordered = sorted(label for label in labels if label is not None)
+        position = {label: i for i, label in enumerate(ordered)}
+        null = len(ordered)
+        remap = np.array([null if label is None else position[label] for label in labels] or [0])
+        table = np.array([*ordered, None], dtype=object)
+        return cls(remap[codes], len(ordered) + 1, lambda c: table[c])
 
 
 def run_comm_totals(run: RunData) -> pd.DataFrame:

@@ -4,44 +4,48 @@ window; and its per-rank totals (docs/metrics.md, "Time")."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.intervals import union_length_by
-from diag.metrics.common import KEYS, NS_PER_S
+from diag.intervals import union_lengths_by_group
+from diag.metrics.common import NS_PER_S
 
 PIPELINE_GROUP = "pp"
 
 
-def _clipped(frame: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Intervals of analysed steps cut to their rank's step window (empty ones dropped);
-    each record finds its (rank, step) window by one integer key, not a merge."""
-    at, found = _window_rows(frame, windows)
-    t0 = np.maximum(frame["t0"].to_numpy(np.int64)[found], windows["w0"].to_numpy()[at])
-    t1 = np.minimum(frame["t1"].to_numpy(np.int64)[found], windows["w1"].to_numpy()[at])
-    kept = t1 > t0
-    return pd.DataFrame({
-        "rank": frame["rank"].to_numpy(np.int64)[found][kept],
-        "step": frame["step"].to_numpy(np.int64)[found][kept],
-        "t0": t0[kept],
-        "t1": t1[kept],
-    })  # fmt: skip
+IN_FLIGHT, EXPOSED, EITHER, STAGE_WORK = (1 << k for k in range(4))
+"""The unions measured per (rank, step), one bit each: collectives in flight; exposed
+communication (waits: comm_wait spans and blocking collectives); compute or a wait; stage
+work (compute and the rank's own waits, not its waits for pipeline neighbours)."""
+MEASURES = ("comm", "exposed", "either", "stage_work")
+"""The measures' names, in bit order."""
 
 
-def _window_rows(frame: pd.DataFrame, windows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """For the rows of `frame` whose (rank, step) has a window: that window's row, and which
-    rows of `frame` they are (a boolean mask)."""
-    ranks, steps = frame["rank"].to_numpy(np.int64), frame["step"].to_numpy(np.int64)
-    window_ranks = windows["rank"].to_numpy(np.int64)
-    window_steps = windows["step"].to_numpy(np.int64)
+def _window_rows(
+    ranks: np.ndarray, steps: np.ndarray, window_ranks: np.ndarray, window_steps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For the records whose (rank, step) has a window: that window's row, and which records
+    they are (a boolean mask); one integer key per pair, looked up in a table over the key
+    space when that is small (ranks and steps are dense), else by a binary search."""
     if not len(ranks) or not len(window_ranks):
         return np.zeros(0, dtype=np.int64), np.zeros(len(ranks), dtype=bool)
-    width = int(max(steps.max(), window_steps.max())) + 1
-    window_keys = window_ranks * width + window_steps
+    low_rank, low_step = int(window_ranks.min()), int(window_steps.min())
+    width = int(window_steps.max()) - low_step + 1
+    space = (int(window_ranks.max()) - low_rank + 1) * width
+    inside = (ranks >= low_rank) & (steps >= low_step) & (steps < low_step + width)
+    keys = np.where(inside, (ranks - low_rank) * width + (steps - low_step), space)
+    window_keys = (window_ranks - low_rank) * width + (window_steps - low_step)
+    if space <= 4 * (len(ranks) + len(window_keys)) + 1024:
+        row_of_key = np.full(space + 1, -1, dtype=np.int64)  # the last: no window
+        row_of_key[window_keys[::-1]] = np.arange(len(window_keys))[::-1]  # the first wins
+        rows = row_of_key[np.minimum(keys, space)]
+        found = rows >= 0
+        return rows[found], found
     order = np.argsort(window_keys, kind="stable")
     sorted_keys = window_keys[order]
-    keys = ranks * width + steps
     position = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
     found = sorted_keys[position] == keys
     return order[position[found]], found
@@ -53,40 +57,84 @@ def _blocking(comms: pd.DataFrame) -> pd.Series:
     return comms["blocking"].where(comms["blocking"].notna(), ~is_async).astype(bool)
 
 
+def span_bits(compute: np.ndarray, comm_wait: np.ndarray) -> np.ndarray:
+    """The measures each span counts in (`IN_FLIGHT` ...), from which are compute phases and
+    which comm_wait spans (boolean arrays); 0: none (other phases)."""
+    bits = np.where(compute, EITHER | STAGE_WORK, 0)
+    bits[comm_wait] = EXPOSED | EITHER | STAGE_WORK
+    return bits
+
+
+def comm_bits(blocking: np.ndarray, in_pipeline: np.ndarray) -> np.ndarray:
+    """The measures each collective counts in, from which block the rank (`blocking`, as
+    `_blocking` reads it) and which are in the pipeline group (boolean arrays)."""
+    bits = np.full(len(blocking), IN_FLIGHT)
+    bits[blocking] |= EXPOSED | EITHER
+    bits[blocking & ~in_pipeline] |= STAGE_WORK  # a wait for a pipeline neighbour is not
+    return bits
+
+
+def _measured(spans: pd.DataFrame, comms: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Every span and collective that some measure counts, as rank, step, t0, t1 and the
+    measures' bits (`IN_FLIGHT` ...)."""
+    phase = spans["phase"]
+    of_spans = span_bits(
+        _labels_in(phase, schema.COMPUTE_PHASES),
+        _labels_in(phase, {schema.Phase.COMM_WAIT.value}),
+    )
+    of_comms = comm_bits(
+        _blocking(comms).to_numpy(bool), _labels_in(comms["group"], {PIPELINE_GROUP})
+    )
+    counted = of_spans != 0
+    return {
+        name: np.concatenate([spans[name].to_numpy(np.int64)[counted],
+                              comms[name].to_numpy(np.int64)])
+        for name in ("rank", "step", "t0", "t1")
+    } | {"bits": np.concatenate([of_spans[counted], of_comms])}  # fmt: skip
+
+
+def _labels_in(column: pd.Series, labels: Collection[str]) -> np.ndarray:
+    """Which rows hold one of `labels` (on a categorical's codes: one lookup per category)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        wanted = np.append(column.cat.categories.isin(list(labels)), False)  # code -1: null
+        return wanted[column.cat.codes.to_numpy()]
+    return column.isin(list(labels)).to_numpy(bool)
+
+
 def time_breakdown(spans: pd.DataFrame, comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    windows = steps[[*KEYS, "t0", "t1"]].rename(columns={"t0": "w0", "t1": "w1"})
-    compute = _clipped(spans[spans["phase"].isin(schema.COMPUTE_PHASES)], windows)
-    comm_waits = _clipped(spans[spans["phase"] == schema.Phase.COMM_WAIT.value], windows)
-    blocking = comms[_blocking(comms)]
-    in_pipeline = (blocking["group"] == PIPELINE_GROUP).to_numpy(dtype=bool)
-    pipeline_waits = _clipped(blocking[in_pipeline], windows)
-    own_waits = pd.concat([comm_waits, _clipped(blocking[~in_pipeline], windows)])
-    waits = pd.concat([own_waits, pipeline_waits])
-    in_flight = union_length_by(_clipped(comms, windows), KEYS)
-    exposed = union_length_by(waits, KEYS)
-    compute_or_wait = union_length_by(pd.concat([compute, waits]), KEYS)
-    stage_work = union_length_by(pd.concat([compute, own_waits]), KEYS)
-    out = windows[KEYS].copy()
-    out["wall_ns"] = windows["w1"] - windows["w0"]
-    measures = (
-        ("comm", in_flight), ("exposed", exposed), ("either", compute_or_wait),
-        ("stage_work", stage_work),
-    )  # fmt: skip
-    for name, measure in measures:
-        joined = out.join(measure.rename(name), on=KEYS)[name]
-        out[name] = joined.fillna(0).astype("int64")
-    busy_ns = out["either"] - out["exposed"]
-    idle_ns = (out["wall_ns"] - busy_ns - out["exposed"]).clip(lower=0)
-    return pd.DataFrame({
-        "rank": out["rank"],
-        "step": out["step"],
-        "wall_s": out["wall_ns"] / NS_PER_S,
+    """Per (rank, step) of `steps` (in their order): the wall time, and the unions of the
+    spans and collectives inside the step's window, cut to it (MEASURES)."""
+    windows = {name: steps[name].to_numpy(np.int64) for name in ("rank", "step", "t0", "t1")}
+    return pd.DataFrame(step_measures(_measured(spans, comms), windows))
+
+
+def step_measures(
+    records: dict[str, np.ndarray], windows: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """`time_breakdown`'s columns from arrays: `records` (rank, step, t0, t1, bits: the spans
+    and collectives some measure counts) and `windows` (rank, step, t0, t1: the steps)."""
+    w0, w1 = windows["t0"], windows["t1"]
+    at, found = _window_rows(records["rank"], records["step"], windows["rank"], windows["step"])
+    t0 = np.maximum(records["t0"][found], w0[at])
+    t1 = np.minimum(records["t1"][found], w1[at])
+    kept = t1 > t0
+    totals = union_lengths_by_group(
+        at[kept], t0[kept], t1[kept], records["bits"][found][kept], len(w0), len(MEASURES)
+    )
+    measure = dict(zip(MEASURES, totals.T, strict=True))
+    wall_ns = w1 - w0
+    busy_ns = measure["either"] - measure["exposed"]
+    idle_ns = np.clip(wall_ns - busy_ns - measure["exposed"], 0, None)
+    return {
+        "rank": windows["rank"],
+        "step": windows["step"],
+        "wall_s": wall_ns / NS_PER_S,
         "busy_s": busy_ns / NS_PER_S,
-        "comm_s": out["comm"] / NS_PER_S,
-        "exposed_comm_s": out["exposed"] / NS_PER_S,
+        "comm_s": measure["comm"] / NS_PER_S,
+        "exposed_comm_s": measure["exposed"] / NS_PER_S,
         "idle_s": idle_ns / NS_PER_S,
-        "stage_work_s": out["stage_work"] / NS_PER_S,
-    })  # fmt: skip
+        "stage_work_s": measure["stage_work"] / NS_PER_S,
+    }
 
 
 def rank_table(rank_steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from pathlib import Path
 from diag import cache, schema
 from diag.errors import InputError
 from diag.load import RunData, load_run
-from diag.metrics import step_breakdown
+from diag.metrics import reduce_rank_files
 from diag.sources.base import LoadOptions
 
 CACHE_MIN_BYTES = 8 * 2**20
@@ -30,12 +30,12 @@ class RunDirectory:
         if options.layout is not None:
             raise InputError(path, "--layout is for profiler trace folders; a run has its manifest")
         if input_bytes(path) < CACHE_MIN_BYTES:
-            return load_run(path, options.steps, step_breakdown)
+            return load_run(path, options.steps, reduce_rank_files)
         key = cache.table_key(cache.file_stamps(run_files(path)), options.steps, LOADER)
         found = cache.read(path, CACHE_NAME, key)
         if isinstance(found.value, RunData):
             return found.value
-        run = load_run(path, options.steps, step_breakdown)
+        run = load_run(path, options.steps, reduce_rank_files)
         cache.write(path, CACHE_NAME, key, run)
         if found.note:
             run.cache_notes.append(found.note)

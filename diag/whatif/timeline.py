@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.compiled import for_size
 from diag.keys import in_steps
 from diag.load import RunData
-from diag.whatif.compiled import for_size
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 
 
@@ -262,7 +262,7 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
 def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
     """Per event, how many launches it waits for (WAIT events only), those launches in event
     order, and each wait's time after the last of them completed (post_ns). Plain Python that
-    numba compiles (diag/whatif/compiled.py)."""
+    numba compiles (diag/compiled.py)."""
     n = len(kind)
     count = np.zeros(n, dtype=np.int64)
     awaited = np.empty(n, dtype=np.int64)

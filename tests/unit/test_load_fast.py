@@ -13,7 +13,7 @@ import pytest
 
 from diag import load, parallel, rank_file, records
 from diag.load import load_run
-from diag.metrics import step_breakdown
+from diag.metrics import reduce_rank_files
 
 TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
 
@@ -158,7 +158,7 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
     full = load_run(run_dir)
     monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
     monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 2)
-    reduced = load_run(run_dir, breakdown=step_breakdown)
+    reduced = load_run(run_dir, breakdown=reduce_rank_files)
     assert full.span_steps is None and full.rank_steps is None
     assert reduced.span_steps == 2 and reduced.rank_steps is not None
     kept = reduced.spans
@@ -188,7 +188,7 @@ def test_a_window_of_steps_is_read_and_analysed_alone(runs, monkeypatch, reduce:
     run_dir = runs.write({r: _rich_rank(runs, r) for r in range(3)}, runs.manifest(3))
     if reduce:
         monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
-    window = load_run(run_dir, steps=range(1, 3), breakdown=step_breakdown)
+    window = load_run(run_dir, steps=range(1, 3), breakdown=reduce_rank_files)
     for name in TABLES:
         assert set(getattr(window, name)["step"]) == {1, 2}, name
     assert not window.starts_at_warmup

@@ -87,11 +87,12 @@ def test_waiting_is_split_into_skew_and_transfer(simulated: dict[str, dict]) -> 
 @pytest.mark.parametrize("name", ["dp", "pp-interleaved", "zero3", "ep", "simulated-3d"])
 def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path: Path) -> None:
     """Large timelines run the replay and the scan of waits compiled by numba, small ones as
-    Python (diag/whatif/compiled.py): the same code, so the same times to the bit, on runs with
+    Python (diag/compiled.py): the same code, so the same times to the bit, on runs with
     every kind of event (DDP launches and waits, pipeline receives, blocking collectives), the
     measured durations and a counterfactual's."""
+    from diag import compiled
     from diag.metrics.common import analysed_steps
-    from diag.whatif import compiled, timeline
+    from diag.whatif import timeline
     from diag.whatif.replay import Durations, replay
 
     if name == "simulated-3d":

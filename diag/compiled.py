@@ -1,10 +1,11 @@
-"""The what-if loops, compiled with numba where a timeline is large enough to need it.
+"""Loops compiled with numba where the input is large enough to need it.
 
-The loops (the replay, the scan of waits) are written once, as plain Python over numpy arrays
-that numba compiles unchanged. Small timelines (the tests, a few ranks) run them as Python:
-importing numba and loading its compiled code costs about a second, more than such a replay
-takes. Compiled code is cached by numba beside this package (`__pycache__`), written by this
-user's own runs only; nothing of a run directory is compiled or loaded.
+The loops (the what-if replay and its scan of waits, the time breakdown's interval unions) are
+written once, as plain Python over numpy arrays that numba compiles unchanged. Small inputs
+(the tests, a few ranks) run them as Python: importing numba and loading its compiled code
+costs about a second, more than such a loop takes. Compiled code is cached by numba beside
+this package (`__pycache__`), written by this user's own runs only; nothing of a run
+directory is compiled or loaded.
 """
 
 from __future__ import annotations

@@ -1,0 +1,186 @@
+"""What a large run's loader workers reduce its rank files to (`diag.load.Breakdown`): the
+`rank_steps` time breakdown and the `comm_totals`, computed file by file from the packed
+columns the reader made (numpy arrays and dictionary-encoded labels), with no table of
+records built. The numbers are those `time_breakdown` and `comm_totals` give on the loaded
+tables (the same code measures both; a test holds them equal), so a large run's metrics are
+a small run's.
+
+One rank a file: each (rank, step) is reduced on its own, the loader may reduce a run a few
+files at a time and concatenate. A file whose labels are not all strings (the readers'
+checks should not let one through) is reduced through the tables instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.intervals import prepare_union_lengths
+from diag.load import categorical, frame_of
+from diag.metrics.comm_totals import (
+    TOTAL_COLUMNS,
+    TOTAL_KEYS,
+    Codes,
+    comm_totals,
+    empty_totals,
+    totals_of,
+)
+from diag.metrics.common import WARMUP_MIN_STEPS, analysed_steps
+from diag.metrics.time_breakdown import (
+    PIPELINE_GROUP,
+    comm_bits,
+    span_bits,
+    step_measures,
+    time_breakdown,
+)
+from diag.records import Encoded, Packed
+from diag.schema import RecordKind
+
+RankColumns = dict[str, dict[str, Packed]]
+"""One rank file's packed columns by record kind (diag/rank_file.py)."""
+LABEL_KEYS = ("op", "group", "tag")
+"""The collective totals' keys that are labels."""
+
+
+def reduce_rank_files(files: list[RankColumns], warmup: bool = True) -> dict[str, pd.DataFrame]:
+    """The `rank_steps` and `comm_totals` of some rank files, in file order (each file one
+    rank); `warmup`: the records start at the run's start, so each rank's first step is
+    its warm-up (`analysed_steps`)."""
+    if not files:  # the loader's call before its workers start: they inherit the compiled loop
+        prepare_union_lengths()
+        return {}
+    rank_steps: list[dict[str, np.ndarray]] = []
+    totals: list[dict[str, Any]] = []
+    for columns in files:
+        encoded = _labels_encoded(columns)
+        if encoded is None:  # not all strings: the tables' way, which takes any label
+            steps, spans, comms = (frame_of(kind, columns[kind]) for kind in _KINDS)
+            windows = analysed_steps(steps, warmup)[0]
+            rank_steps.append(dict(time_breakdown(spans, comms, windows).items()))
+            totals.append(dict(comm_totals(comms).items()))
+            continue
+        rank_steps.append(_rank_steps(columns, encoded, warmup))
+        if len(columns[RecordKind.COMM.value]["step"]):
+            totals.append(_comm_totals(columns[RecordKind.COMM.value], encoded))
+    return {"rank_steps": _steps_frame(rank_steps), "comm_totals": _totals_frame(totals)}
+
+
+_KINDS = (RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value)
+
+
+def _labels_encoded(columns: RankColumns) -> dict[str, Encoded] | None:
+    """The label columns the reductions read, dictionary-encoded; None when a label is
+    neither a string nor null."""
+    wanted = {
+        "phase": columns[RecordKind.SPAN.value]["phase"],
+        **{name: columns[RecordKind.COMM.value][name] for name in LABEL_KEYS},
+    }
+    encoded = {name: _encoded(values) for name, values in wanted.items()}
+    for table in encoded.values():
+        if not all(label is None or isinstance(label, str) for label in table.values):
+            return None
+    comms = columns[RecordKind.COMM.value]
+    encoded["async"], encoded["blocking"] = _encoded(comms["async"]), _encoded(comms["blocking"])
+    return encoded
+
+
+def _encoded(values: Packed) -> Encoded:
+    """A packed column as a dictionary and codes, whatever way it was packed."""
+    if isinstance(values, Encoded):
+        return values
+    rows = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    distinct = dict.fromkeys(rows)
+    code = {value: i for i, value in enumerate(distinct)}
+    return Encoded(list(distinct), np.array([code[row] for row in rows], dtype=np.int64))
+
+
+def _rank_steps(columns: RankColumns, labels: dict[str, Encoded], warmup: bool) -> dict:
+    """`time_breakdown` of one rank file, from its packed columns."""
+    steps, spans, comms = (columns[kind] for kind in _KINDS)
+    of_spans = span_bits(
+        _holds(labels["phase"], schema.COMPUTE_PHASES),
+        _holds(labels["phase"], {schema.Phase.COMM_WAIT.value}),
+    )
+    of_comms = comm_bits(
+        _blocking(labels["blocking"], labels["async"]), _holds(labels["group"], {PIPELINE_GROUP})
+    )
+    counted = of_spans != 0
+    records = {
+        name: np.concatenate([np.asarray(spans[name], np.int64)[counted],
+                              np.asarray(comms[name], np.int64)])
+        for name in ("rank", "step", "t0", "t1")
+    } | {"bits": np.concatenate([of_spans[counted], of_comms])}  # fmt: skip
+    return step_measures(records, _analysed_windows(steps, warmup))
+
+
+def _holds(labels: Encoded, wanted: Collection[str]) -> np.ndarray:
+    """Which rows hold one of the `wanted` labels."""
+    table = np.array([label in wanted for label in labels.values] or [False])
+    return table[labels.codes]
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _blocking(blocking: Encoded, is_async: Encoded) -> np.ndarray:
+    """`blocking` where recorded; otherwise blocking unless `async` is true (truthiness, as
+    `time_breakdown._blocking` reads the table's columns)."""
+    recorded = np.array([not _is_null(v) for v in blocking.values] or [False])[blocking.codes]
+    truth = np.array([not _is_null(v) and bool(v) for v in blocking.values] or [False])
+    asynchronous = np.array([not _is_null(v) and bool(v) for v in is_async.values] or [False])
+    return np.where(recorded, truth[blocking.codes], ~asynchronous[is_async.codes])
+
+
+def _analysed_windows(steps: dict[str, Packed], warmup: bool) -> dict[str, np.ndarray]:
+    """One rank's analysed steps as `analysed_steps` leaves them (the last record of a
+    repeated step, in step order, the first step dropped as warm-up when there are at least
+    WARMUP_MIN_STEPS), as rank, step, t0, t1 arrays."""
+    step = np.asarray(steps["step"], np.int64)
+    order = np.argsort(step, kind="stable")
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = step[order][1:] != step[order][:-1]  # the last of equal steps in file order
+    kept = order[last]
+    if warmup and len(kept) >= WARMUP_MIN_STEPS:
+        kept = kept[1:]
+    return {name: np.asarray(steps[name], np.int64)[kept] for name in ("rank", "step", "t0", "t1")}
+
+
+def _comm_totals(comms: dict[str, Packed], labels: dict[str, Encoded]) -> dict[str, Any]:
+    """`comm_totals` of one rank file's collectives, from its packed columns."""
+    keys = [
+        Codes.of_labels(*labels[name]) if name in LABEL_KEYS else Codes.of(np.asarray(comms[name]))
+        for name in TOTAL_KEYS
+    ]
+    numbers = {
+        "bytes": np.asarray(comms["bytes"], np.float64),
+        "expected_bytes": np.asarray(comms["expected_bytes"], np.float64),
+        "t0": np.asarray(comms["t0"], np.int64),
+        "t1": np.asarray(comms["t1"], np.int64),
+    }
+    return totals_of(keys, numbers)
+
+
+def _steps_frame(parts: list[dict[str, np.ndarray]]) -> pd.DataFrame:
+    return pd.DataFrame({name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+
+
+def _totals_frame(parts: list[dict[str, Any]]) -> pd.DataFrame:
+    """The files' totals as one table, the label keys categorical as the tables' are."""
+    parts = [part for part in parts if len(part["rank"])]
+    if not parts:
+        return empty_totals()
+    columns: dict[str, Any] = {}
+    for name in TOTAL_COLUMNS:
+        values = [np.asarray(part[name]) for part in parts]
+        if name in LABEL_KEYS:
+            labels = np.concatenate([v.astype(object) for v in values])
+            columns[name] = categorical(_encoded(labels))
+        else:
+            columns[name] = np.concatenate(values)
+    return pd.DataFrame(columns)

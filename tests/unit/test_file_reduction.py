@@ -1,0 +1,112 @@
+"""A large run's workers reduce each rank file from its packed columns
+(`diag.metrics.file_reduction`); what they get is what the metrics compute from the loaded
+tables (`time_breakdown`, `comm_totals`), to the bit, for simulated runs of every kind of
+parallelism in both formats and for hand-written records with nulls, repeats and orphans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diag.load import load_run
+from diag.metrics.comm_totals import comm_totals
+from diag.metrics.common import analysed_steps
+from diag.metrics.file_reduction import reduce_rank_files
+from diag.metrics.time_breakdown import time_breakdown
+from diag.rank_file import read_rank_file
+from diag.schema import rank_file_name
+from simulator import ModelSpec, SimConfig, simulate
+
+SMALL = {"layers": 8, "hidden": 256, "heads": 8, "seq_len": 512, "vocab": 4096}
+LAYOUTS = {
+    "3d": {"dp": 2, "tp": 2, "pp": 2, "microbatches": 4},
+    "interleaved": {"pp": 4, "microbatches": 8, "virtual_stages": 2, "schedule": "interleaved"},
+    "moe": {"dp": 2, "ep": 2, "model": {"experts": 4}},
+    "zero3": {"dp": 4, "zero_stage": 3, "inject": ("straggler:rank=1,ms=5",)},
+}
+
+
+def _both_ways(run_dir: Path, warmup: bool = True) -> tuple[dict[str, pd.DataFrame], ...]:
+    """(from the tables, from the files) for one run directory."""
+    run = load_run(run_dir)
+    tables = {
+        "rank_steps": time_breakdown(run.spans, run.comms, analysed_steps(run.steps, warmup)[0]),
+        "comm_totals": comm_totals(run.comms),
+    }
+    files = [
+        read_rank_file(rank, run_dir / rank_file_name(rank, run.rank_file_suffix)).columns
+        for rank in range(run.manifest.world_size)
+    ]
+    return tables, reduce_rank_files(files, warmup)
+
+
+def _assert_same(tables: dict[str, pd.DataFrame], files: dict[str, pd.DataFrame]) -> None:
+    for name, expected in tables.items():
+        pd.testing.assert_frame_equal(files[name], expected, check_exact=True, obj=name)
+
+
+@pytest.mark.parametrize("rank_format", ["arrow", "jsonl"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_simulated_runs_reduce_to_the_tables_numbers(
+    tmp_path: Path, layout: str, rank_format: str
+) -> None:
+    options: dict[str, Any] = {"steps": 5, **LAYOUTS[layout]}
+    model = ModelSpec(**{**SMALL, **options.pop("model", {})})
+    result = simulate(SimConfig(model=model, **options), tmp_path / "run", format=rank_format)
+    tables, files = _both_ways(result.path)
+    assert len(tables["rank_steps"]) and len(tables["comm_totals"])
+    _assert_same(tables, files)
+
+
+def test_odd_records_reduce_to_the_tables_numbers(runs) -> None:
+    """Nulls in every key, async and blocking flags set either way or not at all, a step
+    recorded twice, records of a step without a step record, spans out of time order."""
+    rows: dict[int, list[dict[str, Any] | str]] = {}
+    for rank in range(2):
+        rows[rank] = [
+            runs.step(0, 0, 100), runs.step(1, 100, 200), runs.step(1, 100, 230),
+            runs.step(2, 230, 330), runs.step(3, 330, 430),
+            runs.span(1, "bwd", 150, 190), runs.span(1, "fwd", 100, 160),
+            runs.span(1, "comm_wait", 185, 200), runs.span(2, "opt", 300, 340),
+            runs.span(3, "fwd", 330, 400), runs.span(9, "fwd", 900, 910),
+            runs.comm(1, 170, 195, group="pp", op="send", bytes=None),
+            runs.comm(1, 160, 180, **{"async": True}),
+            runs.comm(2, 240, 260, blocking=False, group=None, group_size=None),
+            runs.comm(2, 250, 300, blocking=True, **{"async": True}, tag="grads"),
+            runs.comm(3, 340, 350 + 10 * rank, expected_bytes=512, dtype="bf16"),
+            runs.comm(9, 900, 905),
+        ]  # fmt: skip
+    run_dir = runs.write(rows, runs.manifest(2))
+    for warmup in (True, False):
+        tables, files = _both_ways(run_dir, warmup)
+        _assert_same(tables, files)
+
+
+def test_a_chunk_of_no_files_prepares_the_compiled_loop() -> None:
+    assert reduce_rank_files([]) == {}
+
+
+def test_the_compiled_union_loop_gives_what_the_python_loop_gives() -> None:
+    """Large inputs run `union_lengths_by_group`'s loop compiled (diag/compiled.py), small
+    ones as Python; the same code, so the same sums, and both the measure of each union."""
+    from diag import compiled, intervals
+
+    rng = np.random.default_rng(7)
+    count, groups = 3_000, 40
+    group = rng.integers(0, groups, count)
+    starts = rng.integers(0, 10_000, count)
+    ends = starts + rng.integers(1, 800, count)
+    bits = rng.integers(1, 16, count)
+    loop = intervals._union_lengths_loop
+    plain = loop(group, starts, ends, bits, groups, 4)
+    fast = compiled.compiled(loop)(group, starts, ends, bits, groups, 4)
+    assert plain.tolist() == fast.tolist()
+    for g in (0, groups - 1):
+        for k in range(4):
+            mine = (group == g) & ((bits >> k) & 1 == 1)
+            union = intervals.union_length(np.column_stack([starts[mine], ends[mine]]))
+            assert plain[g, k] == union
