@@ -5,6 +5,7 @@ bandwidth; and the per-layer TP collectives against the ledger (docs/metrics.md,
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,34 +27,20 @@ def collectives(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         *COLLECTIVE_KEYS, "count", "bytes", "bytes_per_step", "expected_bytes", "ratio",
         "time_s", "group_size", "busbw_GBps",
     ]  # fmt: skip
-    records = totals.loc[in_steps(totals, steps)]
-    if records.empty:
+    rows = np.flatnonzero(in_steps(totals, steps))
+    if not len(rows):
         return pd.DataFrame(columns=columns)
-    per_rank = records.groupby([*COLLECTIVE_KEYS, "rank"], dropna=False, observed=True).agg(
-        count=("count", "sum"),
-        bytes=("bytes", "sum"),
-        measured=("measured", "sum"),  # profiler traces may not say (DeepEP, gloo)
-        expected_bytes=("expected_bytes", "sum"),
-        expected=("expected", "sum"),
-        duration_ns=("duration_ns", "sum"),
-    )
-    steps_per_rank = steps.groupby("rank").size()
-    rank_steps = steps_per_rank.reindex(per_rank.index.get_level_values("rank")).to_numpy()
-    per_rank["bytes"] = per_rank["bytes"].where(per_rank["measured"] > 0)
-    per_rank["bytes_per_step"] = per_rank["bytes"] / rank_steps
-    per_rank["expected_bytes"] = per_rank["expected_bytes"].where(per_rank["expected"] > 0)
-    per_rank = per_rank.drop(columns=["measured", "expected"]).astype("float64")
-    table = per_rank.groupby(level=COLLECTIVE_KEYS, dropna=False, sort=False).mean()
-    by_collective = records.groupby(COLLECTIVE_KEYS, dropna=False, observed=True, sort=False)
-    sums = by_collective.agg(all_bytes=("bytes", "sum"), all_ns=("duration_ns", "sum"))
-    # the median group size over each collective's calls (a totals row counts its calls);
-    # iterating the same group-by gives the groups in the order of `sums`
-    sums["group_size"] = [
-        weighted_median(group["group_size"].to_numpy(np.float64),
-                        group["count"].to_numpy(np.int64))
-        for _, group in by_collective
-    ]  # fmt: skip
-    table = table.join(sums).reset_index()
+
+    def column(name: str, dtype: type = np.float64) -> np.ndarray:
+        return totals[name].to_numpy(dtype)[rows]
+
+    collective, first_row = _collective_ids(totals, rows)
+    table = _means_over_ranks(column, collective, steps)
+    table["all_bytes"] = np.bincount(collective, weights=np.nan_to_num(column("bytes")))
+    table["all_ns"] = np.bincount(collective, weights=column("duration_ns")).astype(np.int64)
+    table["group_size"] = _median_group_sizes(collective, column("group_size"), column("count"))
+    for key in reversed(COLLECTIVE_KEYS):
+        table.insert(0, key, _key_column(totals[key].iloc[rows[first_row]]))
     table["tag"] = table["tag"].astype(object).where(table["tag"].notna(), None)
     table["ratio"] = table["bytes"] / table["expected_bytes"].where(table["expected_bytes"] > 0)
     table["time_s"] = table["duration_ns"] / NS_PER_S
@@ -69,23 +56,103 @@ def collectives(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return table[columns].reset_index(drop=True)
 
 
+def _collective_ids(totals: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per totals row of `rows`, a dense id of its (op, group, tag), numbered in the order a
+    sorted group-by gives them (labels sorted, null last); and the first of `rows` of each."""
+    combined, space = np.zeros(len(rows), dtype=np.int64), 1
+    for key in COLLECTIVE_KEYS:
+        codes, size = _sorted_codes(totals[key])
+        combined, space = combined * size + codes[rows], space * size
+    ids = _dense(combined, space)[1]
+    first_row = np.full(int(ids.max()) + 1, len(ids), dtype=np.int64)
+    np.minimum.at(first_row, ids, np.arange(len(ids)))
+    return ids, first_row
+
+
+def _key_column(labels: pd.Series) -> pd.Series:
+    """A key column as a group-by's index gives it: a categorical stays one, other labels
+    are inferred again (strings: pandas' string dtype, null NaN)."""
+    if isinstance(labels.dtype, pd.CategoricalDtype):
+        return labels.reset_index(drop=True)
+    return pd.Series(labels.to_numpy())
+
+
+def _sorted_codes(column: pd.Series) -> tuple[np.ndarray, int]:
+    """A label column as codes in sorted label order (a categorical's category order), null
+    the last code, and the number of codes."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, labels = column.cat.codes.to_numpy(np.int64), len(column.dtype.categories)
+    else:
+        codes, uniques = pd.factorize(column, sort=True)
+        labels = len(uniques)
+    return np.where(codes < 0, labels, codes), labels + 1
+
+
+def _dense(combined: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of `combined` (ints in 0..space-1, ascending) and each value's
+    index among them: by a count over the key space where it is small, else a sort."""
+    if space > 4 * len(combined) + 1024:
+        distinct, inverse = np.unique(combined, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    present = np.bincount(combined, minlength=space) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[combined]
+
+
+def _means_over_ranks(
+    column: Callable[..., np.ndarray], collective: np.ndarray, steps: pd.DataFrame
+) -> pd.DataFrame:
+    """Per collective, the mean over ranks of each rank's calls, bytes (null where no call
+    says), ledger bytes, time and bytes per step. Each rank's sums are of integers (exact in
+    any order); the means over ranks stay pandas' (its compensated sum, bit for bit)."""
+    ranks = column("rank", np.int64)
+    low, width = int(ranks.min()), int(ranks.max()) - int(ranks.min()) + 1
+    pair = collective * width + (ranks - low)  # (collective, rank), ascending
+    pair, inverse = _dense(pair, (int(collective.max()) + 1) * width)
+
+    def per_rank(name: str) -> np.ndarray:
+        return np.bincount(inverse, weights=column(name))
+
+    rank_steps = steps.groupby("rank").size().reindex(pair % width + low).to_numpy()
+    bytes_ = np.where(per_rank("measured") > 0, per_rank("bytes"), np.nan)
+    frame = pd.DataFrame({
+        "count": per_rank("count"),
+        "bytes": bytes_,
+        "expected_bytes": np.where(per_rank("expected") > 0, per_rank("expected_bytes"), np.nan),
+        "duration_ns": per_rank("duration_ns"),
+        "bytes_per_step": bytes_ / rank_steps,
+    })  # fmt: skip
+    return frame.groupby(pair // width, sort=False).mean().reset_index(drop=True)
+
+
+def _median_group_sizes(
+    collective: np.ndarray, group_size: np.ndarray, count: np.ndarray
+) -> list[float]:
+    """Per collective, the median group size over its calls (a totals row counts its calls):
+    from the calls summed per (collective, group size), the same repeated values."""
+    size_codes, sizes = pd.factorize(group_size)  # null: -1, left out as weighted_median does
+    collectives = int(collective.max()) + 1
+    if not len(sizes):
+        return [float("nan")] * collectives
+    known = size_codes >= 0
+    pair = collective[known] * len(sizes) + size_codes[known]
+    calls = np.bincount(pair, weights=count[known], minlength=collectives * len(sizes))
+    calls = calls.reshape(collectives, len(sizes)).astype(np.int64)
+    values = np.asarray(sizes, dtype=np.float64)
+    return [weighted_median(values, weights) for weights in calls]
+
+
 TP_LAYER_TAG = r"^tp\.(?:attn|mlp)\.(fwd|bwd)$"
 """Tags of the per-layer TP collectives (reference_runs/tp_comms.py); the group is `tp`."""
+DIRECTIONS = ("fwd", "bwd")
 
 
 def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | None:
     """Per op and direction, the per-layer TP collectives per rank and step against the ledger's
     2 x layers x microbatches of `micro_batch x seq x hidden x dtype` bytes each (sequence
     parallel: as many reduce-scatters and all-gathers). None without such collectives."""
-    totals = run_comm_totals(run)
-    comms = totals.loc[totals["group"] == "tp", ["rank", "step", "op", "tag", "count", "bytes"]]
-    codes, tags = pd.factorize(comms["tag"])  # the regex runs once per distinct tag
-    ways = [m.group(1) if (m := re.match(TP_LAYER_TAG, str(t))) else None for t in tags]
-    direction = np.array([*ways, None], dtype=object)[codes]  # code -1 (null tag) -> None
-    keep = pd.notna(direction) & in_steps(comms, steps)
-    records = comms.loc[keep, ["op", "count", "bytes"]].assign(direction=direction[keep])
+    sums = _tp_layer_sums(run_comm_totals(run), steps)
     model, layout = run.manifest.model, run.manifest.layout
-    if records.empty or not model.layers or steps.empty:
+    if not sums or not model.layers or steps.empty:
         return None
     theory = ledger.tp_allreduce_count(model.layers, layout.microbatches or 1)
     try:
@@ -97,19 +164,46 @@ def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | No
         payload = 0
     rank_steps = len(steps)
     rows = []
-    groups = records.groupby(["op", "direction"], observed=True)
-    for (op, way), group in sorted(groups, key=lambda item: (item[0][0], item[0][1] != "fwd")):
+    for (op, way), (calls, measured_bytes) in sorted(
+        sums.items(), key=lambda item: (item[0][0], item[0][1] != "fwd")
+    ):
         # a rank holds layers / pp of the model (its stage's): the ledger counts per rank
         count = (theory.forward if way == "fwd" else theory.backward) / (layout.pp or 1)
-        measured = float(group["bytes"].sum()) / rank_steps
+        measured = measured_bytes / rank_steps
         expected = count * payload if payload else None
         rows.append({
             "op": op,
             "direction": way,
-            "count_per_step": int(group["count"].sum()) / rank_steps,
+            "count_per_step": calls / rank_steps,
             "ledger_count_per_step": count,
             "bytes_per_step": measured,
             "ledger_bytes_per_step": expected,
             "ratio": measured / expected if expected else None,
         })  # fmt: skip
     return rows
+
+
+def _tp_layer_sums(
+    totals: pd.DataFrame, steps: pd.DataFrame
+) -> dict[tuple[str, str], tuple[int, float]]:
+    """Per (op, direction) of the per-layer TP collectives (group `tp`, a TP_LAYER_TAG tag) of
+    `steps`: the calls and the bytes, summed."""
+    tp = (totals["group"] == "tp").to_numpy(dtype=bool) & in_steps(totals, steps)
+    tag_codes, tags = pd.factorize(totals["tag"])  # the regex runs once per distinct tag
+    ways = [m.group(1) if (m := re.match(TP_LAYER_TAG, str(t))) else None for t in tags]
+    way_codes = np.array([DIRECTIONS.index(w) if w else -1 for w in ways] + [-1])[tag_codes]
+    op_codes, ops = pd.factorize(totals["op"])
+    rows = np.flatnonzero(tp & (way_codes >= 0) & (op_codes >= 0))
+    key = op_codes[rows] * len(DIRECTIONS) + way_codes[rows]
+    space = len(ops) * len(DIRECTIONS)
+    present = np.bincount(key, minlength=space) > 0
+    calls = np.bincount(key, weights=totals["count"].to_numpy(np.float64)[rows], minlength=space)
+    payload = np.nan_to_num(totals["bytes"].to_numpy(np.float64)[rows], nan=0.0)
+    sent = np.bincount(key, weights=payload, minlength=space)
+    return {
+        (str(ops[k // len(DIRECTIONS)]), DIRECTIONS[k % len(DIRECTIONS)]): (
+            int(calls[k]),
+            float(sent[k]),
+        )
+        for k in np.flatnonzero(present)
+    }
