@@ -12,26 +12,44 @@ import numpy as np
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def by_key_then_value(key: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """The stable order of rows by `key`, then `value` (both integers; `value` in ns or any
-    non-negative count): `np.lexsort((value, key))`, but as one sort of a combined integer
-    when it fits in int64 (three to four times faster than the two-key sort)."""
-    key, value = np.asarray(key, dtype=np.int64), np.asarray(value, dtype=np.int64)
-    if len(key) == 0:
+def lexicographic(*keys: np.ndarray) -> np.ndarray:
+    """The stable order of rows by `keys[0]`, then `keys[1]`, ... (integers, such as ranks,
+    steps and ns): `np.lexsort` of the keys reversed, but as one sort of a combined integer
+    where the keys' ranges multiplied fit in int64 (several times faster)."""
+    columns = [np.asarray(key, dtype=np.int64) for key in keys]
+    if len(columns[0]) == 0:
         return np.zeros(0, dtype=np.int64)
-    key_lo, value_lo = int(key.min()), int(value.min())
-    width = int(value.max()) - value_lo + 1
-    height = int(key.max()) - key_lo + 1
-    if width > _INT64_MAX // height:  # the combined key would overflow: the two-key sort
-        return np.lexsort((value, key))
-    combined = (key - key_lo) * width + (value - value_lo)
+    combined, space = np.zeros(len(columns[0]), dtype=np.int64), 1
+    for column in columns:
+        low = int(column.min())
+        width = int(column.max()) - low + 1
+        if space > _INT64_MAX // width:  # the combined key would overflow: the many-key sort
+            return np.lexsort(columns[::-1])
+        combined, space = combined * width + (column - low), space * width
     return np.argsort(combined, kind="stable")
 
 
-def occurrence(key: np.ndarray, time: np.ndarray) -> np.ndarray:
-    """Per row, how many rows of the same `key` come before it in `time` (ties in row order):
-    pandas' `cumcount` by `key` after a stable sort by `time` (both integers)."""
-    order = by_key_then_value(key, time)
+def by_key_then_value(key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """The stable order of rows by `key`, then `value` (integers)."""
+    return lexicographic(key, value)
+
+
+def dense_key(*keys: np.ndarray) -> np.ndarray:
+    """One integer per row that is equal where all `keys` (small integer ranges, such as
+    ranks, steps, flags) are: a mixed-radix combination, for grouping."""
+    combined = np.zeros(len(keys[0]), dtype=np.int64)
+    for key in keys:
+        key = np.asarray(key, dtype=np.int64)
+        low = int(key.min()) if len(key) else 0
+        combined = combined * (int(key.max()) - low + 1 if len(key) else 1) + (key - low)
+    return combined
+
+
+def occurrence(key: np.ndarray, time: np.ndarray | None = None) -> np.ndarray:
+    """Per row, how many rows of the same `key` come before it in `time` (ties, or no `time`:
+    in row order): pandas' `cumcount` by `key` after a stable sort by `time` (integers)."""
+    key = np.asarray(key, dtype=np.int64)
+    order = np.argsort(key, kind="stable") if time is None else by_key_then_value(key, time)
     ordered = key[order]
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
     sizes = np.diff(np.append(starts, len(key)))

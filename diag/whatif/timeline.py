@@ -28,6 +28,7 @@ from diag import schema
 from diag.compiled import for_size
 from diag.keys import in_steps
 from diag.load import RunData
+from diag.ordering import dense_key, lexicographic, occurrence
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 
 
@@ -77,51 +78,73 @@ class Timeline:
     notes: list[str] = field(default_factory=list)
 
 
+_COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
+_SPANS_COLUMNS = ["rank", "step", "phase", "t0", "t1"]
+"""The columns the timeline reads (and the matching of collectives and messages): the
+records of the analysed steps are taken with these only."""
+
+
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    comms = run.comms.loc[in_steps(run.comms, steps)].reset_index(drop=True)
-    spans = run.spans.loc[in_steps(run.spans, steps)]
+    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS].reset_index(drop=True)
+    spans = run.spans.loc[in_steps(run.spans, steps), _SPANS_COLUMNS]
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)
     recv_rows, send_rows = message_pair_rows(comms, run.manifest)
     is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
-    op = comms["op"].astype(object).to_numpy()
     kinds = np.where(instance >= 0, np.where(is_async & ~self_waiting, Kind.LAUNCH, Kind.SYNC),
                      Kind.LOCAL)  # fmt: skip
-    recv = op == schema.CollectiveOp.RECV.value
+    recv = (comms["op"] == schema.CollectiveOp.RECV.value).to_numpy(dtype=bool)
     matched_recv = np.zeros(len(comms), dtype=bool)
     matched_recv[recv_rows] = True
     kinds = np.where(recv & matched_recv, Kind.RECV, kinds)
-    sends_async = np.isin(op, list(P2P_OPS)) & is_async
+    sends_async = comms["op"].isin(P2P_OPS).to_numpy(dtype=bool) & is_async
     kinds = np.where(sends_async & (kinds == Kind.LOCAL), Kind.LAUNCH, kinds)
-    frames = [
-        pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "kind": int(Kind.START),
-                      "a_ns": steps["t0"], "e_ns": steps["t0"], "instance": -1, "group": "",
-                      "source": -1}),
-        pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "kind": int(Kind.END),
-                      "a_ns": steps["t1"], "e_ns": steps["t1"], "instance": -1, "group": "",
-                      "source": -1}),
-        pd.DataFrame({"rank": comms["rank"], "step": comms["step"], "kind": kinds.astype(int),
-                      "a_ns": comms["t0"], "e_ns": comms["t1"], "instance": instance,
-                      "group": comms["group"].astype(object).fillna("").astype(str),
-                      "source": np.arange(len(comms))}),
-        pd.DataFrame({"rank": waits["rank"], "step": waits["step"], "kind": int(Kind.WAIT),
-                      "a_ns": waits["t0"], "e_ns": waits["t1"], "instance": -1, "group": "",
-                      "source": -1}),
-    ]  # fmt: skip
-    events = pd.concat([f for f in frames if not f.empty], ignore_index=True)
-    events["order"] = events["kind"].map(_SORT_ORDER)
-    events = events.sort_values(["rank", "a_ns", "step", "order"], kind="stable")
-    events = events.reset_index(drop=True)
-    events = events.drop(columns="order")
+    events = _events(steps, comms, kinds, instance, waits)
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)
     _local_time(timeline, spans, _previous_step_ends(run.steps, steps, ranks))
     _dependencies(timeline, recv_rows, send_rows)
     return timeline
+
+
+def _events(
+    steps: pd.DataFrame,
+    comms: pd.DataFrame,
+    kinds: np.ndarray,
+    instance: np.ndarray,
+    waits: pd.DataFrame,
+) -> pd.DataFrame:
+    """The events of every rank in the order met: each step's START and END, the comms (of
+    `kinds`), the waits; by rank, start, step and the kind's place at one instant, ties in
+    that order. Columns rank, step, kind, a_ns, e_ns, instance, group, source (the comms
+    row)."""
+    none = [np.full(len(steps), -1), np.full(len(steps), -1), None, np.full(len(waits), -1)]
+    group_codes, group_names = pd.factorize(comms["group"])  # null: -1, the group ""
+    parts = {
+        "rank": [steps["rank"], steps["rank"], comms["rank"], waits["rank"]],
+        "step": [steps["step"], steps["step"], comms["step"], waits["step"]],
+        "kind": [np.full(len(steps), Kind.START), np.full(len(steps), Kind.END), kinds,
+                 np.full(len(waits), Kind.WAIT)],
+        "a_ns": [steps["t0"], steps["t1"], comms["t0"], waits["t0"]],
+        "e_ns": [steps["t0"], steps["t1"], comms["t1"], waits["t1"]],
+        "instance": [*none[:2], instance, none[3]],
+        "group": [*none[:2], group_codes, none[3]],
+        "source": [*none[:2], np.arange(len(comms)), none[3]],
+    }  # fmt: skip
+    columns = {
+        name: np.concatenate([np.asarray(part, dtype=np.int64) for part in pieces])
+        for name, pieces in parts.items()
+    }
+    place = np.array([_SORT_ORDER[k] for k in Kind])[columns["kind"]]
+    order = lexicographic(columns["rank"], columns["a_ns"], columns["step"], place)
+    events = pd.DataFrame({name: column[order] for name, column in columns.items()})
+    labels = np.array(["", *(str(name) for name in group_names)], dtype=object)
+    events["group"] = labels[events["group"].to_numpy() + 1]
+    return events
 
 
 def _previous_step_ends(
@@ -154,13 +177,12 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame, previous_step_end: np.n
     # the launch came while that event was still blocking) and does not move the chain on.
     goes_on = np.where(np.isin(kind, [Kind.START, Kind.END]), a, e)
     launch = kind == Kind.LAUNCH
-    rank = ev["rank"].to_numpy()
-    chain = pd.DataFrame({"rank": rank, "end": np.where(launch, np.nan, goes_on),
-                          "start": np.where(launch, np.nan, a)})  # fmt: skip
-    before = chain.groupby("rank")[["end", "start"]].shift(1)
-    before = before.groupby(rank).ffill()
-    previous_end = before["end"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
-    previous_start = before["start"].fillna(pd.Series(a)).to_numpy(dtype=np.int64)
+    before = _previous_in_chain(launch, timeline.first)
+    # through float64 as the earlier pandas version did (its NaN for "none"): absolute clocks
+    # round to 256 ns here; kept so that the reports do not change with the vectorising
+    chained = before >= 0
+    previous_end = np.where(chained, goes_on[before], a).astype(np.float64).astype(np.int64)
+    previous_start = np.where(chained, a[before], a).astype(np.float64).astype(np.int64)
     starts = timeline.first[:-1]
     opening = (previous_step_end >= 0) & (previous_step_end <= a[starts])
     previous_end[starts[opening]] = previous_step_end[opening]
@@ -182,9 +204,18 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame, previous_step_end: np.n
     ev["host_ns"] = np.clip(seg - compute, 0, None)
     # the place of an event in its step, for comparing a rank with its peers: chain events
     # and launches are numbered apart (a launch's order against the chain varies with timing)
-    launches = pd.Series(launch, index=ev.index)
-    ev["j"] = ev.groupby([ev["rank"], ev["step"], launches], sort=False).cumcount().to_numpy()
-    ev.loc[launch, "j"] += LAUNCH_PLACES
+    place = occurrence(dense_key(ev["rank"].to_numpy(), ev["step"].to_numpy(), launch))
+    ev["j"] = place + np.where(launch, LAUNCH_PLACES, 0)
+
+
+def _previous_in_chain(launch: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per event, the index of the rank's latest earlier event that is not a launch (the
+    chain's previous event), or -1 where there is none (`first`: each rank's first event)."""
+    position = np.arange(len(launch))
+    latest = np.maximum.accumulate(np.where(launch, -1, position))  # up to and with each event
+    before = np.concatenate([[-1], latest[:-1]])
+    rank_first = np.repeat(first[:-1], np.diff(first))
+    return np.where(before >= rank_first, before, -1)
 
 
 def _coverage(t0: np.ndarray, t1: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.ordering import by_key_then_value, group_medians, occurrence
+from diag.ordering import by_key_then_value, dense_key, group_medians, lexicographic, occurrence
 
 HUGE = np.iinfo(np.int64).max // 4
 """Values this far apart overflow the combined key: the two-key fallback runs."""
@@ -30,3 +30,23 @@ def test_orderings_equal_pandas(spread: int) -> None:
 
 def test_empty() -> None:
     assert len(by_key_then_value(np.zeros(0), np.zeros(0))) == 0
+
+
+@pytest.mark.parametrize("spread", [1_000, HUGE])
+def test_lexicographic_equals_a_stable_sort_of_many_keys(spread: int) -> None:
+    rng = np.random.default_rng(11)
+    n = 4_000
+    frame = pd.DataFrame({
+        "rank": rng.integers(0, 30, n), "t": rng.integers(0, 40, n) * (spread // 40),
+        "step": rng.integers(0, 3, n), "place": rng.integers(0, 5, n),
+    })  # fmt: skip
+    expected = frame.sort_values(["rank", "t", "step", "place"], kind="stable").index.to_numpy()
+    got = lexicographic(*(frame[c].to_numpy() for c in ["rank", "t", "step", "place"]))
+    assert (got == expected).all()
+
+
+def test_occurrence_in_row_order_is_cumcount() -> None:
+    rng = np.random.default_rng(3)
+    rank, step, flag = rng.integers(0, 9, 2_000), rng.integers(5, 8, 2_000), rng.random(2_000) < 0.3
+    expected = pd.DataFrame({"r": rank, "s": step, "f": flag}).groupby(["r", "s", "f"]).cumcount()
+    assert (occurrence(dense_key(rank, step, flag)) == expected.to_numpy()).all()
