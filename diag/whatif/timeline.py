@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,10 @@ class Timeline:
     wait_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The LAUNCH events WAIT event k waits for: wait_event[wait_ptr[k]:wait_ptr[k+1]]."""
     notes: list[str] = field(default_factory=list)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What readers of the finished timeline compute from it once and keep for their next call
+    (the replay's input arrays, diag/whatif/replay.py); the events do not change after
+    `build`."""
 
 
 _COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
