@@ -18,6 +18,8 @@ Reading is for hostile input: the file is read whole (what a JSONL rank file cos
 stream is decoded from that buffer, so a message that declares a larger body than the file
 holds fails instead of allocating it; compressed bodies and dictionary batches (which would
 let a few bytes declare gigabytes) are refused; each batch is validated in full before use.
+The batches' columns are then concatenated once for the file, and each kind's records checked
+and packed for the loader column by column (diag/arrow_checks.py).
 """
 
 from __future__ import annotations
@@ -34,18 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag import schema
+from diag.arrow_checks import event_fields, packed, usable
 from diag.limits import (
-    MAX_ABS_TIME_NS,
-    MAX_EXPERTS,
-    MAX_INDEX,
     MAX_JSON_DEPTH,
-    MAX_LABEL_CHARS,
     MAX_LINE_BYTES,
     MAX_NOTES_PER_FILE,
-    MAX_STEP,
 )
 from diag.record_checks import depth
-from diag.records import INT_COLUMNS, Encoded, Packed
+from diag.records import Packed
 
 FORMAT_KEY = b"diag.format"
 FORMAT_VALUE = b"diag.run/1 arrows 1"
@@ -81,9 +79,6 @@ KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
 }  # fmt: skip
 """The typed fields of each record kind (every one nullable but `step`, `t0`, `t1`)."""
 NOT_NULL = frozenset({"step", "t0", "t1"})
-INDICES = frozenset({"mb", "stage", "chunk", "layer"})
-"""Integer fields bounded like the JSONL reader's indices and integer labels."""
-LABELS = frozenset({"phase", "op", "group", "dtype", "tag", "source", "name"})
 
 
 def kind_type(kind: str) -> pa.StructType:
@@ -223,12 +218,13 @@ def decode(
         return ArrowRank(skipped=[f"{name}: {error}"], fatal=True)
     out = ArrowRank(skipped=notes)
     rejected: Counter[str] = Counter()
+    lists = _combined(batches)
     for kind in KIND_FIELDS:
-        values = _values(batches, kind)
-        keep = _checks(kind, values, rejected)
+        values = lists[kind].flatten()
+        keep = usable(kind, values, _TYPED[kind], rejected)
         free: list[dict[str, Any]] = []
         if kind == "event":
-            free, ok = _event_fields(values.field(EXTRA), keep, rejected)
+            free, ok = event_fields(values.field(EXTRA), keep, rejected)
             keep &= ok
         values = values.filter(pa.array(keep)) if not keep.all() else values
         table: dict[str, Packed] = {}
@@ -238,11 +234,11 @@ def decode(
             if kind == "event" and col == "fields":
                 table[col] = [f for f, k in zip(free, keep.tolist(), strict=True) if k]
             else:
-                table[col] = _packed(values.field(col), col, col in floats.get(kind, ()))
+                table[col] = packed(values.field(col), col, col in floats.get(kind, ()))
         if kind == "step" and len(values):
             out.nan_loss = int(pc.sum(pc.is_nan(values.field("loss"))).as_py() or 0)
         out.columns[kind] = table
-    other = pa.chunked_array([b.column(OTHER).flatten() for b in batches], _STR)
+    other = lists[OTHER].flatten()
     out.other_lines = [line.encode() for line in other.to_pylist() if line is not None]
     for i, (reason, count) in enumerate(rejected.items()):
         if i == MAX_NOTES_PER_FILE:
@@ -252,6 +248,23 @@ def decode(
         out.skipped.append(f"{name}: {count} {'record' if count == 1 else 'records'} skipped "
                            f"({reason})")  # fmt: skip
     return out
+
+
+def _combined(batches: list[pa.RecordBatch]) -> dict[str, pa.ListArray]:
+    """Every column's lists over all batches, each as one array, in one call for the file.
+    Concatenating costs about a microsecond per batch and child array whatever the rows, so
+    a column whose lists hold no values in any batch (a kind the run never records) is not
+    concatenated: it is left empty."""
+    lists = {f.name: _EMPTY_LISTS[f.name] for f in STREAM_SCHEMA}
+    used = [name for name in lists if any(len(b.column(name).values) for b in batches)]
+    if used:
+        table = pa.Table.from_batches(batches).select(used).combine_chunks()
+        lists.update((name, table.column(name).chunk(0)) for name in used)
+    return lists
+
+
+_EMPTY_LISTS = {f.name: pa.array([], f.type) for f in STREAM_SCHEMA}
+_TYPED = {kind: frozenset(n for n, _ in fields) for kind, fields in KIND_FIELDS.items()}
 
 
 def records(data: bytes, name: str, notes: list[str]) -> Iterator[dict[str, Any]]:
@@ -406,108 +419,6 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
     children = [values.field(f.name) for f in wanted]
     mask = values.is_null() if values.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(wanted), mask=mask)
-
-
-def _checks(kind: str, values: pa.StructArray, rejected: Counter[str]) -> np.ndarray:
-    """Which records are usable (what diag/record_checks.py checks on the JSONL path), with
-    each rejected record's reason counted."""
-    count = len(values)
-    keep = np.ones(count, dtype=bool)
-    if not count:
-        return keep
-
-    def reject(bad: np.ndarray, reason: str) -> None:
-        fresh = bad & keep
-        if fresh.any():
-            rejected[reason] += int(fresh.sum())
-            keep[fresh] = False
-
-    if values.null_count:
-        reject(values.is_null().to_numpy(zero_copy_only=False), f"{kind} record that is null")
-    step = values.field("step")
-    reject(_nulls(step), f"{kind} record with step null, not an integer >= 0")
-    steps = _ints(step)
-    reject(steps < 0, f"{kind} record with a negative step, not an integer >= 0")
-    reject(steps >= MAX_STEP, f"{kind} record with a step beyond the limit of 2**40")
-    names = {f.name for f in values.type}
-    if "t0" in names:
-        t0, t1 = values.field("t0"), values.field("t1")
-        reject(_nulls(t0) | _nulls(t1), f"{kind} record with null or non-finite t0/t1")
-        a, b = _ints(t0), _ints(t1)
-        far = (np.abs(a) >= MAX_ABS_TIME_NS) | (np.abs(b) >= MAX_ABS_TIME_NS)
-        far |= (a == np.iinfo(np.int64).min) | (b == np.iinfo(np.int64).min)  # abs overflows
-        reject(far, f"{kind} record with t0/t1 beyond ±2**62 ns")
-        reject(b < a, f"{kind} record with t1 before t0")
-    for name in sorted(names & INDICES):
-        index = _ints(values.field(name), fill=0)
-        reject((index < 0) | (index >= MAX_INDEX),
-               f"{kind} record whose {name} is not an integer in 0..{MAX_INDEX - 1}")  # fmt: skip
-    for name in sorted(names & LABELS):
-        lengths = pc.fill_null(pc.utf8_length(values.field(name)), 0)
-        too_long = f"{kind} record whose {name} is longer than {MAX_LABEL_CHARS} characters"
-        reject(lengths.to_numpy() > MAX_LABEL_CHARS, too_long)
-    if kind == "experts":
-        tokens = values.field("tokens")
-        reject(_nulls(tokens), "experts record whose tokens is not a list of numbers")
-        lengths = pc.fill_null(pc.list_value_length(tokens), 0).to_numpy()
-        reject(
-            lengths > MAX_EXPERTS,
-            f"experts record whose tokens has more than {MAX_EXPERTS} entries",
-        )
-        flat = pc.list_flatten(tokens)
-        bad = pc.invert(pc.fill_null(pc.is_finite(flat), False)).to_numpy(zero_copy_only=False)
-        parents = pc.list_parent_indices(tokens).to_numpy()
-        not_numbers = np.zeros(count, dtype=bool)
-        not_numbers[parents[bad]] = True
-        reject(not_numbers, "experts record whose tokens is not a list of numbers")
-    return keep
-
-
-def _nulls(array: pa.Array) -> np.ndarray:
-    return array.is_null().to_numpy(zero_copy_only=False)
-
-
-def _ints(array: pa.Array, fill: int = 0) -> np.ndarray:
-    return pc.fill_null(array, fill).to_numpy().astype(np.int64, copy=False)
-
-
-def _event_fields(
-    extra: pa.Array, keep: np.ndarray, rejected: Counter[str]
-) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Each event's free fields (its `extra` JSON object) and which of them are usable."""
-    ok = np.ones(len(extra), dtype=bool)
-    fields: list[dict[str, Any]] = []
-    for i, text in enumerate(extra.to_pylist()):
-        value: Any = {}
-        if text is not None and keep[i]:
-            try:
-                value = json.loads(text) if len(text) <= MAX_LINE_BYTES else None
-            except (ValueError, RecursionError):
-                value = None
-            if not isinstance(value, dict) or depth(value) > MAX_JSON_DEPTH - 1:
-                rejected[f"event record whose fields are not a JSON object of at most "
-                         f"{MAX_JSON_DEPTH} levels"] += 1  # fmt: skip
-                ok[i] = False
-                value = {}
-        fields.append(value)
-    return fields, ok
-
-
-def _packed(array: pa.Array, name: str, numeric: bool) -> Packed:
-    """A column as the loader packs it (diag/records.py): int64 / float64 arrays, labels and
-    nullable integers dictionary-encoded, lists as Python lists."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    kind = array.type
-    if numeric:
-        return pc.fill_null(array.cast(_F64), float("nan")).to_numpy(zero_copy_only=False)
-    if name in INT_COLUMNS:
-        return array.to_numpy()
-    if pa.types.is_list(kind):
-        return array.to_pylist()
-    encoded = array.dictionary_encode(null_encoding="encode")
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    return Encoded(encoded.dictionary.to_pylist(), codes)
 
 
 def body_length(metadata: bytes) -> int | None:
