@@ -64,6 +64,20 @@ def memory_rows(metrics: RunMetrics) -> list[dict[str, Any]]:
 
 def json_safe(value: Any) -> Any:
     """Plain JSON types: numpy scalars -> Python, NaN/inf/NA -> None, dataclasses -> dicts."""
+    kind = type(value)  # the plain types first, by identity: a report holds ~55k values
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if kind is list:
+        return [json_safe(v) for v in value]
+    return _json_safe_other(value)
+
+
+def _json_safe_other(value: Any) -> Any:
+    """`json_safe` of anything but the plain types (subclasses of them included)."""
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple | np.ndarray):
