@@ -36,7 +36,8 @@ MAX_EVENTS = 150_000
 """Events replayed at most (steps are dropped from the end beyond, never below two steps): the
 attribution replays a few dozen times, and the timeline is built in pandas."""
 MIN_EXCESS_SHARE = 0.01
-"""A rank whose typical excess is below this share of the step is no straggler candidate."""
+"""A rank whose typical excess, or whose net excess over the whole step, is below this share of
+the step is no straggler candidate."""
 
 
 @dataclass
@@ -186,16 +187,24 @@ class _Scenarios:
         return {"all": seg, "host": host, "compute": seg - host}
 
     @cached_property
-    def _excesses(self) -> dict[str, np.ndarray]:
-        """Per piece, per event: the typical (median over steps) excess of its rank's local
-        time at this place of the step over its peers' median, at most the time itself."""
+    def _typical(self) -> dict[str, np.ndarray]:
+        """Per piece, per event: the typical (median over steps) difference of its rank's
+        local time at this place of the step from its peers' median (0 without peers)."""
         codes = _group_codes(self.rank, self.j)
         out = {}
         for name, part in self._pieces.items():
             peers = self._seg_peer_median if name == "all" else self.peer_median(part)
-            typical = _group_medians(codes, part - peers)
-            out[name] = np.minimum(np.clip(np.nan_to_num(typical), 0, None), part)
+            out[name] = np.nan_to_num(_group_medians(codes, part - peers))
         return out
+
+    @cached_property
+    def _excesses(self) -> dict[str, np.ndarray]:
+        """Per piece, per event: the typical excess (the positive difference), at most the
+        time itself."""
+        return {
+            name: np.minimum(np.clip(self._typical[name], 0, None), self._pieces[name])
+            for name in self._pieces
+        }
 
     @cached_property
     def _seg_peer_median(self) -> np.ndarray:
@@ -230,11 +239,16 @@ class _Scenarios:
         return host, self.saving(self._without([rank], "compute")) if host_excess > 0 else saved
 
     def stragglers(self) -> list[Cause]:
-        excess = self._excesses["all"]
-        per_rank = pd.Series(excess).groupby(self.rank).sum() / max(int(self.ok.sum()), 1)
-        candidates = per_rank[per_rank > MIN_EXCESS_SHARE * self.base_mean].nlargest(
-            MAX_CANDIDATES
-        )  # fmt: skip
+        """The ranks with the largest typical excess, among those whose local time over the
+        whole step is also above their peers' (net of the places where it is below): a rank
+        slower at some places and as much faster at others is not a straggler. With two
+        peers the excesses mirror each other, and on a loaded host the peer of a straggler
+        computes longer elsewhere in the step (docs/metrics.md): an excess, not a straggler."""
+        steps = max(int(self.ok.sum()), 1)
+        per_rank = pd.Series(self._excesses["all"]).groupby(self.rank).sum() / steps
+        net = pd.Series(self._typical["all"]).groupby(self.rank).sum() / steps
+        floor = MIN_EXCESS_SHARE * self.base_mean
+        candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
         causes = []
         for rank in candidates.index:
             saved = self.saving(self._without([int(rank)], "all"))
@@ -247,6 +261,7 @@ class _Scenarios:
             causes.append(self._cause(kind, label, saved, ranks=[int(rank)], evidence={
                 "host_saving_s": host / NS_PER_S, "compute_saving_s": compute / NS_PER_S,
                 "typical_excess_per_step_s": float(candidates[rank]) / NS_PER_S,
+                "net_excess_per_step_s": float(net[rank]) / NS_PER_S,
             }))  # fmt: skip
         return causes
 

@@ -44,6 +44,28 @@ def _late(runs: Any, delay_ms: list[float]) -> Path:
     return runs.write(ranks, runs.manifest(world_size=len(delay_ms)))
 
 
+def _mirrored(runs: Any) -> Path:
+    """2 ranks, 4 steps of two blocking all-reduces: rank 1 computes 80 ms more before the
+    first (its straggling), rank 0 50 ms more before the second (the compute a loaded host's
+    scheduler takes from it while rank 1 sleeps). Busy 180 against 150 ms: under BAL001's
+    ratio, so only the replay can name rank 1; rank 0 is faster over the step."""
+    before = {0: (40, 110), 1: (120, 60)}  # ms of compute before each all-reduce
+    ranks: dict[int, list[dict[str, Any] | str]] = {}
+    for rank, (first, second) in before.items():
+        rows: list[dict[str, Any] | str] = []
+        for step in range(4):
+            t0 = step * 240
+            rows += [
+                runs.step(step, t0, t0 + 235),
+                runs.span(step, "fwd", t0, t0 + first),
+                runs.comm(step, t0 + first, t0 + 121, blocking=True),
+                runs.span(step, "bwd", t0 + 121, t0 + 121 + second),
+                runs.comm(step, t0 + 121 + second, t0 + 232, blocking=True),
+            ]
+        ranks[rank] = rows
+    return runs.write(ranks, runs.manifest(world_size=2))
+
+
 CASES = [
     RuleCase("BAL003", True, lambda runs: _late(runs, [0, 0.5, 12, 1]),
              "rank 2 starts every all-reduce 12 ms after the first", severity="medium", ranks=(2,)),
@@ -57,6 +79,9 @@ CASES = [
              "busy within 10% on every rank"),
     RuleCase("BAL001", False, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "half the ranks are slow: imbalance, not one straggler"),
+    RuleCase("BAL001", True, _mirrored,
+             "2 ranks: rank 1 is 80 ms slower before one collective, rank 0 50 ms before the "
+             "other; only rank 1 is slower over the step", severity="medium", ranks=(1,)),
     RuleCase("BAL002", True, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "two ranks compute 2x the other two", severity="medium", ranks=(0, 1)),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 80, 42, 41]),
