@@ -60,10 +60,12 @@ REDUCE_SPANS_FROM_BYTES = 128 * 2**20
 """Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
 SPAN_WINDOW_STEPS = 8
 """At most this many steps keep every span and collective in a large run (`RunData.span_steps`)"""
-WINDOW_RECORDS = 4_000_000
+WINDOW_RECORDS = 1_500_000
 """...and fewer when the window would hold more spans and collectives than this (over all
 ranks), but never fewer than MIN_WINDOW_STEPS: what the replay and the rules that match records
-across ranks read, kept at a size that does not grow with the world."""
+across ranks read, kept at a size that does not grow with the world. The replay reads at most
+two steps of a run that large (`whatif.attribution.MAX_EVENTS`); late arrival and the Timeline
+read the rest (a 1,024-rank 3D run: 4 steps, 330 records a rank and step)."""
 MIN_WINDOW_STEPS = 3
 """The warm-up step and two analysed steps: the fewest the replay compares."""
 OPEN_END = 2**62
