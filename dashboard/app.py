@@ -6,7 +6,8 @@ The runs are loaded, measured and diagnosed once, at start-up (with `--live`, ru
 written are followed and diagnosed again after every new step, dashboard/live.py: the page in
 the browser redraws when they change); the browser picks one by its position in that list.
 Pages live in `dashboard/pages/` (one module each), listed once in `dashboard.pages.PAGES`,
-which the navigation, the router and the callbacks all read; figures in `dashboard/figures.py`.
+which the navigation, the router and the callbacks all read; their figures in
+`dashboard/figures/` (one module a page), their data in `dashboard/data/`.
 """
 
 from __future__ import annotations

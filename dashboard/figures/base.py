@@ -1,0 +1,73 @@
+"""What every figure shares: the plotly layout, labels, MiB, the blame colour.
+
+Plotly renders a subset of HTML inside text (`<b>`, `<a href>`, `<br>`); names that come from
+traces and manifests (phases, ops, groups, hosts) go through `plain()` so they show as typed.
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+MIB = 1024**2
+BLAME_COLOR = "#D62728"
+
+
+def plain(text: object) -> str:
+    """Text that plotly shows literally (its HTML subset escaped)."""
+    return html.escape(str(text), quote=False)
+
+
+def apply_layout(fig: go.Figure, title: str, **kwargs: object) -> go.Figure:
+    fig.update_layout(
+        title=plain(title),
+        template="plotly_white",
+        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "y": -0.15},
+        **kwargs,
+    )
+    return fig
+
+
+def rank_label(rank: int, blamed: Sequence[int] = ()) -> str:
+    return f"rank {rank} !" if rank in blamed else f"rank {rank}"
+
+
+def rank_labels(ranks: pd.Series | Sequence[int], blamed: Sequence[int] = ()) -> list[str]:
+    """rank_label of every rank, computed once per distinct rank."""
+    series = pd.Series(ranks, dtype="int64")
+    distinct = series.unique()
+    labels = dict(zip(distinct, (rank_label(int(r), blamed) for r in distinct), strict=True))
+    return series.map(labels).tolist()
+
+
+def wrapped(text: object, width: int = 24) -> str:
+    """`plain(text)` in lines of about `width` characters (plotly's `<br>`), for axis labels."""
+    return "<br>".join(plain(line) for line in textwrap.wrap(str(text), width)) or plain(text)
+
+
+def collective_names(collectives: pd.DataFrame) -> list[str]:
+    """`op group tag` of every collective (rows with op, group, tag), as plain text."""
+    return [
+        plain(f"{op} {group} {tag}".strip())
+        for op, group, tag in zip(
+            collectives["op"],
+            collectives["group"],
+            collectives["tag"].astype(object).fillna(""),
+            strict=True,
+        )
+    ]
+
+
+def budget_line(fig: go.Figure, budget_bytes: float | None) -> None:
+    """A dashed line at the device budget (MiB) on `fig`, when the run declares one."""
+    if budget_bytes:
+        fig.add_hline(
+            y=budget_bytes / MIB,
+            line={"color": BLAME_COLOR, "dash": "dash"},
+            annotation_text=f"device budget {budget_bytes / MIB:.0f} MiB",
+        )
