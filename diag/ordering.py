@@ -17,16 +17,47 @@ def lexicographic(*keys: np.ndarray) -> np.ndarray:
     steps and ns): `np.lexsort` of the keys reversed, but as one sort of a combined integer
     where the keys' ranges multiplied fit in int64 (several times faster)."""
     columns = [np.asarray(key, dtype=np.int64) for key in keys]
-    if len(columns[0]) == 0:
-        return np.zeros(0, dtype=np.int64)
+    combined = _combined(columns)
+    return np.lexsort(columns[::-1]) if combined is None else np.argsort(combined, kind="stable")
+
+
+def grouped_order(key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """An order of rows by `key`, then `value` (integers), equal rows in no particular order:
+    for statistics of the values, which do not depend on which of two equal rows comes first
+    (an unstable sort of the combined integer is some four times faster than a stable one)."""
+    columns = [np.asarray(key, dtype=np.int64), np.asarray(value, dtype=np.int64)]
+    combined = _combined(columns)
+    return np.lexsort(columns[::-1]) if combined is None else np.argsort(combined)
+
+
+def _combined(columns: list[np.ndarray]) -> np.ndarray | None:
+    """One integer per row that orders the rows as the columns do, one after the other (a
+    mixed-radix number of the columns' offsets); None where it would overflow int64."""
     combined, space = np.zeros(len(columns[0]), dtype=np.int64), 1
+    if len(combined) == 0:
+        return combined
     for column in columns:
         low = int(column.min())
         width = int(column.max()) - low + 1
-        if space > _INT64_MAX // width:  # the combined key would overflow: the many-key sort
-            return np.lexsort(columns[::-1])
+        if space > _INT64_MAX // width:
+            return None
         combined, space = combined * width + (column - low), space * width
-    return np.argsort(combined, kind="stable")
+    return combined
+
+
+def half_units(values: np.ndarray) -> np.ndarray | None:
+    """`values` doubled, as int64, where that is exact: every value finite, a multiple of 1/2
+    (ns and medians of ns), under 2**52 in magnitude, and no -0.0 (which equals 0.0 but has
+    other bits); None otherwise. They sort as the values do, and `k / 2` gives each back."""
+    doubled = np.asarray(values, dtype=np.float64) * 2
+    if len(doubled) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.isfinite(doubled).all() or np.abs(doubled).max() >= 2.0**53:
+        return None
+    units = doubled.astype(np.int64)
+    if (units != doubled).any() or np.signbit(doubled[units == 0]).any():
+        return None
+    return units
 
 
 def by_key_then_value(key: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -62,17 +93,20 @@ def group_medians(
     key: np.ndarray, value: np.ndarray, divisor: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """The distinct keys (ascending) and the median of each one's `value / divisor` (integer
-    values, such as ns; a divisor to seconds), as a pandas group-by median of the divided
-    values: the middle one, or the mean of the two middle ones. Only the values matter, not
-    which row holds them: one plain sort of a combined integer where it fits in int64."""
-    key, value = np.asarray(key, dtype=np.int64), np.asarray(value, dtype=np.int64)
-    key_lo, value_lo = int(key.min()), int(value.min())
-    width = int(value.max()) - value_lo + 1
-    if width > _INT64_MAX // (int(key.max()) - key_lo + 1):
+    values, such as ns, with a divisor to seconds; or floats without NaN, with divisor 1), as
+    a pandas group-by median of the divided values: the middle one, or the mean of the two
+    middle ones. Only the values matter, not which row holds them: for integers, one plain
+    sort of a combined integer where it fits in int64."""
+    key, value = np.asarray(key, dtype=np.int64), np.asarray(value)
+    if value.dtype.kind != "f":
+        value = value.astype(np.int64)
+    combined = _combined([key, value]) if value.dtype.kind == "i" else None
+    if combined is None:
         order = np.lexsort((value, key))
         key, value = key[order], value[order]
     else:
-        combined = np.sort((key - key_lo) * width + (value - value_lo))
+        value_lo, width = int(value.min()), int(value.max()) - int(value.min()) + 1
+        combined, key_lo = np.sort(combined), int(key.min())
         key, value = combined // width + key_lo, combined % width + value_lo
     starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
     sizes = np.diff(np.append(starts, len(key)))

@@ -25,6 +25,7 @@ import pandas as pd
 from diag import ledger
 from diag.keys import in_steps, whole_steps
 from diag.load import RunData
+from diag.ordering import dense_key, group_medians, grouped_order, half_units
 from diag.roles import rank_roles
 from diag.whatif import timeline as tl
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
@@ -356,27 +357,20 @@ class _Scenarios:
 
 def _group_codes(*keys: np.ndarray) -> np.ndarray:
     """One dense integer (0..G-1) per distinct combination of the key columns (integers)."""
-    combined = np.zeros(len(keys[0]), dtype=np.int64)
-    for key in keys:
-        codes, uniques = pd.factorize(key)
-        combined = combined * (len(uniques) + 1) + codes
-    return pd.factorize(combined)[0]
+    return pd.factorize(dense_key(*keys))[0]
 
 
 def _group_medians(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per element, the median of its group's values (NaN values skipped; NaN for a group of
-    NaN only)."""
-    order = np.lexsort((values, codes))  # NaN sorts last within each group
-    group, ordered = codes[order], values[order]
-    start = np.concatenate([[0], np.cumsum(np.bincount(codes))[:-1]])
-    valid = np.bincount(codes, weights=~np.isnan(values)).astype(np.int64)
-    n = valid[group]
-    low = start[group] + np.maximum(n - 1, 0) // 2
-    high = start[group] + n // 2
-    median = (ordered[low] + ordered[np.minimum(high, start[group] + np.maximum(n - 1, 0))]) / 2
-    out = np.empty(len(values))
-    out[order] = np.where(n == 0, np.nan, median)
-    return out
+    NaN only): one sort of (group, value) as one integer where the values are exact halves."""
+    medians = np.full(int(codes.max()) + 1 if len(codes) else 0, np.nan)
+    valid = ~np.isnan(values)
+    if valid.any():
+        units = half_units(values[valid])
+        found = (units, 2.0) if units is not None else (values[valid], 1.0)
+        groups, valid_medians = group_medians(codes[valid], *found)
+        medians[groups] = valid_medians
+    return medians[codes]
 
 
 def _peer_medians(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
@@ -384,24 +378,26 @@ def _peer_medians(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndar
     other ranks of the event's role (NaN where the rank has no peer there)."""
     roles = role["role"].reindex(events["rank"].to_numpy()).to_numpy()
     codes = _group_codes(roles, events["step"].to_numpy(), events["j"].to_numpy())
+    # the members of each group in sorted order, whatever the values: for each, where the
+    # two middle values of its group without it lie (after it: one further)
     count = np.bincount(codes)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    group = np.repeat(np.arange(len(count)), count)
+    n, first = count[group], np.cumsum(count)[group] - count[group]
+    place = np.arange(len(codes)) - first
+    m = n - 1
+
+    def without_member(i: np.ndarray) -> np.ndarray:
+        return first + np.minimum(i + (i >= place), n - 1)
+
+    low, high = without_member(np.maximum(m - 1, 0) // 2), without_member(m // 2)
+    alone = n < 2
 
     def median_of_others(values: np.ndarray) -> np.ndarray:
-        order = np.lexsort((values, codes))  # by group, then by value
-        group = codes[order]
-        n = count[group]
-        place = np.arange(len(order)) - start[group]  # each member's place in its sorted group
+        units = half_units(values)  # equal values in any order: the medians are the same
+        order = np.lexsort((values, codes)) if units is None else grouped_order(codes, units)
         ordered = values[order]
-        m = n - 1  # the group without the member
-
-        def at(i: np.ndarray) -> np.ndarray:  # the i-th value of the group without the member
-            i = i + (i >= place)
-            return ordered[start[group] + np.minimum(i, n - 1)]
-
-        median = (at(np.maximum(m - 1, 0) // 2) + at(m // 2)) / 2
         out = np.empty(len(values))
-        out[order] = np.where(n < 2, np.nan, median)
+        out[order] = np.where(alone, np.nan, (ordered[low] + ordered[high]) / 2)
         return out
 
     return median_of_others

@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.ordering import by_key_then_value, dense_key, group_medians, lexicographic, occurrence
+from diag.ordering import (
+    by_key_then_value,
+    dense_key,
+    group_medians,
+    grouped_order,
+    half_units,
+    lexicographic,
+    occurrence,
+)
 
 HUGE = np.iinfo(np.int64).max // 4
 """Values this far apart overflow the combined key: the two-key fallback runs."""
@@ -50,3 +58,31 @@ def test_occurrence_in_row_order_is_cumcount() -> None:
     rank, step, flag = rng.integers(0, 9, 2_000), rng.integers(5, 8, 2_000), rng.random(2_000) < 0.3
     expected = pd.DataFrame({"r": rank, "s": step, "f": flag}).groupby(["r", "s", "f"]).cumcount()
     assert (occurrence(dense_key(rank, step, flag)) == expected.to_numpy()).all()
+
+
+@pytest.mark.parametrize("spread", [1_000, HUGE])
+def test_grouped_order_sorts_by_key_then_value(spread: int) -> None:
+    rng = np.random.default_rng(13)
+    key, value = rng.integers(0, 20, 5_000), rng.integers(0, 50, 5_000) * (spread // 50)
+    order = grouped_order(key, value)
+    assert sorted(order.tolist()) == list(range(5_000))
+    expected = np.lexsort((value, key))
+    assert (key[order] == key[expected]).all() and (value[order] == value[expected]).all()
+
+
+def test_half_units_only_where_exact() -> None:
+    units = half_units(np.array([1.5, -2.0, 0.0, 3e9]))
+    assert units is not None and units.tolist() == [3, -4, 0, 6_000_000_000]
+    for bad in ([0.25], [np.nan], [np.inf], [-0.0], [2.0**53]):
+        assert half_units(np.array(bad)) is None
+    empty = half_units(np.zeros(0))
+    assert empty is not None and len(empty) == 0
+
+
+def test_group_medians_of_floats_equal_pandas() -> None:
+    rng = np.random.default_rng(17)
+    key, value = rng.integers(0, 20, 5_000), rng.integers(0, 50, 5_000) / 8
+    keys, medians = group_medians(key, value)
+    by_key = pd.Series(value).groupby(key).median()
+    assert (keys == by_key.index.to_numpy()).all()
+    assert (medians == by_key.to_numpy()).all()
