@@ -423,7 +423,8 @@ def _waits(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
     ev = timeline.events
     kind = ev["kind"].to_numpy()
     a, e = ev["a_ns"].to_numpy(dtype=np.float64), ev["e_ns"].to_numpy(dtype=np.float64)
-    rank, group = ev["rank"].to_numpy(), ev["group"].to_numpy(dtype=object)
+    rank = ev["rank"].to_numpy()
+    group, group_names = pd.factorize(ev["group"], sort=True)  # codes in the names' order
     instance, sender = ev["instance"].to_numpy(), ev["sender"].to_numpy()
     members = timeline.member_event
     owner = np.repeat(np.arange(len(timeline.member_ptr) - 1), np.diff(timeline.member_ptr))
@@ -439,26 +440,31 @@ def _waits(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
     if len(waits):  # the latest arrival over the collectives each wait waits for
         awaited_ready = last_arrival[instance[timeline.wait_event]]
         ready[waits] = np.maximum.reduceat(awaited_ready, timeline.wait_ptr[waits])
-        group = group.copy()
         group[waits] = group[timeline.wait_event[timeline.wait_ptr[waits]]]
     blocking = np.concatenate([sync, recv, waits])
     if not len(blocking):
         return pd.DataFrame(columns=["rank", "group", "skew_s", "transfer_s", "last_share"])
     wait_ns = np.maximum(e[blocking] - a[blocking], 0.0)
     skew_ns = np.minimum(np.maximum(ready[blocking] - a[blocking], 0.0), wait_ns)
-    frame = pd.DataFrame({"rank": rank[blocking], "group": group[blocking],
-                          "skew_ns": skew_ns, "transfer_ns": wait_ns - skew_ns})  # fmt: skip
-    table = frame.groupby(["rank", "group"])[["skew_ns", "transfer_ns"]].sum().reset_index()
-    table["skew_s"] = table.pop("skew_ns") / NS_PER_S / max(steps, 1)
-    table["transfer_s"] = table.pop("transfer_ns") / NS_PER_S / max(steps, 1)
+    # per (rank, group), in that order: the values are whole ns, their sums exact in any order
+    num_groups = len(group_names)
+    pairs, pair_of = np.unique(rank[blocking] * num_groups + group[blocking], return_inverse=True)
+    skew_s = np.bincount(pair_of, weights=skew_ns) / NS_PER_S / max(steps, 1)
+    transfer_s = np.bincount(pair_of, weights=wait_ns - skew_ns) / NS_PER_S / max(steps, 1)
     # who arrived last at each collective (the first of the latest, in event order)
-    latest = pd.Series(a[members]).groupby(owner).idxmax().to_numpy()
-    lasts = pd.DataFrame({"rank": rank[members[latest]], "group": group[members[latest]]})
-    counts = lasts.groupby(["rank", "group"]).size().rename("last")
-    totals = lasts.groupby("group").size().rename("total")
-    table = table.join(counts, on=["rank", "group"]).join(totals, on="group")
-    table["last_share"] = (table.pop("last").fillna(0) / table.pop("total").fillna(1)).astype(float)
-    return table
+    latest = np.flatnonzero(a[members] == last_arrival[owner])
+    latest = latest[np.diff(owner[latest], prepend=-1) != 0]
+    last_pair = rank[members[latest]] * num_groups + group[members[latest]]
+    in_table = last_pair[np.isin(last_pair, pairs)]
+    last = np.bincount(np.searchsorted(pairs, in_table), minlength=len(pairs))
+    total = np.bincount(group[members[latest]], minlength=num_groups)[pairs % num_groups]
+    return pd.DataFrame({
+        "rank": pairs // num_groups,
+        "group": np.asarray(group_names, dtype=object)[pairs % num_groups],
+        "skew_s": skew_s,
+        "transfer_s": transfer_s,
+        "last_share": last / np.where(total > 0, total, 1).astype(float),
+    })  # fmt: skip
 
 
 def with_waits(ranks: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:
