@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.ordering import dense_key, lexicographic, occurrence
 
 P2P_OPS = frozenset({schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value})
 FORWARD_TAG = "act"
@@ -51,20 +52,18 @@ def collective_instances(comms: pd.DataFrame, manifest: schema.Manifest) -> np.n
     out = np.full(len(comms), -1, dtype=np.int64)
     if comms.empty:
         return out
-    order = np.lexsort((comms["t0"].to_numpy(), comms["rank"].to_numpy()))
-    frame = comms.iloc[order]
-    ranks = frame["rank"].to_numpy(dtype=np.int64)
-    group_codes, group_names = label_codes(frame["group"])
-    op_codes, op_names = label_codes(frame["op"])
+    ranks = comms["rank"].to_numpy(dtype=np.int64)
+    order = lexicographic(ranks, comms["t0"].to_numpy(dtype=np.int64))
+    ranks = ranks[order]
+    group_codes, group_names = label_codes(comms["group"].iloc[order])
+    op_codes, op_names = label_codes(comms["op"].iloc[order])
     member_of = group_member_of(manifest, group_codes, group_names, ranks)
     stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes
-    n = pd.DataFrame({"rank": ranks, "stream": stream}).groupby(
-        ["rank", "stream"], sort=False
-    ).cumcount().to_numpy()  # fmt: skip
+    n = occurrence(dense_key(ranks, stream))  # the n-th of its rank's stream (rows by start)
     instance = stream * (int(n.max()) + 1) + n
-    is_p2p = np.isin(np.asarray(op_names, dtype=object)[op_codes], list(P2P_OPS))
-    size = pd.Series(instance).groupby(instance).transform("size").to_numpy()
-    instance[(size < 2) | is_p2p] = -1
+    is_p2p = np.isin(np.asarray(op_names, dtype=object), list(P2P_OPS))[op_codes]
+    ids = pd.factorize(instance)[0]
+    instance[(np.bincount(ids)[ids] < 2) | is_p2p] = -1
     out[order] = instance
     return out
 
@@ -95,8 +94,9 @@ def message_pair_rows(
     peers = pipeline_peers(manifest)
     if comms.empty or not peers:
         return empty, empty
-    op = comms["op"].astype(object).to_numpy()
-    rows = np.flatnonzero(np.isin(op, list(P2P_OPS)))
+    op_codes, op_names = label_codes(comms["op"])
+    ops = np.asarray(op_names, dtype=object)
+    rows = np.flatnonzero(np.isin(ops, list(P2P_OPS))[op_codes])
     if not len(rows):
         return empty, empty
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
@@ -104,20 +104,25 @@ def message_pair_rows(
     previous, following = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
     for r, (before, after) in peers.items():
         previous[r], following[r] = before, after
-    tag_codes, tag_names = label_codes(comms["tag"].iloc[rows].reset_index(drop=True))
-    forward = (np.asarray(tag_names, dtype=object) == FORWARD_TAG)[tag_codes]
-    send = op[rows] == schema.CollectiveOp.SEND.value
-    keep = previous[rank] >= 0
+    tag_codes, tag_names = label_codes(comms["tag"])
+    tag = tag_codes[rows]
+    forward = (np.asarray(tag_names, dtype=object) == FORWARD_TAG)[tag]
+    send = (ops == schema.CollectiveOp.SEND.value)[op_codes[rows]]
     # a send goes to the next stage (activations) or the previous one; a receive comes from them
     peer = np.where(forward == send, following[rank], previous[rank])
-    source = np.where(send, rank, peer)
-    target = np.where(send, peer, rank)
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    frame = pd.DataFrame({"row": rows, "send": send, "key_a": source, "key_b": target,
-                          "tag": tag_codes, "rank": rank, "t0": t0})[keep]  # fmt: skip
-    frame = frame.sort_values(["rank", "t0"], kind="stable")
-    frame["n"] = frame.groupby(["send", "key_a", "key_b", "tag"], sort=False).cumcount()
-    sends = frame[frame["send"]].set_index(["key_a", "key_b", "tag", "n"])["row"]
-    recvs = frame[~frame["send"]].set_index(["key_a", "key_b", "tag", "n"])["row"]
-    joined = recvs.to_frame("recv").join(sends.rename("send"), how="inner")
-    return joined["recv"].to_numpy(dtype=np.int64), joined["send"].to_numpy(dtype=np.int64)
+    keep = np.flatnonzero(previous[rank] >= 0)
+    by_start = keep[lexicographic(rank[keep], t0[keep])]
+    rows, send, tag = rows[by_start], send[by_start], tag[by_start]
+    rank, peer = rank[by_start], peer[by_start]
+    source, target = np.where(send, rank, peer), np.where(send, peer, rank)
+    n = occurrence(dense_key(send, source, target, tag))  # the n-th, by start, of its kind
+    # the n-th message of a (source, target, tag): its receive, then its send, side by side
+    by_message = lexicographic(source, target, tag, n, send)
+    key = np.stack([source, target, tag, n])[:, by_message]
+    is_send = send[by_message]
+    pair = (key[:, 1:] == key[:, :-1]).all(axis=0) & ~is_send[:-1] & is_send[1:]
+    sender = np.full(len(rows), -1)
+    sender[by_message[:-1][pair]] = by_message[1:][pair]
+    receives = np.flatnonzero(sender >= 0)  # in the order of their start, as before
+    return rows[receives], rows[sender[receives]]
