@@ -68,7 +68,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "--out", str(run),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
-    traces = shutil.copytree(TRACES, root / "traces")
+    traces = shutil.copytree(TRACES, root / "traces", ignore=shutil.ignore_patterns(".diag-cache"))
     code = (
         "import json, sys\n"
         "from tests.unit.test_dask_scheduler import _cluster_job\n"
