@@ -185,3 +185,23 @@ def params(cases: dict[str, Case]) -> list[Any]:
 def cli_cases(cases: dict[str, Case]) -> dict[str, Case]:
     """The cases that also run `diag analyze` as a process."""
     return {name: case for name, case in cases.items() if case.cli}
+
+
+FamilyTest = Callable[[Case, Path, pytest.MonkeyPatch], None]
+
+
+def family_tests(cases: dict[str, Case]) -> tuple[FamilyTest, FamilyTest]:
+    """A family module's two tests, to be named `test_...` there: every case analysed in
+    this process, and the cases marked `cli` as a `diag analyze` process."""
+
+    @pytest.mark.timeout(TIME_LIMIT_S * 2)
+    @pytest.mark.parametrize("case", params(cases))
+    def in_this_process(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        run_case(case, tmp_path, monkeypatch, in_process)
+
+    @pytest.mark.timeout(TIME_LIMIT_S * 2)
+    @pytest.mark.parametrize("case", params(cli_cases(cases)))
+    def through_the_command(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        run_case(case, tmp_path, monkeypatch, as_process)
+
+    return in_this_process, through_the_command

@@ -10,22 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.unit.hostile_corpus import (
     MANIFEST,
-    TIME_LIMIT_S,
-    Case,
     Text,
     as_bytes,
-    as_process,
-    cli_cases,
     deep,
+    family_tests,
     fatal,
     garbage,
-    in_process,
-    params,
-    run_case,
     usable,
     valid_run,
 )
@@ -113,18 +105,5 @@ CASES = {
     # ranks
     "run.ranks/world-2000": usable(world(2000), 2, "1998 of 2000 ranks"),
 }
-CLI_CASES = cli_cases(CASES)
 
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CASES))
-def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_case(case, tmp_path, monkeypatch, in_process)
-
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CLI_CASES))
-def test_hostile_input_through_the_command(
-    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_case(case, tmp_path, monkeypatch, as_process)
+test_hostile_input, test_hostile_input_through_the_command = family_tests(CASES)

@@ -9,18 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.unit.hostile_corpus import (
     MANIFEST,
-    TIME_LIMIT_S,
-    Case,
-    as_process,
-    cli_cases,
+    family_tests,
     fatal,
-    in_process,
-    params,
-    run_case,
     usable,
     valid_run,
 )
@@ -91,18 +83,5 @@ CASES = {
     "run.ranks/duplicate": usable(extra_rank_file("rank-000001.jsonl"), 2, "rank 1", cli=True),
     "run.ranks/outside-world": usable(extra_rank_file("rank-00005.jsonl"), 2, "outside the world"),
 }
-CLI_CASES = cli_cases(CASES)
 
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CASES))
-def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_case(case, tmp_path, monkeypatch, in_process)
-
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CLI_CASES))
-def test_hostile_input_through_the_command(
-    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_case(case, tmp_path, monkeypatch, as_process)
+test_hostile_input, test_hostile_input_through_the_command = family_tests(CASES)

@@ -14,21 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.unit.hostile_corpus import (
-    TIME_LIMIT_S,
     Case,
     Text,
     as_bytes,
-    as_process,
-    cli_cases,
     deep,
+    family_tests,
     fatal,
     garbage,
-    in_process,
-    params,
-    run_case,
     usable,
 )
 from tests.unit.test_kineto import _step_events, _trace, _x
@@ -258,18 +251,5 @@ CASES = {
     "kineto.files/link-to-itself": usable(trace_link_to_itself, 1, None, cli=True),
     "kineto.files/a-folder": usable(trace_is_a_folder, 1, None),
 }
-CLI_CASES = cli_cases(CASES)
 
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CASES))
-def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_case(case, tmp_path, monkeypatch, in_process)
-
-
-@pytest.mark.timeout(TIME_LIMIT_S * 2)
-@pytest.mark.parametrize("case", params(CLI_CASES))
-def test_hostile_input_through_the_command(
-    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_case(case, tmp_path, monkeypatch, as_process)
+test_hostile_input, test_hostile_input_through_the_command = family_tests(CASES)
