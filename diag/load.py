@@ -436,17 +436,28 @@ def _frame(kind: str, columns: dict[str, Column | Encoded]) -> pd.DataFrame:
         if name in frame.columns:
             frame[name] = frame[name].astype("int64")
     for name in _NUMERIC.get(kind, ()):
-        try:
-            frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
-        except TypeError:  # lists or dicts where a number belongs: those become null
-            numbers = [v if finite(v) else None for v in frame[name]]
-            frame[name] = pd.Series(numbers, index=frame.index, dtype="float64")
-        if name != "loss":  # a diverged loss is data; an infinite byte count is not
-            frame[name] = frame[name].where(np.isfinite(frame[name]))
+        frame[name] = numeric_column(name, frame[name])
     for name in _CATEGORIES.get(kind, ()):
         if name not in encoded or not len(frame):
             frame[name] = frame[name].astype("category")
     return frame
+
+
+def numeric_column(name: str, values: pd.Series) -> pd.Series:
+    """A numeric field as the tables hold it: numbers as float64, anything else null, and
+    infinities null too, but in `loss` (a diverged loss is data; an infinite byte count is
+    not)."""
+    try:
+        numbers = pd.to_numeric(values, errors="coerce").astype("float64")
+    except TypeError:  # lists or dicts where a number belongs: those become null
+        kept = [v if finite(v) else None for v in values]
+        numbers = pd.Series(kept, index=values.index, dtype="float64")
+    return numbers if name == "loss" else numbers.where(np.isfinite(numbers))
+
+
+def numbers_of(kind: str, name: str, packed: Packed) -> np.ndarray:
+    """One packed numeric column of `kind` as `numeric_column` makes it, as an array."""
+    return numeric_column(name, pd.Series(_gather(kind, name, [packed]))).to_numpy()
 
 
 def _drop_duplicate_steps(steps: pd.DataFrame, skipped: list[str]) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from diag import schema
 from diag.intervals import prepare_union_lengths
-from diag.load import categorical, frame_of
+from diag.load import categorical, frame_of, numbers_of
 from diag.metrics.comm_totals import (
     TOTAL_COLUMNS,
     TOTAL_KEYS,
@@ -153,13 +153,19 @@ def _analysed_windows(steps: dict[str, Packed], warmup: bool) -> dict[str, np.nd
 
 def _comm_totals(comms: dict[str, Packed], labels: dict[str, Encoded]) -> dict[str, Any]:
     """`comm_totals` of one rank file's collectives, from its packed columns."""
+    comm = RecordKind.COMM.value
+    measured = {
+        name: numbers_of(comm, name, comms[name])  # as the tables read them: a
+        for name in ("group_size", "bytes", "expected_bytes")
+    }  # line-by-line file
     keys = [
-        Codes.of_labels(*labels[name]) if name in LABEL_KEYS else Codes.of(np.asarray(comms[name]))
+        Codes.of_labels(*labels[name]) if name in LABEL_KEYS
+        else Codes.of(measured[name] if name in measured else np.asarray(comms[name]))
         for name in TOTAL_KEYS
-    ]
+    ]  # fmt: skip
     numbers = {
-        "bytes": np.asarray(comms["bytes"], np.float64),
-        "expected_bytes": np.asarray(comms["expected_bytes"], np.float64),
+        "bytes": measured["bytes"],
+        "expected_bytes": measured["expected_bytes"],
         "t0": np.asarray(comms["t0"], np.int64),
         "t1": np.asarray(comms["t1"], np.int64),
     }

@@ -86,6 +86,28 @@ def test_odd_records_reduce_to_the_tables_numbers(runs) -> None:
         _assert_same(tables, files)
 
 
+def test_files_read_line_by_line_reduce_to_the_tables_numbers(runs) -> None:
+    """A rank file with a line the typed decoder refuses (a NaN loss) is read line by line,
+    its numbers packed as labels: the reduction reads them as the tables do (a string that
+    is a number, an infinity, a list where a number belongs)."""
+    rows: dict[int, list[dict[str, Any] | str]] = {}
+    for rank in range(2):
+        rows[rank] = [
+            '{"kind":"step","step":0,"t0":0,"t1":100000000,"tokens":1,"loss":NaN}',
+            runs.step(1, 100, 200), runs.step(2, 200, 300), runs.step(3, 300, 400),
+            runs.span(1, "fwd", 100, 150), runs.span(2, "bwd", 200, 280),
+            runs.comm(1, 150, 190, bytes="4096", group_size="2"),
+            runs.comm(2, 280, 295, bytes=[1, 2], expected_bytes=512),
+            '{"kind":"comm","step":3,"op":"all_reduce","group":"dp","group_size":2,'
+            '"bytes":Infinity,"t0":350000000,"t1":360000000}',
+            runs.comm(3, 360, 390 + rank, bytes=1000 * (rank + 1)),
+        ]  # fmt: skip
+    run_dir = runs.write(rows, runs.manifest(2))
+    tables, files = _both_ways(run_dir)
+    assert len(tables["comm_totals"])
+    _assert_same(tables, files)
+
+
 def test_a_chunk_of_no_files_prepares_the_compiled_loop() -> None:
     assert reduce_rank_files([]) == {}
 
