@@ -94,7 +94,10 @@ def _encoded(values: Packed) -> Encoded:
     if isinstance(values, Encoded):
         return values
     rows = values.tolist() if isinstance(values, np.ndarray) else list(values)
-    distinct = dict.fromkeys(rows)
+    try:
+        distinct = dict.fromkeys(rows)
+    except TypeError:  # a list or a dict where a flag belongs (unchecked): each row its own
+        return Encoded(rows, np.arange(len(rows), dtype=np.int64))
     code = {value: i for i, value in enumerate(distinct)}
     return Encoded(list(distinct), np.array([code[row] for row in rows], dtype=np.int64))
 

@@ -89,7 +89,7 @@ def test_odd_records_reduce_to_the_tables_numbers(runs) -> None:
 def test_files_read_line_by_line_reduce_to_the_tables_numbers(runs) -> None:
     """A rank file with a line the typed decoder refuses (a NaN loss) is read line by line,
     its numbers packed as labels: the reduction reads them as the tables do (a string that
-    is a number, an infinity, a list where a number belongs)."""
+    is a number, an infinity, a list where a number belongs, a list or a dict for a flag)."""
     rows: dict[int, list[dict[str, Any] | str]] = {}
     for rank in range(2):
         rows[rank] = [
@@ -97,7 +97,8 @@ def test_files_read_line_by_line_reduce_to_the_tables_numbers(runs) -> None:
             runs.step(1, 100, 200), runs.step(2, 200, 300), runs.step(3, 300, 400),
             runs.span(1, "fwd", 100, 150), runs.span(2, "bwd", 200, 280),
             runs.comm(1, 150, 190, bytes="4096", group_size="2"),
-            runs.comm(2, 280, 295, bytes=[1, 2], expected_bytes=512),
+            runs.comm(2, 280, 295, bytes=[1, 2], expected_bytes=512, blocking={"a": 1}),
+            runs.comm(2, 282, 290, **{"async": [1]}),
             '{"kind":"comm","step":3,"op":"all_reduce","group":"dp","group_size":2,'
             '"bytes":Infinity,"t0":350000000,"t1":360000000}',
             runs.comm(3, 360, 390 + rank, bytes=1000 * (rank + 1)),
