@@ -175,3 +175,37 @@ def test_mutated_trace_events_load_or_fail_with_input_error(text: str) -> None:
         except InputError:
             return
         analysed(run)
+
+
+@FUZZ
+@given(rank_files())
+def test_mutated_records_reduce_in_the_workers_as_in_the_tables(lines: list[str]) -> None:
+    """A large run's workers reduce each file from its packed columns
+    (diag/metrics/file_reduction.py): whatever mutated records load, the reduced time
+    breakdown and collective totals are the tables' own, to the bit."""
+    from unittest import mock
+
+    import pandas as pd
+
+    from diag import load
+    from diag.metrics import reduce_rank_files
+    from diag.metrics.comm_totals import comm_totals
+    from diag.metrics.common import analysed_steps
+    from diag.metrics.time_breakdown import time_breakdown
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = RunWriter(Path(tmp))
+        run_dir = runs.write({0: runs.simple_rank(), 1: [*runs.simple_rank(1), *lines]})
+        try:
+            full = load_run(run_dir)
+        except InputError:
+            return
+        with mock.patch.object(load, "REDUCE_SPANS_FROM_BYTES", 0):
+            reduced = load_run(run_dir, breakdown=reduce_rank_files)
+        windows = analysed_steps(full.steps)[0]
+        expected = time_breakdown(full.spans, full.comms, windows)
+        assert reduced.rank_steps is not None and reduced.comm_totals is not None
+        pd.testing.assert_frame_equal(reduced.rank_steps, expected, check_exact=True)
+        pd.testing.assert_frame_equal(
+            reduced.comm_totals, comm_totals(full.comms), check_exact=True
+        )
