@@ -456,7 +456,10 @@ def numeric_column(name: str, values: pd.Series) -> pd.Series:
 
 
 def numbers_of(kind: str, name: str, packed: Packed) -> np.ndarray:
-    """One packed numeric column of `kind` as `numeric_column` makes it, as an array."""
+    """One packed numeric column of `kind` as `numeric_column` makes it, as an array (a
+    float array, as the typed readers pack numbers, without pandas)."""
+    if isinstance(packed, np.ndarray) and packed.dtype == np.float64:
+        return packed if name == "loss" else np.where(np.isinf(packed), np.nan, packed)
     return numeric_column(name, pd.Series(_gather(kind, name, [packed]))).to_numpy()
 
 
