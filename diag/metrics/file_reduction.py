@@ -34,6 +34,7 @@ from diag.metrics.common import WARMUP_MIN_STEPS, analysed_steps
 from diag.metrics.time_breakdown import (
     PIPELINE_GROUP,
     comm_bits,
+    counted_records,
     span_bits,
     step_measures,
     time_breakdown,
@@ -112,12 +113,7 @@ def _rank_steps(columns: RankColumns, labels: dict[str, Encoded], warmup: bool) 
     of_comms = comm_bits(
         _blocking(labels["blocking"], labels["async"]), _holds(labels["group"], {PIPELINE_GROUP})
     )
-    counted = of_spans != 0
-    records = {
-        name: np.concatenate([np.asarray(spans[name], np.int64)[counted],
-                              np.asarray(comms[name], np.int64)])
-        for name in ("rank", "step", "t0", "t1")
-    } | {"bits": np.concatenate([of_spans[counted], of_comms])}  # fmt: skip
+    records = counted_records(spans, of_spans, comms, of_comms)
     return step_measures(records, _analysed_windows(steps, warmup))
 
 
@@ -157,10 +153,11 @@ def _analysed_windows(steps: dict[str, Packed], warmup: bool) -> dict[str, np.nd
 def _comm_totals(comms: dict[str, Packed], labels: dict[str, Encoded]) -> dict[str, Any]:
     """`comm_totals` of one rank file's collectives, from its packed columns."""
     comm = RecordKind.COMM.value
+    # as the tables read them: a file read line by line packs numbers as labels or lists
     measured = {
-        name: numbers_of(comm, name, comms[name])  # as the tables read them: a
+        name: numbers_of(comm, name, comms[name])
         for name in ("group_size", "bytes", "expected_bytes")
-    }  # line-by-line file
+    }
     keys = [
         Codes.of_labels(*labels[name]) if name in LABEL_KEYS
         else Codes.of(measured[name] if name in measured else np.asarray(comms[name]))

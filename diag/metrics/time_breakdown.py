@@ -4,7 +4,8 @@ window; and its per-rank totals (docs/metrics.md, "Time")."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -85,10 +86,18 @@ def _measured(spans: pd.DataFrame, comms: pd.DataFrame) -> dict[str, np.ndarray]
     of_comms = comm_bits(
         _blocking(comms).to_numpy(bool), _labels_in(comms["group"], {PIPELINE_GROUP})
     )
+    return counted_records(spans, of_spans, comms, of_comms)
+
+
+def counted_records(
+    spans: Mapping[str, Any], of_spans: np.ndarray, comms: Mapping[str, Any], of_comms: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The spans some measure counts and every collective, as rank, step, t0, t1 (integer
+    columns of a table or packed arrays) and their bits (`span_bits`, `comm_bits`)."""
     counted = of_spans != 0
     return {
-        name: np.concatenate([spans[name].to_numpy(np.int64)[counted],
-                              comms[name].to_numpy(np.int64)])
+        name: np.concatenate([np.asarray(spans[name], np.int64)[counted],
+                              np.asarray(comms[name], np.int64)])
         for name in ("rank", "step", "t0", "t1")
     } | {"bits": np.concatenate([of_spans[counted], of_comms])}  # fmt: skip
 
