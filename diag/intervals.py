@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from diag.compiled import compiled, for_size
+from diag.ordering import combined_key
 
 
 def _as_array(intervals: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
@@ -109,7 +110,9 @@ def _union_length_by_ints(
     """The grouped union in numpy: sort by (keys, start), then a running maximum of the ends
     that restarts at each group (each group's ends are offset into a band of their own);
     None when the bands would not fit in int64."""
-    group_id = _dense_group_id(key_columns)
+    group_id = (
+        None if len(key_columns) == 1 else combined_key([c.astype(np.int64) for c in key_columns])
+    )
     sort_keys = key_columns[::-1] if group_id is None else [group_id]
     order = np.lexsort((starts, *sort_keys))  # one key column sorts several times faster
     s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
@@ -138,22 +141,6 @@ def _union_length_by_ints(
         else pd.Index(sorted_keys[0], name=keys[0])
     )
     return pd.Series(totals, index=index)
-
-
-def _dense_group_id(key_columns: list[np.ndarray]) -> np.ndarray | None:
-    """One integer per row that orders as the key columns do (mixed radix over each column's
-    range), or None when the ranges' product would not fit in int64."""
-    if len(key_columns) == 1:
-        return None
-    combined = np.zeros(len(key_columns[0]), dtype=np.int64)
-    space = 1
-    for column in key_columns:
-        low, high = int(column.min()), int(column.max())
-        space *= high - low + 1
-        if space >= 2**62:
-            return None
-        combined = combined * (high - low + 1) + (column.astype(np.int64) - low)
-    return combined
 
 
 def _union_length_by_frame(frame: pd.DataFrame, keys: list[str], start: str, end: str) -> pd.Series:

@@ -17,7 +17,7 @@ def lexicographic(*keys: np.ndarray) -> np.ndarray:
     steps and ns): `np.lexsort` of the keys reversed, but as one sort of a combined integer
     where the keys' ranges multiplied fit in int64 (several times faster)."""
     columns = [np.asarray(key, dtype=np.int64) for key in keys]
-    combined = _combined(columns)
+    combined = combined_key(columns)
     return np.lexsort(columns[::-1]) if combined is None else np.argsort(combined, kind="stable")
 
 
@@ -26,11 +26,11 @@ def grouped_order(key: np.ndarray, value: np.ndarray) -> np.ndarray:
     for statistics of the values, which do not depend on which of two equal rows comes first
     (an unstable sort of the combined integer is some four times faster than a stable one)."""
     columns = [np.asarray(key, dtype=np.int64), np.asarray(value, dtype=np.int64)]
-    combined = _combined(columns)
+    combined = combined_key(columns)
     return np.lexsort(columns[::-1]) if combined is None else np.argsort(combined)
 
 
-def _combined(columns: list[np.ndarray]) -> np.ndarray | None:
+def combined_key(columns: list[np.ndarray]) -> np.ndarray | None:
     """One integer per row that orders the rows as the columns do, one after the other (a
     mixed-radix number of the columns' offsets); None where it would overflow int64."""
     combined, space = np.zeros(len(columns[0]), dtype=np.int64), 1
@@ -66,14 +66,14 @@ def by_key_then_value(key: np.ndarray, value: np.ndarray) -> np.ndarray:
 
 
 def dense_key(*keys: np.ndarray) -> np.ndarray:
-    """One integer per row that is equal where all `keys` (small integer ranges, such as
-    ranks, steps, flags) are: a mixed-radix combination, for grouping."""
-    combined = np.zeros(len(keys[0]), dtype=np.int64)
-    for key in keys:
-        key = np.asarray(key, dtype=np.int64)
-        low = int(key.min()) if len(key) else 0
-        combined = combined * (int(key.max()) - low + 1 if len(key) else 1) + (key - low)
-    return combined
+    """One integer per row that is equal where all `keys` (integers, such as ranks, steps,
+    flags) are, for grouping: their mixed-radix combination, or where that would overflow
+    int64 (hostile ranges), the index of each row's distinct combination."""
+    columns = [np.asarray(key, dtype=np.int64) for key in keys]
+    combined = combined_key(columns)
+    if combined is not None:
+        return combined
+    return np.unique(np.column_stack(columns), axis=0, return_inverse=True)[1].reshape(-1)
 
 
 def occurrence(key: np.ndarray, time: np.ndarray | None = None) -> np.ndarray:
@@ -100,7 +100,7 @@ def group_medians(
     key, value = np.asarray(key, dtype=np.int64), np.asarray(value)
     if value.dtype.kind != "f":
         value = value.astype(np.int64)
-    combined = _combined([key, value]) if value.dtype.kind == "i" else None
+    combined = combined_key([key, value]) if value.dtype.kind == "i" else None
     if combined is None:
         order = np.lexsort((value, key))
         key, value = key[order], value[order]

@@ -86,3 +86,15 @@ def test_group_medians_of_floats_equal_pandas() -> None:
     by_key = pd.Series(value).groupby(key).median()
     assert (keys == by_key.index.to_numpy()).all()
     assert (medians == by_key.to_numpy()).all()
+
+
+def test_dense_key_groups_ranges_too_wide_for_one_integer() -> None:
+    """Keys whose ranges multiplied overflow int64 (a hostile run's ranks, steps and flags:
+    2**20 x 2**40 x 2**10 here) still group equal rows together and distinct ones apart; one
+    integer would wrap, rank 2**14 landing on rank 0."""
+    rank = np.array([0, 2**14, 2**20 - 1, 0])
+    step = np.array([0, 0, 2**40 - 1, 0])
+    flag = np.array([0, 0, 2**10 - 1, 0])
+    key = dense_key(rank, step, flag)
+    assert key[0] == key[3]
+    assert len(set(key.tolist())) == 3
