@@ -133,3 +133,27 @@ def test_the_compiled_union_loop_gives_what_the_python_loop_gives() -> None:
             mine = (group == g) & ((bits >> k) & 1 == 1)
             union = intervals.union_length(np.column_stack([starts[mine], ends[mine]]))
             assert plain[g, k] == union
+
+
+def test_totals_of_keys_too_wide_for_one_integer() -> None:
+    """Ranks and steps whose ranges multiplied with the labels' overflow int64 (a hostile
+    run's): the totals are still one row per distinct key, in key order, as a group-by's."""
+    comms = pd.DataFrame({
+        "rank": [0, 2**20 - 1, 0, 2**20 - 1, 0],
+        "step": [0, 2**40 - 1, 0, 2**40 - 1, 2**40 - 1],
+        "op": pd.Categorical(["all_reduce", "send", "all_reduce", "recv", "send"]),
+        "group": pd.Categorical(["dp", "pp", "dp", "pp", "tp"]),
+        "tag": pd.Categorical([None, "a", None, "b", "c"]),
+        "group_size": [2.0, 2.0, 2.0, 2.0, 8.0],
+        "bytes": [10.0, 20.0, 30.0, 40.0, 50.0],
+        "expected_bytes": [np.nan] * 5,
+        "t0": [0, 5, 10, 20, 30],
+        "t1": [1, 7, 13, 24, 35],
+    })  # fmt: skip
+    totals = comm_totals(comms)
+    keys = ["rank", "step", "op", "group", "tag", "group_size"]
+    grouped = comms.groupby(keys, observed=True, dropna=False)["bytes"].agg(["size", "sum"])
+    assert totals["count"].tolist() == grouped["size"].tolist() == [2, 1, 1, 1]
+    assert totals["bytes"].tolist() == grouped["sum"].tolist()
+    assert totals["rank"].tolist() == [0, 0, 2**20 - 1, 2**20 - 1]
+    assert totals["step"].tolist() == [0, 2**40 - 1, 2**40 - 1, 2**40 - 1]
