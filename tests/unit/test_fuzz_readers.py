@@ -112,12 +112,17 @@ def rank_files(draw: st.DrawFn) -> list[str]:
     return draw(st.permutations(lines))
 
 
+def _run_with_rank_1(folder: Path, lines: list[str]) -> Path:
+    """A 2-rank run whose rank 1 also has `lines`."""
+    runs = RunWriter(folder)
+    return runs.write({0: runs.simple_rank(), 1: [*runs.simple_rank(1), *lines]})
+
+
 @FUZZ
 @given(rank_files())
 def test_mutated_records_load_or_fail_with_input_error(lines: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        runs = RunWriter(Path(tmp))
-        run_dir = runs.write({0: runs.simple_rank(), 1: [*runs.simple_rank(1), *lines]})
+        run_dir = _run_with_rank_1(Path(tmp), lines)
         try:
             run = load_run(run_dir)
         except InputError:
@@ -194,8 +199,7 @@ def test_mutated_records_reduce_in_the_workers_as_in_the_tables(lines: list[str]
     from diag.metrics.time_breakdown import time_breakdown
 
     with tempfile.TemporaryDirectory() as tmp:
-        runs = RunWriter(Path(tmp))
-        run_dir = runs.write({0: runs.simple_rank(), 1: [*runs.simple_rank(1), *lines]})
+        run_dir = _run_with_rank_1(Path(tmp), lines)
         try:
             full = load_run(run_dir)
         except InputError:
