@@ -216,9 +216,20 @@ def decode(
     batches, notes, error = _read_batches(data, name)
     if error is not None:
         return ArrowRank(skipped=[f"{name}: {error}"], fatal=True)
+    return decoded(_combined(batches), notes, name, columns, floats)
+
+
+def decoded(
+    lists: Mapping[str, pa.ListArray],
+    notes: list[str],
+    name: str,
+    columns: Mapping[str, tuple[str, ...]],
+    floats: Mapping[str, Iterable[str]],
+) -> ArrowRank:
+    """`decode`'s output from every column's lists over the file's batches (one array a
+    column, as `_combined` makes them) and the notes of reading them."""
     out = ArrowRank(skipped=notes)
     rejected: Counter[str] = Counter()
-    lists = _combined(batches)
     for kind in KIND_FIELDS:
         values = lists[kind].flatten()
         keep = usable(kind, values, _TYPED[kind], rejected)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
+from diag import arrow_fast, schema
 from diag.arrow_format import SUFFIX
 from diag.arrow_format import rank_file_name as arrow_rank_file_name
 from diag.errors import InputError
@@ -148,6 +148,7 @@ def load_run(
     if reduce is not None:
         keep_below = (steps.start if steps else 0) + _window_steps(files, manifest.world_size)
         reduce([], True)  # prepared here, before the workers fork: they inherit it
+        arrow_fast.prepare()  # the compiled reader of Arrow rank files, inherited alike
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
     chunks = map_chunks(read, files)
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from diag import arrow_format, schema
+from diag import arrow_fast, schema
 from diag.arrow_format import SUFFIX
 from diag.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_NOTES_PER_FILE
 from diag.record_checks import check_values, depth
@@ -99,7 +99,7 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
 def _read_arrow(data: bytes, rank: int, name: str) -> RankFile:
     """An Arrow rank file (diag/arrow_format.py): typed columns straight from its batches;
     records that fit no typed schema were written as JSON lines and take the checked path."""
-    decoded = arrow_format.decode(data, name, _COLUMNS, _NUMERIC)
+    decoded = arrow_fast.decode(data, name, _COLUMNS, _NUMERIC)
     if decoded.fatal:
         return RankFile(pack(_as_columns({})), [f"{decoded.skipped[0]}, rank {rank} not analysed"])
     columns = decoded.columns
