@@ -28,6 +28,7 @@ import pyarrow as pa
 from diag import arrow_format
 from diag.arrow_format import STREAM_SCHEMA, ArrowRank
 from diag.arrow_layout import BOOL, FIXED, LIST, NODES, STRING, STRUCT, TEMPLATE
+from diag.records import Encoded
 
 FAST_FROM_BYTES = 256 * 2**10
 """Smaller files take pyarrow's path even when the loops are loaded (its fixed cost is small)."""
@@ -46,13 +47,15 @@ if sys.byteorder != "little":  # the IPC format is little-endian; the loops read
 def prepare() -> None:
     """Compile (or load from numba's cache) the loops, and take the fast path from now on."""
     if not _loops:
-        from diag import arrow_scan  # numba, imported only here
+        from diag import arrow_codes, arrow_scan  # numba, imported only here
 
         for name in ("scan_messages", "check_batches", "regions", "concatenate"):
             _loops[name] = getattr(arrow_scan, name)
-        sample = _HEADER + arrow_format.encode_batch([{"kind": "step", "step": 0, "t0": 0,
-                                                       "t1": 1}])  # fmt: skip
-        _concatenated(sample)  # each loop's first call compiles it (or loads it)
+        _loops["encode"] = arrow_codes.encode
+        span = {"kind": "span", "step": 0, "phase": "fwd", "mb": 0, "t0": 0, "t1": 1}
+        sample = _HEADER + arrow_format.encode_batch([span])
+        names = {kind: () for kind in arrow_format.KIND_FIELDS} | {"span": ("phase",)}
+        decode_fast(sample, "", names, {})  # each loop's first call compiles it (or loads it)
 
 
 def prepared() -> bool:
@@ -82,16 +85,17 @@ def decode_fast(
     if not _loops:
         return None
     try:
-        lists = _concatenated(data)
+        buffers = _concatenated(data)
+        if buffers is None:
+            return None
+        return arrow_format.decoded(buffers.lists(), [], name, columns, floats, buffers.encoded)
     except (IndexError, ValueError, pa.ArrowException):  # a check missed: bounds caught it
         return None
-    return None if lists is None else arrow_format.decoded(lists, [], name, columns, floats)
 
 
-def _concatenated(data: bytes) -> dict[str, pa.Array] | None:
-    """Every column's values over the file's batches (by column: a kind's records as one
-    struct array, the JSON lines as one string array), or None when the loops do not take
-    the file."""
+def _concatenated(data: bytes) -> _Buffers | None:
+    """Every array's buffers over the file's batches, or None when the loops do not take the
+    file."""
     if not data.startswith(_HEADER) or len(data) % 8 or len(data) == len(_HEADER):
         return None
     words = np.frombuffer(data, dtype=np.int64)
@@ -112,11 +116,101 @@ def _concatenated(data: bytes) -> dict[str, pa.Array] | None:
     out, offsets = _loops["concatenate"](
         words, starts, count, _WHERE, _LAYOUTS, _FIRST_BUFFERS, totals, places
     )
-    arrays = _Arrays(out, offsets, totals, places)
-    columns = {field.name: arrays.column() for field in STREAM_SCHEMA}
-    # as `arrow_format._combined` leaves them: a column without values in any batch is empty
-    return {name: lists if len(lists.values) else arrow_format._EMPTY_LISTS[name]
-            for name, lists in columns.items()}  # fmt: skip
+    return _Buffers(out, offsets, totals, places)
+
+
+def _field_nodes() -> dict[tuple[str, str], tuple[int, int]]:
+    """By (kind, field): the node of the field's values and that of the kind's column."""
+    found = {}
+    for column, node in enumerate(NODES):
+        if node.parent == -1 and node.layout == LIST and column + 1 < len(NODES):
+            struct = NODES[column + 1]
+            if struct.layout != STRUCT:
+                continue
+            kind = STREAM_SCHEMA.field(sum(n.parent == -1 for n in NODES[:column])).name
+            child = column + 2
+            for field in struct.type:
+                found[kind, field.name] = (child, column)
+                child += _subtree_size(child)
+    return found
+
+
+def _subtree_size(index: int) -> int:
+    """How many nodes the array at `index` and its descendants take."""
+    size = 1
+    while index + size < len(NODES) and _descends(index + size, index):
+        size += 1
+    return size
+
+
+def _descends(node: int, ancestor: int) -> bool:
+    while node >= 0:
+        node = NODES[node].parent
+        if node == ancestor:
+            return True
+    return False
+
+
+_FIELD_NODES = _field_nodes()
+
+
+class _Buffers:
+    """The concatenated buffers of a file's arrays (diag/arrow_scan.py `concatenate`), as
+    pyarrow arrays and as dictionary-encoded labels."""
+
+    def __init__(
+        self, out: np.ndarray, offsets: np.ndarray, totals: np.ndarray, places: np.ndarray
+    ) -> None:
+        self.out, self.offsets, self.totals, self.places = out, offsets, totals, places
+
+    def lists(self) -> dict[str, pa.ListArray]:
+        """Every column's lists, one a batch, as `arrow_format._combined` makes them (a column
+        without values in any batch: empty)."""
+        arrays = _Arrays(self.out, self.offsets, self.totals, self.places)
+        columns = {field.name: arrays.column() for field in STREAM_SCHEMA}
+        return {name: lists if len(lists.values) else arrow_format._EMPTY_LISTS[name]
+                for name, lists in columns.items()}  # fmt: skip
+
+    def encoded(self, kind: str, name: str) -> Encoded | None:
+        """A kind's field, every record of the file, dictionary-encoded as pyarrow encodes it
+        (`arrow_checks.packed`); None for a field that is not a label."""
+        nodes = _FIELD_NODES.get((kind, name))
+        if nodes is None:
+            return None
+        j, column = nodes
+        layout = NODES[j].layout
+        values, nulls, target = (int(v) for v in self.totals[j])
+        start = int(self.places[j, 1])
+        offsets = np.zeros(0, dtype=np.int32)
+        if layout == STRING:
+            first = int(self.places[j, 2])
+            offsets = self.offsets[first : first + values + 1]
+            data, width = self.out[start : start + target], 0
+        elif layout == FIXED and NODES[j].type == pa.int64():
+            data, width = self.out[start : start + 8 * values], 8
+        elif layout == BOOL:
+            bits = self.out[start : start + (values + 7) // 8]
+            data, width = np.unpackbits(bits, bitorder="little")[:values], 1
+        else:
+            return None
+        at = int(self.places[j, 0])
+        bitmap = self.out[at : at + (values + 7) // 8] if nulls else np.zeros(0, np.uint8)
+        first_batch = int(self.places[column, 2])
+        batches = self.offsets[first_batch : first_batch + int(self.totals[column, 0]) + 1]
+        codes, firsts = _loops["encode"](data, offsets, width, bitmap, batches)
+        return Encoded([_value(layout, data, offsets, bitmap, int(row)) for row in firsts], codes)
+
+
+def _value(layout: int, data: np.ndarray, offsets: np.ndarray, bitmap: np.ndarray,
+           row: int) -> Any:  # fmt: skip
+    """Row `row`'s value as pyarrow's `to_pylist` gives it."""
+    if len(bitmap) and not (bitmap[row >> 3] >> (row & 7)) & 1:
+        return None
+    if layout == STRING:
+        return data[offsets[row] : offsets[row + 1]].tobytes().decode()
+    if layout == BOOL:
+        return bool(data[row])
+    return int(data[8 * row : 8 * row + 8].view(np.int64)[0])
 
 
 class _Arrays:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from diag.limits import (
     MAX_NOTES_PER_FILE,
 )
 from diag.record_checks import depth
-from diag.records import Packed
+from diag.records import INT_COLUMNS, Encoded, Packed
 
 FORMAT_KEY = b"diag.format"
 FORMAT_VALUE = b"diag.run/1 arrows 1"
@@ -225,9 +225,12 @@ def decoded(
     name: str,
     columns: Mapping[str, tuple[str, ...]],
     floats: Mapping[str, Iterable[str]],
+    encoded: Callable[[str, str], Encoded | None] | None = None,
 ) -> ArrowRank:
     """`decode`'s output from every column's lists over the file's batches (one array a
-    column, as `_combined` makes them) and the notes of reading them."""
+    column, as `_combined` makes them) and the notes of reading them. `encoded(kind, name)`:
+    a label field of every record of the file dictionary-encoded as `packed` would, or None
+    (used when no record of the kind is rejected)."""
     out = ArrowRank(skipped=notes)
     rejected: Counter[str] = Counter()
     for kind in KIND_FIELDS:
@@ -237,7 +240,8 @@ def decoded(
         if kind == "event":
             free, ok = event_fields(values.field(EXTRA), keep, rejected)
             keep &= ok
-        values = values.filter(pa.array(keep)) if not keep.all() else values
+        whole = bool(keep.all())
+        values = values if whole else values.filter(pa.array(keep))
         table: dict[str, Packed] = {}
         for col in columns[kind]:
             if col == "rank":
@@ -245,7 +249,11 @@ def decoded(
             if kind == "event" and col == "fields":
                 table[col] = [f for f, k in zip(free, keep.tolist(), strict=True) if k]
             else:
-                table[col] = packed(values.field(col), col, col in floats.get(kind, ()))
+                numeric = col in floats.get(kind, ())
+                ready = None
+                if encoded is not None and whole and not numeric and col not in INT_COLUMNS:
+                    ready = encoded(kind, col)
+                table[col] = ready if ready is not None else packed(values.field(col), col, numeric)
         if kind == "step" and len(values):
             out.nan_loss = int(pc.sum(pc.is_nan(values.field("loss"))).as_py() or 0)
         out.columns[kind] = table

@@ -33,7 +33,11 @@ def compiled() -> None:
 
 def fast_or_none(data: bytes) -> ArrowRank | None:
     """The fast path's decode, None when it declines; it must never raise."""
-    arrow_fast._concatenated(data)  # raises if a check let a bad position through
+    buffers = arrow_fast._concatenated(data)  # raises if a check let a bad position through
+    if buffers is not None:
+        buffers.lists()
+        for kind, name in arrow_fast._FIELD_NODES:
+            buffers.encoded(kind, name)
     return arrow_fast.decode_fast(data, "r.arrows", _COLUMNS, _NUMERIC)
 
 
@@ -100,9 +104,9 @@ def test_the_collectors_files_take_the_fast_path_and_decode_alike(tmp_path: Path
 
 def test_the_arrays_are_valid_arrow(simulated: list[bytes]) -> None:
     for data in simulated[:4]:
-        lists = arrow_fast._concatenated(data)
-        assert lists is not None
-        for column in lists.values():
+        buffers = arrow_fast._concatenated(data)
+        assert buffers is not None
+        for column in buffers.lists().values():
             column.validate(full=True)
 
 
@@ -232,3 +236,63 @@ def _good_file(shape: str) -> bytes:
                             "dropped": None}]  # fmt: skip
         data += arrow_format.encode_batch(step)
     return data + arrow_format.END_OF_STREAM
+
+
+_LABEL = st.one_of(st.none(), st.sampled_from(["fwd", "bwd", "", "all_reduce", "tp"]),
+                   st.text("abc", max_size=4))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_LABEL, max_size=12), min_size=1, max_size=8),
+       st.booleans(), st.sampled_from(["string", "int", "bool"]))  # fmt: skip
+def test_labels_encode_as_pyarrow_encodes_them(
+    batches: list[list[str | None]], repeat: bool, layout: str
+) -> None:
+    """The compiled dictionary encoding (diag/arrow_codes.py) gives pyarrow's codes and
+    dictionary, null included, whether batches repeat the one before (`repeat`) or not."""
+    from diag import arrow_codes
+
+    if repeat:
+        batches = [batches[0]] * len(batches) + batches[1:]
+    rows = [value for batch in batches for value in batch]
+    if layout == "int":
+        values: list[object] = [None if v is None else len(v) * 7 - 3 for v in rows]
+        array = pa.array(values, pa.int64())
+    elif layout == "bool":
+        values = [None if v is None else len(v) % 2 == 0 for v in rows]
+        array = pa.array(values, pa.bool_())
+    else:
+        values = list(rows)
+        array = pa.array(values, pa.string())
+    validity, *rest = array.buffers()
+    bitmap = np.zeros(0, np.uint8) if not array.null_count else np.frombuffer(validity, np.uint8)
+    offsets = np.zeros(0, np.int32)
+    if layout == "string":
+        offsets = np.frombuffer(rest[0], np.int32)[: len(rows) + 1].copy()
+        data, width = np.frombuffer(rest[1] or b"", np.uint8).copy(), 0
+    elif layout == "int":
+        data, width = np.frombuffer(rest[0], np.uint8)[: 8 * len(rows)].copy(), 8
+    else:
+        bits = np.frombuffer(rest[0], np.uint8)
+        data, width = np.unpackbits(bits, bitorder="little")[: len(rows)].copy(), 1
+    starts = np.cumsum([0] + [len(batch) for batch in batches]).astype(np.int32)
+    codes, firsts = arrow_codes.encode(data, offsets, width, bitmap, starts)
+    want = array.dictionary_encode(null_encoding="encode")
+    np.testing.assert_array_equal(codes, want.indices.to_numpy(zero_copy_only=False))
+    assert [values[row] for row in firsts] == want.dictionary.to_pylist()
+
+
+def test_many_distinct_labels_encode_as_pyarrow_encodes_them() -> None:
+    """More distinct values than the first hash table holds (it grows)."""
+    from diag import arrow_codes
+
+    values = [f"label-{i % 300}" for i in range(2000)] + [None]
+    array = pa.array(values)
+    offsets = np.frombuffer(array.buffers()[1], np.int32)[: len(values) + 1].copy()
+    data = np.frombuffer(array.buffers()[2], np.uint8).copy()
+    bitmap = np.frombuffer(array.buffers()[0], np.uint8).copy()
+    starts = np.array([0, 1000, len(values)], np.int32)
+    codes, firsts = arrow_codes.encode(data, offsets, 0, bitmap, starts)
+    want = array.dictionary_encode(null_encoding="encode")
+    np.testing.assert_array_equal(codes, want.indices.to_numpy())
+    assert [values[row] for row in firsts] == want.dictionary.to_pylist()
