@@ -30,14 +30,14 @@ import secrets
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from diag import schema
+from diag import background, schema
 from diag.load import RunData
 
 CACHE_DIR = ".diag-cache"
@@ -52,6 +52,9 @@ MAX_HEADER_BYTES = 256 * 2**20
 _DIAG = Path(__file__).parent
 _TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
 _OPTIONAL_TABLES = ("rank_steps", "comm_totals", "device_time")
+BACKGROUND_FROM_BYTES = 32 * 2**20
+"""Tables of at least this many bytes in memory are written in the background when the caller
+asks (`write`); smaller ones are written at once (milliseconds, about what a fork costs)."""
 
 
 @dataclass
@@ -277,6 +280,7 @@ def _lookup(
 ) -> Lookup:
     """The first usable entry `name` of `folder` under the key `wanted`, decoded; otherwise
     the reasons the entries found were not used."""
+    wait_for_writes(folder)  # an entry this process is writing: the finished one, not a part
     secret = _secret()
     if secret is None:
         return Lookup()
@@ -305,12 +309,40 @@ def read(folder: Path, name: str, wanted: str) -> Lookup:
     return _lookup(folder, name, wanted, _decode_run)
 
 
-def write(folder: Path, name: str, new_key: str, run: RunData) -> Path | None:
+def write(
+    folder: Path, name: str, new_key: str, run: RunData, in_background: bool = False
+) -> Path | None:
     """Store the tables in the first writable place; None when none is, or when a table
-    holds something this format does not keep exactly (the analysis goes on)."""
+    holds something this format does not keep exactly (the analysis goes on). With
+    `in_background`, tables of BACKGROUND_FROM_BYTES or more are written by a forked child while
+    the caller goes on (`diag.background`; None then): each file lands whole or not at all,
+    the header last, and `read`, like the end of the process, waits for the child first."""
+    wait_for_writes(folder)
     secret = _secret()
     if secret is None:
         return None
+    tables = [getattr(run, t) for t in (*_TABLES, *_OPTIONAL_TABLES) if getattr(run, t) is not None]
+    large = sum(int(frame.memory_usage(index=False).sum()) for frame in tables)
+    if in_background and large >= BACKGROUND_FROM_BYTES:
+        work = partial(_write_tables, folder, name, new_key, run, secret)
+        if background.start(lambda: work() is not None, _writer_tag(folder)):
+            return None
+    return _write_tables(folder, name, new_key, run, secret)
+
+
+def wait_for_writes(folder: Path | None = None) -> None:
+    """Return once the tables being written in the background for `folder` (every folder
+    when None) are written, or have failed to be."""
+    background.wait(None if folder is None else _writer_tag(folder))
+
+
+def _writer_tag(folder: Path) -> str:
+    return f"cache:{folder.resolve()}"
+
+
+def _write_tables(
+    folder: Path, name: str, new_key: str, run: RunData, secret: bytes
+) -> Path | None:
     try:
         tables = {t: _to_arrow(getattr(run, t)) for t in (*_TABLES, *_OPTIONAL_TABLES)
                   if getattr(run, t) is not None}  # fmt: skip

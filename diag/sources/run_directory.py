@@ -36,7 +36,7 @@ class RunDirectory:
         if isinstance(found.value, RunData):
             return found.value
         run = load_run(path, options.steps, reduce_rank_files)
-        cache.write(path, CACHE_NAME, key, run)
+        cache.write(path, CACHE_NAME, key, run, in_background=True)  # on the idle core
         if found.note:
             run.cache_notes.append(found.note)
         return run
