@@ -19,7 +19,8 @@ from typing import TypeVar
 Result = TypeVar("Result")
 PARALLEL_MIN_BYTES = 16 * 2**20
 CHUNKS_PER_WORKER = 4
-"""Files go to workers in a few chunks each: fewer round trips, still balanced."""
+"""Files go to workers in chunks of a share of what is left (`chunk_bounds`): few round trips,
+the last chunks small enough that the workers finish together."""
 MAX_CHUNK_FILES = 64
 """At most this many rank files a chunk: what one worker holds at once, however large the run."""
 
@@ -82,8 +83,7 @@ def map_chunks(
     count = min(count or workers(), len(files))
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
-    size = max(1, min(chunk_files, -(-len(files) // (max(count, 1) * CHUNKS_PER_WORKER))))
-    chunks = [list(files[i : i + size]) for i in range(0, len(files), size)]
+    chunks = [list(files[a:b]) for a, b in chunk_bounds(len(files), count, chunk_files)]
     address = scheduler_address()
     if address is not None and chunks:
         from diag.distributed_scheduler import map_on_cluster  # Dask only when asked for
@@ -107,6 +107,21 @@ def map_chunks(
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         return [parse(chunk) for chunk in chunks]
     return [result for result in results if result is not None]
+
+
+def chunk_bounds(items: int, count: int, most: int) -> list[tuple[int, int]]:
+    """Consecutive (start, end) chunks of `items` for `count` processes, largest first: each
+    a share of what is left (CHUNKS_PER_WORKER shares a process, at most `most` items), so
+    the last chunks are small and no process idles long while another finishes a large one."""
+    bounds = []
+    start = 0
+    least = max(1, most // 16)  # a round trip's worth
+    while start < items:
+        share = (items - start) // (max(count, 1) * CHUNKS_PER_WORKER)
+        size = max(least, min(most, share))
+        bounds.append((start, min(items, start + size)))
+        start += size
+    return bounds
 
 
 def total_bytes(files: Sequence[tuple[int, Path]]) -> int:
