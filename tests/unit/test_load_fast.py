@@ -218,3 +218,14 @@ def test_cli_steps_window_and_its_errors(runs, tmp_path: Path) -> None:
     (traces / "rank0.1.pt.trace.json").write_text('{"traceEvents": []}')
     result = CliRunner().invoke(main, ["analyze", str(traces), "--steps", "1:2"])
     assert result.exit_code == 2 and "--steps is for run directories" in result.output
+
+
+def test_chunks_cover_the_files_in_order_largest_first() -> None:
+    for items, count, most in ((1024, 2, 64), (16384, 2, 64), (10, 2, 64), (7, 3, 1), (0, 2, 64)):
+        bounds = parallel.chunk_bounds(items, count, most)
+        assert [a for a, _ in bounds] == [0] + [b for _, b in bounds[:-1]]
+        assert (bounds[-1][1] if bounds else 0) == items
+        sizes = [b - a for a, b in bounds]
+        assert all(1 <= size <= most for size in sizes)
+        assert sizes == sorted(sizes, reverse=True)
+    assert parallel.chunk_bounds(1024, 2, 64)[-2:] == [(1018, 1022), (1022, 1024)]
