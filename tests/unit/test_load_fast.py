@@ -223,7 +223,7 @@ def test_cli_steps_window_and_its_errors(runs, tmp_path: Path) -> None:
 def test_chunks_cover_the_files_in_order_largest_first() -> None:
     for items, count, most in ((1024, 2, 64), (16384, 2, 64), (10, 2, 64), (7, 3, 1), (0, 2, 64)):
         bounds = parallel.chunk_bounds(items, count, most)
-        assert [a for a, _ in bounds] == [0] + [b for _, b in bounds[:-1]]
+        assert [a for a, _ in bounds] == [0, *(b for _, b in bounds[:-1])][: len(bounds)]
         assert (bounds[-1][1] if bounds else 0) == items
         sizes = [b - a for a, b in bounds]
         assert all(1 <= size <= most for size in sizes)
