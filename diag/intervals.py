@@ -187,68 +187,128 @@ def overlapping(reference: pd.DataFrame, frame: pd.DataFrame, key: str = "rank")
     return mask & (ends > starts)
 
 
-def union_lengths_by_group(
-    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
-    groups: int, measure_count: int,
+def union_lengths_in_windows(
+    keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
+    window_keys: np.ndarray, window_starts: np.ndarray, window_ends: np.ndarray,
+    measure_count: int,
 ) -> np.ndarray:  # fmt: skip
-    """Several union measures per group in one pass: for each group 0..groups-1 and each bit k
-    < measure_count, the measure of the union of the group's [start, end) intervals whose
-    `measures` has bit k set (an int64 array, groups x measure_count). Integer times; each
-    interval's group is an index in 0..groups-1. Compiled for large inputs (diag/compiled.py)."""
-    loop = for_size(_union_lengths_loop, len(group))
+    """Several union measures per window in one pass: each [start, end) interval counts in
+    the window whose key is its own (`window_keys`: ascending and distinct; none has it: in
+    none), cut to that window ([window_starts[w], window_ends[w])); for each window and each
+    bit k < measure_count, the measure of the union of its intervals whose `measures` has
+    bit k set (an int64 array, windows x measure_count). Integer keys and times. Compiled
+    for large inputs (diag/compiled.py)."""
+    loop = for_size(_window_unions_loop, len(keys))
+
+    def ints(values: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(values, dtype=np.int64)
+
     return loop(
-        np.ascontiguousarray(group, dtype=np.int64),
-        np.ascontiguousarray(starts, dtype=np.int64),
-        np.ascontiguousarray(ends, dtype=np.int64),
-        np.ascontiguousarray(measures, dtype=np.int64),
-        groups, measure_count,
+        ints(keys), ints(starts), ints(ends), ints(measures),
+        ints(window_keys), ints(window_starts), ints(window_ends), measure_count,
     )  # fmt: skip
 
 
 def prepare_union_lengths() -> None:
-    """Compile (or load from numba's cache) `union_lengths_by_group`'s loop now: a process
+    """Compile (or load from numba's cache) `union_lengths_in_windows`' loop now: a process
     about to fork workers that will run it on large inputs does so once, for all of them."""
     empty = np.zeros(0, dtype=np.int64)
-    compiled(_union_lengths_loop)(empty, empty, empty, empty, 0, 1)
+    compiled(_window_unions_loop)(empty, empty, empty, empty, empty, empty, empty, 1)
 
 
 _BEFORE_ANY_TIME = -(2**63)
 
 
-def _union_lengths_loop(
-    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
-    groups: int, measure_count: int,
+def _window_unions_loop(
+    keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, measures: np.ndarray,
+    window_keys: np.ndarray, window_starts: np.ndarray, window_ends: np.ndarray,
+    measure_count: int,
 ) -> np.ndarray:  # fmt: skip
-    """`union_lengths_by_group`'s loop (plain Python that numba compiles unchanged): the
-    intervals bucketed by group (a counting sort, in record order), each bucket sorted by
-    start unless it already is (records come in time order), then one scan per bucket with a
-    running covered-until time per measure."""
-    count = len(group)
-    bucket_start = np.zeros(groups + 1, dtype=np.int64)
+    """`union_lengths_in_windows`' loop (plain Python that numba compiles unchanged, hence
+    one function): the intervals that count somewhere cut to their window and bucketed by
+    it (a counting sort, in record order), each bucket sorted by start, then one scan per
+    bucket with a running covered-until time per measure. A cut interval left empty adds
+    nothing and moves no covered-until time, so it may stay in its bucket."""
+    # Each interval's window: its key's offset where the keys are consecutive (a rank's
+    # steps), else a binary search; the buckets' sizes.
+    windows, count = len(window_keys), len(keys)
+    consecutive = windows > 0 and window_keys[windows - 1] - window_keys[0] == windows - 1
+    window = np.empty(count, dtype=np.int64)
+    bucket_start = np.zeros(windows + 1, dtype=np.int64)
     for i in range(count):
-        bucket_start[group[i] + 1] += 1
-    for g in range(groups):
-        bucket_start[g + 1] += bucket_start[g]
+        w = -1
+        if measures[i] != 0 and windows > 0:
+            if consecutive:
+                w = keys[i] - window_keys[0]
+                w = w if 0 <= w < windows else -1
+            else:
+                w = np.searchsorted(window_keys, keys[i])
+                w = w if w < windows and window_keys[w] == keys[i] else -1
+        window[i] = w
+        if w >= 0:
+            bucket_start[w + 1] += 1
+    for w in range(windows):
+        bucket_start[w + 1] += bucket_start[w]
+    # The intervals cut to their windows, bucket by bucket, in record order.
     filled = bucket_start[:-1].copy()
-    order = np.empty(count, dtype=np.int64)
+    cut_starts = np.empty(bucket_start[windows], dtype=np.int64)
+    cut_ends = np.empty(bucket_start[windows], dtype=np.int64)
+    cut_bits = np.empty(bucket_start[windows], dtype=np.int64)
     for i in range(count):
-        order[filled[group[i]]] = i
-        filled[group[i]] += 1
-    totals = np.zeros((groups, measure_count), dtype=np.int64)
+        w = window[i]
+        if w >= 0:
+            at = filled[w]
+            cut_starts[at] = max(starts[i], window_starts[w])
+            cut_ends[at] = min(ends[i], window_ends[w])
+            cut_bits[at] = measures[i]
+            filled[w] += 1
+    spare_starts = np.empty_like(cut_starts)  # where a merge writes
+    spare_ends = np.empty_like(cut_ends)
+    spare_bits = np.empty_like(cut_bits)
+    largest = 0
+    for w in range(windows):
+        largest = max(largest, bucket_start[w + 1] - bucket_start[w])
+    run_start = np.empty(largest + 1, dtype=np.int64)  # a bucket's runs, then its end
+    totals = np.zeros((windows, measure_count), dtype=np.int64)
     covered_until = np.empty(measure_count, dtype=np.int64)
-    for g in range(groups):
-        members = order[bucket_start[g] : bucket_start[g + 1]]
-        for j in range(1, len(members)):
-            if starts[members[j]] < starts[members[j - 1]]:
-                members = members[np.argsort(starts[members], kind="mergesort")]
-                break
+    for w in range(windows):
+        low, high = bucket_start[w], bucket_start[w + 1]
+        # Sort: find the bucket's runs in start order once, then merge them pairwise, each
+        # pass halving them. Records come in a few such runs (a step's spans, then its
+        # collectives), so a few passes; the order of equal starts does not change a union.
+        s, e, b = cut_starts, cut_ends, cut_bits
+        to_s, to_e, to_b = spare_starts, spare_ends, spare_bits
+        runs, i = 0, low
+        while i < high:
+            run_start[runs] = i
+            i += 1
+            while i < high and s[i] >= s[i - 1]:
+                i += 1
+            runs += 1
+        run_start[runs] = high
+        while runs > 1:
+            for r in range(0, runs, 2):
+                left, middle = run_start[r], run_start[min(r + 1, runs)]
+                right, end = middle, run_start[min(r + 2, runs)]
+                for k in range(left, end):
+                    if right >= end or (left < middle and s[left] <= s[right]):
+                        to_s[k], to_e[k], to_b[k] = s[left], e[left], b[left]
+                        left += 1
+                    else:
+                        to_s[k], to_e[k], to_b[k] = s[right], e[right], b[right]
+                        right += 1
+                run_start[r // 2] = run_start[r]
+            runs = (runs + 1) // 2
+            run_start[runs] = high
+            s, e, b, to_s, to_e, to_b = to_s, to_e, to_b, s, e, b
+        # Scan: each interval adds what it covers past the measure's covered-until time.
         covered_until[:] = _BEFORE_ANY_TIME
-        for i in members:
-            start, end, bits = starts[i], ends[i], measures[i]
+        for j in range(low, high):
+            start, end, bits = s[j], e[j], b[j]
             for k in range(measure_count):
                 if (bits >> k) & 1:
                     begin = max(start, covered_until[k])
                     if end > begin:
-                        totals[g, k] += end - begin
+                        totals[w, k] += end - begin
                         covered_until[k] = end
     return totals

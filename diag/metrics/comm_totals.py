@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diag.compiled import compiled, for_size
 from diag.load import RunData
+from diag.records import Encoded
 
 TOTAL_KEYS = ["rank", "step", "op", "group", "tag", "group_size"]
 TOTAL_COLUMNS = [
@@ -50,59 +52,101 @@ def empty_totals() -> pd.DataFrame:
 
 def totals_of(keys: list[Codes], numbers: dict[str, np.ndarray]) -> dict[str, Any]:
     """`comm_totals`' columns from the key columns as codes (TOTAL_KEYS' order) and the
-    `_SUMMED` columns as arrays. Vectorised: the codes make one mixed-radix integer per
-    record, and the sums are `bincount`s over it (float sums of integers, exact below
-    2**53: 104 days of ns, 9 PB of bytes, per key)."""
-    digits, inverse = _distinct_keys(keys)
+    `_SUMMED` columns as arrays (bytes: NaN where unknown; the loaders null infinities).
+    Vectorised: the codes make one integer per record that orders as the keys do
+    (`_record_keys`), and one pass sums over it (`_summed_by_key`: float sums of integers,
+    exact below 2**53: 104 days of ns, 9 PB of bytes, per key)."""
+    record_key, space, key_columns = _record_keys(keys)
+    summed = for_size(_summed_by_key, len(record_key))
+    present, count, bytes_, measured, expected_bytes, expected, duration_ns = summed(
+        np.ascontiguousarray(record_key, dtype=np.int64), space,
+        *(np.ascontiguousarray(numbers[name], dtype) for name, dtype in _SUMMED.items()),
+    )  # fmt: skip
     frame: dict[str, Any] = {
-        name: key.values(digit) for name, key, digit in zip(TOTAL_KEYS, keys, digits, strict=True)
+        name: key.values(column)
+        for name, key, column in zip(TOTAL_KEYS, keys, key_columns(present), strict=True)
     }
-    groups = len(frame["rank"])
-
-    def summed(values: np.ndarray) -> np.ndarray:
-        return np.bincount(inverse, weights=values, minlength=groups)
-
-    bytes_, expected = numbers["bytes"], numbers["expected_bytes"]
-    frame["count"] = np.bincount(inverse, minlength=groups).astype(np.int64)
-    frame["bytes"] = summed(np.nan_to_num(bytes_, nan=0.0))
-    frame["measured"] = summed((~np.isnan(bytes_)).astype(np.float64)).astype(np.int64)
-    frame["expected_bytes"] = summed(np.nan_to_num(expected, nan=0.0))
-    frame["expected"] = summed((~np.isnan(expected)).astype(np.float64)).astype(np.int64)
-    frame["duration_ns"] = summed((numbers["t1"] - numbers["t0"]).astype(float)).astype(np.int64)
+    frame |= {
+        "count": count, "bytes": bytes_, "measured": measured,
+        "expected_bytes": expected_bytes, "expected": expected,
+        "duration_ns": duration_ns.astype(np.int64),
+    }  # fmt: skip
     return {name: frame[name] for name in TOTAL_COLUMNS}
 
 
-def _distinct_keys(keys: list[Codes]) -> tuple[list[np.ndarray], np.ndarray]:
-    """The distinct combinations of the key codes in key order (one code array per key) and
-    each record's index among them: by one mixed-radix integer per record where the key
-    space fits int64, else (hostile ranges of ranks and steps) by the distinct rows."""
+def _record_keys(
+    keys: list[Codes],
+) -> tuple[np.ndarray, int, Callable[[np.ndarray], list[np.ndarray]]]:
+    """One integer per record in 0..space-1 that is equal where the key codes are and orders
+    as they do, the space, and the way from such integers back to one code array per key:
+    the codes as a mixed-radix number where the key space is not much larger than the
+    records; else the index of each record's number among the distinct ones (a sort); where
+    the key space overflows int64 (hostile ranges of ranks and steps), of its distinct rows."""
     space = math.prod(key.size for key in keys)
     if space >= 2**62:
         rows, inverse = np.unique(
             np.column_stack([key.codes for key in keys]), axis=0, return_inverse=True
         )
-        return list(rows.T), inverse.reshape(-1)
+        return inverse.reshape(-1), len(rows), lambda present: list(rows[present].T)
     combined = np.zeros(len(keys[0].codes), dtype=np.int64)
     for key in keys:
-        combined = combined * key.size + key.codes
-    present, inverse = _present_and_inverse(combined, space)
-    digits = []
-    for key in reversed(keys):
-        present, digit = np.divmod(present, key.size)
-        digits.append(digit)
-    return digits[::-1], inverse
+        if key.size > 1:  # a key of one value (one file's rank) adds no digit
+            combined *= key.size
+            combined += key.codes
+
+    def digits(numbers: np.ndarray) -> list[np.ndarray]:
+        columns = []
+        for key in reversed(keys):
+            numbers, digit = np.divmod(numbers, key.size)
+            columns.append(digit)
+        return columns[::-1]
+
+    if space <= 4 * len(combined) + 1024:
+        return combined, space, digits
+    distinct, inverse = np.unique(combined, return_inverse=True)
+    return inverse, len(distinct), lambda present: digits(distinct[present])
 
 
-def _present_and_inverse(combined: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of `combined` (sorted) and each element's index among them:
-    by a count over the key space when it is not much larger than the records (no sort),
-    else by `np.unique`."""
-    if space > 4 * len(combined) + 1024:
-        return np.unique(combined, return_inverse=True)
-    present = np.flatnonzero(np.bincount(combined, minlength=space))
-    position = np.zeros(space, dtype=np.int64)
-    position[present] = np.arange(len(present))
-    return present, position[combined]
+def prepare_comm_totals() -> None:
+    """Compile (or load from numba's cache) `totals_of`' loop now, as
+    `intervals.prepare_union_lengths` does its own, before a process forks its workers."""
+    empty, none = np.zeros(0, dtype=np.int64), np.zeros(0)
+    compiled(_summed_by_key)(empty, 0, none, none, empty, empty)
+
+
+def _summed_by_key(
+    key: np.ndarray, space: int, bytes_: np.ndarray, expected_bytes: np.ndarray,
+    t0: np.ndarray, t1: np.ndarray,
+) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """`totals_of`' loop (plain Python that numba compiles unchanged): the keys present in
+    0..space-1, ascending; then per present key, the calls; the bytes summed where known
+    (not NaN) and how many calls knew them; the same of the expected bytes; the summed
+    durations (float sums in record order, as a `bincount` of weights adds them)."""
+    seen = np.zeros(space, dtype=np.bool_)
+    for i in range(len(key)):
+        seen[key[i]] = True
+    present = np.nonzero(seen)[0].astype(np.int64)
+    groups = len(present)
+    slot = np.empty(space, dtype=np.int64)
+    for g in range(groups):
+        slot[present[g]] = g
+    count = np.zeros(groups, dtype=np.int64)
+    measured = np.zeros(groups, dtype=np.int64)
+    expected = np.zeros(groups, dtype=np.int64)
+    bytes_sum = np.zeros(groups)
+    expected_sum = np.zeros(groups)
+    duration = np.zeros(groups)
+    for i in range(len(key)):
+        g = slot[key[i]]
+        count[g] += 1
+        if bytes_[i] == bytes_[i]:
+            bytes_sum[g] += bytes_[i]
+            measured[g] += 1
+        if expected_bytes[i] == expected_bytes[i]:
+            expected_sum[g] += expected_bytes[i]
+            expected[g] += 1
+        duration[g] += t1[i] - t0[i]
+    return present, count, bytes_sum, measured, expected_sum, expected, duration
 
 
 @dataclass
@@ -128,6 +172,9 @@ class Codes:
             values = np.asarray(column, dtype=np.int64)
             low = int(values.min())
             return cls(values - low, int(values.max()) - low + 1, lambda c: c + low)
+        small = _whole_number_codes(np.asarray(column)) if column.dtype.kind == "f" else None
+        if small is not None:
+            return small
         found, uniques = pd.factorize(column, sort=True, use_na_sentinel=True)
         table = np.append(np.asarray(uniques, dtype=np.float64), np.nan)  # null: the last code
         codes = np.where(found < 0, len(uniques), found).astype(np.int64)
@@ -136,13 +183,36 @@ class Codes:
     @classmethod
     def of_labels(cls, labels: list[str | None], codes: np.ndarray) -> Codes:
         """A dictionary-encoded column of labels (strings; None: null) as codes in sorted
-        label order, null last, as `of` gives a categorical; back as an object array."""
+        label order, null last, as `of` gives a categorical; back as labels dictionary-encoded
+        (`Encoded`: the sorted labels, then None)."""
         ordered = sorted(label for label in labels if label is not None)
         position = {label: i for i, label in enumerate(ordered)}
         null = len(ordered)
         remap = np.array([null if label is None else position[label] for label in labels] or [0])
-        table = np.array([*ordered, None], dtype=object)
-        return cls(remap[codes], len(ordered) + 1, lambda c: table[c])
+        return cls(np.take(remap, codes), len(ordered) + 1, lambda c: Encoded([*ordered, None], c))
+
+
+def _whole_number_codes(values: np.ndarray) -> Codes | None:
+    """`Codes.of` numbers that are few whole numbers or NaN (group sizes), as a sorted
+    factorize gives them (codes of the distinct values in order, NaN last) by a count over
+    their range instead of a hash; None for anything else, and for -0.0 (factorize keeps
+    whichever zero it meets first, a count cannot tell)."""
+    nulls = np.isnan(values)
+    if nulls.all():
+        return None
+    low, high = float(np.fmin.reduce(values)), float(np.fmax.reduce(values))
+    if not (-(2.0**52) < low <= high < 2.0**52) or high - low > len(values):
+        return None
+    offsets = np.where(nulls, 0.0, values - low)
+    whole = offsets.astype(np.int64)
+    if (whole != offsets).any() or (low <= 0 <= high and np.signbit(values[values == 0]).any()):
+        return None
+    width = int(high - low) + 1
+    whole[nulls] = width
+    present = np.bincount(whole, minlength=width + 1)[:width] > 0
+    code_of_offset = np.append(np.cumsum(present) - 1, present.sum())  # null: the last code
+    table = np.append(low + np.flatnonzero(present).astype(np.float64), np.nan)
+    return Codes(code_of_offset[whole], len(table), lambda c: table[c])
 
 
 def run_comm_totals(run: RunData) -> pd.DataFrame:

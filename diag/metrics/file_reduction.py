@@ -28,18 +28,18 @@ from diag.metrics.comm_totals import (
     Codes,
     comm_totals,
     empty_totals,
+    prepare_comm_totals,
     totals_of,
 )
 from diag.metrics.common import WARMUP_MIN_STEPS, analysed_steps
 from diag.metrics.time_breakdown import (
     PIPELINE_GROUP,
     comm_bits,
-    counted_records,
     span_bits,
-    step_measures,
     time_breakdown,
+    window_measures,
 )
-from diag.records import Encoded, Packed
+from diag.records import Encoded, Packed, concat
 from diag.schema import RecordKind
 
 RankColumns = dict[str, dict[str, Packed]]
@@ -54,6 +54,7 @@ def reduce_rank_files(files: list[RankColumns], warmup: bool = True) -> dict[str
     its warm-up (`analysed_steps`)."""
     if not files:  # the loader's call before its workers start: they inherit the compiled loop
         prepare_union_lengths()
+        prepare_comm_totals()
         return {}
     rank_steps: list[dict[str, np.ndarray]] = []
     totals: list[dict[str, Any]] = []
@@ -104,36 +105,69 @@ def _encoded(values: Packed) -> Encoded:
 
 
 def _rank_steps(columns: RankColumns, labels: dict[str, Encoded], warmup: bool) -> dict:
-    """`time_breakdown` of one rank file, from its packed columns."""
+    """`time_breakdown` of one rank file, from its packed columns: its spans and collectives
+    find their window by their step (one rank: the steps of its windows are distinct)."""
     steps, spans, comms = (columns[kind] for kind in _KINDS)
-    of_spans = span_bits(
-        _holds(labels["phase"], schema.COMPUTE_PHASES),
-        _holds(labels["phase"], {schema.Phase.COMM_WAIT.value}),
-    )
-    of_comms = comm_bits(
-        _blocking(labels["blocking"], labels["async"]), _holds(labels["group"], {PIPELINE_GROUP})
-    )
-    records = counted_records(spans, of_spans, comms, of_comms)
-    return step_measures(records, _analysed_windows(steps, warmup))
+    windows = _analysed_windows(steps, warmup)
+    records = {name: _joined([spans[name], comms[name]]) for name in ("step", "t0", "t1")}
+    records["bits"] = np.concatenate([_span_bits(labels), _comm_bits(labels)])
+    return window_measures(records["step"], records, windows, windows["step"])
 
 
-def _holds(labels: Encoded, wanted: Collection[str]) -> np.ndarray:
-    """Which rows hold one of the `wanted` labels."""
-    table = np.array([label in wanted for label in labels.values] or [False])
-    return table[labels.codes]
+def _joined(parts: list[Any]) -> np.ndarray:
+    return np.concatenate([np.asarray(part, np.int64) for part in parts])
+
+
+def _span_bits(labels: dict[str, Encoded]) -> np.ndarray:
+    """The measures each span counts in (`span_bits`), looked up by its phase's code."""
+    phase = labels["phase"]
+    by_code = span_bits(
+        _holds(phase.values, schema.COMPUTE_PHASES),
+        _holds(phase.values, {schema.Phase.COMM_WAIT.value}),
+    )
+    return np.take(by_code, phase.codes)
+
+
+def _comm_bits(labels: dict[str, Encoded]) -> np.ndarray:
+    """The measures each collective counts in (`comm_bits`), looked up by its codes of
+    blocking, async and group in `comm_bits` of every combination of their values; row by
+    row where those are more than the rows (flags read line by line as lists: a code each)."""
+    blocking, is_async, group = labels["blocking"], labels["async"], labels["group"]
+    recorded, blocks = _flags(blocking.values)
+    asynchronous = _flags(is_async.values)[1]
+    in_pipeline = _holds(group.values, {PIPELINE_GROUP})
+
+    def bits_of(b: np.ndarray, a: np.ndarray, g: np.ndarray) -> np.ndarray:
+        # `blocking` where recorded; otherwise blocking unless `async` is true
+        return comm_bits(np.where(recorded[b], blocks[b], ~asynchronous[a]), in_pipeline[g])
+
+    shape = (len(blocking.values), len(is_async.values), len(group.values))
+    if math.prod(shape) > len(blocking.codes):
+        return bits_of(blocking.codes, is_async.codes, group.codes)
+    bits = bits_of(*np.meshgrid(*(np.arange(size) for size in shape), indexing="ij"))
+    at = blocking.codes.astype(np.int64)  # the flat index of (blocking, async, group)
+    at *= shape[1]
+    at += is_async.codes
+    at *= shape[2]
+    at += group.codes
+    return np.take(bits.ravel(), at)
+
+
+def _holds(labels: list[Any], wanted: Collection[str]) -> np.ndarray:
+    """Which labels of a dictionary are one of the `wanted` labels."""
+    return np.array([label in wanted for label in labels], dtype=bool)
 
 
 def _is_null(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _blocking(blocking: Encoded, is_async: Encoded) -> np.ndarray:
-    """`blocking` where recorded; otherwise blocking unless `async` is true (truthiness, as
-    `time_breakdown._blocking` reads the table's columns)."""
-    recorded = np.array([not _is_null(v) for v in blocking.values] or [False])[blocking.codes]
-    truth = np.array([not _is_null(v) and bool(v) for v in blocking.values] or [False])
-    asynchronous = np.array([not _is_null(v) and bool(v) for v in is_async.values] or [False])
-    return np.where(recorded, truth[blocking.codes], ~asynchronous[is_async.codes])
+def _flags(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Which values of a flag's dictionary are recorded, and which are true where recorded
+    (truthiness, as `time_breakdown._blocking` reads the table's columns)."""
+    recorded = np.array([not _is_null(v) for v in values], dtype=bool)
+    truth = np.array([not _is_null(v) and bool(v) for v in values], dtype=bool)
+    return recorded, truth
 
 
 def _analysed_windows(steps: dict[str, Packed], warmup: bool) -> dict[str, np.ndarray]:
@@ -141,7 +175,10 @@ def _analysed_windows(steps: dict[str, Packed], warmup: bool) -> dict[str, np.nd
     repeated step, in step order, the first step dropped as warm-up when there are at least
     WARMUP_MIN_STEPS), as rank, step, t0, t1 arrays."""
     step = np.asarray(steps["step"], np.int64)
-    order = np.argsort(step, kind="stable")
+    if (step[1:] >= step[:-1]).all():  # written step by step: no sort
+        order = np.arange(len(step))
+    else:
+        order = np.argsort(step, kind="stable")
     last = np.ones(len(order), dtype=bool)
     last[:-1] = step[order][1:] != step[order][:-1]  # the last of equal steps in file order
     kept = order[last]
@@ -183,10 +220,16 @@ def _totals_frame(parts: list[dict[str, Any]]) -> pd.DataFrame:
         return empty_totals()
     columns: dict[str, Any] = {}
     for name in TOTAL_COLUMNS:
-        values = [np.asarray(part[name]) for part in parts]
-        if name in LABEL_KEYS:
-            labels = np.concatenate([v.astype(object) for v in values])
-            columns[name] = categorical(_encoded(labels))
+        if name in LABEL_KEYS:  # under one dictionary (a file's are encoded, `Codes.of_labels`)
+            labels = concat([_label_codes(part[name]) for part in parts])
+            assert isinstance(labels, Encoded)
+            columns[name] = categorical(labels)
         else:
-            columns[name] = np.concatenate(values)
+            columns[name] = np.concatenate([np.asarray(part[name]) for part in parts])
     return pd.DataFrame(columns)
+
+
+def _label_codes(column: Any) -> Encoded:
+    """A totals' label column dictionary-encoded: a file's already is; the tables' way
+    gives a categorical."""
+    return column if isinstance(column, Encoded) else _encoded(np.asarray(column, dtype=object))

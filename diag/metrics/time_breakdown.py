@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.intervals import union_lengths_by_group
+from diag.intervals import union_lengths_in_windows
 from diag.metrics.common import NS_PER_S
 
 PIPELINE_GROUP = "pp"
@@ -27,12 +27,12 @@ MEASURES = ("comm", "exposed", "either", "stage_work")
 
 def _window_rows(
     ranks: np.ndarray, steps: np.ndarray, window_ranks: np.ndarray, window_steps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """For the records whose (rank, step) has a window: that window's row, and which records
-    they are (a boolean mask); one integer key per pair, looked up in a table over the key
-    space when that is small (ranks and steps are dense), else by a binary search."""
+) -> np.ndarray:
+    """Each record's window: the row of the first window with the record's (rank, step), -1
+    where none has it; one integer key per pair, looked up in a table over the key space
+    when that is small (ranks and steps are dense), else by a binary search."""
     if not len(ranks) or not len(window_ranks):
-        return np.zeros(0, dtype=np.int64), np.zeros(len(ranks), dtype=bool)
+        return np.full(len(ranks), -1, dtype=np.int64)
     low_rank, low_step = int(window_ranks.min()), int(window_steps.min())
     width = int(window_steps.max()) - low_step + 1
     space = (int(window_ranks.max()) - low_rank + 1) * width
@@ -42,14 +42,11 @@ def _window_rows(
     if space <= 4 * (len(ranks) + len(window_keys)) + 1024:
         row_of_key = np.full(space + 1, -1, dtype=np.int64)  # the last: no window
         row_of_key[window_keys[::-1]] = np.arange(len(window_keys))[::-1]  # the first wins
-        rows = row_of_key[np.minimum(keys, space)]
-        found = rows >= 0
-        return rows[found], found
+        return row_of_key[np.minimum(keys, space)]
     order = np.argsort(window_keys, kind="stable")
     sorted_keys = window_keys[order]
     position = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    found = sorted_keys[position] == keys
-    return order[position[found]], found
+    return np.where(sorted_keys[position] == keys, order[position], -1)
 
 
 def _blocking(comms: pd.DataFrame) -> pd.Series:
@@ -68,8 +65,9 @@ def span_bits(compute: np.ndarray, comm_wait: np.ndarray) -> np.ndarray:
 
 def comm_bits(blocking: np.ndarray, in_pipeline: np.ndarray) -> np.ndarray:
     """The measures each collective counts in, from which block the rank (`blocking`, as
-    `_blocking` reads it) and which are in the pipeline group (boolean arrays)."""
-    bits = np.full(len(blocking), IN_FLIGHT)
+    `_blocking` reads it) and which are in the pipeline group (boolean arrays, of any one
+    shape)."""
+    bits = np.full(np.shape(blocking), IN_FLIGHT)
     bits[blocking] |= EXPOSED | EITHER
     bits[blocking & ~in_pipeline] |= STAGE_WORK  # a wait for a pipeline neighbour is not
     return bits
@@ -122,13 +120,23 @@ def step_measures(
 ) -> dict[str, np.ndarray]:
     """`time_breakdown`'s columns from arrays: `records` (rank, step, t0, t1, bits: the spans
     and collectives some measure counts) and `windows` (rank, step, t0, t1: the steps)."""
+    rows = _window_rows(records["rank"], records["step"], windows["rank"], windows["step"])
+    return window_measures(rows, records, windows, np.arange(len(windows["t0"])))
+
+
+def window_measures(
+    keys: np.ndarray,
+    records: dict[str, np.ndarray],
+    windows: dict[str, np.ndarray],
+    window_keys: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """`step_measures` where one key per record finds its window: `keys` (one a record),
+    `records` (t0, t1, bits; bits 0: a record no measure counts), `windows` (rank, step,
+    t0, t1) and `window_keys` (one a window, ascending and distinct): each window's row, or
+    for one rank's windows in step order, their steps."""
     w0, w1 = windows["t0"], windows["t1"]
-    at, found = _window_rows(records["rank"], records["step"], windows["rank"], windows["step"])
-    t0 = np.maximum(records["t0"][found], w0[at])
-    t1 = np.minimum(records["t1"][found], w1[at])
-    kept = t1 > t0
-    totals = union_lengths_by_group(
-        at[kept], t0[kept], t1[kept], records["bits"][found][kept], len(w0), len(MEASURES)
+    totals = union_lengths_in_windows(
+        keys, records["t0"], records["t1"], records["bits"], window_keys, w0, w1, len(MEASURES)
     )
     measure = dict(zip(MEASURES, totals.T, strict=True))
     wall_ns = w1 - w0

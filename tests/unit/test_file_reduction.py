@@ -18,6 +18,7 @@ from diag.metrics.common import analysed_steps
 from diag.metrics.file_reduction import reduce_rank_files
 from diag.metrics.time_breakdown import time_breakdown
 from diag.rank_file import read_rank_file
+from diag.records import concat, unpack
 from diag.schema import rank_file_name
 from simulator import ModelSpec, SimConfig, simulate
 
@@ -113,26 +114,126 @@ def test_a_chunk_of_no_files_prepares_the_compiled_loop() -> None:
     assert reduce_rank_files([]) == {}
 
 
-def test_the_compiled_union_loop_gives_what_the_python_loop_gives() -> None:
-    """Large inputs run `union_lengths_by_group`'s loop compiled (diag/compiled.py), small
-    ones as Python; the same code, so the same sums, and both the measure of each union."""
+@pytest.mark.parametrize("consecutive", [True, False])
+def test_the_compiled_union_loop_gives_what_the_python_loop_gives(consecutive: bool) -> None:
+    """Large inputs run `union_lengths_in_windows`' loop compiled (diag/compiled.py), small
+    ones as Python; the same code, so the same sums, and both the measure of each union of
+    the intervals cut to their window, in any order, whether the windows' keys are
+    consecutive (a rank's steps: an offset finds the window) or not (a binary search)."""
     from diag import compiled, intervals
 
     rng = np.random.default_rng(7)
-    count, groups = 3_000, 40
-    group = rng.integers(0, groups, count)
+    count, windows = 3_000, 40
+    window_keys = np.arange(windows) if consecutive else np.sort(rng.choice(10**6, windows, False))
+    keys = rng.choice(np.append(window_keys, [-5, 10**7]), count)  # some in no window
     starts = rng.integers(0, 10_000, count)
-    ends = starts + rng.integers(1, 800, count)
-    bits = rng.integers(1, 16, count)
-    loop = intervals._union_lengths_loop
-    plain = loop(group, starts, ends, bits, groups, 4)
-    fast = compiled.compiled(loop)(group, starts, ends, bits, groups, 4)
+    ends = starts + rng.integers(-50, 800, count)  # some empty
+    bits = rng.integers(0, 16, count)
+    window_starts = rng.integers(0, 5_000, windows)
+    window_ends = window_starts + rng.integers(0, 6_000, windows)
+    given = (keys, starts, ends, bits, window_keys, window_starts, window_ends, 4)
+    loop = intervals._window_unions_loop
+    plain = loop(*given)
+    fast = compiled.compiled(loop)(*given)
     assert plain.tolist() == fast.tolist()
-    for g in (0, groups - 1):
+    for w in range(windows):
         for k in range(4):
-            mine = (group == g) & ((bits >> k) & 1 == 1)
-            union = intervals.union_length(np.column_stack([starts[mine], ends[mine]]))
-            assert plain[g, k] == union
+            mine = (keys == window_keys[w]) & ((bits >> k) & 1 == 1)
+            cut = intervals.clip(np.column_stack([starts[mine], ends[mine]]),
+                                 window_starts[w], window_ends[w])  # fmt: skip
+            assert plain[w, k] == intervals.union_length(cut)
+
+
+def test_records_in_no_order_and_hostile_steps_reduce_to_the_tables_numbers(runs) -> None:
+    """Records shuffled (no step order, no time order: the sorted fast paths fall back),
+    steps with gaps and one near MAX_STEP (windows found by a binary search, key spaces too
+    wide for a table), collectives starting before their step, and in the same chunk a
+    rank with step records only and one whose file is empty."""
+    shuffle = np.random.default_rng(3).permutation
+    steps = [0, 1, 2, 5, 9, 2**40 - 2]
+    rows: dict[int, list[dict[str, Any] | str]] = {}
+    for rank in range(3):
+        written: list[dict[str, Any] | str] = []
+        for i, step in enumerate(steps):
+            t0 = 100 * i
+            written += [
+                runs.step(step, t0, t0 + 100), runs.span(step, "fwd", t0 + 5, t0 + 40),
+                runs.span(step, "bwd", t0 + 30, t0 + 90 + rank),
+                runs.span(step, "comm_wait", t0 + 85, t0 + 99),
+                runs.comm(step, t0 + 20, t0 + 60, group="tp", group_size=4),
+                runs.comm(step, t0 + 10, t0 + 95, group="pp", op="send", **{"async": True}),
+                runs.comm(step, t0 - 20, t0 + 5, group_size=8.0 + rank, bytes=None),
+            ]  # fmt: skip
+        rows[rank] = [written[i] for i in shuffle(len(written))]
+    rows[3] = [runs.step(0, 0, 100), runs.step(1, 100, 200), runs.step(2, 200, 300)]
+    rows[4] = []
+    run_dir = runs.write(rows, runs.manifest(5))
+    for warmup in (True, False):
+        tables, files = _both_ways(run_dir, warmup)
+        assert len(tables["rank_steps"]) == 3 * 6 + 3 - 4 * warmup
+        _assert_same(tables, files)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[2.0, 8.0, np.nan, 2.0, 64.0], [1.5, 2.0], [0.0, -0.0, 1.0], [-0.0, 0.0, 4.0],
+     [np.nan, np.nan], [2.0**60, 2.0**60 + 256], [-3.0, 7.0, -3.0], [1e300, 1e300], [5.0]],
+)  # fmt: skip
+def test_codes_of_numbers_are_a_sorted_factorize(values: list[float]) -> None:
+    """Group sizes are coded by a count over their range where they are few whole numbers
+    (`comm_totals._whole_number_codes`), else by a factorize: the same codes and values to
+    the bit either way (a -0.0 keeps the factorize, which keeps the first zero it meets)."""
+    from diag.metrics.comm_totals import Codes
+
+    column = np.array(values)
+    codes = Codes.of(column)
+    found, uniques = pd.factorize(column, sort=True)
+    expected = np.where(found < 0, len(uniques), found)
+    assert codes.codes.tolist() == expected.tolist()
+    assert codes.size == len(uniques) + 1
+    back = np.append(np.asarray(uniques, dtype=np.float64), np.nan)[expected]
+    assert codes.values(codes.codes).tobytes() == back.tobytes()
+
+
+def test_the_window_kept_after_reducing_is_every_record_the_metrics_need(runs) -> None:
+    """`read_rank_chunk` keeps, after reducing, each file's spans and collectives of the
+    first steps, its comm_wait spans and its records of steps without a step record: the
+    rows a mask of those gives, in file order, for shuffled records and a step near
+    MAX_STEP (whose range no table covers)."""
+    from diag.keys import rank_steps_in
+    from diag.load import read_rank_chunk
+    from diag.records import take
+
+    shuffle = np.random.default_rng(5).permutation
+    rows: dict[int, list[dict[str, Any] | str]] = {}
+    for rank, far in enumerate((9, 2**40 - 2)):
+        written: list[dict[str, Any] | str] = [
+            runs.step(s, 100 * s, 100 * s + 100) for s in (0, 1, 2, 3)
+        ]
+        for s in (0, 1, 2, 3, 7, far):  # 7 and far: no step record
+            written += [runs.span(s, "fwd", 100 * s, 100 * s + 50),
+                        runs.span(s, "comm_wait", 100 * s + 50, 100 * s + 60),
+                        runs.comm(s, 100 * s + 10, 100 * s + 20)]  # fmt: skip
+        rows[rank] = [written[i] for i in shuffle(len(written))]
+    run_dir = runs.write(rows, runs.manifest(2))
+    files = [(rank, run_dir / rank_file_name(rank, ".jsonl")) for rank in rows]
+    chunk = read_rank_chunk(files, breakdown=reduce_rank_files, keep_below=2)
+    for kind in ("span", "comm"):
+        expected = []
+        for rank, path in files:
+            columns = read_rank_file(rank, path).columns
+            table, recorded = columns[kind], columns["step"]
+            keep = np.asarray(table["step"]) < 2
+            if kind == "span":
+                keep |= np.asarray(unpack([table["phase"]]), dtype=object) == "comm_wait"
+            keep |= ~rank_steps_in(table["rank"], table["step"], recorded["rank"], recorded["step"])
+            expected.append({name: take(values, keep) for name, values in table.items()})
+        for name in chunk.columns[kind]:
+            got = pd.Series(list(unpack([chunk.columns[kind][name]])), dtype=object)
+            want = pd.Series(
+                list(unpack([concat([part[name] for part in expected])])), dtype=object
+            )
+            assert got.equals(want), (kind, name)  # NaN where NaN
 
 
 def test_totals_of_keys_too_wide_for_one_integer() -> None:
