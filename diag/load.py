@@ -346,6 +346,8 @@ def read_rank_chunk(
     """Parse a few rank files (only the records of the steps in `window` when given); with a
     `breakdown`, reduce their records with it from every span and collective, then keep
     only the spans and collectives of steps below `keep_below` (`RunData.span_steps`)."""
+    if breakdown is not None:  # a large run: a Dask worker loads the compiled reader once
+        arrow_fast.prepare()  # (the local workers inherit it loaded)
     parsed = [read_rank_file(rank, path) for rank, path in files]
     per_file = [part.columns for part in parsed]
     for part in parsed:
