@@ -19,16 +19,17 @@ pyarrow's path.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from diag import arrow_format
+from diag import arrow_direct, arrow_format
 from diag.arrow_format import STREAM_SCHEMA, ArrowRank
 from diag.arrow_layout import BOOL, FIXED, LIST, NODES, STRING, STRUCT, TEMPLATE
-from diag.records import Encoded
+from diag.records import Encoded, Packed
 
 FAST_FROM_BYTES = 256 * 2**10
 """Smaller files take pyarrow's path even when the loops are loaded (its fixed cost is small)."""
@@ -88,7 +89,13 @@ def decode_fast(
         buffers = _concatenated(data)
         if buffers is None:
             return None
-        return arrow_format.decoded(buffers.lists(), [], name, columns, floats, buffers.encoded)
+        lists = buffers.lists()
+
+        def direct(kind: str) -> tuple[dict[str, Packed], int] | None:
+            numeric = frozenset(floats.get(kind, ()))
+            return arrow_direct.packed_kind(buffers, kind, columns[kind], numeric)
+
+        return arrow_format.decoded(lists, [], name, columns, floats, buffers.encoded, direct)
     except (IndexError, ValueError, pa.ArrowException):  # a check missed: bounds caught it
         return None
 
@@ -152,6 +159,11 @@ def _descends(node: int, ancestor: int) -> bool:
 
 
 _FIELD_NODES = _field_nodes()
+_COLUMN_NODES = {
+    field.name: [j for j, node in enumerate(NODES) if node.parent == -1][i]
+    for i, field in enumerate(STREAM_SCHEMA)
+}
+"""By column: the node of its lists."""
 
 
 class _Buffers:
@@ -163,13 +175,45 @@ class _Buffers:
     ) -> None:
         self.out, self.offsets, self.totals, self.places = out, offsets, totals, places
 
-    def lists(self) -> dict[str, pa.ListArray]:
+    def lists(self) -> Mapping[str, pa.ListArray]:
         """Every column's lists, one a batch, as `arrow_format._combined` makes them (a column
-        without values in any batch: empty)."""
+        without values in any batch: empty), each made when first asked for."""
+        return _Lists(self)
+
+    def column(self, name: str) -> pa.ListArray:
         arrays = _Arrays(self.out, self.offsets, self.totals, self.places)
-        columns = {field.name: arrays.column() for field in STREAM_SCHEMA}
-        return {name: lists if len(lists.values) else arrow_format._EMPTY_LISTS[name]
-                for name, lists in columns.items()}  # fmt: skip
+        arrays.at = _COLUMN_NODES[name]
+        lists = arrays.column()
+        return lists if len(lists.values) else arrow_format._EMPTY_LISTS[name]
+
+    def records(self, kind: str) -> int:
+        """How many records of `kind` the file holds."""
+        return int(self.totals[_COLUMN_NODES[kind] + 1, 0])
+
+    def field(self, kind: str, name: str) -> Field | None:
+        """A kind's field over every record of the file as numpy arrays; None when the kind
+        has no such field."""
+        nodes = _FIELD_NODES.get((kind, name))
+        if nodes is None:
+            return None
+        j = nodes[0]
+        node = NODES[j]
+        values, nulls = int(self.totals[j, 0]), int(self.totals[j, 1])
+        at, start = int(self.places[j, 0]), int(self.places[j, 1])
+        valid = None
+        if nulls:
+            bitmap = self.out[at : at + (values + 7) // 8]
+            valid = np.unpackbits(bitmap, bitorder="little")[:values].astype(bool)
+        if node.layout == FIXED:
+            dtype = np.int64 if node.type == pa.int64() else np.float64
+            return Field(node.type, valid, self.out[start : start + 8 * values].view(dtype))
+        if node.layout == STRING:
+            first = int(self.places[j, 2])
+            return Field(node.type, valid, self.offsets[first : first + values + 1])
+        if node.layout == BOOL:
+            bits = self.out[start : start + (values + 7) // 8]
+            return Field(node.type, valid, np.unpackbits(bits, bitorder="little")[:values])
+        return Field(node.type, valid, np.zeros(0))
 
     def encoded(self, kind: str, name: str) -> Encoded | None:
         """A kind's field, every record of the file, dictionary-encoded as pyarrow encodes it
@@ -199,6 +243,36 @@ class _Buffers:
         batches = self.offsets[first_batch : first_batch + int(self.totals[column, 0]) + 1]
         codes, firsts = _loops["encode"](data, offsets, width, bitmap, batches)
         return Encoded([_value(layout, data, offsets, bitmap, int(row)) for row in firsts], codes)
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field's values over a file's records: its Arrow type, which are valid (None: all),
+    and its values (int64 / float64 numbers, booleans as 0/1 bytes; a string field: its
+    int32 offsets; another: nothing)."""
+
+    type: pa.DataType
+    valid: np.ndarray | None
+    values: np.ndarray
+
+
+class _Lists(Mapping[str, pa.ListArray]):
+    """A file's columns made on first access (a kind packed from its buffers needs none)."""
+
+    def __init__(self, buffers: _Buffers) -> None:
+        self.buffers = buffers
+        self.made: dict[str, pa.ListArray] = {}
+
+    def __getitem__(self, name: str) -> pa.ListArray:
+        if name not in self.made:
+            self.made[name] = self.buffers.column(name)
+        return self.made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_COLUMN_NODES)
+
+    def __len__(self) -> int:
+        return len(_COLUMN_NODES)
 
 
 def _value(layout: int, data: np.ndarray, offsets: np.ndarray, bitmap: np.ndarray,

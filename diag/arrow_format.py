@@ -226,14 +226,21 @@ def decoded(
     columns: Mapping[str, tuple[str, ...]],
     floats: Mapping[str, Iterable[str]],
     encoded: Callable[[str, str], Encoded | None] | None = None,
+    direct: Callable[[str], tuple[dict[str, Packed], int] | None] | None = None,
 ) -> ArrowRank:
     """`decode`'s output from every column's lists over the file's batches (one array a
     column, as `_combined` makes them) and the notes of reading them. `encoded(kind, name)`:
     a label field of every record of the file dictionary-encoded as `packed` would, or None
-    (used when no record of the kind is rejected)."""
+    (used when no record of the kind is rejected). `direct(kind)`: a kind's packed columns
+    and NaN-loss count when no record of it is rejected, made without these arrays, or None."""
     out = ArrowRank(skipped=notes)
     rejected: Counter[str] = Counter()
     for kind in KIND_FIELDS:
+        ready = direct(kind) if direct is not None else None
+        if ready is not None:
+            out.columns[kind], nan_loss = ready
+            out.nan_loss = nan_loss if kind == "step" else out.nan_loss
+            continue
         values = lists[kind].flatten()
         keep = usable(kind, values, _TYPED[kind], rejected)
         free: list[dict[str, Any]] = []
@@ -250,10 +257,10 @@ def decoded(
                 table[col] = [f for f, k in zip(free, keep.tolist(), strict=True) if k]
             else:
                 numeric = col in floats.get(kind, ())
-                ready = None
+                label = None
                 if encoded is not None and whole and not numeric and col not in INT_COLUMNS:
-                    ready = encoded(kind, col)
-                table[col] = ready if ready is not None else packed(values.field(col), col, numeric)
+                    label = encoded(kind, col)
+                table[col] = label if label is not None else packed(values.field(col), col, numeric)
         if kind == "step" and len(values):
             out.nan_loss = int(pc.sum(pc.is_nan(values.field("loss"))).as_py() or 0)
         out.columns[kind] = table

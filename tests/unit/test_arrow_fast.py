@@ -296,3 +296,21 @@ def test_many_distinct_labels_encode_as_pyarrow_encodes_them() -> None:
     want = array.dictionary_encode(null_encoding="encode")
     np.testing.assert_array_equal(codes, want.indices.to_numpy())
     assert [values[row] for row in firsts] == want.dictionary.to_pylist()
+
+
+def test_kinds_without_rejected_records_are_packed_from_the_buffers(
+    simulated: list[bytes],
+) -> None:
+    """The simulator's steps, spans, collectives and memory records skip pyarrow's arrays
+    (diag/arrow_direct.py); a kind with a rejected record does not."""
+    from diag import arrow_direct
+
+    buffers = arrow_fast._concatenated(simulated[0])
+    assert buffers is not None
+    for kind in ("step", "span", "comm", "mem"):
+        assert arrow_direct.packed_kind(buffers, kind, _COLUMNS[kind], _NUMERIC.get(kind, ()))
+    bad = [{"kind": "span", "step": 0, "phase": "fwd", "mb": -1, "t0": 1, "t1": 2}]
+    buffers = arrow_fast._concatenated(HEADER + arrow_format.encode_batch(bad))
+    assert buffers is not None
+    assert arrow_direct.packed_kind(buffers, "span", _COLUMNS["span"], ()) is None
+    assert assert_same_as_pyarrow(HEADER + arrow_format.encode_batch(bad))
