@@ -33,10 +33,11 @@ def group_member_of(
     the manifest does not say."""
     member_of = np.zeros(len(ranks), dtype=np.int64)
     for code, name in enumerate(group_names):
-        groups = manifest.groups.get(name)
-        if not groups:
+        groups = manifest.groups.get(name) or []
+        largest = max((max(members) for members in groups if members), default=-1)
+        if largest < 0:  # no groups, or only empty ones ({"dp": [[]]})
             continue
-        lookup = np.zeros(max(max(m) for m in groups if m) + 1, dtype=np.int64)
+        lookup = np.zeros(largest + 1, dtype=np.int64)
         for i, members in enumerate(groups):
             lookup[np.asarray(members, dtype=np.int64)] = i
         mask = group_codes == code

@@ -116,3 +116,18 @@ def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path:
                                    compiled.compiled(timeline._awaited_launches)(*scan),
                                    strict=True):  # fmt: skip
         assert plain_out.tolist() == fast_out.tolist()
+
+
+def test_a_manifest_of_empty_groups_matches_no_rank_to_a_group() -> None:
+    """`groups: {"dp": [[]]}` (found by tests/unit/test_fuzz_readers.py): no member, so every
+    record of that axis is in no group of the manifest's, not a crash."""
+    import numpy as np
+
+    from diag.schema import Manifest
+    from diag.whatif.matching import group_member_of
+
+    manifest = Manifest(run_id="r", created="", world_size=2, groups={"dp": [[]], "pp": [[1], [0]]})
+    codes = np.array([1, 1, 2, 2])
+    ranks = np.array([0, 1, 0, 1])
+    members = group_member_of(manifest, codes, ["", "dp", "pp"], ranks)
+    assert members.tolist() == [0, 0, 1, 0]
