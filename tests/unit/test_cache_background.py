@@ -33,12 +33,20 @@ def large_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return runs.write({0: rows, 1: rows})
 
 
+@pytest.fixture
+def single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as `diag analyze` is when it writes the cache: no other thread. Earlier
+    tests of the suite may leave some running (a server, a cluster's client), and with one
+    running `background.start` declines to fork (tested below)."""
+    monkeypatch.setattr(background.threading, "active_count", lambda: 1)
+
+
 def _load_run_fails(*args: object, **kwargs: object) -> None:
     raise AssertionError("parsed again: the tables were not read from the cache")
 
 
 def test_the_next_load_waits_for_the_tables_and_reads_them(
-    large_run: Path, monkeypatch: pytest.MonkeyPatch
+    large_run: Path, monkeypatch: pytest.MonkeyPatch, single_threaded: None
 ) -> None:
     first = load_any(large_run)
     assert background.pending() == 1  # written by a child, not by this process
@@ -50,7 +58,7 @@ def test_the_next_load_waits_for_the_tables_and_reads_them(
 
 
 def test_a_failing_background_write_fails_neither_the_analysis_nor_the_next_load(
-    large_run: Path, monkeypatch: pytest.MonkeyPatch
+    large_run: Path, monkeypatch: pytest.MonkeyPatch, single_threaded: None
 ) -> None:
     def broken(*args: object) -> None:
         raise RuntimeError("disk on fire")  # not an error the foreground write expects
@@ -104,7 +112,9 @@ def test_the_entry_is_whole_once_the_command_has_exited(
     assert not load_any(large_run).cache_notes  # every table there, every digest right
 
 
-def test_a_child_works_on_the_memory_as_it_was_at_the_fork(tmp_path: Path) -> None:
+def test_a_child_works_on_the_memory_as_it_was_at_the_fork(
+    tmp_path: Path, single_threaded: None
+) -> None:
     seen, out = ["at the fork"], tmp_path / "seen"
     assert background.start(lambda: bool(out.write_text(" ".join(seen))), "test")
     seen.append("after")  # the parent goes on; the child does not see it
