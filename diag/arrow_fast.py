@@ -59,10 +59,6 @@ def prepare() -> None:
         decode_fast(sample, "", names, {})  # each loop's first call compiles it (or loads it)
 
 
-def prepared() -> bool:
-    return bool(_loops)
-
-
 def decode(
     data: bytes,
     name: str,
