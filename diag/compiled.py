@@ -21,9 +21,16 @@ COMPILE_FROM_EVENTS = 5_000
 event, a replay of 5,000 events ~0.1 s, about what importing numba costs; compiled ~0.1 us)."""
 
 
+_loaded: set[Callable[..., Any]] = set()
+"""The loops compiled (or loaded) in this process (a loader prepares them before forking its
+workers, which inherit them)."""
+
+
 def for_size(loop: F, events: int) -> F:
-    """`loop` as Python below COMPILE_FROM_EVENTS events, compiled from there on."""
-    return compiled(loop) if events >= COMPILE_FROM_EVENTS else loop
+    """`loop` as Python below COMPILE_FROM_EVENTS events, compiled from there on, and at any
+    size once it is loaded (a large run's workers reduce many small files: a 16,384-rank run's
+    files of a few thousand records each ran as Python, 28 ms a file)."""
+    return compiled(loop) if events >= COMPILE_FROM_EVENTS or loop in _loaded else loop
 
 
 @cache
@@ -31,4 +38,5 @@ def compiled(loop: F) -> F:
     """`loop` compiled by numba (imported here, only when a large timeline needs it)."""
     import numba
 
+    _loaded.add(loop)
     return cast(F, numba.njit(cache=True)(loop))
