@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import arrow_fast, schema
+from diag import arrow_fast, record_window, schema
 from diag.arrow_format import SUFFIX
 from diag.arrow_format import rank_file_name as arrow_rank_file_name
 from diag.errors import InputError
-from diag.keys import rank_steps_in
 from diag.limits import (
     MAX_INDEX,
     MISSING_RANKS_LISTED,
@@ -48,7 +47,6 @@ from diag.records import (
     Packed,
     concat,
     label_array,
-    take,
     unpack,
 )
 from diag.schema import Manifest, RecordKind
@@ -60,16 +58,6 @@ _LAYOUT_INTS = ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages", 
 KINETO_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz")
 REDUCE_SPANS_FROM_BYTES = 128 * 2**20
 """Runs with more rank-file bytes than this keep spans only in a window (`RunData.span_steps`)."""
-SPAN_WINDOW_STEPS = 8
-"""At most this many steps keep every span and collective in a large run (`RunData.span_steps`)"""
-WINDOW_RECORDS = 1_500_000
-"""...and fewer when the window would hold more spans and collectives than this (over all
-ranks), but never fewer than MIN_WINDOW_STEPS: what the replay and the rules that match records
-across ranks read, kept at a size that does not grow with the world. The replay reads at most
-two steps of a run that large (`whatif.attribution.MAX_EVENTS`); late arrival and the Timeline
-read the rest (a 1,024-rank 3D run: 4 steps, 330 records a rank and step)."""
-MIN_WINDOW_STEPS = 3
-"""The warm-up step and two analysed steps: the fewest the replay compares."""
 OPEN_END = 2**62
 """The end of a window of steps `A:` (every step from A on)."""
 
@@ -148,7 +136,8 @@ def load_run(
     reduce = breakdown if total_bytes(files) >= REDUCE_SPANS_FROM_BYTES else None
     keep_below = None  # a large run's records are kept whole below this step
     if reduce is not None:
-        keep_below = (steps.start if steps else 0) + _window_steps(files, manifest.world_size)
+        first = steps.start if steps else 0
+        keep_below = first + record_window.window_steps(files, manifest.world_size)
         reduce([], True)  # prepared here, before the workers fork: they inherit it
         arrow_fast.prepare()  # the compiled reader of Arrow rank files, inherited alike
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
@@ -324,19 +313,6 @@ class RankChunk:
     reduced: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def _window_steps(files: list[tuple[int, Path]], world_size: int) -> int:
-    """How many first steps of a large run keep every span and collective: SPAN_WINDOW_STEPS,
-    fewer when that would exceed WINDOW_RECORDS over the world (the records per rank and step
-    counted in the first rank file), never fewer than MIN_WINDOW_STEPS."""
-    sample = read_rank_file(*files[0]).columns
-    steps = len(set(unpack([sample[RecordKind.STEP.value]["step"]]))) or 1
-    records = sum(len(sample[kind]["step"]) for kind in (RecordKind.SPAN.value,
-                                                          RecordKind.COMM.value))  # fmt: skip
-    per_step = max(records / steps, 1.0) * max(world_size, len(files))
-    fitting = int(WINDOW_RECORDS / per_step)
-    return max(min(SPAN_WINDOW_STEPS, MIN_WINDOW_STEPS), min(SPAN_WINDOW_STEPS, fitting))
-
-
 def read_rank_chunk(
     files: list[tuple[int, Path]],
     breakdown: Breakdown | None = None,
@@ -353,78 +329,21 @@ def read_rank_chunk(
     for part in parsed:
         part.columns = {}
     if window is not None:
-        per_file = [{kind: _in_window(t, window) for kind, t in c.items()} for c in per_file]
+        per_file = [{k: record_window.in_window(t, window) for k, t in c.items()} for c in per_file]
     reduced: dict[str, pd.DataFrame] = {}
     if breakdown is not None:
         reduced = breakdown(per_file, window is None or window.start == 0)
-        below = keep_below or SPAN_WINDOW_STEPS
+        below = keep_below or record_window.SPAN_WINDOW_STEPS
+        windowed = (RecordKind.SPAN.value, RecordKind.COMM.value)
         per_file = [
-            c | {kind: _step_window(c, kind, below) for kind in (RecordKind.SPAN.value,
-                                                                 RecordKind.COMM.value)}
+            c | {kind: record_window.kept_records(c, kind, below) for kind in windowed}
             for c in per_file
-        ]  # fmt: skip
+        ]
     columns = {
         kind: {name: concat([c[kind][name] for c in per_file]) for name in names}
         for kind, names in _COLUMNS.items()
     }
     return RankChunk(parsed, columns, reduced)
-
-
-def _in_window(table: dict[str, Packed], steps: range) -> dict[str, Packed]:
-    """A packed table's rows whose step is in `steps`."""
-    step = np.asarray(unpack([table["step"]]), dtype=np.int64)
-    keep = (step >= steps.start) & (step < steps.stop)
-    return table if keep.all() else {name: take(values, keep) for name, values in table.items()}
-
-
-def _step_window(
-    columns: dict[str, dict[str, Packed]], kind: str, keep_below: int
-) -> dict[str, Packed]:
-    """Some ranks' records of `kind` of the steps below `keep_below`, their comm_wait
-    spans and the records of (rank, step)s without a step record (reported as orphans by the
-    metrics)."""
-    table, recorded = columns[kind], columns[RecordKind.STEP.value]
-    step = np.asarray(unpack([table["step"]]), dtype=np.int64)
-    keep = step < keep_below
-    if kind == RecordKind.SPAN.value:
-        keep |= _labels_equal(table["phase"], schema.Phase.COMM_WAIT.value)
-    keep |= _without_step_record(
-        np.asarray(unpack([table["rank"]]), dtype=np.int64), step,
-        np.asarray(unpack([recorded["rank"]]), dtype=np.int64),
-        np.asarray(unpack([recorded["step"]]), dtype=np.int64),
-    )  # fmt: skip
-    rows = np.flatnonzero(keep)  # a few of many: taken by index, not by a mask of them all
-    return {
-        name: take(values, keep) if isinstance(values, list)
-        else Encoded(values.values, values.codes[rows]) if isinstance(values, Encoded)
-        else values[rows]
-        for name, values in table.items()
-    }  # fmt: skip
-
-
-def _without_step_record(
-    ranks: np.ndarray, steps: np.ndarray, recorded_ranks: np.ndarray, recorded_steps: np.ndarray
-) -> np.ndarray:
-    """Which records' (rank, step) has no step record: for one rank's records (a file's)
-    over a range of steps not much wider than they are many, by a table over that range;
-    else by `rank_steps_in`."""
-    if len(steps) and len(recorded_steps):
-        rank, low, high = ranks[0], int(steps.min()), int(steps.max())
-        if high - low <= 4 * len(steps) + 1024 and (ranks == rank).all():
-            mine = recorded_steps[(recorded_ranks == rank) & (recorded_steps >= low)
-                                  & (recorded_steps <= high)]  # fmt: skip
-            known = np.zeros(high - low + 1, dtype=bool)
-            known[mine - low] = True
-            return ~known[steps - low]
-    return ~rank_steps_in(ranks, steps, recorded_ranks, recorded_steps)
-
-
-def _labels_equal(column: Packed, label: str) -> np.ndarray:
-    """Which rows of a packed label column hold `label` (on the codes when it is encoded)."""
-    if isinstance(column, Encoded):
-        matches = np.array([value == label for value in column.values] or [False], dtype=bool)
-        return np.take(matches, column.codes)
-    return np.asarray(unpack([column]), dtype=object) == label
 
 
 def _concat_reduced(parts: list[pd.DataFrame]) -> pd.DataFrame:

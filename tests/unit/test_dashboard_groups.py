@@ -347,11 +347,11 @@ def _texts(component: Any) -> list[str]:
 def test_timeline_of_a_large_run_offers_only_the_steps_whose_spans_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diag import load
+    from diag import load, record_window
 
     run_dir = write_synthetic_run(tmp_path / "run", ranks=16, steps=12)
     monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
-    monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 4)
+    monkeypatch.setattr(record_window, "SPAN_WINDOW_STEPS", 4)
     (loaded,) = load_runs([run_dir])
     assert loaded.run.span_steps == 4
     assert timeline.timeline_steps(loaded) == [1, 2, 3]  # step 0 is warm-up

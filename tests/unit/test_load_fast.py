@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag import load, parallel, rank_file, records
+from diag import load, parallel, rank_file, record_window, records
 from diag.load import load_run
 from diag.metrics import reduce_rank_files
 
@@ -157,7 +157,7 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
     run_dir = runs.write(rows, runs.manifest(3))
     full = load_run(run_dir)
     monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
-    monkeypatch.setattr(load, "SPAN_WINDOW_STEPS", 2)
+    monkeypatch.setattr(record_window, "SPAN_WINDOW_STEPS", 2)
     reduced = load_run(run_dir, breakdown=reduce_rank_files)
     assert full.span_steps is None and full.rank_steps is None
     assert reduced.span_steps == 2 and reduced.rank_steps is not None
