@@ -53,8 +53,21 @@ def _cluster_job(run: str, traces: str) -> dict[str, Any]:
             prefixes = client.run_on_scheduler(
                 lambda dask_scheduler: list(dask_scheduler.task_prefixes)
             )
-        out["task_prefixes"] = sorted(map(str, prefixes))
+            out["task_prefixes"] = sorted(map(str, prefixes))
+            out["loops_in_worker"] = client.submit(_reduced_in_a_worker, run, pure=False).result()
     return out
+
+
+def _reduced_in_a_worker(run: str) -> list[str]:
+    """On a cluster worker: a chunk of rank files read and reduced as a large run's are;
+    the compiled loops loaded in that worker afterwards."""
+    from diag import compiled
+    from diag.load import read_rank_chunk
+    from diag.metrics.file_reduction import reduce_rank_files
+
+    files = [(rank, Path(run) / f"rank-{rank:05d}.arrows") for rank in (0, 1)]
+    read_rank_chunk(files, reduce_rank_files)
+    return sorted(loop.__name__ for loop in compiled._loaded)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +116,12 @@ def test_trace_folder_on_the_cluster_equals_local(reports: dict[str, Any]) -> No
 def test_the_cluster_did_the_per_file_work(reports: dict[str, Any]) -> None:
     prefixes = reports["task_prefixes"]
     assert "read_rank_chunk" in prefixes and "parse_chunk" in prefixes, prefixes
+
+
+def test_a_cluster_worker_reduces_with_the_compiled_loops(reports: dict[str, Any]) -> None:
+    # a local worker inherits them from the loader; a cluster worker loads them itself, or a
+    # large run of small files is reduced as Python there (6x the local time at 16,384 ranks)
+    assert {"_window_unions_loop", "_summed_by_key"} <= set(reports["loops_in_worker"])
 
 
 def test_a_local_analysis_imports_nothing_of_dask(reports: dict[str, Any], tmp_path: Path) -> None:
