@@ -10,16 +10,24 @@ import pandas as pd
 
 from diag.arrival import arrivals
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.whatif.attribution import Attribution
 
 STRAGGLER_LIMITS = {
     "busy_ratio": Threshold(1.3, "ratio", "a rank's busy time over the median of its peers'"),
     "min_excess_s": Threshold(0.002, "s", "busy time per step above the peers' median: at least"),
     "min_step_share": Threshold(0.5, "fraction", "share of steps in which the rank stands out"),
+    "min_steps": Threshold(
+        2,
+        "steps",
+        "steps in which the rank stands out: at least, unless the replay says its excess costs "
+        "min_cost_share of the step",
+    ),
     "high_ratio": Threshold(1.5, "ratio", "busy ratio at which the finding is high"),
     "min_cost_share": Threshold(
         0.10,
         "fraction",
-        "without a busy-time straggler: share of the step the replay says one rank's excess costs",
+        "share of the step the replay says one rank's excess costs: what names a straggler the "
+        "busy times miss, or one that stands out in fewer than min_steps steps",
     ),
 }
 
@@ -50,25 +58,42 @@ def _peer_sets(ranks: pd.DataFrame) -> list[pd.DataFrame]:
     return [ranks] if len(ranks) >= 2 else []
 
 
-def _steps_standing_out(rank_steps: pd.DataFrame | None, rank: int, ratio: float) -> float:
-    """Share of steps in which `rank`'s busy time is at least `ratio` x the others' median."""
+def _steps_standing_out(
+    rank_steps: pd.DataFrame | None, rank: int, ratio: float
+) -> tuple[float, int | None]:
+    """The share and the number of steps in which `rank`'s busy time is at least `ratio` x
+    the others' median (share 1 and no number without per-step busy times)."""
     if rank_steps is None or rank_steps.empty:
-        return 1.0
+        return 1.0, None
     table = rank_steps.pivot_table(index="step", columns="rank", values="busy_s")
     if rank not in table.columns or table.shape[1] < 2:
-        return 1.0
+        return 1.0, None
     others = table.drop(columns=rank).median(axis=1)
-    return float((table[rank] >= ratio * others).mean())
+    standing_out = table[rank] >= ratio * others
+    return float(standing_out.mean()), int(standing_out.sum())
+
+
+def _replayed_cost_share(attribution: Attribution | None, rank: int) -> float | None:
+    """The share of the step the replay says removing `rank`'s typical excess saves (its
+    straggler and host causes); None without a replay."""
+    if attribution is None or attribution.measured_step_s <= 0:
+        return None
+    saved_s = sum(c.cost_s for c in attribution.causes
+                  if c.kind in ("straggler", "host") and rank in c.ranks)  # fmt: skip
+    return saved_s / attribution.measured_step_s
 
 
 def find_stragglers(
     ranks: pd.DataFrame,
     limits: Mapping[str, float] | None = None,
     rank_steps: pd.DataFrame | None = None,
+    attribution: Attribution | None = None,
 ) -> list[dict[str, Any]]:
     """Ranks whose busy time per step stands out against the median of their peers while the
-    peers wait longer in collectives than they do; none when more than a minority stand out
-    (that is imbalance, not a straggler). `limits`: BAL001's, its defaults when None."""
+    peers wait longer in collectives than they do, in enough steps (`min_step_share`, and
+    `min_steps` unless the replay's `attribution` says the excess is costly); none when more
+    than a minority stand out (that is imbalance, not a straggler). `limits`: BAL001's, its
+    defaults when None."""
     if limits is None:
         limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
     found: list[dict[str, Any]] = []
@@ -99,11 +124,17 @@ def find_stragglers(
             steps = rank_steps
             if steps is not None:
                 steps = steps[steps["rank"].isin(peers["rank"])]
-            entry["steps_standing_out"] = _steps_standing_out(
-                steps, entry["rank"], limits["busy_ratio"]
-            )
-            if entry["steps_standing_out"] >= limits["min_step_share"]:
-                found.append(entry)
+            share, count = _steps_standing_out(steps, entry["rank"], limits["busy_ratio"])
+            entry["steps_standing_out"] = share
+            if share < limits["min_step_share"]:
+                continue
+            if count is not None and count < limits["min_steps"]:
+                # one slow step (of two, early in a live run) is what a loaded host's noise
+                # makes too: named only when the replay says that excess costs the step
+                cost_share = _replayed_cost_share(attribution, entry["rank"])
+                if cost_share is not None and cost_share < limits["min_cost_share"]:
+                    continue
+            found.append(entry)
     return found
 
 
@@ -129,7 +160,7 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
         return []
-    found = find_stragglers(ranks, limits, ctx.metrics.rank_steps)
+    found = find_stragglers(ranks, limits, ctx.metrics.rank_steps, ctx.metrics.attribution)
     if not found:
         return _replayed_stragglers(ctx, limits)
     blamed = sorted(int(f["rank"]) for f in found)
@@ -275,7 +306,9 @@ def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     pp = ctx.run.manifest.layout.pp or 1
     if pp > 1 or imbalance is None or len(ranks) < 2 or imbalance < limits["imbalance"]:
         return []
-    if find_stragglers(ranks, rank_steps=ctx.metrics.rank_steps):
+    if find_stragglers(
+        ranks, rank_steps=ctx.metrics.rank_steps, attribution=ctx.metrics.attribution
+    ):
         return []  # BAL001 names the rank
     mean_busy = float(ranks["busy_s"].mean())
     busiest = ranks[ranks["busy_s"] >= limits["imbalance"] * mean_busy]["rank"]

@@ -44,7 +44,9 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
     severity = grade(exposed, limits)
     if exposed is None or severity is None:
         return []
-    found = find_stragglers(ctx.metrics.ranks, rank_steps=ctx.metrics.rank_steps)
+    found = find_stragglers(
+        ctx.metrics.ranks, rank_steps=ctx.metrics.rank_steps, attribution=ctx.metrics.attribution
+    )
     stragglers = sorted(s["rank"] for s in found)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
     if stragglers or pipelined:

@@ -66,6 +66,26 @@ def _mirrored(runs: Any) -> Path:
     return runs.write(ranks, runs.manifest(world_size=2))
 
 
+def _slow_steps(runs: Any, slow_steps: set[int]) -> Path:
+    """4 DP ranks, 3 steps of 90 ms (the first is warm-up): each rank computes 10 ms, rank 1
+    20 ms in `slow_steps`, then a blocking all-reduce until the slowest rank's compute plus
+    5 ms, then host time until the step ends. Rank 1's excess is small against the step: in
+    one step only, removing it saves about 3% of the step."""
+    ranks: dict[int, list[dict[str, Any] | str]] = {}
+    for rank in range(4):
+        rows: list[dict[str, Any] | str] = []
+        for step in range(3):
+            t0, slowest = step * 100, 20 if step in slow_steps else 10
+            busy = slowest if rank == 1 else 10
+            rows += [
+                runs.step(step, t0, t0 + 90),
+                runs.span(step, "fwd", t0, t0 + busy),
+                runs.comm(step, t0 + busy, t0 + slowest + 5, group_size=4, blocking=True),
+            ]
+        ranks[rank] = rows
+    return runs.write(ranks, runs.manifest(world_size=4))
+
+
 CASES = [
     RuleCase("BAL003", True, lambda runs: _late(runs, [0, 0.5, 12, 1]),
              "rank 2 starts every all-reduce 12 ms after the first", severity="medium", ranks=(2,)),
@@ -82,6 +102,11 @@ CASES = [
     RuleCase("BAL001", True, _mirrored,
              "2 ranks: rank 1 is 80 ms slower before one collective, rank 0 50 ms before the "
              "other; only rank 1 is slower over the step", severity="medium", ranks=(1,)),
+    RuleCase("BAL001", False, lambda runs: _slow_steps(runs, {2}),
+             "rank 1 computes 2x in one of the two analysed steps, at 3% of the step: one "
+             "slow step is what a loaded host's noise makes too"),
+    RuleCase("BAL001", True, lambda runs: _slow_steps(runs, {1, 2}),
+             "rank 1 computes 2x in both analysed steps", severity="medium", ranks=(1,)),
     RuleCase("BAL002", True, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "two ranks compute 2x the other two", severity="medium", ranks=(0, 1)),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 80, 42, 41]),
