@@ -144,8 +144,9 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
 
     Symptom:
         A rank's busy (compute) time per step stands out against the median of the others, in
-        most steps (not one noisy step), and the others spend more time waiting in collectives
-        than it does.
+        most steps and in at least two (a single slow step only when the replay says its
+        excess costs the step: one noisy step is not a straggler), and the others spend more
+        time waiting in collectives than it does.
     Likely cause:
         A slower or throttled device, a noisy neighbour on its host, more data or work on that
         rank (uneven shards, longer sequences), host-side stalls (data loading, GC) on it.
