@@ -230,6 +230,7 @@ def register_recording_hook(
     ddp_model.register_comm_hook(state, recording)
     recorder.on_step_end(lambda: _emit_wait(recorder, state))
     _record_buffer_broadcasts(recorder, ddp_model, group)
+    _record_bucket_rebuild(recorder, ddp_model, group)
     if checksum_every > 0 and state.group_size > 1:
         module = getattr(ddp_model, "module", ddp_model)
         recorder.on_step_end(lambda: _checksum(recorder, module, group, checksum_every))
@@ -253,6 +254,39 @@ def _record_buffer_broadcasts(recorder: Recorder, ddp_model: Any, group: Any) ->
             return original(tensors, bucket_size, authoritative_rank)
 
     ddp_model._distributed_broadcast_coalesced = broadcast
+
+
+def _record_bucket_rebuild(recorder: Recorder, ddp_model: Any, group: Any) -> None:
+    """DDP rebuilds its buckets once, at the start of its second forward with gradients on:
+    rank 0 broadcasts the buckets' new order of the parameters, inside C++ where the tracer
+    cannot see it, and a rank waits there for its slowest peer (beside a 50 ms straggler, the
+    other rank's forward of step 1 took 68 ms, against 6 ms in later steps, all of it counted
+    as compute). A forward pre-hook makes that call itself, as DDP's forward would, and records
+    it as a blocking `broadcast`, tag `ddp.buckets`; DDP's own call then finds it done. The
+    payload recorded: an int32 index per parameter (the order; the bucket sizes beside it are
+    left out). The hook holds no reference to the model (`module` is it): a cycle would keep
+    a finished model alive until the process group is gone, and its reducer's destructor then
+    aborts the process at exit."""
+    rebuild = getattr(getattr(ddp_model, "reducer", None), "_rebuild_buckets", None)
+    if rebuild is None or dist.get_world_size(group) < 2:  # alone: no peer to wait for
+        return
+    nbytes = 4 * sum(1 for _ in ddp_model.parameters())
+    handle: Any = None
+
+    def before_forward(module: Any, args: Any) -> None:
+        if not torch.is_grad_enabled():  # DDP rebuilds only then, too
+            return
+        t0 = recorder.clock.now()
+        if not rebuild():  # nothing to rebuild yet (the first forward), or never (static graph)
+            return
+        t1 = recorder.clock.now()
+        handle.remove()
+        module._has_rebuilt_buckets = True  # as DDP's forward marks it
+        event = CommEvent("broadcast", group, nbytes, "int32", t0, t1, False, True, None,
+                          "ddp.buckets", None)  # fmt: skip
+        recorder.record_comm_event(event)  # guarded: a recording failure never stops training
+
+    handle = ddp_model.register_forward_pre_hook(before_forward)
 
 
 def parameter_checksum(module: torch.nn.Module) -> float:

@@ -120,7 +120,10 @@ def test_tp2_x_dp2_groups_hosts_gradient_bytes_and_loss(tmp_path: Path, run_tp) 
     stub = TpComm(group=None, size=2, rank=0, rec=None, expected_bytes=0)
     shard_bytes = 4 * count_params(TensorParallelGPT(GPT(CONFIG), stub))
     assert shard_bytes < 4 * count_params(GPT(CONFIG))
-    grads = run.comms[run.comms["group"] == "dp"]
+    in_dp = run.comms[run.comms["group"] == "dp"]
+    rebuilt = in_dp[in_dp["tag"] == "ddp.buckets"]  # DDP's one bucket rebuild, a broadcast
+    assert set(rebuilt["step"]) == {1} and set(rebuilt["op"]) == {"broadcast"}
+    grads = in_dp[in_dp["tag"] != "ddp.buckets"]
     assert (grads["tag"] == "grad").all()
     per_step = grads.groupby(["rank", "step"])["bytes"].sum()
     assert len(per_step) == 4 * STEPS and (per_step == shard_bytes).all()
