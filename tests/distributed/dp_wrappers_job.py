@@ -11,6 +11,7 @@ the hook still synchronised them.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -92,6 +93,11 @@ def main() -> None:
     rec = Recorder.from_env(out / "hooked", model=model)
     assert register_recording_hook(rec, model) is None
     rec.close()
+    # the models go before the process group, cycles too, as `reference_runs.common.shutdown`
+    # explains: left to teardown, gloo's threads can free DDP's last futures and abort the
+    # process after a complete run ("terminate called without an active exception", seen once)
+    del model, rec
+    gc.collect()
     dist.destroy_process_group()
 
 
