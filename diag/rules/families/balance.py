@@ -20,7 +20,8 @@ STRAGGLER_LIMITS = {
         2,
         "steps",
         "steps in which the rank stands out: at least, unless the replay says its excess costs "
-        "min_cost_share of the step",
+        "min_cost_share of the step; steps analysed (replayed, for a straggler only the replay "
+        "finds): at least",
     ),
     "high_ratio": Threshold(1.5, "ratio", "busy ratio at which the finding is high"),
     "min_cost_share": Threshold(
@@ -60,17 +61,18 @@ def _peer_sets(ranks: pd.DataFrame) -> list[pd.DataFrame]:
 
 def _steps_standing_out(
     rank_steps: pd.DataFrame | None, rank: int, ratio: float
-) -> tuple[float, int | None]:
+) -> tuple[float, int | None, int | None]:
     """The share and the number of steps in which `rank`'s busy time is at least `ratio` x
-    the others' median (share 1 and no number without per-step busy times)."""
+    the others' median, and the number of steps (share 1 and no numbers without per-step
+    busy times)."""
     if rank_steps is None or rank_steps.empty:
-        return 1.0, None
+        return 1.0, None, None
     table = rank_steps.pivot_table(index="step", columns="rank", values="busy_s")
     if rank not in table.columns or table.shape[1] < 2:
-        return 1.0, None
+        return 1.0, None, None
     others = table.drop(columns=rank).median(axis=1)
     standing_out = table[rank] >= ratio * others
-    return float(standing_out.mean()), int(standing_out.sum())
+    return float(standing_out.mean()), int(standing_out.sum()), len(table)
 
 
 def _replayed_cost_share(attribution: Attribution | None, rank: int) -> float | None:
@@ -124,15 +126,20 @@ def find_stragglers(
             steps = rank_steps
             if steps is not None:
                 steps = steps[steps["rank"].isin(peers["rank"])]
-            share, count = _steps_standing_out(steps, entry["rank"], limits["busy_ratio"])
+            share, count, analysed = _steps_standing_out(steps, entry["rank"],
+                                                         limits["busy_ratio"])  # fmt: skip
             entry["steps_standing_out"] = share
             if share < limits["min_step_share"]:
                 continue
-            if count is not None and count < limits["min_steps"]:
+            if count is not None and analysed is not None and count < limits["min_steps"]:
                 # one slow step (of two, early in a live run) is what a loaded host's noise
-                # makes too: named only when the replay says that excess costs the step
+                # makes too: named only when the replay says that excess costs the step, and
+                # never from a single step (one measurement shows lateness, BAL003, not a
+                # persistently slow rank)
                 cost_share = _replayed_cost_share(attribution, entry["rank"])
-                if cost_share is not None and cost_share < limits["min_cost_share"]:
+                if analysed < limits["min_steps"] or (
+                    cost_share is not None and cost_share < limits["min_cost_share"]
+                ):
                     continue
             found.append(entry)
     return found
@@ -192,8 +199,8 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     of compute over its peers' costs a share of the step (its busy time may be diluted by
     waits, or its peers' by their own noise)."""
     attribution = ctx.metrics.attribution
-    if attribution is None:
-        return []
+    if attribution is None or attribution.steps_replayed < limits["min_steps"]:
+        return []  # one replayed step cannot tell a persistent excess from that step's noise
     noise = attribution.cause("imbalance")  # random per-step imbalance: BAL004's
     noise_s = noise.cost_s if noise else 0.0
     # a persistent straggler costs more than the per-step noise around it; otherwise a few

@@ -44,8 +44,8 @@ def _late(runs: Any, delay_ms: list[float]) -> Path:
     return runs.write(ranks, runs.manifest(world_size=len(delay_ms)))
 
 
-def _mirrored(runs: Any) -> Path:
-    """2 ranks, 4 steps of two blocking all-reduces: rank 1 computes 80 ms more before the
+def _mirrored(runs: Any, steps: int = 4) -> Path:
+    """2 ranks, `steps` steps of two blocking all-reduces: rank 1 computes 80 ms more before the
     first (its straggling), rank 0 50 ms more before the second (the compute a loaded host's
     scheduler takes from it while rank 1 sleeps). Busy 180 against 150 ms: under BAL001's
     ratio, so only the replay can name rank 1; rank 0 is faster over the step."""
@@ -53,7 +53,7 @@ def _mirrored(runs: Any) -> Path:
     ranks: dict[int, list[dict[str, Any] | str]] = {}
     for rank, (first, second) in before.items():
         rows: list[dict[str, Any] | str] = []
-        for step in range(4):
+        for step in range(steps):
             t0 = step * 240
             rows += [
                 runs.step(step, t0, t0 + 235),
@@ -66,15 +66,15 @@ def _mirrored(runs: Any) -> Path:
     return runs.write(ranks, runs.manifest(world_size=2))
 
 
-def _slow_steps(runs: Any, slow_steps: set[int]) -> Path:
-    """4 DP ranks, 3 steps of 90 ms (the first is warm-up): each rank computes 10 ms, rank 1
-    20 ms in `slow_steps`, then a blocking all-reduce until the slowest rank's compute plus
-    5 ms, then host time until the step ends. Rank 1's excess is small against the step: in
-    one step only, removing it saves about 3% of the step."""
+def _slow_steps(runs: Any, slow_steps: set[int], steps: int = 3) -> Path:
+    """4 DP ranks, `steps` steps of 90 ms (of 3, the first is warm-up): each rank computes
+    10 ms, rank 1 20 ms in `slow_steps`, then a blocking all-reduce until the slowest rank's
+    compute plus 5 ms, then host time until the step ends. Rank 1's excess is small against
+    the step: in one step of two, removing it saves about 3% of the step."""
     ranks: dict[int, list[dict[str, Any] | str]] = {}
     for rank in range(4):
         rows: list[dict[str, Any] | str] = []
-        for step in range(3):
+        for step in range(steps):
             t0, slowest = step * 100, 20 if step in slow_steps else 10
             busy = slowest if rank == 1 else 10
             rows += [
@@ -107,6 +107,11 @@ CASES = [
              "slow step is what a loaded host's noise makes too"),
     RuleCase("BAL001", True, lambda runs: _slow_steps(runs, {1, 2}),
              "rank 1 computes 2x in both analysed steps", severity="medium", ranks=(1,)),
+    RuleCase("BAL001", False, lambda runs: _slow_steps(runs, {0}, steps=1),
+             "one step only: rank 1 computes 2x in it, at 11% of the step; one measurement "
+             "shows a late rank (BAL003), not a persistently slow one"),
+    RuleCase("BAL001", False, lambda runs: _mirrored(runs, steps=1),
+             "the replay's straggler of the mirrored case, from one step only"),
     RuleCase("BAL002", True, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "two ranks compute 2x the other two", severity="medium", ranks=(0, 1)),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 80, 42, 41]),
