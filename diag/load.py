@@ -138,8 +138,7 @@ def load_run(
     if reduce is not None:
         first = steps.start if steps else 0
         keep_below = first + record_window.window_steps(files, manifest.world_size)
-        reduce([], True)  # prepared here, before the workers fork: they inherit it
-        arrow_fast.prepare()  # the compiled reader of Arrow rank files, inherited alike
+        _prepare_compiled(reduce)  # here, before the workers fork: they inherit it loaded
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
     with _out_of_collection():
         chunks = map_chunks(read, files)
@@ -313,6 +312,15 @@ class RankChunk:
     reduced: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
+def _prepare_compiled(breakdown: Breakdown) -> None:
+    """Load a large run's compiled code in this process: the reader of Arrow rank files and
+    the reduction's loops (`breakdown([], True)`). The loader calls it before its workers fork;
+    a Dask worker, which inherits nothing, before its first chunk: without the loops there, a
+    16,384-rank run's small files were reduced as Python, at 6x the local time."""
+    arrow_fast.prepare()
+    breakdown([], True)
+
+
 def read_rank_chunk(
     files: list[tuple[int, Path]],
     breakdown: Breakdown | None = None,
@@ -322,12 +330,8 @@ def read_rank_chunk(
     """Parse a few rank files (only the records of the steps in `window` when given); with a
     `breakdown`, reduce their records with it from every span and collective, then keep
     only the spans and collectives of steps below `keep_below` (`RunData.span_steps`)."""
-    if breakdown is not None:
-        # a large run: a Dask worker loads the compiled reader and the reduction's loops here,
-        # once (local workers inherit them loaded); without the loops a 16,384-rank run's
-        # small files were reduced as Python on the cluster, at 6x the local time
-        arrow_fast.prepare()
-        breakdown([], True)
+    if breakdown is not None:  # a large run: a Dask worker loads the compiled code here
+        _prepare_compiled(breakdown)  # (in a local worker, inherited loaded, it costs nothing)
     parsed = [read_rank_file(rank, path) for rank, path in files]
     per_file = [part.columns for part in parsed]
     for part in parsed:

@@ -23,18 +23,21 @@ COST_LIMITS = {
     "medium": Threshold(0.10, "fraction", "share of the step a finding costs: medium"),
 }
 TIME_PATTERNS = frozenset({1, 2, 3})
+STRAGGLER_CAUSES = ("straggler", "host")
+"""The replay's causes that are one rank's persistent excess (BAL001's and BAL003's cost)."""
 SEVERITY_ORDER = ("high", "medium", "low")
 
 
-def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | None]:
-    """The cost of removing the persistent excess of the finding's ranks (their causes of
-    these kinds, summed); 0 when none of them is a cause the replay found."""
+def ranks_cost_s(attribution: Attribution, ranks: list[int], kinds: tuple[str, ...]) -> float:
+    """The cost of removing the persistent excess of `ranks` (their causes of these kinds,
+    summed); 0 when none of them is a cause the replay found."""
+    return sum(c.cost_s for c in attribution.causes
+               if c.kind in kinds and set(c.ranks) & set(ranks))  # fmt: skip
 
+
+def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | None]:
     def cost(finding: Finding, attribution: Attribution) -> float | None:
-        return sum(
-            c.cost_s for c in attribution.causes
-            if c.kind in kinds and set(c.ranks) & set(finding.ranks)
-        )  # fmt: skip
+        return ranks_cost_s(attribution, finding.ranks, kinds)
 
     return cost
 
@@ -65,8 +68,8 @@ def _stage(finding: Finding, attribution: Attribution) -> float | None:
 
 
 COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
-    "BAL001": _ranks(("straggler", "host")),
-    "BAL003": _ranks(("straggler", "host")),
+    "BAL001": _ranks(STRAGGLER_CAUSES),
+    "BAL003": _ranks(STRAGGLER_CAUSES),
     "BAL005": _ranks(("host",)),
     "BAL002": lambda finding, attribution: attribution.balanced_s,
     "BAL004": _kind("imbalance"),

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from diag.arrival import arrivals
+from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 from diag.whatif.attribution import Attribution
 
@@ -80,9 +81,7 @@ def _replayed_cost_share(attribution: Attribution | None, rank: int) -> float | 
     straggler and host causes); None without a replay."""
     if attribution is None or attribution.measured_step_s <= 0:
         return None
-    saved_s = sum(c.cost_s for c in attribution.causes
-                  if c.kind in ("straggler", "host") and rank in c.ranks)  # fmt: skip
-    return saved_s / attribution.measured_step_s
+    return ranks_cost_s(attribution, [rank], STRAGGLER_CAUSES) / attribution.measured_step_s
 
 
 def find_stragglers(
