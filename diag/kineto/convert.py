@@ -68,7 +68,7 @@ class RankEvents:
     params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
     param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
     cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
-    gloo: list[tuple[str, int, int]] = field(default_factory=list)  # (op, t0, t1)
+    gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
@@ -134,7 +134,7 @@ def scan(events: list[Event]) -> RankEvents:
                 out.steps.append((int(step.group(1)), t0, t1))
                 out.step_tid = tid
         elif name.startswith("gloo:"):
-            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1))
+            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
         if name == "record_param_comms":
             params[tid].append((t0, t1, args))
     if cpu_first:
@@ -267,12 +267,18 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
 
 def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     """A trace without GPU work (gloo on CPU): the step thread's operators are the busy time,
-    `gloo:*` worker-thread events the collectives (c10d ops only enqueue them)."""
+    `gloo:*` events the collectives. Most run on gloo's worker threads (c10d ops only enqueue
+    them): asynchronous, their time not hidden under the step thread's operators is its
+    `comm_wait`. One on the step thread itself (a send or receive gloo runs in the caller)
+    blocks it: its own interval is the wait."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(
         -1, 2
     )
-    gloo = np.array([(t0, t1) for _, t0, t1 in rank.gloo], dtype=np.int64).reshape(-1, 2)
+    gloo = np.array([(t0, t1) for _, t0, t1, _ in rank.gloo], dtype=np.int64).reshape(-1, 2)
+    on_step_thread = np.array(
+        [rank.step_tid is not None and tid == rank.step_tid for *_, tid in rank.gloo], dtype=bool
+    )
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
         busy = intervals.merge(intervals.clip(ops, s0, s1))
@@ -282,17 +288,19 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
         # that runs on past the step's end is cut there, never counted in the next step too).
         starts, ends = gloo[:, 0], np.minimum(gloo[:, 1], s1)
         inside = (starts >= s0) & (starts < s1) & (ends > starts)
-        comm = np.column_stack([starts[inside], ends[inside]])
+        waited = inside & ~on_step_thread
+        comm = np.column_stack([starts[waited], ends[waited]])
         for i, start, end in zip(
             np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
             strict=True,
         ):  # fmt: skip
             op = rank.gloo[i][0]
+            blocking = bool(on_step_thread[i])
             records["comm"].append({
                 "rank": rank_id, "step": number, "op": _OP_BY_COLLECTIVE.get(op, op),
                 "group": None, "group_size": None, "bytes": None, "dtype": None,
-                "t0": start, "t1": end, "expected_bytes": None, "tag": None, "async": True,
-                "blocking": False,
+                "t0": start, "t1": end, "expected_bytes": None, "tag": None,
+                "async": not blocking, "blocking": blocking,
             })  # fmt: skip
         for start, end in intervals.difference(comm, busy).tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))

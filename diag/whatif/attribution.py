@@ -290,10 +290,13 @@ class _Scenarios:
         if stage_of.nunique() < 2:
             return []
         leveled, baseline = self.leveled, self.leveled_saving
+        # a stage's work is its time within steps: the time between steps (a loader, a
+        # profiler writing its trace) is no stage's; a launch's time overlaps its chain's
+        within = ~np.isin(self.timeline.events["kind"].to_numpy(), [tl.Kind.START, tl.Kind.LAUNCH])
         seg = leveled.seg_ns
         stage = stage_of.reindex(self.rank).to_numpy()
         # a stage's typical rank (the median): one straggler does not make its stage heavy
-        per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg}).groupby(
+        per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg * within}).groupby(
             ["stage", "rank"])["seg"].sum()  # fmt: skip
         per_stage = per_rank.groupby(level="stage").median()
         steps = float(self.ok.sum())
@@ -302,7 +305,7 @@ class _Scenarios:
             mean = float(per_stage.drop(s).mean())  # the other stages: what this one should be
             if total <= mean:
                 continue
-            scaled = np.where(stage == s, seg * (mean / total), seg)
+            scaled = np.where((stage == s) & within, seg * (mean / total), seg)
             saved = self.saving(Durations(scaled, leveled.transfer_ns, leveled.post_ns))
             ranks = sorted(int(r) for r in stage_of[stage_of == s].index)
             evidence = {"stage_local_s": total / NS_PER_S / steps,

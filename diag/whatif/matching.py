@@ -1,10 +1,16 @@
 """Which records on different ranks are one collective, and which send feeds which receive.
 
 The n-th collective of one op in one group is the same collective on every member rank (they
-are issued in the same order, or the job would hang). Point-to-point messages of a pipeline
-follow its ring: the n-th `act` send of rank a is the n-th `act` receive of the next rank of its
-pipeline group, the n-th `grad` send the n-th `grad` receive of the previous one (the tags of
-the reference trainers and the simulator, docs/run-format.md).
+are issued in the same order, or the job would hang). A point-to-point message
+goes between two ranks, its sender and its receiver: the n-th send of a step from rank a to rank
+b is the n-th receive of that step on b from a. Who the other side is comes from the data, never
+from a tag's text (tags are free: `act`, `forward-send`, none at all in a profiler trace):
+- the record's `peer` (the other side's global rank) where the writer knew it;
+- else the rank's neighbours in its pipeline group (manifest `groups["pp"]`, a ring): one
+  neighbour (two stages) is the peer; between two, the one whose opposite record (a receive for a send, a send for a receive)
+  ends nearest the same moment: both sides of a message complete together;
+- else, in a world of two ranks, the other rank.
+docs/metrics.md ("Dependencies") says more, and where this can go wrong.
 """
 
 from __future__ import annotations
@@ -16,8 +22,6 @@ from diag import schema
 from diag.ordering import dense_key, lexicographic, occurrence
 
 P2P_OPS = frozenset({schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value})
-FORWARD_TAG = "act"
-"""A pipeline message travelling to the next stage (activations); others go to the previous."""
 
 
 def label_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
@@ -70,13 +74,23 @@ def collective_instances(comms: pd.DataFrame, manifest: schema.Manifest) -> np.n
 
 
 def pipeline_peers(manifest: schema.Manifest) -> dict[int, tuple[int, int]]:
-    """Each rank's (previous, next) rank in its pipeline group, as a ring; empty without one."""
+    """Each rank's (previous, next) rank in its pipeline group, as a ring; empty without one.
+    Without virtual stages the first and last stage exchange nothing: each is the other's
+    neighbour only in an interleaved schedule (its chunks wrap around), so the first stage's
+    only neighbour is the next (given as both) and the last stage's the previous."""
+    wraps = (manifest.layout.virtual_stages or 1) > 1
     peers: dict[int, tuple[int, int]] = {}
     for members in manifest.groups.get("pp", []):
         size = len(members)
         for i, rank in enumerate(members):
-            if size > 1:
-                peers[int(rank)] = (int(members[(i - 1) % size]), int(members[(i + 1) % size]))
+            if size < 2:
+                continue
+            previous, following = int(members[(i - 1) % size]), int(members[(i + 1) % size])
+            if not wraps and i == 0:
+                previous = following
+            elif not wraps and i == size - 1:
+                following = previous
+            peers[int(rank)] = (previous, following)
     return peers
 
 
@@ -90,40 +104,163 @@ def message_pair_rows(
     comms: pd.DataFrame, manifest: schema.Manifest
 ) -> tuple[np.ndarray, np.ndarray]:
     """The row positions in `comms` of each receive and of the send it waits for (two arrays
-    of equal length): the n-th message of a (sender, receiver, tag) is the n-th receive of it."""
+    of equal length, receives in the order of their start)."""
     empty = np.zeros(0, dtype=np.int64)
-    peers = pipeline_peers(manifest)
-    if comms.empty or not peers:
-        return empty, empty
-    op_codes, op_names = label_codes(comms["op"])
-    ops = np.asarray(op_names, dtype=object)
-    rows = np.flatnonzero(np.isin(ops, list(P2P_OPS))[op_codes])
+    rows, peer = message_peers(comms, manifest)
     if not len(rows):
         return empty, empty
+    keep = peer >= 0
+    rows, peer = rows[keep], peer[keep]
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
-    size = max(max(peers), int(rank.max())) + 1
-    previous, following = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
-    for r, (before, after) in peers.items():
-        previous[r], following[r] = before, after
-    tag_codes, tag_names = label_codes(comms["tag"])
-    tag = tag_codes[rows]
-    forward = (np.asarray(tag_names, dtype=object) == FORWARD_TAG)[tag]
-    send = (ops == schema.CollectiveOp.SEND.value)[op_codes[rows]]
-    # a send goes to the next stage (activations) or the previous one; a receive comes from them
-    peer = np.where(forward == send, following[rank], previous[rank])
+    step = comms["step"].to_numpy(dtype=np.int64)[rows]
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    keep = np.flatnonzero(previous[rank] >= 0)
-    by_start = keep[lexicographic(rank[keep], t0[keep])]
-    rows, send, tag = rows[by_start], send[by_start], tag[by_start]
-    rank, peer = rank[by_start], peer[by_start]
+    send = (comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value)
+    by_start = lexicographic(rank, t0)
+    rows, send, rank = rows[by_start], send[by_start], rank[by_start]
+    peer, step = peer[by_start], step[by_start]
     source, target = np.where(send, rank, peer), np.where(send, peer, rank)
-    n = occurrence(dense_key(send, source, target, tag))  # the n-th, by start, of its kind
-    # the n-th message of a (source, target, tag): its receive, then its send, side by side
-    by_message = lexicographic(source, target, tag, n, send)
-    key = np.stack([source, target, tag, n])[:, by_message]
+    n = occurrence(dense_key(send, step, source, target))  # the n-th, by start, of its link
+    # the n-th message of a step on a link: its receive, then its send, side by side
+    by_message = lexicographic(step, source, target, n, send)
+    key = np.stack([step, source, target, n])[:, by_message]
     is_send = send[by_message]
     pair = (key[:, 1:] == key[:, :-1]).all(axis=0) & ~is_send[:-1] & is_send[1:]
     sender = np.full(len(rows), -1)
     sender[by_message[:-1][pair]] = by_message[1:][pair]
-    receives = np.flatnonzero(sender >= 0)  # in the order of their start, as before
+    receives = np.flatnonzero(sender >= 0)  # in the order of their start
     return rows[receives], rows[sender[receives]]
+
+
+def message_peers(
+    comms: pd.DataFrame, manifest: schema.Manifest
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row positions of the point-to-point records in `comms` and, for each, the other
+    side's global rank (-1 where it cannot be told)."""
+    empty = np.zeros(0, dtype=np.int64)
+    if comms.empty:
+        return empty, empty
+    op = comms["op"].to_numpy(dtype=object)
+    rows = np.flatnonzero(np.isin(op, list(P2P_OPS)))
+    if not len(rows):
+        return empty, empty
+    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    peer = np.full(len(rows), -1, dtype=np.int64)
+    if "peer" in comms.columns:
+        given = pd.to_numeric(comms["peer"], errors="coerce").to_numpy(dtype=np.float64)[rows]
+        ok = np.isfinite(given) & (given >= 0) & (given != rank)
+        peer[ok] = given[ok].astype(np.int64)
+    missing = peer < 0
+    if missing.any():
+        peer[missing] = _neighbour_peers(comms, rows, manifest)[missing]
+    return rows, peer
+
+
+def _neighbour_peers(
+    comms: pd.DataFrame, rows: np.ndarray, manifest: schema.Manifest
+) -> np.ndarray:
+    """For the point-to-point records at `rows`, the neighbour of their rank that is the other
+    side: the only one, or of two the one whose opposite records are nearest in time."""
+    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    size = max(int(rank.max()) + 1, 2)
+    before, after = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
+    for r, (previous, following) in pipeline_peers(manifest).items():
+        if r < size:
+            before[r], after[r] = previous, following
+    if not (after >= 0).any() and manifest.world_size == 2:  # no pipeline known: the other rank
+        before[:2], after[:2] = [1, 0], [1, 0]
+    previous, following = before[rank], after[rank]
+    peer = np.where(previous == following, previous, -1)
+    ambiguous = np.flatnonzero((previous >= 0) & (following >= 0) & (previous != following))
+    if len(ambiguous):
+        t1 = comms["t1"].to_numpy(dtype=np.int64)[rows]
+        send = comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value
+        near_previous = _closeness(rank, send, t1, ambiguous, previous[ambiguous])
+        near_following = _closeness(rank, send, t1, ambiguous, following[ambiguous])
+        peer[ambiguous] = np.where(
+            near_following > near_previous, following[ambiguous], previous[ambiguous]
+        )
+        step = comms["step"].to_numpy(dtype=np.int64)[rows]
+        margin = np.abs(np.nan_to_num(near_following - near_previous, nan=0.0, posinf=1e30,
+                                      neginf=1e30))  # fmt: skip
+        alternative = np.where(peer == previous, following, previous)
+        _balance_links(peer, ambiguous, margin, alternative[ambiguous], rank, step, send)
+    return peer
+
+
+MAX_REPAIR_ROUNDS = 64
+"""Rounds of `_balance_links` at most (each flips one guess per rank, step and direction)."""
+
+
+def _balance_links(
+    peer: np.ndarray,
+    ambiguous: np.ndarray,
+    margin: np.ndarray,
+    alternative: np.ndarray,
+    rank: np.ndarray,
+    step: np.ndarray,
+    send: np.ndarray,
+) -> None:
+    """Flip the least certain guesses of `peer` (in place) until, in each step, each link
+    carries as many sends as receives where a flip can make it so: a send guessed to one
+    neighbour while that link has more sends than receives and the other link fewer goes to
+    the other; a receive likewise. `alternative[i]` and `margin[i]`: the other neighbour of `ambiguous[i]` and how much
+    nearer the guessed one looked."""
+    other = alternative.copy()
+    for _ in range(MAX_REPAIR_ROUNDS):
+        source, target = np.where(send, rank, peer), np.where(send, peer, rank)
+        links = pd.DataFrame({"step": step, "source": source, "target": target,
+                              "surplus": np.where(send, 1, -1)})  # fmt: skip
+        surplus = links.groupby(["step", "source", "target"])["surplus"].sum()
+        if not surplus.any():
+            return
+        mine = ambiguous
+        now_source = np.where(send[mine], rank[mine], peer[mine])
+        now_target = np.where(send[mine], peer[mine], rank[mine])
+        new_source = np.where(send[mine], rank[mine], other)
+        new_target = np.where(send[mine], other, rank[mine])
+        now = surplus.reindex(pd.MultiIndex.from_arrays([step[mine], now_source, now_target]))
+        new = surplus.reindex(pd.MultiIndex.from_arrays([step[mine], new_source, new_target]))
+        now, new = now.fillna(0).to_numpy(), new.fillna(0).to_numpy()
+        # a send leaves a link with too many sends for one with too few; a receive the reverse
+        wanted = np.where(send[mine], (now > 0) & (new < 0), (now < 0) & (new > 0))
+        if not wanted.any():
+            return
+        candidates = pd.DataFrame({"i": np.flatnonzero(wanted), "margin": margin[wanted],
+                                   "rank": rank[mine][wanted], "step": step[mine][wanted],
+                                   "send": send[mine][wanted]})  # fmt: skip
+        chosen = candidates.loc[candidates.groupby(["rank", "step", "send"])["margin"].idxmin(), "i"]
+        flip = chosen.to_numpy(dtype=np.int64)
+        records = mine[flip]
+        peer[records], other[flip] = other[flip], peer[records]
+
+
+def _closeness(
+    rank: np.ndarray,
+    send: np.ndarray,
+    t1: np.ndarray,
+    which: np.ndarray,
+    other: np.ndarray,
+) -> np.ndarray:
+    """For the records `which`, how closely an opposite record on rank `other` (a receive for
+    a send, a send for a receive) ends at the same moment: minus the least distance between
+    the two ends (ns); -inf where `other` has none. Both sides of a message complete together
+    (a receive when the data is in, a send when it has been taken), whatever either waited."""
+    out = np.full(len(which), -np.inf)
+    key = rank * 2 + send.astype(np.int64)  # each rank's sends and receives, by end
+    order = lexicographic(key, t1)
+    sorted_key, sorted_end = key[order], t1[order]
+    wanted = other * 2 + (~send[which]).astype(np.int64)
+    lo = np.searchsorted(sorted_key, wanted, side="left")
+    hi = np.searchsorted(sorted_key, wanted, side="right")
+    end = t1[which]
+    place = np.zeros(len(which), dtype=np.int64)
+    by_wanted = np.argsort(wanted, kind="stable")
+    _, firsts = np.unique(wanted[by_wanted], return_index=True)
+    for mine in np.split(by_wanted, firsts[1:]):  # one search per (rank, direction)
+        a, b = lo[mine[0]], hi[mine[0]]
+        place[mine] = a + np.searchsorted(sorted_end[a:b], end[mine])
+    for j in (place - 1, place):  # the ends just before and just after
+        valid = (j >= lo) & (j < hi)
+        distance = np.abs(sorted_end[np.where(valid, j, 0)] - end).astype(np.float64)
+        out = np.where(valid, np.maximum(out, -distance), out)
+    return out

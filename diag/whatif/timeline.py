@@ -52,6 +52,13 @@ LAUNCH_PLACES = 1_000_000
 WAIT_SLACK_NS = 10_000
 """A wait depends on the launches that completed by its end (within this): a collective still
 running after the wait ended (a profiler's view of a backend thread) did not hold it."""
+MIN_WAITING_GAP_NS = 200_000
+"""Time in no record shorter than this is never read as waiting (the launch of the next
+operator, Python between two calls)."""
+GAP_END_TOLERANCE_NS = 100_000
+GAP_END_TOLERANCE_SHARE = 0.02
+"""A gap ends when its dependency became ready if the two lie within the larger of these
+(ns, share of the gap) of each other: a rank wakes up a little after what it waited for."""
 LAUNCH_KIND, WAIT_KIND = int(Kind.LAUNCH), int(Kind.WAIT)
 """As plain ints, for the compiled scan of waits."""
 HOST_PHASES = frozenset({schema.Phase.DATA.value})
@@ -92,7 +99,8 @@ records of the analysed steps are taken with these only."""
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS].reset_index(drop=True)
+    columns = [*_COMMS_COLUMNS, *(["peer"] if "peer" in run.comms.columns else [])]
+    comms = run.comms.loc[in_steps(run.comms, steps), columns].reset_index(drop=True)
     spans = run.spans.loc[in_steps(run.spans, steps), _SPANS_COLUMNS]
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
@@ -207,10 +215,44 @@ def _local_time(timeline: Timeline, spans: pd.DataFrame, previous_step_end: np.n
         compute[lo:hi] = covered(y) - covered(x)
     ev["seg_ns"] = seg
     ev["host_ns"] = np.clip(seg - compute, 0, None)
+    ev["gap_ns"] = _trailing_gaps(timeline, spans, reference, a)
     # the place of an event in its step, for comparing a rank with its peers: chain events
     # and launches are numbered apart (a launch's order against the chain varies with timing)
     place = occurrence(dense_key(ev["rank"].to_numpy(), ev["step"].to_numpy(), launch))
     ev["j"] = place + np.where(launch, LAUNCH_PLACES, 0)
+
+
+def _trailing_gaps(
+    timeline: Timeline, spans: pd.DataFrame, reference: np.ndarray, a: np.ndarray
+) -> np.ndarray:
+    """Per event, the time in no record right before it: from the later of the end of the
+    local time's start (`reference`) and the last end of any span before the event, to the
+    event."""
+    recorded = spans[spans["phase"] != schema.Phase.COMM_WAIT.value].sort_values(
+        "rank", kind="stable"
+    )
+    span_rank = recorded["rank"].to_numpy()
+    t0s, t1s = recorded["t0"].to_numpy(np.int64), recorded["t1"].to_numpy(np.int64)
+    gaps = np.zeros(len(a), dtype=np.int64)
+    for rank, lo, hi in zip(timeline.ranks, timeline.first[:-1], timeline.first[1:], strict=True):
+        first, after = np.searchsorted(span_rank, [rank, rank + 1])
+        covered_until = _last_covered(t0s[first:after], t1s[first:after], a[lo:hi])
+        gaps[lo:hi] = np.clip(a[lo:hi] - np.maximum(reference[lo:hi], covered_until), 0, None)
+    return gaps
+
+
+def _last_covered(t0: np.ndarray, t1: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each time in `t`, the latest moment at or before it that an interval [t0, t1)
+    covers (the minimum int64 where none does)."""
+    out = np.full(len(t), np.iinfo(np.int64).min, dtype=np.int64)
+    if len(t0) == 0:
+        return out
+    order = np.argsort(t0, kind="stable")
+    starts, reach = t0[order], np.maximum.accumulate(t1[order])
+    i = np.searchsorted(starts, t, side="right") - 1  # the last interval starting by then
+    ok = i >= 0
+    out[ok] = np.minimum(t[ok], reach[i[ok]])
+    return out
 
 
 def _previous_in_chain(launch: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -256,6 +298,13 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     codes, uniques = pd.factorize(raw[in_instance])  # dense ids 0..I-1, in order of first event
     instance = np.full(len(ev), -1, dtype=np.int64)
     instance[in_instance] = codes
+    sender = _senders(ev, recv_rows, send_rows)
+    waited = _waiting_gaps(ev, kind, instance, len(uniques), sender)
+    a = a - waited  # a rank that waited in a gap arrived when the gap began
+    ev["a_ns"] = a
+    ev["seg_ns"] = ev["seg_ns"].to_numpy() - waited
+    ev["host_ns"] = np.clip(ev["host_ns"].to_numpy() - waited, 0, None)
+    ev["gap_wait_ns"] = waited
     last_arrival = np.full(len(uniques), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(last_arrival, codes, a[in_instance])
     transfer = np.zeros(len(ev), dtype=np.int64)
@@ -265,20 +314,9 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
         [[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))]
     )
     timeline.member_event = by_instance.astype(np.int64)
-    # receives: the event of the send each one waits for (rows of comms -> events)
-    source = ev["source"].to_numpy()
-    event_of_row = np.full(max(int(source.max()) + 1, 0) if len(source) else 0, -1, dtype=np.int64)
-    has_row = np.flatnonzero(source >= 0)
-    event_of_row[source[has_row]] = has_row
-    sender = np.full(len(ev), -1, dtype=np.int64)
-    if len(recv_rows):
-        recv_event, send_event = event_of_row[recv_rows], event_of_row[send_rows]
-        seen = (recv_event >= 0) & (send_event >= 0)
-        recv_event, send_event = recv_event[seen], send_event[seen]
-        sender[recv_event] = send_event
-        transfer[recv_event] = np.maximum(
-            e[recv_event] - np.maximum(a[recv_event], a[send_event]), 0
-        )
+    recv_event = np.flatnonzero(sender >= 0)
+    send_event = sender[recv_event]
+    transfer[recv_event] = np.maximum(e[recv_event] - np.maximum(a[recv_event], a[send_event]), 0)
     unmatched = (kind == Kind.RECV) & (sender < 0)
     kind[unmatched] = Kind.LOCAL
     # waits: the launches of this rank since the last wait that completed by the wait's end
@@ -293,6 +331,59 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     ev["transfer_ns"] = transfer
     ev["post_ns"] = post
     ev["sender"] = sender
+
+
+def _senders(ev: pd.DataFrame, recv_rows: np.ndarray, send_rows: np.ndarray) -> np.ndarray:
+    """Per event, the event of the send a receive waits for (rows of comms -> events); -1."""
+    source = ev["source"].to_numpy()
+    event_of_row = np.full(max(int(source.max()) + 1, 0) if len(source) else 0, -1, dtype=np.int64)
+    has_row = np.flatnonzero(source >= 0)
+    event_of_row[source[has_row]] = has_row
+    sender = np.full(len(ev), -1, dtype=np.int64)
+    if len(recv_rows):
+        recv_event, send_event = event_of_row[recv_rows], event_of_row[send_rows]
+        seen = (recv_event >= 0) & (send_event >= 0)
+        sender[recv_event[seen]] = send_event[seen]
+    return sender
+
+
+def _waiting_gaps(
+    ev: pd.DataFrame, kind: np.ndarray, instance: np.ndarray, instances: int, sender: np.ndarray
+) -> np.ndarray:
+    """Per event, the part of the time in no record right before it (`gap_ns`) that was
+    waiting: the gap ends, within GAP_END_TOLERANCE, when what the event depends on became
+    ready (the last other member's arrival at its collective, its receive's send) and that
+    moment falls inside the gap. A rank blocked where nothing recorded it (a device
+    synchronisation, an untimed wait) resumes then; a rank busy with unrecorded work of its
+    own (Python, a data fetch, a sleep) resumes whenever that work ends. 0 elsewhere."""
+    a = ev["a_ns"].to_numpy(dtype=np.int64)
+    gap = ev["gap_ns"].to_numpy(dtype=np.int64)
+    ready = np.full(len(ev), np.iinfo(np.int64).min, dtype=np.int64)
+    members = np.flatnonzero(instance >= 0)
+    if len(members):  # the latest arrival of the other members: the two latest per collective
+        codes = instance[members]
+        order = np.lexsort((a[members], codes))
+        ordered_codes, ordered_a = codes[order], a[members][order]
+        last = np.flatnonzero(np.append(ordered_codes[1:] != ordered_codes[:-1], True))
+        latest = np.full(instances, np.iinfo(np.int64).min, dtype=np.int64)
+        second = np.full(instances, np.iinfo(np.int64).min, dtype=np.int64)
+        latest[ordered_codes[last]] = ordered_a[last]
+        has_second = (last >= 1) & (ordered_codes[np.maximum(last - 1, 0)] == ordered_codes[last])
+        second[ordered_codes[last[has_second]]] = ordered_a[last[has_second] - 1]
+        sync = np.flatnonzero((kind == Kind.SYNC) & (instance >= 0))
+        own = a[sync]
+        ready[sync] = np.where(own == latest[instance[sync]], second[instance[sync]],
+                               latest[instance[sync]])  # fmt: skip
+    recv = np.flatnonzero((kind == Kind.RECV) & (sender >= 0))
+    ready[recv] = a[sender[recv]]
+    tolerance = np.maximum(GAP_END_TOLERANCE_NS, gap * GAP_END_TOLERANCE_SHARE)
+    began = a - gap
+    waiting = (
+        (gap >= MIN_WAITING_GAP_NS)
+        & (ready > began + tolerance)
+        & (np.abs(a - ready) <= tolerance)
+    )
+    return np.where(waiting, np.minimum(ready, a) - began, 0).astype(np.int64)
 
 
 def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from diag import ledger
 from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.whatif.attribution import Attribution, Cause
 
 
 def _stage_bubbles(ctx: RuleContext) -> dict[int, float]:
@@ -119,15 +120,22 @@ def few_microbatches(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
     "pipeline.stage_imbalance",
     pattern=3,
     thresholds={
-        "imbalance": Threshold(1.3, "ratio", "max over mean compute per step across stages"),
+        "min_cost_share": Threshold(
+            0.05, "fraction", "share of the step the replay says the heaviest stage costs: at least"
+        ),
+        "imbalance": Threshold(
+            1.3, "ratio", "without a replay: max over mean compute per step across stages"
+        ),
     },
 )
 def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
-    """One pipeline stage computes much longer than the others and paces the pipeline.
+    """One pipeline stage takes much longer than the others and paces the pipeline.
 
     Symptom:
-        The heaviest stage's compute per step is well above the mean over stages
-        (summary.stage_imbalance); the other stages idle waiting for it.
+        Levelling the heaviest stage's local time (compute and its host work) to the other
+        stages' mean shortens the replayed step by a share of it (any number of stages:
+        with two, max/mean compute can barely reach 1.3 however slow one stage is); without a
+        replay, its compute per step is well above the mean over stages.
     Likely cause:
         An uneven split of layers over stages, or extra work on one stage (embedding, LM head
         and loss on the first/last stage), a slower device holding one stage.
@@ -135,35 +143,60 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         Move layers off the heaviest stage (fewer blocks on the stage with the LM head), split
         the embedding/head, or give stages uneven layer counts that even out compute.
     Evidence:
-        summary.stage_imbalance and each stage's compute per step; the finding names the ranks
-        of the heaviest stage.
+        The replay's stage cause (its cost, the stage's local time per step against the other
+        stages' mean), summary.stage_imbalance and each stage's compute per step; the finding
+        names the ranks of the heaviest stage.
     """
     imbalance = ctx.metrics.summary.get("stage_imbalance")
-    if imbalance is None or imbalance < limits["imbalance"]:
-        return []
     stages = pipe.stage_table(ctx.metrics.ranks)
-    if stages.empty:
-        return []
-    heaviest = int(stages.loc[stages["busy_per_step_s"].idxmax(), "stage"])
-    ranks = ctx.metrics.ranks
-    blamed = sorted(int(r) for r in ranks.loc[ranks["stage"] == heaviest, "rank"])
+    attribution = ctx.metrics.attribution
+    costly = _costliest_stage(attribution)
+    evidence: dict[str, object] = {}
+    if costly is not None and attribution is not None and attribution.measured_step_s > 0:
+        share = costly.cost_s / attribution.measured_step_s
+        if share < limits["min_cost_share"] or costly.stage is None:
+            return []
+        heaviest, blamed = int(costly.stage), sorted(costly.ranks)
+        local = float(costly.evidence.get("stage_local_s", 0.0))
+        others = float(costly.evidence.get("mean_stage_local_s", 0.0))
+        ratio = local / others if others > 0 else float("inf")
+        title = (f"stage {heaviest} takes {ratio:.2f}x the other stages' time per step "
+                 f"({local * 1e3:.0f} ms against {others * 1e3:.0f} ms)")  # fmt: skip
+        evidence = {"stage_local_per_step_s": local, "other_stages_mean_per_step_s": others,
+                    "replay_cost_share": share, "min_cost_share": limits["min_cost_share"]}  # fmt: skip
+    else:
+        if imbalance is None or imbalance < limits["imbalance"] or stages.empty:
+            return []
+        heaviest = int(stages.loc[stages["busy_per_step_s"].idxmax(), "stage"])
+        ranks = ctx.metrics.ranks
+        blamed = sorted(int(r) for r in ranks.loc[ranks["stage"] == heaviest, "rank"])
+        title = f"stage {heaviest} computes {imbalance:.2f}x the mean stage"
+        evidence = {"threshold": limits["imbalance"]}
+    busy = {} if stages.empty else {
+        int(s): float(b) for s, b in zip(stages["stage"], stages["busy_per_step_s"], strict=True)
+    }  # fmt: skip
     return [
         Finding(
             rule="PIP003",
             pattern=3,
             severity="medium",
-            title=f"stage {heaviest} computes {imbalance:.2f}x the mean stage",
+            title=title,
             ranks=blamed,
             evidence={
+                **evidence,
                 "stage_imbalance": imbalance,
-                "busy_per_step_s": {
-                    int(s): float(b)
-                    for s, b in zip(stages["stage"], stages["busy_per_step_s"], strict=True)
-                },
+                "busy_per_step_s": busy,
                 "heaviest_stage": heaviest,
-                "threshold": limits["imbalance"],
             },
             advice=f"move layers off stage {heaviest} or split its extra work (embedding, LM "
-            "head, loss) so stages compute about the same",
+            "head, loss) so stages take about the same time",
         )
     ]
+
+
+def _costliest_stage(attribution: Attribution | None) -> Cause | None:
+    """The replay's costliest stage cause, or None without a replay of two or more stages."""
+    if attribution is None:
+        return None
+    stages = [c for c in attribution.causes if c.kind == "stage"]
+    return max(stages, key=lambda c: c.cost_s, default=None)
