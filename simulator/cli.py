@@ -15,6 +15,7 @@ from diag.options import EXIT_INPUT, fail, parse_layout
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec
+from simulator.reshape import TAG_STYLES, reshape_run
 
 _HW = HardwareSpec()
 _MODEL = ModelSpec()
@@ -75,6 +76,16 @@ def _default_out() -> Path:
     "--format", "rank_format", type=click.Choice(["arrow", "jsonl"]), default="arrow",
     show_default=True, help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
 )  # fmt: skip
+@click.option(
+    "--tags", type=click.Choice(TAG_STYLES), default="ours", show_default=True,
+    help="Names on the records: ours, or Megatron's (forward-send, backward-recv ...; "
+    "collectives untagged).",
+)  # fmt: skip
+@click.option(
+    "--untraced", multiple=True, metavar="GROUP",
+    help="Leave this group's collectives out of the records (repeatable): their waits become "
+    "time in no record.",
+)  # fmt: skip
 def simulate(**options: object) -> None:
     """Simulate a training job of any size and write its run directory (as `diag run` would):
     compute from FLOPs, collectives over intra/inter-node links, the pipeline schedule and
@@ -85,6 +96,8 @@ def simulate(**options: object) -> None:
         out = o["out"] if isinstance(o["out"], Path) else _default_out()
         command = shlex.join(["diag", "simulate", *sys.argv[2:]])
         result = run_simulation(config, out, command, str(o["rank_format"]))
+        untraced = o["untraced"] if isinstance(o["untraced"], tuple) else ()
+        reshape_run(result.path, str(o["tags"]), [str(g) for g in untraced])
     except SimulationError as err:
         click.echo(f"diag: error: {err}", err=True)
         raise SystemExit(EXIT_INPUT) from None

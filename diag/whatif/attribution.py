@@ -75,6 +75,10 @@ class Attribution:
     """rank, group, skew_s, transfer_s (per step), last_share (of its group's collectives
     that this rank arrived at last)."""
     notes: list[str] = field(default_factory=list)
+    gaps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """rank, waiting_s, own_s: per step, the rank's time in no record right before a blocking
+    event, read as waiting for a dependency or as its own host time (docs/metrics.md,
+    "Dependencies")."""
 
     def cause(self, kind: str, **match: Any) -> Cause | None:
         for cause in self.causes:
@@ -93,6 +97,7 @@ class Attribution:
             "balanced_s": self.balanced_s,
             "causes": [vars(c) for c in self.causes],
             "waits": self.waits.to_dict("records"),
+            "gaps": self.gaps.to_dict("records"),
             "notes": self.notes,
         }
 
@@ -126,7 +131,20 @@ def attribute(run: RunData, steps: pd.DataFrame) -> Attribution | None:
         balanced_s=scenarios.balanced / NS_PER_S,
         waits=_waits(timeline, int(ok.sum())),
         notes=notes + timeline.notes,
+        gaps=_gaps(timeline, int(ok.sum())),
     )
+
+
+def _gaps(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
+    """Per rank, per step: its time in no record before events, read as waiting and as its own."""
+    ev = timeline.events
+    gap = ev["gap_ns"].to_numpy(dtype=np.float64)
+    waited = ev["gap_wait_ns"].to_numpy(dtype=np.float64)
+    frame = pd.DataFrame({"rank": ev["rank"].to_numpy(), "waiting_s": waited,
+                          "own_s": np.clip(gap - waited, 0, None)})  # fmt: skip
+    table = frame.groupby("rank", as_index=False)[["waiting_s", "own_s"]].sum()
+    table[["waiting_s", "own_s"]] /= NS_PER_S * max(steps, 1)
+    return table
 
 
 def _window(run: RunData, steps: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -259,10 +277,21 @@ class _Scenarios:
                 label = f"rank {rank}: host time (data loading, work outside the recorded spans)"
             else:
                 label = f"rank {rank}: slower compute than its peers"
+            # per step, never beyond the step: a rank's local time over several places of
+            # the step can add up to more than the step where other ranks' waits hid it
+            excess = min(float(candidates[rank]), self.base_mean)
             causes.append(self._cause(kind, label, saved, ranks=[int(rank)], evidence={
                 "host_saving_s": host / NS_PER_S, "compute_saving_s": compute / NS_PER_S,
-                "typical_excess_per_step_s": float(candidates[rank]) / NS_PER_S,
-                "net_excess_per_step_s": float(net[rank]) / NS_PER_S,
+                "typical_excess_per_step_s": excess / NS_PER_S,
+                "net_excess_per_step_s": min(float(net[rank]), self.base_mean) / NS_PER_S,
+                "reaching_step_end_s": saved / NS_PER_S,
+                "absorbed_per_step_s": max(excess - saved, 0.0) / NS_PER_S,
+                "explained": (
+                    f"{excess / 1e6:.1f} ms more local time per step than its peers; "
+                    f"{saved / 1e6:.1f} ms of it reaches the step's end, the rest is absorbed "
+                    "where the rank or its peers would wait anyway (on other ranks, transfers, "
+                    "the pipeline's bubble)"
+                ),
             }))  # fmt: skip
         return causes
 
@@ -292,7 +321,9 @@ class _Scenarios:
         leveled, baseline = self.leveled, self.leveled_saving
         # a stage's work is its time within steps: the time between steps (a loader, a
         # profiler writing its trace) is no stage's; a launch's time overlaps its chain's
-        within = ~np.isin(self.timeline.events["kind"].to_numpy(), [tl.Kind.START, tl.Kind.LAUNCH])
+        kind = self.timeline.events["kind"].to_numpy()
+        within = ~np.isin(kind, [tl.Kind.START, tl.Kind.LAUNCH])  # summed: each time once
+        in_step = kind != tl.Kind.START  # scaled: a launch's time too
         seg = leveled.seg_ns
         stage = stage_of.reindex(self.rank).to_numpy()
         # a stage's typical rank (the median): one straggler does not make its stage heavy
@@ -305,7 +336,7 @@ class _Scenarios:
             mean = float(per_stage.drop(s).mean())  # the other stages: what this one should be
             if total <= mean:
                 continue
-            scaled = np.where((stage == s) & within, seg * (mean / total), seg)
+            scaled = np.where((stage == s) & in_step, seg * (mean / total), seg)
             saved = self.saving(Durations(scaled, leveled.transfer_ns, leveled.post_ns))
             ranks = sorted(int(r) for r in stage_of[stage_of == s].index)
             evidence = {"stage_local_s": total / NS_PER_S / steps,

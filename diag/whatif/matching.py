@@ -5,10 +5,11 @@ are issued in the same order, or the job would hang). A point-to-point message
 goes between two ranks, its sender and its receiver: the n-th send of a step from rank a to rank
 b is the n-th receive of that step on b from a. Who the other side is comes from the data, never
 from a tag's text (tags are free: `act`, `forward-send`, none at all in a profiler trace):
-- the record's `peer` (the other side's global rank) where the writer knew it;
+- a `peer` column (the other side's global rank) where a source gives one (none does yet);
 - else the rank's neighbours in its pipeline group (manifest `groups["pp"]`, a ring): one
-  neighbour (two stages) is the peer; between two, the one whose opposite record (a receive for a send, a send for a receive)
-  ends nearest the same moment: both sides of a message complete together;
+  neighbour (two stages) is the peer; between two, the one whose opposite record (a receive
+  for a send, a send for a receive) ends nearest the same moment: both sides of a message
+  complete together;
 - else, in a world of two ranks, the other rank.
 docs/metrics.md ("Dependencies") says more, and where this can go wrong.
 """
@@ -114,7 +115,7 @@ def message_pair_rows(
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
     step = comms["step"].to_numpy(dtype=np.int64)[rows]
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    send = (comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value)
+    send = comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value
     by_start = lexicographic(rank, t0)
     rows, send, rank = rows[by_start], send[by_start], rank[by_start]
     peer, step = peer[by_start], step[by_start]
@@ -131,9 +132,7 @@ def message_pair_rows(
     return rows[receives], rows[sender[receives]]
 
 
-def message_peers(
-    comms: pd.DataFrame, manifest: schema.Manifest
-) -> tuple[np.ndarray, np.ndarray]:
+def message_peers(comms: pd.DataFrame, manifest: schema.Manifest) -> tuple[np.ndarray, np.ndarray]:
     """The row positions of the point-to-point records in `comms` and, for each, the other
     side's global rank (-1 where it cannot be told)."""
     empty = np.zeros(0, dtype=np.int64)
@@ -203,8 +202,8 @@ def _balance_links(
     """Flip the least certain guesses of `peer` (in place) until, in each step, each link
     carries as many sends as receives where a flip can make it so: a send guessed to one
     neighbour while that link has more sends than receives and the other link fewer goes to
-    the other; a receive likewise. `alternative[i]` and `margin[i]`: the other neighbour of `ambiguous[i]` and how much
-    nearer the guessed one looked."""
+    the other; a receive likewise. `alternative[i]` and `margin[i]`: the other neighbour of
+    `ambiguous[i]` and how much nearer the guessed one looked."""
     other = alternative.copy()
     for _ in range(MAX_REPAIR_ROUNDS):
         source, target = np.where(send, rank, peer), np.where(send, peer, rank)
@@ -228,8 +227,8 @@ def _balance_links(
         candidates = pd.DataFrame({"i": np.flatnonzero(wanted), "margin": margin[wanted],
                                    "rank": rank[mine][wanted], "step": step[mine][wanted],
                                    "send": send[mine][wanted]})  # fmt: skip
-        chosen = candidates.loc[candidates.groupby(["rank", "step", "send"])["margin"].idxmin(), "i"]
-        flip = chosen.to_numpy(dtype=np.int64)
+        least_certain = candidates.groupby(["rank", "step", "send"])["margin"].idxmin()
+        flip = candidates.loc[least_certain, "i"].to_numpy(dtype=np.int64)
         records = mine[flip]
         peer[records], other[flip] = other[flip], peer[records]
 

@@ -72,6 +72,7 @@ def replay(timeline: Timeline, durations: Durations, compiled: bool | None = Non
         timeline.member_event,
         timeline.wait_ptr,
         timeline.wait_event,
+        timeline.wait_by_arrival,
     )
 
 
@@ -117,7 +118,8 @@ def _fixed_inputs(timeline: Timeline) -> _FixedInputs:
 
 
 def _replay(kind, own, instance, sender, from_start, measured_start, seg, transfer, post,
-            first, origin, member_ptr, member_event, wait_ptr, wait_event):  # fmt: skip
+            first, origin, member_ptr, member_event, wait_ptr, wait_event,
+            wait_by_arrival):  # fmt: skip
     """Each rank runs until it meets something not yet complete; a collective completes when
     its last member arrives (a count per collective, no rescans). Arrays as in `replay`.
 
@@ -179,6 +181,8 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                         if t != t:
                             blocked = True
                             break
+                        if wait_by_arrival[i]:  # released at the last arrival
+                            t -= transfer[wait_event[i]]
                         ready = max(ready, t)
                     if blocked:
                         break

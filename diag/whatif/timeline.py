@@ -83,6 +83,9 @@ class Timeline:
     wait_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     wait_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The LAUNCH events WAIT event k waits for: wait_event[wait_ptr[k]:wait_ptr[k+1]]."""
+    wait_by_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    """Per entry of wait_event: the wait is released by that collective's last arrival, not
+    its completion."""
     notes: list[str] = field(default_factory=list)
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """What readers of the finished timeline compute from it once and keep for their next call
@@ -320,11 +323,15 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     unmatched = (kind == Kind.RECV) & (sender < 0)
     kind[unmatched] = Kind.LOCAL
     # waits: the launches of this rank since the last wait that completed by the wait's end
-    count, awaited, post = for_size(_awaited_launches, len(ev))(
-        kind.astype(np.int64), instance, a, e, timeline.first.astype(np.int64), WAIT_SLACK_NS
-    )
+    ready = np.full(len(ev), np.iinfo(np.int64).min, dtype=np.int64)
+    ready[in_instance] = last_arrival[codes]
+    count, awaited, by_arrival, post = for_size(_awaited_launches, len(ev))(
+        kind.astype(np.int64), instance, a, e, ready, timeline.first.astype(np.int64),
+        WAIT_SLACK_NS, MIN_WAITING_GAP_NS,
+    )  # fmt: skip
     timeline.wait_ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     timeline.wait_event = awaited
+    timeline.wait_by_arrival = by_arrival
     kind[(kind == Kind.WAIT) & (count == 0)] = Kind.LOCAL  # a wait on nothing we saw (a send's)
     ev["kind"] = kind
     ev["instance"] = instance
@@ -379,20 +386,23 @@ def _waiting_gaps(
     tolerance = np.maximum(GAP_END_TOLERANCE_NS, gap * GAP_END_TOLERANCE_SHARE)
     began = a - gap
     waiting = (
-        (gap >= MIN_WAITING_GAP_NS)
-        & (ready > began + tolerance)
-        & (np.abs(a - ready) <= tolerance)
+        (gap >= MIN_WAITING_GAP_NS) & (ready > began + tolerance) & (np.abs(a - ready) <= tolerance)
     )
     return np.where(waiting, np.minimum(ready, a) - began, 0).astype(np.int64)
 
 
-def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
+def _awaited_launches(kind, instance, a, e, ready, first, slack_ns, min_wait_ns):  # fmt: skip
     """Per event, how many launches it waits for (WAIT events only), those launches in event
-    order, and each wait's time after the last of them completed (post_ns). Plain Python that
-    numba compiles (diag/compiled.py)."""
+    order, whether each wait is released by the launch's last arrival rather than its
+    completion, and each wait's time after what released it (post_ns). A wait waits for a
+    launch that completed by its end; or, inside a launch's interval, for one whose last
+    member arrived during the wait (a profiler's view of a backend thread: the collective's
+    record runs on after the rank was released). Plain Python that numba compiles
+    (diag/compiled.py)."""
     n = len(kind)
     count = np.zeros(n, dtype=np.int64)
     awaited = np.empty(n, dtype=np.int64)
+    by_arrival = np.zeros(n, dtype=np.bool_)
     post = np.zeros(n, dtype=np.int64)
     filled = 0
     pending = np.empty(n, dtype=np.int64)
@@ -412,6 +422,13 @@ def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
                         filled += 1
                         count[k] += 1
                         completed = max(completed, e[p])
+                    elif (e[k] - a[k] >= min_wait_ns and a[p] <= a[k]
+                          and a[k] < ready[p] <= e[k]):  # fmt: skip
+                        awaited[filled] = p
+                        by_arrival[filled] = True
+                        filled += 1
+                        count[k] += 1
+                        completed = max(completed, ready[p])
                     else:
                         pending[kept] = p
                         kept += 1
@@ -419,4 +436,4 @@ def _awaited_launches(kind, instance, a, e, first, slack_ns):  # fmt: skip
                 if count[k] == 0:
                     completed = a[k]
                 post[k] = max(e[k] - max(a[k], completed), 0)
-    return count, awaited[:filled].copy(), post
+    return count, awaited[:filled].copy(), by_arrival[:filled].copy(), post

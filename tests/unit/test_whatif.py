@@ -110,8 +110,9 @@ def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path:
         assert plain.tobytes() == fast.tobytes()
     ev = events.events
     scan = (ev["kind"].to_numpy(dtype="int64"), ev["instance"].to_numpy(),
-            ev["a_ns"].to_numpy(), ev["e_ns"].to_numpy(), events.first.astype("int64"),
-            timeline.WAIT_SLACK_NS)  # fmt: skip
+            ev["a_ns"].to_numpy(), ev["e_ns"].to_numpy(), ev["a_ns"].to_numpy() + 1,
+            events.first.astype("int64"), timeline.WAIT_SLACK_NS,
+            timeline.MIN_WAITING_GAP_NS)  # fmt: skip
     for plain_out, fast_out in zip(timeline._awaited_launches(*scan),
                                    compiled.compiled(timeline._awaited_launches)(*scan),
                                    strict=True):  # fmt: skip

@@ -162,8 +162,12 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         ratio = local / others if others > 0 else float("inf")
         title = (f"stage {heaviest} takes {ratio:.2f}x the other stages' time per step "
                  f"({local * 1e3:.0f} ms against {others * 1e3:.0f} ms)")  # fmt: skip
-        evidence = {"stage_local_per_step_s": local, "other_stages_mean_per_step_s": others,
-                    "replay_cost_share": share, "min_cost_share": limits["min_cost_share"]}  # fmt: skip
+        evidence = {
+            "stage_local_per_step_s": local,
+            "other_stages_mean_per_step_s": others,
+            "replay_cost_share": share,
+            "min_cost_share": limits["min_cost_share"],
+        }
     else:
         if imbalance is None or imbalance < limits["imbalance"] or stages.empty:
             return []

@@ -1,0 +1,53 @@
+"""A run's profiler traces (`--profile-steps`) give the same main finding as its records: the
+path a user takes with a job the project did not instrument (issue: right on data the project
+did not write). gloo on CPU: the step thread's operators, gloo's events, no tags, no peers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diag.analysis import analyze_path
+from tests.distributed.conftest import diag_run
+
+pytestmark = pytest.mark.dist
+
+
+def _main(report: dict) -> dict:
+    assert report["findings"], "no finding"
+    return report["findings"][0]
+
+
+@pytest.fixture(scope="module")
+def slow_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("stage-slow") / "run"
+    diag_run(run, "--pp", "2", "--layers", "4", "--microbatches", "4", "--steps", "5",
+             "--inject", "stage-slow:stage=0,ms=40", "--profile-steps", "2:5",
+             trainer="pp")  # fmt: skip
+    return run
+
+
+def test_a_slow_stage_is_named_first_in_the_run_and_in_its_traces(slow_stage: Path) -> None:
+    for path in (slow_stage, slow_stage / "traces"):
+        main = _main(analyze_path(path))
+        assert main["rule"] == "PIP003", (path, main["rule"], main["title"])
+        assert main["ranks"] == [0], (path, main)
+        assert main["cost_share"] > 0.05, (path, main)
+
+
+@pytest.fixture(scope="module")
+def dp_straggler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("dp-straggler") / "run"
+    diag_run(run, "--steps", "5", "--inject", "straggler:rank=1,ms=100",
+             "--profile-steps", "2:5")  # fmt: skip
+    return run
+
+
+def test_a_dp_straggler_is_named_first_in_its_traces(dp_straggler: Path) -> None:
+    """In a trace the injected sleep is time between the step thread's operators: the rank's
+    own time, costed by the replay (the waiting peer's all-reduce outlives its release)."""
+    for path in (dp_straggler, dp_straggler / "traces"):
+        main = _main(analyze_path(path))
+        assert main["ranks"] == [1], (path, main["rule"], main["title"])
+        assert main["cost_share"] > 0.3, (path, main)
