@@ -269,8 +269,8 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     """A trace without GPU work (gloo on CPU): the step thread's operators are the busy time,
     `gloo:*` events the collectives. Most run on gloo's worker threads (c10d ops only enqueue
     them): asynchronous, their time not hidden under the step thread's operators is its
-    `comm_wait`. One on the step thread itself (a send or receive gloo runs in the caller)
-    blocks it: its own interval is the wait."""
+    `comm_wait`. One on the step thread itself during which that thread starts nothing else (a
+    receive gloo runs in the caller) blocks it: its own interval is the wait."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(
         -1, 2
@@ -279,6 +279,12 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     on_step_thread = np.array(
         [rank.step_tid is not None and tid == rank.step_tid for *_, tid in rank.gloo], dtype=bool
     )
+    # it blocks only if the thread did nothing else meanwhile: gloo records an asynchronous
+    # send on the caller too, and the caller goes on (its next receive starts inside)
+    starts = np.sort(np.concatenate([ops[:, 0], gloo[on_step_thread, 0]]))
+    after_start = np.searchsorted(starts, gloo[:, 0], side="right")
+    before_end = np.searchsorted(starts, gloo[:, 1], side="left")
+    on_step_thread &= before_end <= after_start
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
         busy = intervals.merge(intervals.clip(ops, s0, s1))
@@ -302,7 +308,10 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
                 "t0": start, "t1": end, "expected_bytes": None, "tag": None,
                 "async": not blocking, "blocking": blocking,
             })  # fmt: skip
-        for start, end in intervals.difference(comm, busy).tolist():
+        # time in a blocking one is its own record's: no asynchronous one's comm_wait too
+        blocked = np.column_stack([starts[inside & ~waited], ends[inside & ~waited]])
+        occupied = intervals.merge(np.concatenate([busy, blocked]))
+        for start, end in intervals.difference(comm, occupied).tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
 

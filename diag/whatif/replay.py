@@ -162,15 +162,16 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                 started[r] = arrival
                 if what in (START, END):
                     done[k] = arrival
-                elif what == LOCAL:
+                elif what == LOCAL:  # a blocking send among them: its receive reads arrived
+                    arrived[k] = arrival
                     done[k] = arrival + own[k]
                 elif what == SYNC:
                     if done[k] != done[k]:
                         break
-                elif what == RECV:
+                elif what == RECV:  # a blocking send too: its receive reads arrived
+                    arrived[k] = arrival
                     sent = arrived[sender[k]]
                     if sent != sent:
-                        arrived[k] = arrival
                         break
                     done[k] = max(arrival, sent) + transfer[k]
                 else:  # WAIT

@@ -8,7 +8,8 @@ Events, in the order each rank met them:
 - `LAUNCH`: an asynchronous collective started (DDP buckets during backward); it completes
   like a `SYNC`, but the rank goes on.
 - `WAIT`: a wait (`comm_wait` span) on the asynchronous collectives launched before it.
-- `RECV`: a blocking receive; it ends when the matching send has started plus the message.
+- `RECV`: a blocking receive; it ends when the matching send has started plus the message. A
+  blocking send of a matched message is one too, waiting for its receive likewise.
 - `LOCAL`: anything else with a duration of its own (a send, a collective matched to no peer).
 
 The local time before an event (`seg_ns`) is split into compute (fwd, bwd, opt, kernels,
@@ -118,6 +119,11 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     kinds = np.where(recv & matched_recv, Kind.RECV, kinds)
     sends_async = comms["op"].isin(P2P_OPS).to_numpy(dtype=bool) & is_async
     kinds = np.where(sends_async & (kinds == Kind.LOCAL), Kind.LAUNCH, kinds)
+    # a blocking send of a matched message waits for its receive as the receive waits for it
+    # (gloo's rendezvous): a RECV event too, the receive its `sender`
+    matched_send = np.zeros(len(comms), dtype=bool)
+    matched_send[send_rows] = True
+    kinds = np.where(matched_send & ~is_async & (kinds == Kind.LOCAL), Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
@@ -301,7 +307,7 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     codes, uniques = pd.factorize(raw[in_instance])  # dense ids 0..I-1, in order of first event
     instance = np.full(len(ev), -1, dtype=np.int64)
     instance[in_instance] = codes
-    sender = _senders(ev, recv_rows, send_rows)
+    sender = _senders(ev, kind, recv_rows, send_rows)
     waited = _waiting_gaps(ev, kind, instance, len(uniques), sender)
     a = a - waited  # a rank that waited in a gap arrived when the gap began
     ev["a_ns"] = a
@@ -317,9 +323,8 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
         [[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))]
     )
     timeline.member_event = by_instance.astype(np.int64)
-    recv_event = np.flatnonzero(sender >= 0)
-    send_event = sender[recv_event]
-    transfer[recv_event] = np.maximum(e[recv_event] - np.maximum(a[recv_event], a[send_event]), 0)
+    paired = np.flatnonzero(sender >= 0)  # receives, and blocking sends
+    transfer[paired] = np.maximum(e[paired] - np.maximum(a[paired], a[sender[paired]]), 0)
     unmatched = (kind == Kind.RECV) & (sender < 0)
     kind[unmatched] = Kind.LOCAL
     # waits: the launches of this rank since the last wait that completed by the wait's end
@@ -340,8 +345,11 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     ev["sender"] = sender
 
 
-def _senders(ev: pd.DataFrame, recv_rows: np.ndarray, send_rows: np.ndarray) -> np.ndarray:
-    """Per event, the event of the send a receive waits for (rows of comms -> events); -1."""
+def _senders(
+    ev: pd.DataFrame, kind: np.ndarray, recv_rows: np.ndarray, send_rows: np.ndarray
+) -> np.ndarray:
+    """Per event, the event of the send a receive waits for, and the receive a blocking send
+    (a RECV event) waits for (rows of comms -> events); -1 elsewhere."""
     source = ev["source"].to_numpy()
     event_of_row = np.full(max(int(source.max()) + 1, 0) if len(source) else 0, -1, dtype=np.int64)
     has_row = np.flatnonzero(source >= 0)
@@ -350,7 +358,10 @@ def _senders(ev: pd.DataFrame, recv_rows: np.ndarray, send_rows: np.ndarray) -> 
     if len(recv_rows):
         recv_event, send_event = event_of_row[recv_rows], event_of_row[send_rows]
         seen = (recv_event >= 0) & (send_event >= 0)
-        sender[recv_event[seen]] = send_event[seen]
+        recv_event, send_event = recv_event[seen], send_event[seen]
+        sender[recv_event] = send_event
+        rendezvous = kind[send_event] == Kind.RECV
+        sender[send_event[rendezvous]] = recv_event[rendezvous]
     return sender
 
 
