@@ -31,6 +31,8 @@ from diag.plan.job import Cluster, Job, Layout
 from diag.plan.memory import PARAM_BYTES
 from diag.plan.timing import layer_forward_flops, step_time
 from diag.schema import Layout as RunLayout
+from diag.schema import Manifest
+from diag.whatif.matching import P2P_OPS, message_pair_rows
 from simulator.config import ModelSpec
 from simulator.hardware import HardwareSpec
 
@@ -206,10 +208,11 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     opt_s = _median_of(_per_rank_step(spans[spans["phase"] == "opt"], first), pacing)
     # blocking collectives sit on the critical path whole; DDP's async all-reduces overlap the
     # backward, so only their exposed wait (comm_wait) says what the link carries
-    # (a pipeline's receives are left out: a blocking recv mostly waits for its sender)
-    blocking = comms[comms["blocking"].fillna(False).astype(bool) & (comms["group"] != "pp")]
+    # (point-to-point messages are left out: a blocking recv mostly waits for its sender)
+    collective = ~comms["op"].isin(P2P_OPS)
+    blocking = comms[comms["blocking"].fillna(False).astype(bool) & collective]
     link = _median_busbw_GBps(blocking)
-    message_s = pipeline_message_s(comms, layout, first)
+    message_s = pipeline_message_s(comms, run.manifest, first)
     device = device_for_name(run.manifest.ranks[0].device_name if run.manifest.ranks else None)
     hw = _hardware(run, job, layout, flop_s, opt_s, link, device)
     if message_s is not None:  # the alpha of every message on this machine, measured
@@ -231,40 +234,19 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     )
 
 
-def pipeline_message_s(comms: pd.DataFrame, layout: Layout, first_step: int) -> float | None:
+def pipeline_message_s(comms: pd.DataFrame, manifest: Manifest, first_step: int) -> float | None:
     """Mean seconds a pipeline receive takes once its message has been sent: the receive's end
-    less the later of its start and the last send of that kind to it from its neighbour
-    stage (None without any). A message moves only when both ends are in the call (gloo's
-    rendezvous), so this is what each of a schedule's receives costs beyond waiting for the
-    sender: on a loaded CPU, the sender's wake-up. The mean, since the schedule pays the sum."""
-    pp = layout.pp
-    pipe = comms[(comms["group"] == "pp") & (comms["step"] > first_step)]
-    if pp < 2 or pipe.empty:
+    less the later of its start and its send's start (None without any), each receive paired
+    with its send by peers and order (diag/whatif/matching.py). A message moves only when both
+    ends are in the call (gloo's rendezvous), so this is what each of a schedule's receives
+    costs beyond waiting for the sender: on a loaded CPU, the sender's wake-up. The mean,
+    since the schedule pays the sum."""
+    later = comms[comms["step"] > first_step].reset_index(drop=True)
+    receives, sends = message_pair_rows(later, manifest)
+    if not len(receives):
         return None
-    stride = layout.tp * layout.ep  # diag.names.GRID_AXES: (dp, pp, ep, tp), tp innermost
-    rank = pipe["rank"].astype("int64")
-    stage = (rank // stride) % pp
-    # the stage a message goes to: activations forward, gradients back (interleaving wraps)
-    ahead = pipe["tag"].map({"act": 1, "grad": -1}).fillna(0).astype("int64")
-    to_stage = (stage + ahead) % pp
-    pipe = pipe.assign(
-        receiver=(rank + (to_stage - stage) * stride).where(pipe["op"] == "send", rank)
-    )
-    sends = pipe[pipe["op"] == "send"][["step", "receiver", "tag", "t0"]]
-    recvs = pipe[pipe["op"] == "recv"][["step", "receiver", "tag", "t0", "t1"]]
-    if sends.empty or recvs.empty:
-        return None
-    matched = pd.merge_asof(
-        recvs.sort_values("t1").astype({"t1": "int64"}),
-        sends.rename(columns={"t0": "sent"}).sort_values("sent").astype({"sent": "int64"}),
-        left_on="t1",
-        right_on="sent",
-        by=["step", "receiver", "tag"],
-        direction="backward",
-    ).dropna(subset=["sent"])
-    if matched.empty:
-        return None
-    waited = matched["t1"] - np.maximum(matched["t0"], matched["sent"])
+    t0, t1 = later["t0"].to_numpy(dtype=np.int64), later["t1"].to_numpy(dtype=np.int64)
+    waited = t1[receives] - np.maximum(t0[receives], t0[sends])
     return float(waited.mean()) / 1e9
 
 
