@@ -5,12 +5,11 @@ are issued in the same order, or the job would hang). A point-to-point message
 goes between two ranks, its sender and its receiver: the n-th send of a step from rank a to rank
 b is the n-th receive of that step on b from a. Who the other side is comes from the data, never
 from a tag's text (tags are free: `act`, `forward-send`, none at all in a profiler trace):
-- a `peer` column (the other side's global rank) where a source gives one (none does yet);
-- else the rank's neighbours in its pipeline group (manifest `groups["pp"]`, a ring): one
+- the rank's neighbours in its pipeline group (manifest `groups["pp"]`, a ring): one
   neighbour (two stages) is the peer; between two, the one whose opposite record (a receive
   for a send, a send for a receive) ends nearest the same moment: both sides of a message
   complete together;
-- else, in a world of two ranks, the other rank.
+- without a pipeline, in a world of two ranks, the other rank.
 docs/metrics.md ("Dependencies") says more, and where this can go wrong.
 """
 
@@ -107,15 +106,15 @@ def message_pair_rows(
     """The row positions in `comms` of each receive and of the send it waits for (two arrays
     of equal length, receives in the order of their start)."""
     empty = np.zeros(0, dtype=np.int64)
-    rows, peer = message_peers(comms, manifest)
+    rows, send = _point_to_point(comms)
     if not len(rows):
         return empty, empty
+    peer = _neighbour_peers(comms, rows, send, manifest)
     keep = peer >= 0
-    rows, peer = rows[keep], peer[keep]
+    rows, send, peer = rows[keep], send[keep], peer[keep]
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
     step = comms["step"].to_numpy(dtype=np.int64)[rows]
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    send = comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value
     by_start = lexicographic(rank, t0)
     rows, send, rank = rows[by_start], send[by_start], rank[by_start]
     peer, step = peer[by_start], step[by_start]
@@ -135,30 +134,28 @@ def message_pair_rows(
 def message_peers(comms: pd.DataFrame, manifest: schema.Manifest) -> tuple[np.ndarray, np.ndarray]:
     """The row positions of the point-to-point records in `comms` and, for each, the other
     side's global rank (-1 where it cannot be told)."""
-    empty = np.zeros(0, dtype=np.int64)
-    if comms.empty:
-        return empty, empty
-    op = comms["op"].to_numpy(dtype=object)
-    rows = np.flatnonzero(np.isin(op, list(P2P_OPS)))
+    rows, send = _point_to_point(comms)
     if not len(rows):
-        return empty, empty
-    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
-    peer = np.full(len(rows), -1, dtype=np.int64)
-    if "peer" in comms.columns:
-        given = pd.to_numeric(comms["peer"], errors="coerce").to_numpy(dtype=np.float64)[rows]
-        ok = np.isfinite(given) & (given >= 0) & (given != rank)
-        peer[ok] = given[ok].astype(np.int64)
-    missing = peer < 0
-    if missing.any():
-        peer[missing] = _neighbour_peers(comms, rows, manifest)[missing]
-    return rows, peer
+        return rows, rows.copy()
+    return rows, _neighbour_peers(comms, rows, send, manifest)
+
+
+def _point_to_point(comms: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The row positions of the sends and receives in `comms`, and which of them are sends."""
+    if comms.empty:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    op_codes, op_names = label_codes(comms["op"])
+    ops = np.asarray(op_names, dtype=object)
+    rows = np.flatnonzero(np.isin(ops, list(P2P_OPS))[op_codes])
+    return rows, (ops == schema.CollectiveOp.SEND.value)[op_codes[rows]]
 
 
 def _neighbour_peers(
-    comms: pd.DataFrame, rows: np.ndarray, manifest: schema.Manifest
+    comms: pd.DataFrame, rows: np.ndarray, send: np.ndarray, manifest: schema.Manifest
 ) -> np.ndarray:
-    """For the point-to-point records at `rows`, the neighbour of their rank that is the other
-    side: the only one, or of two the one whose opposite records are nearest in time."""
+    """For the point-to-point records at `rows` (`send`: which are sends), the neighbour of
+    their rank that is the other side: the only one, or of two the one whose opposite records
+    end nearest in time; -1 where the rank has none."""
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
     size = max(int(rank.max()) + 1, 2)
     before, after = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
@@ -172,7 +169,6 @@ def _neighbour_peers(
     ambiguous = np.flatnonzero((previous >= 0) & (following >= 0) & (previous != following))
     if len(ambiguous):
         t1 = comms["t1"].to_numpy(dtype=np.int64)[rows]
-        send = comms["op"].to_numpy(dtype=object)[rows] == schema.CollectiveOp.SEND.value
         near_previous = _closeness(rank, send, t1, ambiguous, previous[ambiguous])
         near_following = _closeness(rank, send, t1, ambiguous, following[ambiguous])
         peer[ambiguous] = np.where(

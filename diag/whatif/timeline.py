@@ -73,8 +73,10 @@ class Timeline:
     ranks: np.ndarray  # the ranks, ascending
     first: np.ndarray  # index of each rank's first event; one more entry at the end
     events: pd.DataFrame
-    """rank, step, kind, a_ns, e_ns (measured start and end), seg_ns and host_ns (local time
-    before the event, and its host part), j (position in its step), instance, group,
+    """rank, step, kind, a_ns, e_ns (arrival and measured end: the arrival is the measured
+    start, earlier by `gap_wait_ns` where the rank waited in a gap before it), seg_ns and
+    host_ns (local time before the event, and its host part), gap_ns (its time in no record
+    right before the event), j (position in its step), instance, group,
     transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
@@ -103,8 +105,7 @@ records of the analysed steps are taken with these only."""
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    columns = [*_COMMS_COLUMNS, *(["peer"] if "peer" in run.comms.columns else [])]
-    comms = run.comms.loc[in_steps(run.comms, steps), columns].reset_index(drop=True)
+    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS].reset_index(drop=True)
     spans = run.spans.loc[in_steps(run.spans, steps), _SPANS_COLUMNS]
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
