@@ -9,6 +9,16 @@ import pandas as pd
 from diag.metrics.common import KEYS
 
 
+def layer_label(value: object) -> int | str:
+    """A MoE layer's label as the records gave it: an integer index, or a name (the run
+    format allows both)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return str(value)
+
+
 def expert_load(experts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     columns = [
         "layer", "experts", "tokens", "load_cv", "max_over_mean", "drop_rate", "dead_experts",

@@ -79,3 +79,22 @@ def test_a_rule_that_raises_fails_its_case(runs, monkeypatch) -> None:
     monkeypatch.setitem(rules, "COM001", dataclasses.replace(rules["COM001"], fn=broken))
     with pytest.raises(AssertionError, match="could not judge"):
         test_rule_case(quiet, runs)
+
+
+def test_moe_rules_take_a_named_layer(runs) -> None:
+    """A layer label may be a name (the run format allows strings): MOE001-003 and TRD001
+    report it as given (found by test_fuzz_readers: int('x') made the MoE rules fail)."""
+    records: dict[int, list] = {}
+    for rank in (0, 1):
+        records[rank] = []
+        for step in range(4):
+            records[rank] += [
+                runs.step(step, step * 100, step * 100 + 90),
+                {"kind": "experts", "step": step, "layer": "x", "tokens": [50, 0, 0, 1 + 30 * step],
+                 "dropped": 5, "capacity": 8},
+            ]  # fmt: skip
+    run = load_run(runs.write(records, runs.manifest(world_size=2, layout={"dp": 2})))
+    judgement = run_rules(run, compute_metrics(run))
+    assert not judgement.notes
+    moe = [f for f in judgement.findings if f.rule.startswith("MOE")]
+    assert moe and all(f.evidence["layer"] == "x" for f in moe)

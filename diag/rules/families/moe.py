@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from diag import schema
+from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 
 EP_ALLTOALL_TAGS = ("dispatch", "combine", "dispatch.bwd", "combine.bwd")
@@ -59,9 +60,9 @@ def drop_rate(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             rule="MOE001",
             pattern=4,
             severity=severity,
-            title=f"MoE layer {int(row['layer'])} drops {rate:.0%} of routed tokens",
+            title=f"MoE layer {layer_label(row['layer'])} drops {rate:.0%} of routed tokens",
             evidence={
-                "layer": int(row["layer"]),
+                "layer": layer_label(row["layer"]),
                 "drop_rate": rate,
                 "drop_rate_first": row["drop_rate_first"],
                 "drop_rate_last": row["drop_rate_last"],
@@ -109,9 +110,10 @@ def load_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
             rule="MOE002",
             pattern=4,
             severity=severity,
-            title=f"MoE layer {int(row['layer'])}: busiest expert gets {ratio:.2f}x the mean load",
+            title=f"MoE layer {layer_label(row['layer'])}: busiest expert gets {ratio:.2f}x the "
+            "mean load",
             evidence={
-                "layer": int(row["layer"]),
+                "layer": layer_label(row["layer"]),
                 "max_over_mean": ratio,
                 "load_cv": row["load_cv"],
                 "max_over_mean_first": row["max_over_mean_first"],
@@ -159,8 +161,8 @@ def dead_experts(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
             rule="MOE003",
             pattern=4,
             severity=severity,
-            title=f"MoE layer {int(row['layer'])}: {dead} of {width} experts got no token",
-            evidence={"layer": int(row["layer"]), "dead_experts": dead, "experts": width},
+            title=f"MoE layer {layer_label(row['layer'])}: {dead} of {width} experts got no token",
+            evidence={"layer": layer_label(row["layer"]), "dead_experts": dead, "experts": width},
             advice="strengthen load balancing (aux-loss coefficient ~0.01) or re-initialise "
             "the router; check the expert-to-rank mapping",
         )

@@ -15,6 +15,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import run_comm_totals
+from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 _STEP_THRESHOLDS = {
@@ -159,7 +160,7 @@ def _alltoall_growth(ctx: RuleContext, z: float) -> Slope | None:
     return theil_sen(per_step.index.to_numpy(float), per_step.to_numpy(float), z)
 
 
-def _skew_growth(ctx: RuleContext) -> tuple[int, float, float] | None:
+def _skew_growth(ctx: RuleContext) -> tuple[int | str, float, float] | None:
     """The MoE layer whose max/mean load grew most from first to last step."""
     experts = ctx.metrics.experts
     if experts.empty:
@@ -169,7 +170,11 @@ def _skew_growth(ctx: RuleContext) -> tuple[int, float, float] | None:
         return None
     ratio = rows["max_over_mean_last"] / rows["max_over_mean_first"]
     row = rows.loc[ratio.idxmax()]
-    return int(row["layer"]), float(row["max_over_mean_first"]), float(row["max_over_mean_last"])
+    return (
+        layer_label(row["layer"]),
+        float(row["max_over_mean_first"]),
+        float(row["max_over_mean_last"]),
+    )
 
 
 @rule("TRD001", "trend.step_time", pattern=2, thresholds=_STEP_THRESHOLDS)
