@@ -42,7 +42,10 @@ def reshape_run(run_dir: Path, tags: str = "ours", untraced: Iterable[str] = ())
         if path is None:
             continue
         arrow = arrow or path.suffix != schema.RANK_FILE_SUFFIX
-        kept = [_renamed(r, tags) for r in rank_records(path) if not _untraced(r, dropped)]
+        records = rank_records(path)
+        left_out = [(r["t0"], r["t1"]) for r in records if _untraced(r, dropped)]
+        kept = [_renamed(r, tags) for r in records
+                if not _untraced(r, dropped) and not _wait_on(r, left_out)]  # fmt: skip
         target = run_dir / schema.rank_file_name(rank)
         temporary = target.with_suffix(".tmp")
         with temporary.open("w") as out:
@@ -56,6 +59,17 @@ def reshape_run(run_dir: Path, tags: str = "ours", untraced: Iterable[str] = ())
 
 def _untraced(record: dict[str, Any], groups: set[str]) -> bool:
     return record.get("kind") == schema.RecordKind.COMM.value and record.get("group") in groups
+
+
+def _wait_on(record: dict[str, Any], intervals: list[tuple[int, int]]) -> bool:
+    """A `comm_wait` span within a left-out collective: that collective's wait, left out too
+    (the rank waited with nothing recorded)."""
+    if record.get("kind") != schema.RecordKind.SPAN.value:
+        return False
+    if record.get("phase") != schema.Phase.COMM_WAIT.value:
+        return False
+    t0, t1 = record["t0"], record["t1"]
+    return any(a <= t0 and t1 <= b for a, b in intervals)
 
 
 def _renamed(record: dict[str, Any], tags: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from diag.keys import in_steps
 from diag.load import RunData
 from diag.ordering import dense_key, lexicographic, occurrence
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
+from diag.whatif.untraced import inferred_syncs
 
 
 class Kind(IntEnum):
@@ -105,8 +106,19 @@ records of the analysed steps are taken with these only."""
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS].reset_index(drop=True)
+    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS]
     spans = run.spans.loc[in_steps(run.spans, steps), _SPANS_COLUMNS]
+    inferred = inferred_syncs(comms, spans, steps, run.manifest)
+    if not inferred.empty:
+        groups = ", ".join(sorted(set(inferred["group"])))
+        count = inferred.groupby("group")["rank"].size() // inferred.groupby("group")[
+            "rank"].nunique()  # fmt: skip
+        notes.append(f"{int(count.sum())} synchronisations of group(s) {groups} inferred from "
+                     "ranks resuming together after time in no record (none of their "
+                     "collectives is recorded)")  # fmt: skip
+        labels = {name: object for name in ("op", "group", "tag")}  # categories lack "dp"
+        comms = pd.concat([comms.astype(labels), inferred.astype(labels)])
+    comms = comms.reset_index(drop=True)
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)

@@ -1,0 +1,126 @@
+"""Synchronisations nobody recorded, inferred from ranks resuming together.
+
+A group whose collectives are not in the records (a profiler that missed a process group, a
+job that traced only some of its calls) still synchronises its ranks: each waits, with nothing
+recorded around the wait, until the slowest arrives, and then all of them go on at the same
+moment. So where every member of a group resumes after time in no record within a small
+tolerance of one moment, and at least one of them waited long enough to matter, the group met
+in a collective there: each member arrived when its gap began and left when it ended. The
+timeline (diag/whatif/timeline.py) adds these as blocking collectives of the group, and the
+replay makes each such gap end when its slowest member arrives, as for a recorded one.
+
+Only groups of the manifest with no collective recorded in the analysed steps are searched (a
+group whose collectives are recorded, under its name or that of a group of the same ranks, has
+its waits in them), and never the pipeline groups (their ranks exchange messages, they do not
+meet).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.ordering import lexicographic
+
+MIN_GAP_NS = 200_000
+"""At least one member's gap is this long (shorter gaps are launches and Python between
+calls: members resume together after those by chance)."""
+RESUME_TOLERANCE_NS = 100_000
+RESUME_TOLERANCE_SHARE = 0.02
+"""Members resume together if their gaps end within the larger of these (ns, share of the
+longest gap) of each other."""
+INFERRED_OP = schema.CollectiveOp.BARRIER.value
+PIPELINE_AXIS = "pp"
+
+
+def inferred_syncs(
+    comms: pd.DataFrame, spans: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
+) -> pd.DataFrame:
+    """Comm rows (rank, step, op, group, tag, t0, t1, async) of the synchronisations inferred
+    in the analysed records: one blocking `barrier` per member, from its gap's start to its
+    end. Empty when none is found."""
+    labels = set(comms["group"].dropna().astype(str))
+    # a group is recorded when its collectives are, under its name or another's of the
+    # same members (`world` and `dp` of a pure data-parallel job)
+    recorded = {
+        frozenset(members) for label in labels for members in manifest.groups.get(label, [])
+    }
+    groups = [(axis, members) for axis, lists in manifest.groups.items()
+              if axis != PIPELINE_AXIS and axis not in labels
+              for members in lists
+              if len(members) >= 2 and frozenset(members) not in recorded]  # fmt: skip
+    if not groups:
+        return _rows([])
+    gaps = _gaps(comms, spans, steps)
+    found: list[dict] = []
+    for axis, members in groups:
+        found += _group_syncs(axis, [int(m) for m in members], gaps)
+    return _rows(found)
+
+
+def _gaps(comms: pd.DataFrame, spans: pd.DataFrame, steps: pd.DataFrame) -> dict[int, tuple]:
+    """Per rank, its times in no record within and between its analysed steps: (starts, ends,
+    steps), by end. A step's start and end are records of no length."""
+    parts = [frame[["rank", "step", "t0", "t1"]] for frame in (comms, spans)]
+    parts += [steps.assign(t1=steps["t0"])[["rank", "step", "t0", "t1"]],
+              steps.assign(t0=steps["t1"])[["rank", "step", "t0", "t1"]]]  # fmt: skip
+    records = pd.concat(parts, ignore_index=True)
+    rank = records["rank"].to_numpy(dtype=np.int64)
+    t0 = records["t0"].to_numpy(dtype=np.int64)
+    t1 = records["t1"].to_numpy(dtype=np.int64)
+    step = records["step"].to_numpy(dtype=np.int64)
+    order = lexicographic(rank, t0)
+    rank, t0, t1, step = rank[order], t0[order], t1[order], step[order]
+    out: dict[int, tuple] = {}
+    bounds = np.flatnonzero(np.diff(rank)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(rank)], strict=True):
+        if hi - lo < 2:
+            continue
+        reach = np.maximum.accumulate(t1[lo:hi])  # covered until, after each record
+        start, end = reach[:-1], t0[lo + 1 : hi]
+        open_ = end > start
+        out[int(rank[lo])] = (start[open_], end[open_], step[lo + 1 : hi][open_])
+    return out
+
+
+def _group_syncs(axis: str, members: list[int], gaps: dict[int, tuple]) -> list[dict]:
+    """The synchronisations of one group: moments at which every member's gap ends within
+    the tolerance, one of those gaps at least MIN_GAP_NS long."""
+    if any(m not in gaps or not len(gaps[m][1]) for m in members):
+        return []
+    candidates = np.unique(np.concatenate([gaps[m][1][gaps[m][1] - gaps[m][0] >= MIN_GAP_NS]
+                                           for m in members]))  # fmt: skip
+    if not len(candidates):
+        return []
+    matched = np.ones(len(candidates), dtype=bool)
+    longest = np.zeros(len(candidates), dtype=np.int64)
+    nearest: dict[int, np.ndarray] = {}
+    for m in members:
+        starts, ends, _ = gaps[m]
+        j = np.clip(np.searchsorted(ends, candidates), 1, len(ends)) - 1
+        after = np.minimum(j + 1, len(ends) - 1)
+        j = np.where(np.abs(ends[after] - candidates) < np.abs(ends[j] - candidates), after, j)
+        nearest[m] = j
+        longest = np.maximum(longest, ends[j] - starts[j])
+    tolerance = np.maximum(RESUME_TOLERANCE_NS, longest * RESUME_TOLERANCE_SHARE)
+    for m in members:
+        matched &= np.abs(gaps[m][1][nearest[m]] - candidates) <= tolerance
+    syncs: list[dict] = []
+    used_until = np.iinfo(np.int64).min
+    for c in np.flatnonzero(matched):  # one synchronisation a cluster of candidates
+        if candidates[c] <= used_until:
+            continue
+        used_until = int(candidates[c] + tolerance[c])
+        for m in members:
+            starts, ends, steps = gaps[m]
+            j = nearest[m][c]
+            syncs.append({"rank": m, "step": int(steps[j]), "op": INFERRED_OP, "group": axis,
+                          "tag": None, "t0": int(starts[j]), "t1": int(ends[j]),
+                          "async": False})  # fmt: skip
+    return syncs
+
+
+def _rows(found: list[dict]) -> pd.DataFrame:
+    columns = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
+    return pd.DataFrame(found, columns=columns)
