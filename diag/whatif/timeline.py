@@ -111,10 +111,9 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     inferred = inferred_syncs(comms, spans, steps, run.manifest)
     if not inferred.empty:
         groups = ", ".join(sorted(set(inferred["group"])))
-        count = inferred.groupby("group")["rank"].size() // inferred.groupby("group")[
-            "rank"].nunique()  # fmt: skip
-        notes.append(f"{int(count.sum())} synchronisations of group(s) {groups} inferred from "
-                     "ranks resuming together after time in no record (none of their "
+        per_rank = len(inferred) / inferred["rank"].nunique()
+        notes.append(f"{per_rank:.0f} synchronisations a rank of group(s) {groups} inferred "
+                     "from ranks resuming together after time in no record (none of their "
                      "collectives is recorded)")  # fmt: skip
         labels = {name: object for name in ("op", "group", "tag")}  # categories lack "dp"
         comms = pd.concat([comms.astype(labels), inferred.astype(labels)])

@@ -40,7 +40,7 @@ def inferred_syncs(
     """Comm rows (rank, step, op, group, tag, t0, t1, async) of the synchronisations inferred
     in the analysed records: one blocking `barrier` per member, from its gap's start to its
     end. Empty when none is found."""
-    labels = set(comms["group"].dropna().astype(str))
+    labels = {str(label) for label in comms["group"].dropna().unique()}
     # a group is recorded when its collectives are, under its name or another's of the
     # same members (`world` and `dp` of a pure data-parallel job)
     recorded = {
