@@ -24,6 +24,27 @@ GRID_AXES: tuple[Axis, ...] = (DP, PP, EP, TP)
 """The rank grid's axes, outermost first: rank = ((dp_i * pp + pp_i) * ep + ep_i) * tp + tp_i."""
 
 
+def grid_groups(sizes: dict[str, int]) -> dict[str, list[list[int]]]:
+    """The groups of each axis of size > 1 (every rank list with only that axis varying,
+    sorted) and the world, for the axes' sizes in GRID_AXES order (`{"dp": 2, "pp": 4, ...}`;
+    a missing axis is 1): what a job laid out on this grid forms."""
+    shape = [max(int(sizes.get(axis, 1)), 1) for axis in GRID_AXES]
+    world = 1
+    for size in shape:
+        world *= size
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    out: dict[str, list[list[int]]] = {}
+    for axis, (size, stride) in enumerate(zip(shape, strides, strict=True)):
+        if size < 2:
+            continue
+        starts = [r for r in range(world) if (r // stride) % size == 0]
+        out[GRID_AXES[axis]] = sorted([start + i * stride for i in range(size)] for start in starts)
+    out[WORLD] = [list(range(world))]
+    return out
+
+
 def host_name(rank: int, gpus_per_node: int) -> str:
     """The virtual host of `rank` when `gpus_per_node` ranks share a host (`--gpus-per-node`)."""
     return f"node{rank // gpus_per_node}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diag.names import GRID_AXES, WORLD, host_name
+from diag.names import grid_groups, host_name
 from diag.schema import (
     MANIFEST_FILE,
     RANK_FILE_RE,
@@ -34,15 +34,7 @@ SIMULATED_PID = 50_000
 
 def groups(config: SimConfig) -> dict[str, list[list[int]]]:
     """The manifest's groups, as Topology.all_groups() names them (axes of size > 1, world)."""
-    shape = (config.dp, config.pp, config.ep, config.tp)
-    ranks = np.arange(config.world_size).reshape(shape)
-    out: dict[str, list[list[int]]] = {}
-    for axis, name in enumerate(GRID_AXES):
-        size = shape[axis]
-        if size > 1:
-            out[name] = sorted(np.moveaxis(ranks, axis, -1).reshape(-1, size).tolist())
-    out[WORLD] = [list(range(config.world_size))]
-    return out
+    return grid_groups({"dp": config.dp, "pp": config.pp, "ep": config.ep, "tp": config.tp})
 
 
 def build_manifest(out: Path, config: SimConfig, command: str | None, bucket_mb: float | None):

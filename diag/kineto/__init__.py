@@ -25,6 +25,7 @@ from diag.kineto.device import DEVICE_TIME_FIELDS
 from diag.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.kineto.kernels import KernelPatterns
 from diag.load import RunData, run_from_records
+from diag.names import grid_groups
 from diag.parallel import map_chunks
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
@@ -131,6 +132,10 @@ def _manifest(
         backend=backends.pop() if len(backends) == 1 else None,
         device_type="cuda" if on_device else "cpu",
         layout=layout or schema.Layout(dp=world_size),
+        # the groups a job on this grid forms: the pipeline's neighbours pair its messages
+        groups=grid_groups({"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp})
+        if layout is not None and layout.dp * layout.pp * layout.ep * layout.tp == world_size
+        else {},
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=schema.RunStatus.COMPLETE.value,
     )

@@ -41,3 +41,13 @@ def test_ep_tags_and_groups() -> None:
 
 def test_host_name_is_rank_over_gpus_per_node() -> None:
     assert [host_name(r, 4) for r in (0, 3, 4, 9)] == ["node0", "node0", "node1", "node2"]
+
+
+def test_grid_groups_vary_one_axis_each() -> None:
+    from diag.names import grid_groups
+
+    groups = grid_groups({"dp": 2, "pp": 2, "tp": 2})
+    assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups["pp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups["dp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert groups["world"] == [list(range(8))] and "ep" not in groups
