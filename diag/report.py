@@ -217,10 +217,15 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def finding_lines(report: dict[str, Any]) -> list[str]:
-    """Two lines per finding for the terminal: the head, then `      fix: ...` when there is one."""
+    """Per finding for the terminal: the head, `      why: ...` where the cost is explained
+    (a rank's excess against what of it reaches the step's end), `      fix: ...` where there
+    is one."""
     lines = []
     for finding in report["findings"]:
         lines.append(finding_head(finding))
+        explained = (finding.get("evidence") or {}).get("cost_explained")
+        if isinstance(explained, str):
+            lines.append(f"      why: {explained}")
         if finding.get("advice"):
             lines.append(f"      fix: {finding['advice']}")
     return lines

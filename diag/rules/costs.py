@@ -110,7 +110,29 @@ def attach_costs(
         # grades: a verdict that only noise on a loaded host makes costly stays as it was
         earned = severity_of(finding.cost_share, limits)
         finding.severity = max(finding.severity, earned, key=SEVERITY_ORDER.index)
-        finding.evidence = {**finding.evidence, "counterfactual": _counterfactual(finding)}
+        finding.evidence = {
+            **finding.evidence,
+            "counterfactual": _counterfactual(finding),
+            **_explanation(finding, attribution),
+        }
+
+
+def _explanation(finding: Finding, attribution: Attribution) -> dict[str, Any]:
+    """How the cost relates to what the user sees (a rank's excess against what of it reaches
+    the step's end), and how much of the step's waiting the replay inferred from time in no
+    record, where it did."""
+    out: dict[str, Any] = {}
+    kinds = STRAGGLER_CAUSES if finding.rule in ("BAL001", "BAL003") else ("host",)
+    if finding.rule in ("BAL001", "BAL003", "BAL005"):
+        for cause in attribution.causes:
+            if cause.kind in kinds and set(cause.ranks) & set(finding.ranks):
+                if "explained" in cause.evidence:
+                    out["cost_explained"] = cause.evidence["explained"]
+                break
+    gaps = attribution.gaps
+    if not gaps.empty and float(gaps["waiting_s"].sum()) > 0:
+        out["inferred_waiting_per_step_s"] = float(gaps["waiting_s"].mean())
+    return out
 
 
 def _counterfactual(finding: Finding) -> str:
