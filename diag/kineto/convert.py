@@ -281,9 +281,9 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     )
     # it blocks only if the thread did nothing else meanwhile: gloo records an asynchronous
     # send on the caller too, and the caller goes on (its next receive starts inside)
-    starts = np.sort(np.concatenate([ops[:, 0], gloo[on_step_thread, 0]]))
-    after_start = np.searchsorted(starts, gloo[:, 0], side="right")
-    before_end = np.searchsorted(starts, gloo[:, 1], side="left")
+    thread_starts = np.sort(np.concatenate([ops[:, 0], gloo[on_step_thread, 0]]))
+    after_start = np.searchsorted(thread_starts, gloo[:, 0], side="right")
+    before_end = np.searchsorted(thread_starts, gloo[:, 1], side="left")
     on_step_thread &= before_end <= after_start
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from diag import ledger
 from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.attribution import Attribution, Cause
 
 
 def _stage_bubbles(ctx: RuleContext) -> dict[int, float]:
@@ -150,8 +149,7 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     imbalance = ctx.metrics.summary.get("stage_imbalance")
     stages = pipe.stage_table(ctx.metrics.ranks)
     attribution = ctx.metrics.attribution
-    costly = _costliest_stage(attribution)
-    evidence: dict[str, object] = {}
+    costly = attribution.cause("stage") if attribution is not None else None  # by cost
     if costly is not None and attribution is not None and attribution.measured_step_s > 0:
         share = costly.cost_s / attribution.measured_step_s
         if share < limits["min_cost_share"] or costly.stage is None:
@@ -162,7 +160,7 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         ratio = local / others if others > 0 else float("inf")
         title = (f"stage {heaviest} takes {ratio:.2f}x the other stages' time per step "
                  f"({local * 1e3:.0f} ms against {others * 1e3:.0f} ms)")  # fmt: skip
-        evidence = {
+        evidence: dict[str, object] = {
             "stage_local_per_step_s": local,
             "other_stages_mean_per_step_s": others,
             "replay_cost_share": share,
@@ -196,11 +194,3 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
             "head, loss) so stages take about the same time",
         )
     ]
-
-
-def _costliest_stage(attribution: Attribution | None) -> Cause | None:
-    """The replay's costliest stage cause, or None without a replay of two or more stages."""
-    if attribution is None:
-        return None
-    stages = [c for c in attribution.causes if c.kind == "stage"]
-    return max(stages, key=lambda c: c.cost_s, default=None)
