@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from collectors.pending import PENDING
 from collectors.safety import report_once
 
 
@@ -213,7 +214,7 @@ class CollectiveTracer:
             self._on_event(event)
 
         try:
-            work.get_future().add_done_callback(done)
+            work.get_future().add_done_callback(PENDING.track(done))
         except (RuntimeError, AttributeError):
             # A backend without futures for this op: the launch is all we can time.
             event.t1 = event.t0

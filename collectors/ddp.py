@@ -27,6 +27,7 @@ import torch.distributed as dist
 from collectors.comm import CommEvent, context
 from collectors.hook_payload import PayloadCapture
 from collectors.manifest import DataParallel
+from collectors.pending import PENDING
 from collectors.safety import report_once
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
         rec.record_comm_event(event)
         return fut.value()[0]
 
-    return work.get_future().then(done)
+    return work.get_future().then(PENDING.track(done))
 
 
 def recording_wrapper_hook(state: DDPHookState, bucket: Any) -> torch.futures.Future:
@@ -158,7 +159,7 @@ def recording_wrapper_hook(state: DDPHookState, bucket: Any) -> torch.futures.Fu
             report_once("recording_wrapper_hook", err)
         return fut.value()  # the user's result, untouched (an error in it propagates)
 
-    return future.then(done)
+    return future.then(PENDING.track(done))
 
 
 # DDP inspects the hook's annotations, which `from __future__ import annotations` turns into
