@@ -19,7 +19,13 @@ a spinning process). pp sleeps 80 ms in each of its 8 micro-batches (7 of 7 with
 The healthy half begins at step 2: step 0 is the warm-up, and step 1 is left out as a margin.
 (In step 1's forward DDP rebuilds its buckets with a broadcast that every rank joins, where
 rank 0 waits out rank 1's sleep; the DDP collector records it as a blocking broadcast, so that
-the wait reads as waiting, not compute: tested below.)"""
+the wait reads as waiting, not compute: tested below.)
+
+The main-finding test sleeps 80 ms a micro-batch, except in zero3, whose step (micro-batch 64,
+FSDP2's gathers on two busy cores) is 0.6-0.7 s: there 80 ms is 11-12% of the step, the busy
+ratio ~1.18 stays under BAL001's 1.3, and the finding rests on the replay's 10% cost share, so
+a loaded CI machine read it as COM003 once. 240 ms is the same fault at a margin the noise
+cannot cross."""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from tests.distributed.test_rules_e2e_healthy import HEALTHY
 pytestmark = pytest.mark.dist
 
 STRAGGLER = "straggler:rank=1,ms=80"
+STRAGGLER_OF = {"zero3": "straggler:rank=1,ms=240"}  # see the module docstring
 COST_WITHIN = 0.30
 FIRST_STEADY = 2  # the first step measured without the straggler (see the module docstring)
 MIDWAY = {  # trainer: (the sleep per micro-batch in ms, its first step, of twice as many)
@@ -53,7 +60,8 @@ def _with_steps(args: list[str], num_steps: int) -> list[str]:
 
 @pytest.mark.parametrize("trainer", list(HEALTHY))
 def test_a_straggler_is_the_main_finding(trainer: str, shared_run) -> None:
-    report = analyze_path(shared_run(trainer, *HEALTHY[trainer], "--inject", STRAGGLER))
+    fault = STRAGGLER_OF.get(trainer, STRAGGLER)
+    report = analyze_path(shared_run(trainer, *HEALTHY[trainer], "--inject", fault))
     main = _main(report)
     ranked = [(f["rule"], f["ranks"], f.get("cost_s")) for f in report["findings"]]
     assert main["ranks"] == [1], f"{trainer}: {ranked}"
