@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from collectors.comm import CommEvent, context
+from collectors.host import HostReading
 from collectors.memory import grad_bytes
 from collectors.safety import report_once
 
@@ -29,6 +30,7 @@ class StepContext:
         self.loss: Any = None
         self._t0 = 0
         self._hooks: Any = None
+        self._host_at_start: Any = None
 
     def __enter__(self) -> StepContext:
         rec = self.rec
@@ -46,6 +48,7 @@ class StepContext:
             rec._grads_at_opt_bytes = None
         except Exception as err:
             report_once("Recorder.step enter", err)
+        self._host_at_start = rec._host.read()
         self._t0 = rec.clock.now()
         if rec._fetch_t0 is not None:  # the batch came from `rec.iterate`: the step began there
             self._t0, rec._fetch_t0 = min(rec._fetch_t0, self._t0), None
@@ -53,12 +56,13 @@ class StepContext:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         t1 = self.rec.clock.now()
+        host = self.rec._host.read()  # before the step's own bookkeeping below
         try:
-            self._finish(t1, exc)
+            self._finish(t1, exc, host)
         except Exception as err:
             report_once("Recorder.step exit", err)
 
-    def _finish(self, t1: int, exc: Any) -> None:
+    def _finish(self, t1: int, exc: Any, host: HostReading) -> None:
         rec = self.rec
         if self._hooks is not None:
             self._hooks.__exit__(None, None, None)
@@ -86,6 +90,7 @@ class StepContext:
             "t1": t1,
             "tokens": self.tokens,
             "loss": _sampled("step loss", _as_float, self.loss),
+            **rec._host.step_fields(self._host_at_start, host),
         }
         if rec._nvml is not None:
             device = _sampled("NvmlSampler.sample", rec._nvml.sample)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from collectors.host import usable_cores
 from diag.names import WORLD, host_name
 from diag.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
 
@@ -24,22 +25,24 @@ def device_name(device: torch.device) -> str:
 
 
 def gather_rank_infos(dist: Any, device: torch.device, gpus_per_node: int | None) -> list[RankInfo]:
-    """Every rank's host, local rank and device, gathered from all ranks (or this one alone).
+    """Every rank's host, local rank, device and usable cores, gathered from all ranks (or this
+    one alone).
 
     With `gpus_per_node` declared, `host` is the virtual host `node{rank // gpus_per_node}`
     (`diag.names.host_name`).
     """
-    mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)), device_name(device))
+    mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)), device_name(device),
+            usable_cores())  # fmt: skip
     if dist is not None:
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
     else:
         everyone = [mine]
     infos = []
-    for rank, (host, local_rank, name) in enumerate(everyone):
-        if gpus_per_node:
-            host = host_name(rank, gpus_per_node)
-        infos.append(RankInfo(rank=rank, host=host, local_rank=local_rank, device_name=name))
+    for rank, (machine, local_rank, name, cores) in enumerate(everyone):
+        host = host_name(rank, gpus_per_node) if gpus_per_node else machine
+        infos.append(RankInfo(rank=rank, host=host, local_rank=local_rank, device_name=name,
+                              machine=machine, usable_cores=cores))  # fmt: skip
     return infos
 
 

@@ -34,6 +34,7 @@ from collectors.clock import Clock
 from collectors.comm import CollectiveTracer, CommEvent
 from collectors.contexts import CollectiveContext, SpanContext, StepContext, TagContext
 from collectors.device import CudaSpanTimer, NvmlSampler
+from collectors.host import HostSampler
 from collectors.manifest import (
     DataParallel,
     build_manifest,
@@ -98,6 +99,7 @@ class Recorder:
         self._close_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
         self._nvml = NvmlSampler.create(self.device)
+        self._host = HostSampler()  # built on the training thread: its counters are that thread's
         self.watch(model, optimizer)
         self._cuda_timer = CudaSpanTimer.create(self.device)
         self._manifest: Any = None
@@ -441,6 +443,7 @@ class Recorder:
             for record in self._cuda_timer.resolve(wait=True):
                 self._writer.write(record)
         self._writer.close()
+        self._host.close()
         if self._manifest is not None:
             self._manifest.status = status
             self._manifest.steps_completed = self.steps_completed

@@ -49,8 +49,8 @@ def packed_kind(
         field = fields.get(name)
         if field is None:
             return None
-        if name in floats:
-            if field.type != pa.float64():
+        if name in floats:  # counters (int64) read as floats, as `arrow_checks.packed` casts
+            if field.type not in (pa.float64(), pa.int64()):
                 return None
             table[name] = _floats(field)
         elif name in INT_COLUMNS:
@@ -108,10 +108,11 @@ def _within(numbers: np.ndarray, low: int, high: int) -> bool:
 
 
 def _floats(field: Field) -> np.ndarray:
-    """A float64 field as `packed` makes it: NaN where null."""
+    """A float64 (or int64) field as `packed` makes it: float64, NaN where null."""
+    values = field.values.astype(np.float64, copy=False)
     if field.valid is None:
-        return field.values
-    return np.where(field.valid, field.values, np.nan)
+        return values
+    return np.where(field.valid, values, np.nan)
 
 
 def _nulls(field: Field) -> int:

@@ -60,7 +60,10 @@ _I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _MEMORY_FIELDS = tuple((name, _F64) for name in (*schema.MEMORY_CATEGORIES, "device_peak",
                                                   "host_rss"))  # fmt: skip
 KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
-    "step": (("step", _I64), ("t0", _I64), ("t1", _I64), ("tokens", _F64), ("loss", _F64)),
+    "step": (
+        ("step", _I64), ("t0", _I64), ("t1", _I64), ("tokens", _F64), ("loss", _F64),
+        ("cpu_ns", _I64), ("runq_ns", _I64), ("nivcsw", _I64), ("load1", _F64),
+    ),
     "span": (
         ("step", _I64), ("phase", _STR), ("mb", _I64), ("stage", _I64), ("chunk", _I64),
         ("t0", _I64), ("t1", _I64),
@@ -79,6 +82,10 @@ KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
 }  # fmt: skip
 """The typed fields of each record kind (every one nullable but `step`, `t0`, `t1`)."""
 NOT_NULL = frozenset({"step", "t0", "t1"})
+ADDED_FIELDS: dict[str, frozenset[str]] = {
+    "step": frozenset({"cpu_ns", "runq_ns", "nivcsw", "load1"}),  # the host (collectors/host.py)
+}
+"""Typed fields added after the format's first files: a file without them reads them as null."""
 
 
 def kind_type(kind: str) -> pa.StructType:
@@ -365,13 +372,34 @@ def _read_batches(data: bytes, name: str) -> tuple[list[pa.RecordBatch], list[st
         except (pa.ArrowException, OSError, ValueError):
             problem = "holds a corrupt record batch"
             break
-        batches.append(batch)
+        batches.append(_with_added_fields(batch))
     notes = []
     if problem is not None:
         plural = "batch" if len(batches) == 1 else "batches"
         notes.append(f"{name}: {problem}; read up to there ({len(batches)} complete {plural} "
                      "kept, the rest skipped)")  # fmt: skip
     return batches, notes, None
+
+
+def _with_added_fields(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with the typed fields an older file lacks (ADDED_FIELDS) as null children."""
+    columns, changed = [], False
+    for name in batch.schema.names:
+        column = batch.column(name)
+        wanted = ADDED_FIELDS.get(name, frozenset())
+        values = column.values if wanted else None
+        missing = [f for f in KIND_FIELDS.get(name, ()) if f[0] in wanted
+                   and values is not None and values.type.get_field_index(f[0]) < 0]  # fmt: skip
+        if values is not None and missing:
+            children = [values.field(i) for i in range(values.type.num_fields)]
+            names = [values.type.field(i).name for i in range(values.type.num_fields)]
+            children += [pa.nulls(len(values), kind) for _, kind in missing]
+            names += [field_name for field_name, _ in missing]
+            struct = pa.StructArray.from_arrays(children, names, mask=values.is_null())
+            column = pa.ListArray.from_arrays(column.offsets, struct, mask=column.is_null())
+            changed = True
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, batch.schema.names) if changed else batch
 
 
 def check_schema(found: pa.Schema) -> str | None:
@@ -396,6 +424,8 @@ def check_schema(found: pa.Schema) -> str | None:
             return f"wrong schema: column {expected.name!r} is {got}, expected a list of structs"
         for child in expected.type.value_type:
             at = got.value_type.get_field_index(child.name)
+            if at < 0 and child.name in ADDED_FIELDS.get(expected.name, ()):
+                continue  # an older file: read as null (`_with_added_fields`)
             if at < 0 or got.value_type.field(at).type != child.type:
                 return f"wrong schema: {expected.name}.{child.name} missing or not {child.type}"
     return None

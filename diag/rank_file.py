@@ -25,7 +25,9 @@ from diag.record_checks import check_values, depth
 from diag.records import Column, Packed, concat, decode_rank_file, pack
 from diag.schema import RecordKind
 
-STEP_COLUMNS = ("rank", "step", "t0", "t1", "tokens", "loss")
+STEP_COLUMNS = (
+    "rank", "step", "t0", "t1", "tokens", "loss", "cpu_ns", "runq_ns", "nivcsw", "load1",
+)  # fmt: skip
 SPAN_COLUMNS = ("rank", "step", "mb", "phase", "stage", "chunk", "t0", "t1")
 COMM_COLUMNS = (
     "rank", "step", "op", "group", "group_size", "bytes", "dtype", "t0", "t1",
@@ -47,7 +49,7 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     RecordKind.EVENT.value: EVENT_COLUMNS,
 }
 _NUMERIC: dict[str, tuple[str, ...]] = {
-    RecordKind.STEP.value: ("tokens", "loss"),
+    RecordKind.STEP.value: ("tokens", "loss", "cpu_ns", "runq_ns", "nivcsw", "load1"),
     RecordKind.COMM.value: ("group_size", "bytes", "expected_bytes"),
     RecordKind.MEM.value: (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss"),
     RecordKind.EXPERTS.value: ("dropped", "capacity", "aux_loss"),

@@ -46,6 +46,10 @@ class StepRecord(_Record, tag=RecordKind.STEP.value):
     t1: TimeNs
     tokens: float | None = None
     loss: float | None = None
+    cpu_ns: int | None = None  # the host's share of the step (collectors/host.py)
+    runq_ns: int | None = None
+    nivcsw: int | None = None
+    load1: float | None = None
 
 
 class SpanRecord(_Record, tag=RecordKind.SPAN.value):

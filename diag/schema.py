@@ -149,6 +149,11 @@ class RankInfo:
     host: str | None = None
     local_rank: int | None = None
     device_name: str | None = None
+    machine: str | None = None
+    """The real host name (`host` may be a virtual node, `gpus_per_node`): ranks on one machine
+    share its cores."""
+    usable_cores: int | None = None
+    """The cores this rank's process may run on (its affinity mask), when recorded."""
 
 
 @dataclass
