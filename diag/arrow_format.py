@@ -63,6 +63,7 @@ KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
     "step": (
         ("step", _I64), ("t0", _I64), ("t1", _I64), ("tokens", _F64), ("loss", _F64),
         ("cpu_ns", _I64), ("runq_ns", _I64), ("nivcsw", _I64), ("load1", _F64),
+        ("proc_cpu_ns", _I64), ("proc_runq_ns", _I64),
     ),
     "span": (
         ("step", _I64), ("phase", _STR), ("mb", _I64), ("stage", _I64), ("chunk", _I64),
@@ -83,7 +84,9 @@ KIND_FIELDS: dict[str, tuple[tuple[str, pa.DataType], ...]] = {
 """The typed fields of each record kind (every one nullable but `step`, `t0`, `t1`)."""
 NOT_NULL = frozenset({"step", "t0", "t1"})
 ADDED_FIELDS: dict[str, frozenset[str]] = {
-    "step": frozenset({"cpu_ns", "runq_ns", "nivcsw", "load1"}),  # the host (collectors/host.py)
+    "step": frozenset(
+        {"cpu_ns", "runq_ns", "nivcsw", "load1", "proc_cpu_ns", "proc_runq_ns"}
+    ),  # the host (collectors/host.py)
 }
 """Typed fields added after the format's first files: a file without them reads them as null."""
 

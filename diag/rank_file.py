@@ -27,6 +27,7 @@ from diag.schema import RecordKind
 
 STEP_COLUMNS = (
     "rank", "step", "t0", "t1", "tokens", "loss", "cpu_ns", "runq_ns", "nivcsw", "load1",
+    "proc_cpu_ns", "proc_runq_ns",
 )  # fmt: skip
 SPAN_COLUMNS = ("rank", "step", "mb", "phase", "stage", "chunk", "t0", "t1")
 COMM_COLUMNS = (
@@ -49,7 +50,16 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     RecordKind.EVENT.value: EVENT_COLUMNS,
 }
 _NUMERIC: dict[str, tuple[str, ...]] = {
-    RecordKind.STEP.value: ("tokens", "loss", "cpu_ns", "runq_ns", "nivcsw", "load1"),
+    RecordKind.STEP.value: (
+        "tokens",
+        "loss",
+        "cpu_ns",
+        "runq_ns",
+        "nivcsw",
+        "load1",
+        "proc_cpu_ns",
+        "proc_runq_ns",
+    ),
     RecordKind.COMM.value: ("group_size", "bytes", "expected_bytes"),
     RecordKind.MEM.value: (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss"),
     RecordKind.EXPERTS.value: ("dropped", "capacity", "aux_loss"),

@@ -50,6 +50,8 @@ class StepRecord(_Record, tag=RecordKind.STEP.value):
     runq_ns: int | None = None
     nivcsw: int | None = None
     load1: float | None = None
+    proc_cpu_ns: int | None = None
+    proc_runq_ns: int | None = None
 
 
 class SpanRecord(_Record, tag=RecordKind.SPAN.value):

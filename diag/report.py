@@ -407,6 +407,12 @@ def render_text(report: dict[str, Any]) -> str:
             cut = len(rows) - TEXT_MAX_ROWS
             rows = [*rows[:TEXT_MAX_ROWS], [f"... {cut} more rows (see --format json)"]]
         lines += ["", section.title, *aligned([section.header, *rows])]
+    if report.get("summary", {}).get("host_checked") is False:
+        lines += [
+            "",
+            "host: not checked (the records carry no CPU time: a profiler trace, or "
+            "a run recorded before diag measured it), so waiting for a core reads as work",
+        ]
     if report["skipped"]:
         lines += ["", "skipped:", *(f"  - {note}" for note in report["skipped"])]
     return "\n".join(lines) + "\n"

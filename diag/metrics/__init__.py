@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from diag.host import descheduled_by_rank, host_steps, host_table
 from diag.keys import whole_steps
 from diag.load import RunData
 from diag.metrics import pipeline
@@ -55,6 +56,11 @@ class RunMetrics:
     dashboard. Ranks without a mem record are absent."""
     device: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
+    host_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per analysed (rank, step): wall_s, cpu_s, proc_cpu_s, descheduled_s (waiting for a
+    core), load1 (diag/host.py); empty where the run recorded none (trace folders, older runs)."""
+    host: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per machine: ranks, usable_cores, oversubscribed, descheduled_share, cores_busy."""
     attribution: Attribution | None = None
     """Where the step goes: a replay of the measured run and its counterfactuals, the causes
     by the step time each costs (diag/whatif); None with fewer than two ranks."""
@@ -71,10 +77,14 @@ def compute_metrics(run: RunData) -> RunMetrics:
     if rank_steps is None:
         rank_steps = time_breakdown(run.spans, run.comms, windows)
     ranks = pipeline.with_stages(rank_table(rank_steps, run.manifest), run.spans, run.manifest)
+    on_host = host_steps(windows)
+    if not on_host.empty:
+        ranks["descheduled_frac"] = ranks["rank"].map(descheduled_by_rank(on_host))
     attribution = attribute(run, windows)
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)
+    summary["host_checked"] = not on_host.empty  # trace folders carry no CPU time (diag/host.py)
     if attribution is not None:
         summary.update(attribution_summary(attribution))
         skipped += attribution.notes
@@ -91,6 +101,8 @@ def compute_metrics(run: RunData) -> RunMetrics:
         memory_peak=memory_peak(run.memory),
         experts=expert_load(run.experts, windows),
         device=device_time(run.device_time),
+        host_steps=on_host,
+        host=host_table(on_host, run.manifest),
         attribution=attribution,
         findings=[],
         skipped=skipped,

@@ -48,10 +48,18 @@ def _transfer(*groups: str) -> Callable[[Finding, Attribution], float | None]:
         found = [c.cost_s for c in attribution.causes if c.kind == "transfer"
                  and (wanted is None or c.group in wanted)]  # fmt: skip
         if wanted is None:
-            return attribution.all_transfers_s
+            return _net_of_host(attribution.all_transfers_s, attribution)
         return sum(found)
 
     return cost
+
+
+def _net_of_host(transfers_s: float, attribution: Attribution) -> float:
+    """What the transfers cost once every rank had its cores: on an oversubscribed host the
+    collectives' threads wait for a core, and that time is the host's (HST001), not theirs."""
+    host = attribution.cause("descheduled")
+    beyond = None if host is None else host.evidence.get("transfers_with_cores_s")
+    return transfers_s if beyond is None else min(transfers_s, float(beyond))
 
 
 def _kind(kind: str) -> Callable[[Finding, Attribution], float | None]:
@@ -78,6 +86,7 @@ COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
     "COM003": _transfer("dp"),
     "PIP002": _kind("schedule"),
     "PIP003": _stage,
+    "HST001": _kind("descheduled"),
 }
 """Which counterfactual each time finding's cause is."""
 
@@ -147,6 +156,7 @@ def _counterfactual(finding: Finding) -> str:
         "COM003": "DP collectives fully hidden (their transfers at zero)",
         "PIP002": "the theory bubble with 4x the micro-batches or 2 virtual stages",
         "PIP003": "the named stage's local time at the other stages' mean",
+        "HST001": "every rank with its cores: each rank-step without its time waiting for one",
     }[finding.rule]
 
 

@@ -9,7 +9,9 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 - stage imbalance: each pipeline stage's local time at the mean of the other stages';
 - communication: each group's transfers at zero (what communication itself costs, the
   waiting for late peers excluded), and at the ledger's bytes over the declared link bandwidth;
-- the schedule: the theory bubble with 4x the micro-batches, or with 2 virtual stages.
+- the schedule: the theory bubble with 4x the micro-batches, or with 2 virtual stages;
+- the host: every rank with its cores, its time waiting for one removed
+  (diag/whatif/descheduled.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from diag.keys import in_steps, whole_steps
 from diag.load import RunData
 from diag.ordering import dense_key, group_medians, grouped_order, half_units
 from diag.roles import rank_roles
+from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S, gaps_table, waits_table
@@ -45,7 +48,7 @@ the step is no straggler candidate."""
 class Cause:
     """One counterfactual: what it changes, and the step time it saves (s per step)."""
 
-    kind: str  # straggler | host | imbalance | stage | transfer | schedule
+    kind: str  # straggler | host | imbalance | stage | transfer | schedule | descheduled
     label: str
     cost_s: float
     cost_share: float
@@ -181,7 +184,7 @@ class _Scenarios:
 
     def all(self) -> list[Cause]:
         causes = [*self.stragglers(), *self.imbalance(), *self.stages(), *self.transfers()]
-        causes += self.schedule()
+        causes += self.schedule() + self.descheduled()
         return [c for c in causes if c.cost_s > 0]
 
     # --- local time ------------------------------------------------------------------------
@@ -348,6 +351,19 @@ class _Scenarios:
             label = f"{group} communication (transfers, the waiting for peers excluded)"
             causes.append(self._cause("transfer", label, saved, group=group))
         return causes
+
+    def descheduled(self) -> list[Cause]:
+        share = ds.shares_per_event(self.run.steps, self.rank, self.step)
+        ranks = [] if share is None else ds.waiting_ranks(self.rank, share)
+        if share is None or not ranks:
+            return []
+        cores = ds.with_cores(self.base, share)
+        saved = self.saving(cores)
+        both = self.saving(Durations(cores.seg_ns, np.zeros_like(cores.transfer_ns), cores.post_ns))
+        label = "the host: ranks waited for a core (more threads than cores, or other work)"
+        return [self._cause("descheduled", label, saved, ranks=ranks, evidence={
+            "waiting_for_a_core_share": float(share.mean()),
+            "transfers_with_cores_s": max(both - saved, 0.0) / NS_PER_S})]  # fmt: skip
 
     def all_transfers(self) -> float:
         zero = np.zeros_like(self.base.transfer_ns)

@@ -16,7 +16,7 @@ from diag.load import load_run
 from diag.rank_file import _COLUMNS, _NUMERIC
 from tests.unit.test_hostile_arrow import stream, write_run
 
-HOST_FIELDS = ("cpu_ns", "runq_ns", "nivcsw", "load1")
+HOST_FIELDS = ("cpu_ns", "runq_ns", "nivcsw", "load1", "proc_cpu_ns", "proc_runq_ns")
 
 
 def test_the_threads_cpu_time_grows_with_work_and_not_with_sleep() -> None:

@@ -35,12 +35,17 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         Give each rank more work (larger micro-batch, fewer ranks on this dimension), keep TP/EP
         inside a node, tune DDP buckets so all-reduces start earlier, overlap communication.
     Evidence:
-        summary.exposed_comm_share and comm_share against the thresholds. When a straggler
+        summary.exposed_comm_share, less the share the ranks waited for a core where it was
+        recorded (the host's, HST001), and comm_share against the thresholds. When a straggler
         (BAL001) explains the waiting, the finding stays medium and names it; so it does in a
         pipeline run, whose blocking receives are the bubble (PIP rules).
     """
     summary = ctx.metrics.summary
     exposed = summary.get("exposed_comm_share")
+    host_share = waiting_for_a_core_share(ctx)
+    if exposed is not None and host_share:
+        # a collective's thread waiting for a core is the host's time (HST001), not the link's
+        exposed = max(float(exposed) - host_share, 0.0)
     severity = grade(exposed, limits)
     if exposed is None or severity is None:
         return []
@@ -63,11 +68,29 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
                 "comm_share": summary.get("comm_share"),
                 "threshold": limits[severity],
                 "waiting_for_stragglers": stragglers,
+                **(
+                    {
+                        "measured_exposed_comm_share": summary.get("exposed_comm_share"),
+                        "waiting_for_a_core_share": host_share,
+                    }
+                    if host_share
+                    else {}
+                ),
             },
             advice="more work per rank or fewer ranks on this dimension; keep TP/EP in a node; "
             "smaller DDP buckets start all-reduces earlier in backward",
         )
     ]
+
+
+def waiting_for_a_core_share(ctx: RuleContext) -> float | None:
+    """The share of the ranks' step time spent waiting for a core (diag/host.py), or None."""
+    steps = ctx.metrics.host_steps
+    if steps.empty or steps["descheduled_s"].isna().all():
+        return None
+    recorded = steps.dropna(subset=["descheduled_s"])
+    wall = float(recorded["wall_s"].sum())
+    return float(recorded["descheduled_s"].sum()) / wall if wall > 0 else None
 
 
 def _group_share(ctx: RuleContext, group: str) -> tuple[float, float] | None:

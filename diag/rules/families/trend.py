@@ -92,6 +92,16 @@ def step_walls(ctx: RuleContext) -> pd.Series:
     return rank_steps.groupby("step")["wall_s"].max().sort_index()
 
 
+def own_walls(ctx: RuleContext) -> pd.Series | None:
+    """Per analysed step, the slowest rank's wall time less its time waiting for a core
+    (diag/host.py): the step the training itself took; None where that was not recorded."""
+    host = ctx.metrics.host_steps
+    if host.empty or host["descheduled_s"].isna().all():
+        return None
+    own = host["wall_s"] - host["descheduled_s"].fillna(0.0)
+    return own.groupby(host["step"]).max().sort_index()
+
+
 @dataclass(frozen=True)
 class Creep:
     rank: int
@@ -201,6 +211,11 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     slope = theil_sen(walls.index.to_numpy(float), walls.to_numpy(float), limits["z"])
     if slope is None or slope.lower <= 0 or slope.growth < limits["medium"]:
         return []
+    own = own_walls(ctx)
+    if own is not None and len(own) >= limits["min_steps"]:
+        mine = theil_sen(own.index.to_numpy(float), own.to_numpy(float), limits["z"])
+        if mine is None or mine.lower <= 0 or mine.growth < limits["medium"]:
+            return [_host_trend(slope, len(walls))]  # the host's waiting grew, not the work
     causes: list[str] = []
     explains: list[str] = []  # the findings each named cause accounts for
     evidence: dict[str, object] = {
@@ -245,6 +260,26 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
             explains=explains,
         )
     ]
+
+
+def _host_trend(slope: Slope, steps: int) -> Finding:
+    """A rising step time that the ranks' waiting for a core explains (HST001): low, so that a
+    host loaded midway does not read as a training trend."""
+    return Finding(
+        rule="TRD001",
+        pattern=2,
+        severity="low",
+        title=f"step time grows {slope.growth:.0%} over {steps} steps with the time the ranks "
+        "waited for a core: the host, not the training",
+        evidence={
+            "slope_s_per_step": slope.per_step,
+            "growth": slope.growth,
+            "steps": steps,
+            "grows_in": "waiting for a core",
+            "causes": ["the host (HST001)"],
+        },
+        advice="quiet the host (see HST001); the training's own step time is flat",
+    )
 
 
 @rule("TRD002", "trend.memory_creep", pattern=5, thresholds=_CREEP_THRESHOLDS)

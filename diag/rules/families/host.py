@@ -1,0 +1,135 @@
+"""Host rules: time a rank was runnable but not running (waiting for a core) is the host's,
+not the training's (diag/host.py). Pattern 3: the speedup is below theory because the ranks
+share cores, with each other or with other work on the machine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.rules.engine import Finding, RuleContext, Threshold, rule
+
+HOST_RULE = "HST001"
+
+
+@rule(
+    HOST_RULE,
+    "host.descheduled_share",
+    pattern=3,
+    thresholds={
+        "low_share": Threshold(0.15, "fraction", "share of the step waited for a core: low"),
+        "medium_share": Threshold(0.30, "fraction", "share of the step waited for a core: medium"),
+        "high_share": Threshold(
+            0.25,
+            "fraction",
+            "share of the step waited for a core at which ranks outnumbering the machine's "
+            "cores are high (contention from other work stays medium: not the job's layout)",
+        ),
+        "onset_ratio": Threshold(
+            2.0, "ratio", "waiting share from a step on over before it, to say 'from step N'"
+        ),
+    },
+)
+def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """The ranks wait for a core: the host is oversubscribed or loaded by other work.
+
+    Symptom:
+        A share of each step the ranks' threads were runnable but not running (the run queue's
+        wait in the step records), on a machine whose ranks outnumber its usable cores or
+        that other processes load. Every timing of the run is inflated by it: compute looks
+        slow, collectives look slow (their threads wait for a core too), steps look like a
+        trend when the load starts midway.
+    Likely cause:
+        More compute-bound ranks (and their communication threads) than cores; intra-op
+        thread pools larger than the cores each rank has; another job, a data loader's
+        workers or a monitoring process on the same machine.
+    Fix:
+        Run fewer ranks per host (or give each its cores), pin each rank's threads to its own
+        cores (`OMP_NUM_THREADS`, `torch.set_num_threads`, `taskset`/`numactl`), find and
+        move the competing process; then measure again.
+    Evidence:
+        Per machine: ranks, usable cores, the share of step time waited for a core, the cores
+        the ranks' threads kept busy, the step from which the waiting began (when it began
+        midway). The cost is the replay's "every rank had its cores".
+    """
+    table = ctx.metrics.host
+    if table.empty:
+        return []
+    findings = []
+    for row in table.itertuples(index=False):
+        share = float(row.descheduled_share)
+        if share < limits["low_share"]:
+            continue
+        oversubscribed = bool(row.oversubscribed)
+        if oversubscribed and share >= limits["high_share"]:
+            severity = "high"
+        else:
+            severity = "medium" if share >= limits["medium_share"] else "low"
+        onset = _onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
+        findings.append(_finding(row, share, severity, oversubscribed, onset))
+    return findings
+
+
+def _finding(
+    row: Any, share: float, severity: str, oversubscribed: bool, onset: int | None
+) -> Finding:
+    cores = row.usable_cores
+    if oversubscribed:
+        why = f"{len(row.ranks)} ranks on {cores} cores"
+        advice = (
+            "run fewer ranks per host or give each rank its cores (pin threads: "
+            "OMP_NUM_THREADS, torch.set_num_threads, taskset/numactl); every timing of this "
+            "run is inflated by the waiting"
+        )
+    else:
+        why = "other work on the machine" if onset is None else f"other work from step {onset}"
+        advice = (
+            "find and move the competing process (or pin the ranks to cores it does not use), "
+            "then measure again: every timing of this run is inflated by the waiting"
+        )
+    since = f" from step {onset}" if onset is not None else ""
+    evidence: dict[str, Any] = {
+        "machine": row.machine,
+        "ranks_on_machine": len(row.ranks),
+        "usable_cores": cores,
+        "oversubscribed": oversubscribed,
+        "waiting_for_a_core_share": share,
+        "waiting_for_a_core_per_step_s": float(row.descheduled_per_step_s),
+        "cores_busy": None if pd.isna(row.cores_busy) else float(row.cores_busy),
+        "from_step": onset,
+        "timings_inflated": True,
+    }
+    return Finding(
+        rule=HOST_RULE,
+        pattern=3,
+        severity=severity,
+        title=f"host {row.machine}: ranks wait for a core {share:.0%} of the step{since} ({why})",
+        ranks=list(row.ranks),
+        evidence=evidence,
+        advice=advice,
+        explains=["COM001", "TRD001", "BAL004"],
+    )
+
+
+def _onset_step(steps: pd.DataFrame, ranks: list[int], limits: Mapping[str, float]) -> int | None:
+    """The step from which the ranks waited for a core much more than before (a load that
+    started midway), or None when the waiting is spread over the run: the split of the steps
+    into a before and an after that best separates the per-step waiting share."""
+    mine = steps[steps["rank"].isin(ranks)].dropna(subset=["descheduled_s"])
+    per_step = mine.groupby("step")[["descheduled_s", "wall_s"]].sum().sort_index()
+    if len(per_step) < 6:
+        return None
+    share = (per_step["descheduled_s"] / per_step["wall_s"].where(per_step["wall_s"] > 0)).fillna(0)
+    values = share.to_numpy()
+    best, best_at = 0.0, None
+    for at in range(2, len(values) - 1):  # at least two steps on each side
+        before, after = values[:at].mean(), values[at:].mean()
+        gain = (after - before) * np.sqrt(at * (len(values) - at))  # a two-sample contrast
+        if after >= limits["onset_ratio"] * max(before, 1e-9) and gain > best:
+            best, best_at = gain, at
+    if best_at is None or values[best_at:].mean() < limits["low_share"]:
+        return None
+    return int(share.index[best_at])
