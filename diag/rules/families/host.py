@@ -15,24 +15,31 @@ from diag.rules.engine import Finding, RuleContext, Threshold, rule
 HOST_RULE = "HST001"
 
 
-@rule(
-    HOST_RULE,
-    "host.descheduled_share",
-    pattern=3,
-    thresholds={
-        "low_share": Threshold(0.15, "fraction", "share of the step waited for a core: low"),
-        "medium_share": Threshold(0.30, "fraction", "share of the step waited for a core: medium"),
-        "high_share": Threshold(
-            0.25,
-            "fraction",
-            "share of the step waited for a core at which ranks outnumbering the machine's "
-            "cores are high (contention from other work stays medium: not the job's layout)",
-        ),
-        "onset_ratio": Threshold(
-            2.0, "ratio", "waiting share from a step on over before it, to say 'from step N'"
-        ),
-    },
-)
+HOST_THRESHOLDS = {
+    "low_share": Threshold(0.15, "fraction", "share of the step waited for a core: low"),
+    "medium_share": Threshold(
+        0.50, "fraction", "share of the step waited for a core: medium (not oversubscribed)"
+    ),
+    "high_share": Threshold(
+        0.25,
+        "fraction",
+        "share of the step waited for a core at which ranks outnumbering the machine's "
+        "cores are high (contention from other work stays medium: not the job's layout)",
+    ),
+    "others_cores": Threshold(
+        0.5,
+        "cores",
+        "cores the ranks' threads left unused while they waited for one, to blame other "
+        "work on a machine whose ranks do not outnumber its cores",
+    ),
+    "onset_ratio": Threshold(
+        2.0, "ratio", "waiting share from a step on over before it, to say 'from step N'"
+    ),
+}
+HOST_DEFAULTS = {key: t.default for key, t in HOST_THRESHOLDS.items()}
+
+
+@rule(HOST_RULE, "host.descheduled_share", pattern=3, thresholds=HOST_THRESHOLDS)
 def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
     """The ranks wait for a core: the host is oversubscribed or loaded by other work.
 
@@ -64,13 +71,23 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         if share < limits["low_share"]:
             continue
         oversubscribed = bool(row.oversubscribed)
+        if not oversubscribed and not _others_took_cores(row, limits):
+            continue  # the job's own threads on as many cores as ranks: its own, not the host's
         if oversubscribed and share >= limits["high_share"]:
             severity = "high"
         else:
             severity = "medium" if share >= limits["medium_share"] else "low"
-        onset = _onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
+        onset = onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
         findings.append(_finding(row, share, severity, oversubscribed, onset))
     return findings
+
+
+def _others_took_cores(row: Any, limits: Mapping[str, float]) -> bool:
+    """Whether other work took cores from the ranks: they waited for a core while their own
+    threads kept fewer cores busy than the machine gives them (unknown counts count as yes)."""
+    if row.usable_cores is None or row.cores_busy is None or pd.isna(row.cores_busy):
+        return True
+    return float(row.usable_cores) - float(row.cores_busy) >= limits["others_cores"]
 
 
 def _finding(
@@ -110,11 +127,13 @@ def _finding(
         ranks=list(row.ranks),
         evidence=evidence,
         advice=advice,
-        explains=["COM001", "TRD001", "BAL004"],
+        # ranks outnumbering the cores make the collectives and the per-step noise slow; other
+        # work on the machine may only share the blame, so it explains the host trend alone
+        explains=["COM001", "TRD001", "BAL004"] if oversubscribed else ["TRD001"],
     )
 
 
-def _onset_step(steps: pd.DataFrame, ranks: list[int], limits: Mapping[str, float]) -> int | None:
+def onset_step(steps: pd.DataFrame, ranks: list[int], limits: Mapping[str, float]) -> int | None:
     """The step from which the ranks waited for a core much more than before (a load that
     started midway), or None when the waiting is spread over the run: the split of the steps
     into a before and an after that best separates the per-step waiting share."""

@@ -17,6 +17,7 @@ from diag import schema
 from diag.metrics import run_comm_totals
 from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.families.host import HOST_DEFAULTS, onset_step
 
 _STEP_THRESHOLDS = {
     "min_steps": Threshold(8, "steps", "analysed steps needed before a trend is judged"),
@@ -211,11 +212,8 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     slope = theil_sen(walls.index.to_numpy(float), walls.to_numpy(float), limits["z"])
     if slope is None or slope.lower <= 0 or slope.growth < limits["medium"]:
         return []
-    own = own_walls(ctx)
-    if own is not None and len(own) >= limits["min_steps"]:
-        mine = theil_sen(own.index.to_numpy(float), own.to_numpy(float), limits["z"])
-        if mine is None or mine.lower <= 0 or mine.growth < limits["medium"]:
-            return [_host_trend(slope, len(walls))]  # the host's waiting grew, not the work
+    if _the_hosts(ctx, walls, limits):
+        return [_host_trend(slope, len(walls))]  # the host's waiting grew, not the work
     causes: list[str] = []
     explains: list[str] = []  # the findings each named cause accounts for
     evidence: dict[str, object] = {
@@ -262,6 +260,30 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     ]
 
 
+def _rises(walls: pd.Series, limits: Mapping[str, float]) -> bool:
+    slope = theil_sen(walls.index.to_numpy(float), walls.to_numpy(float), limits["z"])
+    return slope is not None and slope.lower > 0 and slope.growth >= limits["medium"]
+
+
+def _the_hosts(ctx: RuleContext, walls: pd.Series, limits: Mapping[str, float]) -> bool:
+    """Whether the host explains a rising step time: the step less its waiting for a core is
+    flat, or the rise is a step at the point the waiting began (other work started on the
+    machine: a contended core also computes slower, so the work's own time jumps there too)
+    with no trend before it or after it."""
+    own = own_walls(ctx)
+    if own is None or len(own) < limits["min_steps"]:
+        return False
+    if not _rises(own, limits):
+        return True
+    host = ctx.metrics.host_steps
+    onset = onset_step(host, sorted(int(r) for r in host["rank"].unique()), HOST_DEFAULTS)
+    if onset is None:
+        return False
+    before, after = walls[walls.index < onset], walls[walls.index >= onset]
+    return not any(len(part) >= limits["min_steps"] and _rises(part, limits)
+                   for part in (before, after))  # fmt: skip
+
+
 def _host_trend(slope: Slope, steps: int) -> Finding:
     """A rising step time that the ranks' waiting for a core explains (HST001): low, so that a
     host loaded midway does not read as a training trend."""
@@ -278,7 +300,7 @@ def _host_trend(slope: Slope, steps: int) -> Finding:
             "grows_in": "waiting for a core",
             "causes": ["the host (HST001)"],
         },
-        advice="quiet the host (see HST001); the training's own step time is flat",
+        advice="quiet the host (see HST001): the rise comes with the ranks waiting for a core",
     )
 
 

@@ -18,7 +18,7 @@ def _run(runs: Any, ranks: int, cores: int, waiting_ms: Any, steps: int = 8) -> 
     t = 0.0
     for step in range(steps):
         waited = waiting_ms(step)
-        for r, rows in records.items():
+        for rows in records.values():
             rows += [runs.span(step, "fwd", t, t + 30 + waited),
                      runs.comm(step, t + 30 + waited, t + 40 + waited, op="all_reduce",
                                group="dp", group_size=ranks, blocking=True),
@@ -36,9 +36,12 @@ CASES = [
     RuleCase("HST001", True, lambda runs: _run(runs, 4, 2, lambda step: 40.0),
              "4 ranks on 2 cores wait for a core half of every step", severity="high",
              ranks=(0, 1, 2, 3)),
-    RuleCase("HST001", True, lambda runs: _run(runs, 2, 2, lambda step: 40.0),
-             "2 ranks on 2 cores wait half the step: other work, not the layout",
+    RuleCase("HST001", True, lambda runs: _run(runs, 2, 2, lambda step: 50.0),
+             "2 ranks on 2 cores wait over half the step: other work, not the layout",
              severity="medium", ranks=(0, 1)),
+    RuleCase("HST001", True, lambda runs: _run(runs, 2, 2, lambda step: 20.0),
+             "2 ranks on 2 cores wait a third of the step (a CPU hog beside them)",
+             severity="low", ranks=(0, 1)),
     RuleCase("HST001", False, lambda runs: _run(runs, 2, 2, lambda step: 2.0),
              "a quiet host: 2 ms of a 42 ms step waiting for a core"),
     RuleCase("HST001", False, lambda runs: _run(runs, 4, 2, lambda step: 0.0),
