@@ -50,8 +50,9 @@ def test_tp_across_hosts(tmp_path: Path, run_tp) -> None:
     # The main diagnosis is pattern 1. Balance findings are left out of that check: 4 TP ranks
     # sharing 2 cores for 3 analysed steps can leave one rank descheduled long enough to look
     # like a straggler (BAL001 high, 1.5x its peers, seen once in CI), and a high straggler
-    # finding ranks first. The TP verdict itself depends on the layout only.
-    layout_first = [f for f in report["findings"] if not f["rule"].startswith("BAL")]
+    # finding ranks first; the same 4 ranks on 2 cores are the host's oversubscription
+    # (HST001 high, rightly, and it may rank first). The TP verdict depends on the layout only.
+    layout_first = [f for f in report["findings"] if not f["rule"].startswith(("BAL", "HST"))]
     assert layout_first[0]["pattern"] == 1, report["findings"]
     findings = _rules(report)
     assert "TOP001" in findings, findings

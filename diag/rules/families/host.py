@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.families.balance import find_stragglers
 
 HOST_RULE = "HST001"
 
@@ -65,6 +66,11 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     table = ctx.metrics.host
     if table.empty:
         return []
+    # a rank slower than its peers on the same host is the diagnosis (BAL001): the waiting
+    # for a core is shared by all of them and is context there, never ahead of it
+    metrics = ctx.metrics
+    stragglers = find_stragglers(metrics.ranks, rank_steps=metrics.rank_steps,
+                                 attribution=metrics.attribution)  # fmt: skip
     findings = []
     for row in table.itertuples(index=False):
         share = float(row.descheduled_share)
@@ -73,12 +79,12 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         oversubscribed = bool(row.oversubscribed)
         if not oversubscribed and not _others_took_cores(row, limits):
             continue  # the job's own threads on as many cores as ranks: its own, not the host's
-        if oversubscribed and share >= limits["high_share"]:
+        if oversubscribed and share >= limits["high_share"] and not stragglers:
             severity = "high"
         else:
             severity = "medium" if share >= limits["medium_share"] else "low"
         onset = onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
-        findings.append(_finding(row, share, severity, oversubscribed, onset))
+        findings.append(_finding(row, share, severity, oversubscribed and not stragglers, onset))
     return findings
 
 
@@ -91,8 +97,9 @@ def _others_took_cores(row: Any, limits: Mapping[str, float]) -> bool:
 
 
 def _finding(
-    row: Any, share: float, severity: str, oversubscribed: bool, onset: int | None
+    row: Any, share: float, severity: str, explains_waiting: bool, onset: int | None
 ) -> Finding:
+    oversubscribed = bool(row.oversubscribed)
     cores = row.usable_cores
     if oversubscribed:
         why = f"{len(row.ranks)} ranks on {cores} cores"
@@ -127,9 +134,10 @@ def _finding(
         ranks=list(row.ranks),
         evidence=evidence,
         advice=advice,
-        # ranks outnumbering the cores make the collectives and the per-step noise slow; other
-        # work on the machine may only share the blame, so it explains the host trend alone
-        explains=["COM001", "TRD001", "BAL004"] if oversubscribed else ["TRD001"],
+        # ranks outnumbering the cores make the collectives and the per-step noise slow (unless
+        # a straggler explains the waiting); other work on the machine may only share the
+        # blame, so it explains the host trend alone
+        explains=["COM001", "TRD001", "BAL004"] if explains_waiting else ["TRD001"],
     )
 
 
