@@ -72,7 +72,6 @@ def host_table(steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
         known = [cores_of[r] for r in ranks if cores_of.get(r)]
         cores = min(known) if known else None  # type: ignore[type-var]
         recorded = part.dropna(subset=["descheduled_s"])
-        wall = float(recorded["wall_s"].sum())
         busy = part.dropna(subset=["proc_cpu_s"])
         cores_busy = (
             float(busy["proc_cpu_s"].sum() / busy.groupby("step")["wall_s"].max().sum())
@@ -81,12 +80,20 @@ def host_table(steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
         rows.append({
             "machine": machine, "ranks": ranks, "usable_cores": cores,
             "oversubscribed": bool(cores is not None and len(ranks) > cores),
-            "descheduled_share": float(recorded["descheduled_s"].sum()) / wall if wall else 0.0,
+            "descheduled_share": waiting_share(part) or 0.0,
             "descheduled_per_step_s": float(recorded.groupby("rank")["descheduled_s"].mean()
                                             .mean()) if len(recorded) else 0.0,
             "cores_busy": cores_busy,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
+
+
+def waiting_share(steps: pd.DataFrame) -> float | None:
+    """The share of these rank-steps' wall time spent waiting for a core, over those that
+    recorded it; None where none did."""
+    recorded = steps.dropna(subset=["descheduled_s"])
+    wall = float(recorded["wall_s"].sum())
+    return float(recorded["descheduled_s"].sum()) / wall if wall > 0 else None
 
 
 def descheduled_by_rank(steps: pd.DataFrame) -> pd.Series:

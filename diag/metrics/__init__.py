@@ -80,7 +80,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
     on_host = host_steps(windows)
     if not on_host.empty:
         ranks["descheduled_frac"] = ranks["rank"].map(descheduled_by_rank(on_host))
-    attribution = attribute(run, windows)
+    attribution = attribute(run, windows, on_host)
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)

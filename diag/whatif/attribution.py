@@ -105,9 +105,10 @@ class Attribution:
         }
 
 
-def attribute(run: RunData, steps: pd.DataFrame) -> Attribution | None:
-    """The attribution of the analysed `steps`; None when there is nothing to replay (fewer
-    than two ranks, no steps)."""
+def attribute(run: RunData, steps: pd.DataFrame, host: pd.DataFrame) -> Attribution | None:
+    """The attribution of the analysed `steps` (`host`: their waiting for a core,
+    `diag.host.host_steps`); None when there is nothing to replay (fewer than two ranks, no
+    steps)."""
     if steps.empty or steps["rank"].nunique() < 2:
         return None
     steps, notes = _window(run, steps)
@@ -120,7 +121,7 @@ def attribute(run: RunData, steps: pd.DataFrame) -> Attribution | None:
         return None
     base_mean = float(replayed[ok].mean())
     error = float(np.median(np.abs(replayed[ok] - measured[ok]) / measured[ok]))
-    scenarios = _Scenarios(run, timeline, base, ok, base_mean)
+    scenarios = _Scenarios(run, timeline, base, ok, base_mean, host)
     causes = scenarios.all()
     ideal = scenarios.ideal()
     return Attribution(
@@ -156,7 +157,13 @@ class _Scenarios:
     """The counterfactual replays of one timeline."""
 
     def __init__(
-        self, run: RunData, timeline: tl.Timeline, base: Durations, ok: np.ndarray, base_mean: float
+        self,
+        run: RunData,
+        timeline: tl.Timeline,
+        base: Durations,
+        ok: np.ndarray,
+        base_mean: float,
+        host: pd.DataFrame,
     ) -> None:
         self.run, self.timeline, self.base, self.ok, self.base_mean = (
             run,
@@ -174,6 +181,7 @@ class _Scenarios:
         self.peer_median = _peer_medians(ev, self.role)
         self.stage_mean = _stage_means(ev, self.role)
         self.balanced = 0.0  # set by `imbalance`
+        self.host_steps = host
 
     def saving(self, durations: Durations) -> float:
         times = step_times_ns(self.timeline, replay(self.timeline, durations))
@@ -353,7 +361,7 @@ class _Scenarios:
         return causes
 
     def descheduled(self) -> list[Cause]:
-        share = ds.shares_per_event(self.run.steps, self.rank, self.step)
+        share = ds.shares_per_event(self.host_steps, self.rank, self.step)
         ranks = [] if share is None else ds.waiting_ranks(self.rank, share)
         if share is None or not ranks:
             return []

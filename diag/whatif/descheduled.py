@@ -1,5 +1,5 @@
 """The counterfactual "every rank had its cores": each rank's step without the time it waited
-for a core (diag/host.py).
+for a core (`diag.host.host_steps`, which the metrics compute once).
 
 Where in the step a rank waited for a core is not recorded, only how long over the step, so
 each of the step's pieces (local time before each event, each transfer) is shrunk by the
@@ -12,17 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag.host import host_steps
 from diag.whatif.replay import Durations
 
 MIN_SHARE = 0.01
 """A rank that waited for a core less than this share of its steps is not named."""
 
 
-def shares_per_event(steps: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> np.ndarray | None:
+def shares_per_event(table: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> np.ndarray | None:
     """Per event (its rank and step), the share of its rank-step spent waiting for a core (0
-    where not recorded); None when no step of the run recorded it."""
-    table = host_steps(steps)
+    where not recorded), from `table` (`diag.host.host_steps`); None when no step recorded it."""
     if table.empty or table["descheduled_s"].isna().all():
         return None
     wall = table["wall_s"].where(table["wall_s"] > 0)

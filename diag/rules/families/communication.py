@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from diag import intervals
+from diag.host import waiting_share
 from diag.metrics import NS_PER_S, in_steps, whole_steps
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import find_stragglers
@@ -86,11 +87,7 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
 def waiting_for_a_core_share(ctx: RuleContext) -> float | None:
     """The share of the ranks' step time spent waiting for a core (diag/host.py), or None."""
     steps = ctx.metrics.host_steps
-    if steps.empty or steps["descheduled_s"].isna().all():
-        return None
-    recorded = steps.dropna(subset=["descheduled_s"])
-    wall = float(recorded["wall_s"].sum())
-    return float(recorded["descheduled_s"].sum()) / wall if wall > 0 else None
+    return None if steps.empty else waiting_share(steps)
 
 
 def _group_share(ctx: RuleContext, group: str) -> tuple[float, float] | None:

@@ -151,12 +151,13 @@ def onset_step(steps: pd.DataFrame, ranks: list[int], limits: Mapping[str, float
         return None
     share = (per_step["descheduled_s"] / per_step["wall_s"].where(per_step["wall_s"] > 0)).fillna(0)
     values = share.to_numpy()
-    best, best_at = 0.0, None
-    for at in range(2, len(values) - 1):  # at least two steps on each side
-        before, after = values[:at].mean(), values[at:].mean()
-        gain = (after - before) * np.sqrt(at * (len(values) - at))  # a two-sample contrast
-        if after >= limits["onset_ratio"] * max(before, 1e-9) and gain > best:
-            best, best_at = gain, at
-    if best_at is None or values[best_at:].mean() < limits["low_share"]:
+    n = len(values)
+    at = np.arange(2, n - 1)  # each split keeps at least two steps on each side
+    total = np.concatenate([[0.0], np.cumsum(values)])
+    before, after = total[at] / at, (total[n] - total[at]) / (n - at)
+    gain = (after - before) * np.sqrt(at * (n - at))  # a two-sample contrast
+    gain[(after < limits["onset_ratio"] * np.maximum(before, 1e-9)) | (gain <= 0)] = -np.inf
+    best = int(np.argmax(gain))  # the first of equal gains, as a scan from the start finds
+    if not np.isfinite(gain[best]) or after[best] < limits["low_share"]:
         return None
-    return int(share.index[best_at])
+    return int(share.index[at[best]])
