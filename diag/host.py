@@ -17,12 +17,22 @@ import pandas as pd
 from diag import schema
 
 NS_PER_S = 1e9
-HOST_STEP_COLUMNS = ["rank", "step", "wall_s", "cpu_s", "proc_cpu_s", "descheduled_s", "load1"]
+HOST_STEP_COLUMNS = [
+    "rank",
+    "step",
+    "wall_s",
+    "cpu_s",
+    "proc_cpu_s",
+    "descheduled_s",
+    "thread_queued_s",
+    "load1",
+]
 
 
 def host_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """Per analysed (rank, step): wall_s, cpu_s (training thread), proc_cpu_s (every thread),
-    descheduled_s (waiting for a core, NaN where not recorded), load1. Empty without any
+    descheduled_s (waiting for a core, NaN where not recorded), thread_queued_s (the training
+    thread's own run-queue wait: what delays its compute spans), load1. Empty without any
     recorded host field."""
     if steps.empty or not any(name in steps for name in ("runq_ns", "proc_runq_ns", "cpu_ns")):
         return pd.DataFrame(columns=HOST_STEP_COLUMNS)
@@ -35,6 +45,7 @@ def host_steps(steps: pd.DataFrame) -> pd.DataFrame:
         "rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "wall_s": wall,
         "cpu_s": cpu, "proc_cpu_s": _seconds(steps, "proc_cpu_ns"),
         "descheduled_s": np.minimum(waited, off_cpu),
+        "thread_queued_s": np.minimum(_seconds(steps, "runq_ns"), off_cpu),
         "load1": steps["load1"].to_numpy(dtype=np.float64) if "load1" in steps else np.nan,
     })  # fmt: skip
     if table["descheduled_s"].isna().all() and table["cpu_s"].isna().all():
@@ -103,3 +114,26 @@ def descheduled_by_rank(steps: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=np.float64)
     by_rank = recorded.groupby("rank")
     return by_rank["descheduled_s"].sum() / by_rank["wall_s"].sum().where(lambda s: s > 0)
+
+
+def busy_net_of_queueing(rank_steps: pd.DataFrame, on_host: pd.DataFrame) -> pd.DataFrame:
+    """`rank_steps` with each (rank, step)'s busy_s less the training thread's time waiting
+    for a core in that step, but never below the thread's CPU time in the step (capped at the
+    busy time); unchanged where not recorded.
+
+    On a loaded or oversubscribed host which rank the scheduler delays is chance: a rank
+    queued 30 ms in a step computes 30 ms "longer" without doing more work. What is left is
+    the rank's own compute (and its device's), which is what a straggler is judged on. The
+    queueing is counted per step, not per span: the floor keeps a thread that queued after
+    waking from a collective from losing compute it did."""
+    if rank_steps.empty or on_host.empty or on_host["thread_queued_s"].isna().all():
+        return rank_steps
+    per_step = on_host.set_index(["rank", "step"])[["thread_queued_s", "cpu_s"]]
+    per_step = per_step[~per_step.index.duplicated()]
+    keys = pd.MultiIndex.from_arrays([rank_steps["rank"], rank_steps["step"]])
+    aligned = per_step.reindex(keys)
+    queued = np.nan_to_num(aligned["thread_queued_s"].to_numpy(dtype=np.float64))
+    cpu = np.nan_to_num(aligned["cpu_s"].to_numpy(dtype=np.float64))
+    busy = rank_steps["busy_s"].to_numpy(dtype=np.float64)
+    own = np.maximum(busy - np.clip(queued, 0.0, None), np.minimum(busy, cpu))
+    return rank_steps.assign(busy_s=np.clip(own, 0.0, busy))

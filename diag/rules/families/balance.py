@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 
 from diag.arrival import arrivals
+from diag.host import busy_net_of_queueing
+from diag.metrics import RunMetrics
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 from diag.whatif.attribution import Attribution
@@ -84,19 +86,31 @@ def _replayed_cost_share(attribution: Attribution | None, rank: int) -> float | 
     return ranks_cost_s(attribution, [rank], STRAGGLER_CAUSES) / attribution.measured_step_s
 
 
+def _own_busy(metrics: RunMetrics) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The ranks table and the per-step table with busy time net of the training thread's
+    waiting for a core where the run recorded it (diag.host.busy_net_of_queueing)."""
+    ranks, rank_steps = metrics.ranks, metrics.rank_steps
+    if rank_steps is None or rank_steps.empty or metrics.host_steps.empty:
+        return ranks, rank_steps
+    own = busy_net_of_queueing(rank_steps, metrics.host_steps)
+    queued = (rank_steps["busy_s"] - own["busy_s"]).groupby(rank_steps["rank"]).sum()
+    busy = ranks["busy_s"] - ranks["rank"].map(queued).fillna(0.0)
+    return ranks.assign(busy_s=busy.clip(lower=0.0)), own
+
+
 def find_stragglers(
-    ranks: pd.DataFrame,
-    limits: Mapping[str, float] | None = None,
-    rank_steps: pd.DataFrame | None = None,
-    attribution: Attribution | None = None,
+    metrics: RunMetrics, limits: Mapping[str, float] | None = None
 ) -> list[dict[str, Any]]:
     """Ranks whose busy time per step stands out against the median of their peers while the
     peers wait longer in collectives than they do, in enough steps (`min_step_share`, and
-    `min_steps` unless the replay's `attribution` says the excess is costly); none when more
-    than a minority stand out (that is imbalance, not a straggler). `limits`: BAL001's, its
-    defaults when None."""
+    `min_steps` unless the replay's attribution says the excess is costly); none when more
+    than a minority stand out (that is imbalance, not a straggler). Busy time is the rank's
+    own: its time waiting for a core, where recorded, is the host's (HST001). `limits`:
+    BAL001's, its defaults when None."""
     if limits is None:
         limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
+    ranks, rank_steps = _own_busy(metrics)
+    attribution = metrics.attribution
     found: list[dict[str, Any]] = []
     for peers in _peer_sets(ranks[ranks["steps"] > 0]):
         standing_out: list[dict[str, Any]] = []
@@ -162,12 +176,14 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         loading off the critical path; exclude the node if it is persistently slow.
     Evidence:
         busy_s per step of every rank, the straggler's ratio to its peers' median, and the
-        peers' exposed communication against its own.
+        peers' exposed communication against its own. Where the run recorded the training
+        thread's run-queue wait, busy time is judged net of it: on a loaded host the rank the
+        scheduler delays is chance, and that time is the host's (HST001).
     """
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
         return []
-    found = find_stragglers(ranks, limits, ctx.metrics.rank_steps, ctx.metrics.attribution)
+    found = find_stragglers(ctx.metrics, limits)
     if not found:
         return _replayed_stragglers(ctx, limits)
     blamed = sorted(int(f["rank"]) for f in found)
@@ -193,6 +209,27 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     ]
 
 
+def _queued_excess_per_step_s(metrics: RunMetrics) -> dict[int, float]:
+    """Per rank, how much longer per step its training thread waited for a core than its
+    peers' median (empty where not recorded)."""
+    on_host = metrics.host_steps
+    if on_host.empty or on_host["thread_queued_s"].isna().all():
+        return {}
+    mean = on_host.groupby("rank")["thread_queued_s"].mean().fillna(0.0)
+    others = median_of_the_others(mean.to_numpy(float))
+    excess = np.clip(mean.to_numpy(float) - others, 0.0, None)
+    return {int(r): float(e) for r, e in zip(mean.index, excess, strict=True)}
+
+
+def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
+    """The part of a replayed straggler's excess that is not its waiting for a core."""
+    excess = float(cause.evidence.get("typical_excess_per_step_s") or 0.0)
+    if excess <= 0:
+        return 1.0
+    waited = sum(queued.get(int(r), 0.0) for r in cause.ranks)
+    return max(1.0 - waited / excess, 0.0)
+
+
 def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[Finding]:
     """Stragglers the busy times miss but the replay finds: one rank whose typical excess
     of compute over its peers' costs a share of the step (its busy time may be diluted by
@@ -204,8 +241,10 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     noise_s = noise.cost_s if noise else 0.0
     # a persistent straggler costs more than the per-step noise around it; otherwise a few
     # steps of random draws could name a rank (BAL004 says it)
+    queued = _queued_excess_per_step_s(ctx.metrics)
     causes = [c for c in attribution.causes if c.kind == "straggler"
-              and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s]  # fmt: skip
+              and c.cost_share * _own_part(c, queued) >= limits["min_cost_share"]
+              and c.cost_s > noise_s]  # fmt: skip
     if not causes:
         return []
     blamed = sorted(r for c in causes for r in c.ranks)
@@ -305,19 +344,19 @@ def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
         Balance the data (length-bucketed batching), the experts (aux loss, capacity) or the
         placement; check the devices and host load of the busiest ranks.
     Evidence:
-        summary.busy_imbalance with busy_s per step of every rank. Pipeline runs are left to
-        the stage-imbalance rule.
+        The busiest rank's busy time over the mean (net of the training threads' waiting for
+        a core where recorded; summary.busy_imbalance is the measured one) with busy_s per
+        step of every rank. Pipeline runs are left to the stage-imbalance rule.
     """
-    ranks, summary = ctx.metrics.ranks, ctx.metrics.summary
-    imbalance = summary.get("busy_imbalance")
+    measured = ctx.metrics.summary.get("busy_imbalance")
+    ranks, _ = _own_busy(ctx.metrics)  # a rank the scheduler delayed is the host's (HST001)
+    mean_busy = float(ranks["busy_s"].mean()) if len(ranks) else 0.0
+    imbalance = float(ranks["busy_s"].max()) / mean_busy if mean_busy > 0 else None
     pp = ctx.run.manifest.layout.pp or 1
     if pp > 1 or imbalance is None or len(ranks) < 2 or imbalance < limits["imbalance"]:
         return []
-    if find_stragglers(
-        ranks, rank_steps=ctx.metrics.rank_steps, attribution=ctx.metrics.attribution
-    ):
+    if find_stragglers(ctx.metrics):
         return []  # BAL001 names the rank
-    mean_busy = float(ranks["busy_s"].mean())
     busiest = ranks[ranks["busy_s"] >= limits["imbalance"] * mean_busy]["rank"]
     if busiest.empty:
         busiest = ranks.loc[[ranks["busy_s"].idxmax()], "rank"]
@@ -331,6 +370,7 @@ def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
             ranks=sorted(int(r) for r in busiest),
             evidence={
                 "busy_imbalance": imbalance,
+                "measured_busy_imbalance": measured,
                 "busy_s_per_step": {int(r): float(b) for r, b in busy.items()},
                 "threshold": limits["imbalance"],
             },

@@ -50,9 +50,7 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
     severity = grade(exposed, limits)
     if exposed is None or severity is None:
         return []
-    found = find_stragglers(
-        ctx.metrics.ranks, rank_steps=ctx.metrics.rank_steps, attribution=ctx.metrics.attribution
-    )
+    found = find_stragglers(ctx.metrics)
     stragglers = sorted(s["rank"] for s in found)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
     if stragglers or pipelined:

@@ -69,8 +69,7 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     # a rank slower than its peers on the same host is the diagnosis (BAL001): the waiting
     # for a core is shared by all of them and is context there, never ahead of it
     metrics = ctx.metrics
-    stragglers = find_stragglers(metrics.ranks, rank_steps=metrics.rank_steps,
-                                 attribution=metrics.attribution)  # fmt: skip
+    stragglers = find_stragglers(metrics)
     findings = []
     for row in table.itertuples(index=False):
         share = float(row.descheduled_share)
