@@ -51,9 +51,8 @@ class DiagCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self.rec = Recorder.from_env(
-            self.run_dir, model=pl_module, optimizer=optimizer, **self.recorder_options
-        )
+        options = {"trainer": "lightning", **self.recorder_options}
+        self.rec = Recorder.from_env(self.run_dir, model=pl_module, optimizer=optimizer, **options)
         self._steps = HookedSteps(self.rec)
         wrapped = trainer.strategy.model
         try:

@@ -279,6 +279,11 @@ class Recorder:
     def span(
         self, phase: str, mb: int | None = None, stage: int | None = None, chunk: int | None = None
     ) -> SpanContext | NullContext:
+        """A phase of the step (`fwd`, `bwd`, `opt`, `data`, ...; micro-batch `mb`, pipeline
+        `stage` and `chunk` where they apply), as a context manager. Put the whole call in
+        it: `with rec.span("fwd"): loss = model(batch)` covers the model's forward pre-hooks
+        and forward hooks too (input processing there is forward time); time in no span is
+        read as the rank's host time (data loading, logging)."""
         if phase not in _PHASES:
             report_once("Recorder.span", ValueError(f"unknown phase {phase!r}"))
         return SpanContext(self, phase, mb, stage, chunk)

@@ -93,7 +93,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
 
 
-TRAINERS = ("dp", "tp", "pp", "ep", "zero3", "custom")
+TRAINERS = ("dp", "tp", "pp", "ep", "zero3", "lightning", "hf", "custom")
 
 # Fields every record of a kind carries (others are optional; readers ignore unknown fields).
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {

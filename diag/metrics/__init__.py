@@ -17,7 +17,14 @@ from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.collectives import collectives, tp_vs_ledger
 from diag.metrics.comm_totals import run_comm_totals
-from diag.metrics.common import KEYS, NS_PER_S, analysed_steps, in_steps, note_orphans
+from diag.metrics.common import (
+    KEYS,
+    NS_PER_S,
+    analysed_steps,
+    in_steps,
+    note_orphans,
+    note_unrecorded_sync,
+)
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
 from diag.metrics.file_reduction import reduce_rank_files
@@ -73,6 +80,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
     skipped: list[str] = []
     windows, warmup_steps = analysed_steps(run.steps, run.starts_at_warmup)
     note_orphans(run, skipped)
+    note_unrecorded_sync(run, skipped)
     rank_steps = run.rank_steps
     if rank_steps is None:
         rank_steps = time_breakdown(run.spans, run.comms, windows)

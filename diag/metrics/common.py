@@ -53,6 +53,25 @@ def note_orphans(run: RunData, skipped: list[str]) -> None:
         )
 
 
+def note_unrecorded_sync(run: RunData, skipped: list[str]) -> None:
+    """A note per reason the collectors gave for gradient synchronisation they could not
+    record (`grad_sync_unrecorded` events): the communication findings lack those bytes."""
+    events = run.events
+    if events.empty or "fields" not in events:
+        return
+    unrecorded = events[events["name"] == "grad_sync_unrecorded"]
+    reasons: dict[str, set[int]] = {}
+    for rank, fields in zip(unrecorded["rank"], unrecorded["fields"], strict=True):
+        reason = fields.get("reason") if isinstance(fields, dict) else None
+        reasons.setdefault(str(reason or "no reason given"), set()).add(int(rank))
+    for reason, ranks in sorted(reasons.items()):
+        files = _file_list(pd.Series(sorted(ranks)), run.rank_file_name)
+        skipped.append(
+            f"{files}: the data-parallel gradient synchronisation was not recorded ({reason}): "
+            "its collectives are missing from the communication figures and findings"
+        )
+
+
 def _file_list(ranks: pd.Series, named: Callable[[int], str]) -> str:
     names = [named(int(r)) for r in sorted(ranks.unique())]
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -4,14 +4,17 @@ DiagTrainerCallback and traced with `torch.profiler` in a callback (the README's
     torchrun --standalone --nproc-per-node 2 tests/distributed/hf_job.py OUT
 
 Writes the run directory OUT/run and the profiler traces OUT/traces (tensorboard_trace_handler,
-one `*.pt.trace.json` per rank); then an `accelerate` loop of the same model under
-`collectors.hf.recording` into OUT/accelerate. The model is built from a config: nothing is
-downloaded.
+one `*.pt.trace.json` per rank; the callback given by `add_callback` with the trainer); then
+OUT/construction, the callback given the conventional way (`Trainer(callbacks=[...])`, no
+trainer), with a slow forward pre-hook on rank 1's model (input processing users put there);
+then an `accelerate` loop of the same model under `collectors.hf.recording` into
+OUT/accelerate. The model is built from a config: nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from collectors.hf import DiagTrainerCallback, recording
 
 STEPS = 5
 SEQ = 32
+PRE_HOOK_S = 0.04
+"""Rank 1's forward pre-hook sleeps this long in the OUT/construction run."""
 
 
 class Tokens(Dataset[dict[str, torch.Tensor]]):
@@ -71,6 +76,11 @@ def main() -> None:
     trainer.add_callback(DiagTrainerCallback(out / "run", trainer))
     trainer.add_callback(ProfilerCallback(out / "traces"))
     trainer.train()
+    model = GPT2LMHeadModel(config)
+    if torch.distributed.get_rank() == 1:
+        model.register_forward_pre_hook(lambda module, inputs: time.sleep(PRE_HOOK_S))
+    Trainer(model=model, args=args, train_dataset=Tokens(64),
+            callbacks=[DiagTrainerCallback(out / "construction")]).train()  # fmt: skip
     accelerate_loop(out / "accelerate", config)
 
 

@@ -62,6 +62,9 @@ def lightning_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_lightning_fit_is_recorded(lightning_out: Path) -> None:
     assert_dp_run_recorded(lightning_out / "run", steps=5)
+    assert (
+        json.loads((lightning_out / "run" / "manifest.json").read_text())["trainer"] == "lightning"
+    )
 
 
 def test_lightning_profiler_traces_are_read_as_written(lightning_out: Path) -> None:
@@ -104,8 +107,28 @@ def hf_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_hf_trainer_is_recorded(hf_out: Path) -> None:
     assert_dp_run_recorded(hf_out / "run", steps=5)
+    assert json.loads((hf_out / "run" / "manifest.json").read_text())["trainer"] == "hf"
     for step in records(hf_out / "run", 0, "step"):
         assert step["tokens"] == 4 * 32 and step["loss"] > 0  # the forwards' input_ids
+
+
+def test_a_callback_given_at_construction_finds_the_ddp_model(hf_out: Path) -> None:
+    """`Trainer(..., callbacks=[DiagTrainerCallback(path)])`, no trainer given: dp=2 and the
+    gradient all-reduce at the ledger, as with `add_callback(..., trainer)`."""
+    report = assert_dp_run_recorded(hf_out / "construction", steps=5)
+    assert not any("not recorded" in note for note in report["skipped"]), report["skipped"]
+
+
+def test_a_slow_forward_pre_hook_is_forward_time(hf_out: Path) -> None:
+    """Rank 1's model sleeps 40 ms in a forward pre-hook: its `fwd` spans hold it (it is the
+    model's forward call), and no finding calls it host time or data loading."""
+    report = diag.analyze_path(hf_out / "construction")
+    fwd_s = {rank: sorted((s["t1"] - s["t0"]) / 1e9 for s in records(hf_out / "construction",
+                                                                        rank, "span")
+                          if s["phase"] == "fwd") for rank in (0, 1)}  # fmt: skip
+    assert all(d >= 0.04 for d in fwd_s[1]), fwd_s[1]
+    assert fwd_s[1][len(fwd_s[1]) // 2] > fwd_s[0][len(fwd_s[0]) // 2] + 0.03, fwd_s
+    assert not [f for f in report["findings"] if f["rule"] == "BAL005"], report["findings"]
 
 
 def test_an_accelerate_loop_is_recorded(hf_out: Path) -> None:
