@@ -57,7 +57,7 @@ def finding_card(finding: dict[str, Any], first: bool) -> html.Div:
     if ranks:
         body.append(html.Div(f"ranks: {rank_list(ranks)}", className="blamed"))
     if finding.get("advice"):
-        body.append(html.Div(f"fix: {finding['advice']}", className="advice"))
+        body.append(html.Div(f"advice: {finding['advice']}", className="advice"))
     return html.Div(
         [html.Div(head, className="finding-head"), *body],
         className="finding main" if first else "finding",

@@ -48,8 +48,9 @@ if TYPE_CHECKING:
     from diag.errors import InputError
     from diag.load import RunData
     from diag.metrics import RunMetrics, compute_metrics
-    from diag.report import PATTERN_NAMES, Section, device_section, hta_sections, rank_list
+    from diag.report import PATTERN_NAMES, Section, device_section, hta_sections
     from diag.schema import REPORT_SCHEMA
+    from diag.units import rank_list
     from diag.watch import RunTail
 
 __version__ = "0.1.0"
@@ -65,7 +66,7 @@ _HOME = {
     "REPORT_SCHEMA": "diag.schema",
     "PATTERN_NAMES": "diag.report",
     "Section": "diag.report",
-    "rank_list": "diag.report",
+    "rank_list": "diag.units",
     "device_section": "diag.report",
     "hta_sections": "diag.report",
     "format_metric": "diag.check",

@@ -21,7 +21,7 @@ from diag import schema
 from diag.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
 from diag.load import RunData
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
-from diag.units import aligned, mib, num, pct, si, size
+from diag.units import aligned, mib, num, pct, ranks_phrase, si, size
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -98,6 +98,23 @@ def _json_safe_other(value: Any) -> Any:
 # --- Shared content -----------------------------------------------------------------------------
 
 
+def _steps_analysed(summary: dict[str, Any]) -> str:
+    """`8 steps (1-8; warm-up step 0 excluded)`: which steps the figures are of, and why one
+    the run has is not among them (a profiler trace's window names its own steps)."""
+    count = summary.get("steps_analysed", 0)
+    first, last = summary.get("first_step_analysed"), summary.get("last_step_analysed")
+    words = f"{count} step{'s' if count != 1 else ''}"
+    if first is None or last is None:
+        return words
+    which = [str(first) if first == last else f"{first}-{last}"]
+    warmup = summary.get("warmup_steps_excluded") or 0
+    if warmup == 1 and first > 0:
+        which.append(f"warm-up step {first - 1} excluded")
+    elif warmup:
+        which.append(f"{warmup} warm-up steps excluded")
+    return f"{words} ({'; '.join(which)})"
+
+
 @dataclass
 class Section:
     title: str
@@ -106,15 +123,16 @@ class Section:
 
 
 def headline(report: dict[str, Any]) -> str:
-    """`dp-demo  4 ranks (dp=4)  8 steps  step 0.42 s  9.8k tokens/s  comm 12% (exposed 9%)`."""
+    """`dp-demo  4 ranks (dp=4)  8 steps (1-8; warm-up step 0 excluded)  mean step 0.42 s
+    9.8k tokens/s  comm 12% (exposed 9%)`."""
     run, summary = report["run"], report["summary"]
     layout = run.get("layout") or {}
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
     parts = [
         run.get("run_id") or "(unnamed run)",
         f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
-        f"{summary.get('steps_analysed', 0)} steps",
-        f"step {num(summary.get('step_time_s'))} s",
+        _steps_analysed(summary),
+        f"mean step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
         *_model_flops(run, summary),
         f"comm {pct(summary.get('comm_share'))} (exposed {pct(summary.get('exposed_comm_share'))}"
@@ -155,22 +173,22 @@ PATTERN_NAMES: dict[int | None, str] = {
 }
 """Display names of the collapse patterns (SEED-DIGEST section 4); None is a config pitfall."""
 _SEVERITY_LABEL = {"high": "HIGH", "medium": "MED", "low": "LOW"}
-MAX_RANKS_SHOWN = 8
 
 
 def finding_head(finding: dict[str, Any]) -> str:
-    """`HIGH  pattern 3, speedup below theory  PP001 pipeline bubble 58% ...  ranks 1`."""
+    """`HIGH  pipeline bubble 58% ...  ranks 0-3  costs 41% of the step (0.2 s)  [PIP002,
+    pattern 3: speedup below theory]`: what is wrong first, the catalogue after."""
     severity = str(finding.get("severity") or "")
     label = _SEVERITY_LABEL.get(severity, severity.upper())
-    pattern = finding.get("pattern")
-    where = f"pattern {pattern}, {PATTERN_NAMES.get(pattern, '?')}  " if pattern is not None else ""
-    head = f"{label:<4}  {where}{finding.get('rule', '')} {finding.get('title', '')}".rstrip()
+    head = f"{label:<4}  {finding.get('title', '')}".rstrip()
     ranks = finding.get("ranks") or []
     if ranks:
-        head += f"  {'rank' if len(ranks) == 1 else 'ranks'} {rank_list(ranks)}"
+        head += f"  {ranks_phrase(ranks)}"
     if finding.get("cost_s") is not None:
         head += f"  costs {pct(finding.get('cost_share'))} of the step ({ms(finding['cost_s'])})"
-    return head
+    pattern = finding.get("pattern")
+    where = f", pattern {pattern}: {PATTERN_NAMES.get(pattern, '?')}" if pattern is not None else ""
+    return f"{head}  [{finding.get('rule', '')}{where}]"
 
 
 def ms(seconds: float | None) -> str:
@@ -191,7 +209,8 @@ def attribution_section(report: dict[str, Any]) -> Section:
     if abs(overlap) >= 0.0005 * measured:  # a remainder that rounds to nothing is not shown
         rows.append(["- overlap of the causes above" if overlap < 0 else "+ not attributed",
                      ms(abs(overlap)), pct(abs(overlap) / measured)])  # fmt: skip
-    rows.append(["= measured step (replayed)", ms(measured), pct(1.0)])
+    measured_s = attribution.get("measured_step_s")
+    rows.append([f"= mean step, replayed (measured {ms(measured_s)})", ms(measured), pct(1.0)])
     title = (
         f"where the step goes (what-if replay of {attribution['steps_replayed']} steps, "
         f"replay error {pct(attribution['replay_error'])})"
@@ -199,27 +218,10 @@ def attribution_section(report: dict[str, Any]) -> Section:
     return Section(title, ["", "per step", "share"], rows)
 
 
-def rank_list(ranks: list[int]) -> str:
-    """`1`, `0-3,6`, or the first runs and a count when there are many: `0-3,6,9 (+12 more)`."""
-    ordered = sorted({int(r) for r in ranks})
-    runs: list[list[int]] = []
-    for rank in ordered:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
-    if len(parts) > MAX_RANKS_SHOWN:
-        shown = parts[:MAX_RANKS_SHOWN]
-        rest = len(ordered) - sum(b - a + 1 for a, b in runs[:MAX_RANKS_SHOWN])
-        return ",".join(shown) + f" (+{rest} more)"
-    return ",".join(parts)
-
-
 def finding_lines(report: dict[str, Any]) -> list[str]:
     """Per finding for the terminal: the head, `      why: ...` where the cost is explained
-    (a rank's excess against what of it reaches the step's end), `      fix: ...` where there
-    is one."""
+    (a rank's excess against what of it reaches the step's end), `      advice: ...` where
+    there is some (the report JSON's `advice`)."""
     lines = []
     for finding in report["findings"]:
         lines.append(finding_head(finding))
@@ -227,7 +229,7 @@ def finding_lines(report: dict[str, Any]) -> list[str]:
         if isinstance(explained, str):
             lines.append(f"      why: {explained}")
         if finding.get("advice"):
-            lines.append(f"      fix: {finding['advice']}")
+            lines.append(f"      advice: {finding['advice']}")
     return lines
 
 
@@ -250,8 +252,8 @@ def sections(report: dict[str, Any]) -> list[Section]:
     """The tables every rendering shows, values already formatted."""
     rank_rows, order = _ranks_to_show(report)
     ranks = Section(
-        f"ranks (share of each rank's step wall time{order})",
-        ["rank", "host", "steps", "step s", "busy", "comm", "exposed", "idle", "skew",
+        f"ranks (each rank's own step, from its start to its end, and shares of it{order})",
+        ["rank", "host", "steps", "mean step s", "busy", "comm", "exposed", "idle", "skew",
          "transfer"],
         [
             [str(r["rank"]), str(r["host"] or "n/a"), str(r["steps"]), num(r["step_time_s"]),
@@ -371,7 +373,7 @@ def _window_section(report: dict[str, Any]) -> Section:
         return Section("profiler window", ["error"], [[str(traces["error"])]])
     return Section(
         f"profiler window ({traces.get('path')}): share of each rank's step in the trace",
-        ["rank", "steps", "step s", "busy", "comm", "exposed", "idle"],
+        ["rank", "steps", "mean step s", "busy", "comm", "exposed", "idle"],
         [
             [str(r["rank"]), str(r["steps"]), num(r["step_time_s"]), pct(r["busy_frac"]),
              pct(r["comm_share"]), pct(r["exposed_comm_share"]), pct(r["idle_frac"])]
@@ -427,7 +429,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         for finding in report["findings"]:
             lines.append(f"- {_md(finding_head(finding))}")
             if finding.get("advice"):
-                lines.append(f"  - fix: {_md(finding['advice'])}")
+                lines.append(f"  - advice: {_md(finding['advice'])}")
     for section in sections(report):
         lines += ["", f"## {_md(section.title)}", ""]
         lines.append("| " + " | ".join(_md(h) for h in section.header) + " |")
@@ -470,7 +472,7 @@ def render_html(
     if report["findings"]:
         items = "".join(
             f"<li>{esc(finding_head(f))}"
-            + (f"<br>fix: {esc(f['advice'])}" if f.get("advice") else "")
+            + (f"<br>advice: {esc(f['advice'])}" if f.get("advice") else "")
             + "</li>"
             for f in report["findings"]
         )

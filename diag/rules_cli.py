@@ -14,11 +14,22 @@ from diag.shell import fail
 REGENERATE = "diag rules --markdown > docs/rules.md"
 
 
+# The order of findings in one sentence: the README and docs/cli.md quote it word for word
+# (tests/unit/test_rules_cli.py checks), docs/rules.md and `diag rules` print it.
+RANKING_ORDER = (
+    "Findings are ranked so that the first is the main diagnosis: high findings about whether the"
+    " job runs or learns right (memory, MoE quality, pitfalls) first, then by severity; within a"
+    " severity, findings that explain others come first, then by cost (the step time that removing"
+    " the cause saves, largest first, findings without a cost after those with one), then"
+    " collapse patterns before pitfalls, then the stronger evidence, then the rule code."
+)
+
 RANKING_POLICY = (
-    "Findings are ranked so that the first is the main diagnosis: first a high finding about",
-    "whether the job runs or learns right (memory: an OOM that happened, a budget the run crosses",
-    "or is about to; MoE quality; a pitfall such as a NaN loss); then by severity; among equals, a",
-    "finding that explains others first, then by `cost_s`.",
+    RANKING_ORDER,
+    "A finding that names the cause of others takes the highest severity among them: the cause is",
+    "the diagnosis, its consequences are evidence. The high findings that come first are those of",
+    "collapse patterns 4 (MoE quality) and 5 (memory: an OOM that happened, a budget the run",
+    "crosses or is about to) and pitfalls (a NaN loss, a sampler never re-seeded).",
     "Every finding of patterns 1-3 whose cause the what-if replay can remove (docs/metrics.md,",
     '"Attribution") carries `cost_s` (step time saved per step) and `cost_share` (of the measured',
     "step); its severity is the lower of the rule's own and the one the share earns: `high` from",
@@ -72,7 +83,7 @@ def catalogue_text() -> str:
     sizes = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join([*(c.ljust(s) for c, s in zip(row, sizes, strict=False)), row[4]])
              for row in rows]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", RANKING_ORDER]) + "\n"
 
 
 def explain_text(rule: Rule) -> str:

@@ -28,7 +28,9 @@ def summary(
     busy_mean = ranks["busy_s"].mean()
     pipeline_metrics = pipeline.pipeline_summary(ranks)
     summary: dict[str, Any] = {
-        "step_time_s": float(step_walls_s.median()) if len(step_walls_s) else None,
+        # the mean: what tokens/s, the replay's measured step and every cost share are of
+        "step_time_s": float(step_walls_s.mean()) if len(step_walls_s) else None,
+        "step_time_median_s": float(step_walls_s.median()) if len(step_walls_s) else None,
         "tokens_per_s": (
             float(tokens) / (tp * pp) / total_wall_s
             if pd.notna(tokens) and total_wall_s > 0
@@ -45,6 +47,8 @@ def summary(
         ),
         "bubble_fraction": pipeline_metrics["bubble_fraction"] if pp > 1 else None,
         "steps_analysed": int(per_step.shape[0]),
+        "first_step_analysed": int(per_step.index.min()) if len(per_step) else None,
+        "last_step_analysed": int(per_step.index.max()) if len(per_step) else None,
         "ranks_analysed": int(ranks.shape[0]),
         "world_size": run.manifest.world_size,
         "warmup_steps_excluded": warmup_steps,

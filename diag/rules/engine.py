@@ -141,10 +141,14 @@ def run_rules(
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
     Reads the run and its metrics, changes neither.
 
-    Order: severity, then findings that explain others present, then findings that name a
-    collapse pattern before pitfalls, then the stronger evidence (a larger `margin`; None counts
-    as 1), then code. A finding that names the cause of others (`explains`) takes the highest
-    severity among them: the cause is the diagnosis, its consequences are evidence.
+    Order (`rank_findings`): high findings about whether the job runs or learns right
+    (patterns 4 and 5, pitfalls: `_blocks_training`) first; then severity; within a severity,
+    findings that explain others present first, then the larger `cost_s` (None after every
+    cost), then findings that name a collapse pattern before pitfalls, then the stronger
+    evidence (a larger `margin`; None counts as 1), then code. Before the sort, a finding that
+    names the cause of others (`explains`) takes the highest severity among them: the cause is
+    the diagnosis, its consequences are evidence. `diag.rules_cli.RANKING_ORDER` says the same
+    in one sentence.
     A rule that raises is reported as a note, never as a crash.
     """
     ctx = RuleContext(run, metrics)

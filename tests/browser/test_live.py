@@ -111,7 +111,7 @@ def test_watch_names_the_straggler_while_the_job_runs(live: dict[str, Any]) -> N
     loaded = load_any(live["run"])
     starts_s = loaded.steps.groupby("step")["t0"].min() / 1e9  # the collectors' wall clock
     ends_s = loaded.steps.groupby("step")["t1"].max() / 1e9
-    named = [(at, line) for at, line in lines if " BAL001 " in line and "rank 2 " in line]
+    named = [(at, line) for at, line in lines if "[BAL001," in line and "rank 2 " in line]
     assert named, lines
     at, line = named[0]
     late_s = at - starts_s[FROM_STEP]
@@ -119,7 +119,7 @@ def test_watch_names_the_straggler_while_the_job_runs(live: dict[str, Any]) -> N
     assert int(line.split()[1]) >= FROM_STEP, line  # not before the straggler exists
     assert late_s < DETECTED_WITHIN_S, (late_s, line)
     assert at < ends_s[STEPS - 1], "named only after the job ended"
-    early = [line for _, line in lines if " BAL001 " in line and int(line.split()[1]) < FROM_STEP]
+    early = [line for _, line in lines if "[BAL001," in line and int(line.split()[1]) < FROM_STEP]
     assert early == []
 
 

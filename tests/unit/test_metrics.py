@@ -150,7 +150,10 @@ def test_golden_summary(golden) -> None:
         summary.pop(key)  # the attribution's (tests/unit/test_whatif.py)
     assert summary.pop("host_checked") is False  # this hand-made run records no CPU time
     assert summary == {
-        "step_time_s": approx(0.115),  # median of step 1 [100,210] and step 2 [200,320]
+        "step_time_s": approx(0.115),  # mean of step 1 [100,210] and step 2 [200,320]
+        "step_time_median_s": approx(0.115),
+        "first_step_analysed": 1,
+        "last_step_analysed": 2,
         "tokens_per_s": approx(4000 / 0.230),  # 2 ranks x 2 steps x 1000 tokens, dp only
         "comm_share": approx(162 / 440),
         "exposed_comm_share": approx(82 / 440),

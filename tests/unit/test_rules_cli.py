@@ -12,9 +12,10 @@ from diag.cli import main
 from diag.report import render_html, render_markdown, render_text
 from diag.rules import REGISTRY
 from diag.rules.engine import DOC_SECTIONS
-from diag.rules_cli import REGENERATE, catalogue_markdown
+from diag.rules_cli import RANKING_ORDER, REGENERATE, catalogue_markdown
 
-DOCS_RULES = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS_RULES = ROOT / "docs" / "rules.md"
 
 
 def cli(*args: str):
@@ -24,12 +25,21 @@ def cli(*args: str):
 def test_rules_lists_every_registered_rule() -> None:
     result = cli("rules")
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
+    table = result.stdout.partition("\n\n")[0]  # the order of findings follows the table
+    lines = table.splitlines()
     assert lines[0].split() == ["code", "name", "pattern", "severity", "symptom"]
     assert [line.split()[0] for line in lines[1:]] == sorted(REGISTRY)
     com001 = next(line for line in lines if line.startswith("COM001"))
     assert "communication.exposed_share" in com001 and "1 more GPUs, slower" in com001
     assert "medium-high" in com001  # severities named by its thresholds
+
+
+def test_the_order_of_findings_is_one_sentence_everywhere() -> None:
+    """The README, docs/cli.md, docs/rules.md and `diag rules` state the order in the same words."""
+    for path in (ROOT / "README.md", ROOT / "docs" / "cli.md", DOCS_RULES):
+        text = path.read_text(encoding="utf-8")
+        assert RANKING_ORDER in text, f"{path.name} does not state the order of findings as written"
+    assert cli("rules").stdout.endswith(f"\n\n{RANKING_ORDER}\n")
 
 
 def test_explain_prints_sections_and_thresholds() -> None:
@@ -85,20 +95,21 @@ def _report_with_findings(runs) -> dict:
 def test_text_report_renders_findings_like_the_design(runs) -> None:
     lines = render_text(_report_with_findings(runs)).splitlines()
     assert lines[1:6] == [
-        "HIGH  pattern 3, speedup below theory  PP001 pipeline bubble 58% "
-        "(theory 60%: p=4, m=2 < 4p)",
-        "      fix: 16+ micro-batches, or interleaved 1F1B",
-        "MED   pattern 3, speedup below theory  BAL001 straggler  rank 1",
-        "LOW   PIT001 same epoch order  ranks 0-3,6",
-        "      fix: call sampler.set_epoch(epoch)",
+        "HIGH  pipeline bubble 58% (theory 60%: p=4, m=2 < 4p)  "
+        "[PP001, pattern 3: speedup below theory]",
+        "      advice: 16+ micro-batches, or interleaved 1F1B",
+        "MED   straggler  rank 1  [BAL001, pattern 3: speedup below theory]",
+        "LOW   same epoch order  ranks 0-3,6  [PIT001]",
+        "      advice: call sampler.set_epoch(epoch)",
     ]
 
 
 def test_markdown_and_html_render_findings_with_their_fix(runs) -> None:
     report = _report_with_findings(runs)
     markdown = render_markdown(report)
-    assert "- HIGH  pattern 3, speedup below theory  PP001 pipeline bubble 58%" in markdown
-    assert "  - fix: 16+ micro-batches, or interleaved 1F1B" in markdown
+    (head,) = [line for line in markdown.splitlines() if line.startswith("- HIGH  pipeline")]
+    assert head.endswith("  [PP001, pattern 3: speedup below theory]"), head
+    assert "  - advice: 16+ micro-batches, or interleaved 1F1B" in markdown
     html = render_html(report)
-    assert "BAL001 straggler  rank 1</li>" in html
-    assert "&lt; 4p)<br>fix: 16+ micro-batches" in html
+    assert "straggler  rank 1  [BAL001, pattern 3: speedup below theory]</li>" in html
+    assert "speedup below theory]<br>advice: 16+ micro-batches" in html

@@ -106,7 +106,7 @@ def test_a_finished_run_is_read_to_its_end(tmp_path: Path) -> None:
     assert watch(run, interval_s=0.1, out=out) == "complete"
     lines = out.getvalue().splitlines()
     assert lines[-1].startswith("diag watch: run complete after step")
-    assert any(" BAL001 " in line and "rank 1" in line for line in lines), lines
+    assert any("[BAL001," in line and "rank 1" in line for line in lines), lines
 
 
 def test_no_manifest_is_one_line(tmp_path: Path) -> None:

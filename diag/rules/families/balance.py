@@ -13,6 +13,7 @@ from diag.host import busy_net_of_queueing
 from diag.metrics import RunMetrics
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.units import ranks_phrase
 from diag.whatif.attribution import Attribution
 
 STRAGGLER_LIMITS = {
@@ -194,7 +195,7 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             rule="BAL001",
             pattern=3,
             severity="high" if worst["busy_ratio"] >= limits["high_ratio"] else "medium",
-            title=f"straggler: rank {', '.join(map(str, blamed))} computes "
+            title=f"straggler: {ranks_phrase(blamed)} computes "
             f"{worst['busy_ratio']:.2f}x its peers while they wait in collectives",
             ranks=blamed,
             evidence={
@@ -202,8 +203,8 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
                 "stragglers": found,
                 "busy_ratio_threshold": limits["busy_ratio"],
             },
-            advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
-            "per rank or exclude a persistently slow node",
+            advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
+            "the work per rank or exclude a persistently slow node",
             explains=["BAL003"],  # a slow rank starts every collective last
         )
     ]
@@ -254,12 +255,12 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
             rule="BAL001",
             pattern=3,
             severity="medium",
-            title=f"straggler: rank {', '.join(map(str, blamed))} computes longer than its "
+            title=f"straggler: {ranks_phrase(blamed)} computes longer than its "
             f"peers; removing its excess saves {worst.cost_share:.0%} of the step",
             ranks=blamed,
             evidence={"replayed": [vars(c) for c in causes]},
-            advice=f"look at rank(s) {blamed}: its device, host load and data; balance the work "
-            "per rank or exclude a persistently slow node",
+            advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
+            "the work per rank or exclude a persistently slow node",
             explains=["BAL003"],
         )
     ]
@@ -313,11 +314,12 @@ def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
             rule="BAL003",
             pattern=3,
             severity="medium",
-            title=f"late arrival: rank {', '.join(map(str, found))} starts collectives last, "
+            title=f"late arrival: {ranks_phrase(found)} starts collectives last, "
             f"{worst * 1e3:.1f} ms behind the first (median)",
             ranks=found,
             evidence={"arrivals": table.to_dict("records")},
-            advice=f"look at what rank(s) {found} do before each collective: data loading, "
+            advice=f"look at what {ranks_phrase(found)} {'does' if len(found) == 1 else 'do'} "
+            "before each collective: data loading, "
             "host stalls, launch path; compare their compute with BAL001",
         )
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.units import ranks_phrase
 
 MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
 
@@ -76,17 +77,17 @@ def host_time(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     for cause in attribution.causes:
         if cause.kind != "host" or cause.cost_share < limits["min_share"]:
             continue
-        ranks = ", ".join(map(str, cause.ranks))
+        ranks = ranks_phrase(list(cause.ranks))
         findings.append(
             Finding(
                 rule="BAL005",
                 pattern=3,
                 severity="medium",
-                title=f"host time: rank {ranks} spends {cause.cost_share:.0%} of the step on "
+                title=f"host time: {ranks} spends {cause.cost_share:.0%} of the step on "
                 "the host (data loading, work outside the recorded spans) while peers wait",
                 ranks=list(cause.ranks),
                 evidence=dict(cause.evidence),
-                advice=f"look at rank {ranks}'s data loader (workers, prefetch, pinned memory, "
+                advice=f"look at {ranks}'s data loader (workers, prefetch, pinned memory, "
                 "storage) and host-side work between steps (logging, checkpoints, GC)",
                 explains=["BAL003", "COM001", "COM003"],
             )
