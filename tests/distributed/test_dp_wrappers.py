@@ -99,5 +99,7 @@ def test_a_hook_registered_before_is_kept_and_said_unrecorded(runs: Path) -> Non
     assert names["grad_sync"]["tag"] is None  # no tag: the no-sync rule does not judge it
     assert "already has a comm hook" in names["grad_sync_unrecorded"]["reason"]
     report = diag.analyze_path(runs / "hooked")  # and the report says what it lacks
-    assert any("gradient synchronisation was not recorded (the model already has a comm hook)"
-               in note for note in report["skipped"]), report["skipped"]
+    assert any(
+        "gradient synchronisation was not recorded (the model already has a comm hook)" in note
+        for note in report["skipped"]
+    ), report["skipped"]
