@@ -210,6 +210,16 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     ]
 
 
+def straggler_ranks(ctx: RuleContext) -> list[int]:
+    """The ranks BAL001 names at its default limits, from the busy times or, where they miss
+    it, from the replay: what other rules read as 'a straggler explains this'."""
+    limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
+    found = find_stragglers(ctx.metrics, limits)
+    if found:
+        return sorted(int(f["rank"]) for f in found)
+    return sorted({r for f in _replayed_stragglers(ctx, limits) for r in f.ranks})
+
+
 def _queued_excess_per_step_s(metrics: RunMetrics) -> dict[int, float]:
     """Per rank, how much longer per step its training thread waited for a core than its
     peers' median (empty where not recorded)."""

@@ -10,7 +10,7 @@ from diag import intervals
 from diag.host import waiting_share
 from diag.metrics import NS_PER_S, in_steps, whole_steps
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
-from diag.rules.families.balance import find_stragglers
+from diag.rules.families.balance import straggler_ranks
 
 
 @rule(
@@ -50,8 +50,7 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
     severity = grade(exposed, limits)
     if exposed is None or severity is None:
         return []
-    found = find_stragglers(ctx.metrics)
-    stragglers = sorted(s["rank"] for s in found)
+    stragglers = straggler_ranks(ctx)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
     if stragglers or pipelined:
         # the waiting is a straggler's (BAL001) or the pipeline bubble's (PIP rules)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.rules.families.balance import find_stragglers
+from diag.rules.families.balance import straggler_ranks
 
 HOST_RULE = "HST001"
 
@@ -68,8 +68,7 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         return []
     # a rank slower than its peers on the same host is the diagnosis (BAL001): the waiting
     # for a core is shared by all of them and is context there, never ahead of it
-    metrics = ctx.metrics
-    stragglers = find_stragglers(metrics)
+    stragglers = straggler_ranks(ctx)
     findings = []
     for row in table.itertuples(index=False):
         share = float(row.descheduled_share)
@@ -135,8 +134,11 @@ def _finding(
         advice=advice,
         # ranks outnumbering the cores make the collectives and the per-step noise slow (unless
         # a straggler explains the waiting); other work on the machine may only share the
-        # blame, so it explains the host trend alone
-        explains=["COM001", "TRD001", "BAL004"] if explains_waiting else ["TRD001"],
+        # blame. A trend is the host's only where the waiting began midway: a load spread
+        # over the run slows every step alike, and a rise TRD001 finds in the ranks' own
+        # time is the training's (TRD001 itself reads a host trend as low)
+        explains=(["COM001", "BAL004"] if explains_waiting else [])
+        + (["TRD001"] if onset is not None else []),
     )
 
 
