@@ -1,8 +1,13 @@
-"""How often a finished job aborts at exit: the README's DDP block (tests/distributed/readme_job.py)
-launched N times under torchrun, 2 ranks, optionally beside a CPU hog; counts non-zero exits and
-`terminate called` lines (collectors/pending.py explains the race this guards against).
+"""How often a finished job aborts at exit: a recorded 2-rank job launched N times under
+torchrun, optionally beside a CPU hog; counts non-zero exits and `terminate called` lines
+(collectors/pending.py explains the race this guards against).
 
-    python benchmarks/exit_abort.py [--runs 20] [--hog]
+    python benchmarks/exit_abort.py [--job readme|hf|dp-wrappers] [--runs 20] [--hog]
+
+Jobs: `readme` the README's DDP block (tests/distributed/readme_job.py, a slow rank, then a
+broken step); `hf` two Hugging Face Trainers and an accelerate loop with DiagTrainerCallback
+(tests/distributed/hf_job.py); `dp-wrappers` DDP with bf16 and PowerSGD hooks, then FSDP2
+(tests/distributed/dp_wrappers_job.py).
 """
 
 from __future__ import annotations
@@ -13,11 +18,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-JOB = Path(__file__).resolve().parents[1] / "tests" / "distributed" / "readme_job.py"
+JOBS = Path(__file__).resolve().parents[1] / "tests" / "distributed"
+
+
+def job_arguments(job: str, out: Path) -> list[str]:
+    """The script and its arguments for one launch of `job`, writing under `out`."""
+    if job == "readme":
+        return [str(JOBS / "readme_job.py"), "--slow-rank", "1", "--slow-ms", "40",
+                "--then-broken"]  # fmt: skip
+    if job == "hf":
+        return [str(JOBS / "hf_job.py"), str(out)]
+    return [str(JOBS / "dp_wrappers_job.py"), str(out)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--job", choices=["readme", "hf", "dp-wrappers"], default="readme")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--hog", action="store_true", help="a busy loop beside the job")
     args = parser.parse_args()
@@ -27,17 +43,18 @@ def main() -> None:
         for i in range(args.runs):
             with tempfile.TemporaryDirectory() as cwd:
                 launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=2", str(JOB), "--slow-rank", "1", "--slow-ms", "40",
-                          "--then-broken"]  # fmt: skip
+                          "--nproc-per-node=2", *job_arguments(args.job, Path(cwd))]  # fmt: skip
                 done = subprocess.run(launch, cwd=cwd, capture_output=True, text=True, timeout=300)
             aborted = "terminate called" in done.stderr
             if done.returncode != 0 or aborted:
                 failed += 1
                 print(f"run {i}: exit {done.returncode}{', terminate called' if aborted else ''}")
+                print(done.stderr[-1500:])
     finally:
         if hog is not None:
             hog.kill()
-    print(f"exit aborts: {failed} of {args.runs} runs{' beside a CPU hog' if args.hog else ''}")
+    beside = " beside a CPU hog" if args.hog else ""
+    print(f"{args.job}: exit aborts {failed} of {args.runs} runs{beside}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 figure functions over the same tables, without Dash: what the pages show first, fixed in one page.
 
 - where the step goes (the Overview's waterfall of the what-if replay),
+- the step time over the analysed steps (the Overview's: per rank, or the median and min-max
+  band over many ranks with the blamed ranks' lines; the findings' onsets and trends marked),
 - the timeline of the first analysed steps,
 - the time split per rank (busy, exposed communication, idle),
 - bytes per collective against the ledger,
@@ -45,6 +47,7 @@ from dashboard.data import (
     rank_step_values,
     rank_values,
     step_grid,
+    step_times,
     timeline_steps,
     timeline_window,
 )
@@ -64,6 +67,7 @@ def report_figures(run: RunData, metrics: RunMetrics, report: dict[str, object])
     by = pick_grouping(loaded, None)
     return [
         *_step(loaded),
+        *_step_time(loaded),
         *_timeline(loaded, by),
         *_ranks(loaded, by),
         *_communication(loaded),
@@ -90,6 +94,11 @@ def _step(loaded: LoadedRun) -> Figures:
     if not isinstance(attribution, dict) or not attribution.get("replayed_step_s"):
         return []
     return [("where the step goes", figures.step_waterfall(attribution))]
+
+
+def _step_time(loaded: LoadedRun) -> Figures:
+    times = step_times(loaded)
+    return [] if times is None else [("step time over steps", figures.step_time_over_steps(times))]
 
 
 def _timeline(loaded: LoadedRun, by: str) -> Figures:

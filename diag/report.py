@@ -21,6 +21,7 @@ from diag import schema
 from diag.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
 from diag.load import RunData
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
+from diag.sparkline import rank_steps_line
 from diag.units import aligned, mib, num, pct, ranks_phrase, si, size
 
 RUN_FIELDS = (
@@ -38,7 +39,8 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
     report = {
         "schema": schema.REPORT_SCHEMA,
         "run": {name: manifest.get(name) for name in RUN_FIELDS},
-        "summary": metrics.summary,
+        # the step time over steps as one line of text, so a trend can be checked by eye
+        "summary": {**metrics.summary, "step_time_line": rank_steps_line(metrics.rank_steps)},
         "ranks": metrics.ranks.to_dict("records"),
         "collectives": metrics.collectives.to_dict("records"),
         "memory": memory_rows(metrics),
@@ -402,7 +404,10 @@ def _stage_section(report: dict[str, Any]) -> Section:
 
 def render_text(report: dict[str, Any]) -> str:
     """Plain text for a terminal: headline, findings, tables, then what was skipped."""
-    lines = [headline(report), *finding_lines(report)]
+    lines = [headline(report)]
+    if report.get("summary", {}).get("step_time_line"):
+        lines.append(report["summary"]["step_time_line"])
+    lines += finding_lines(report)
     for section in sections(report):
         rows = section.rows
         if len(rows) > TEXT_MAX_ROWS:

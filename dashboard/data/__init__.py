@@ -6,7 +6,9 @@
   share, memory per rank, expert load);
 - `dashboard.data.groups`: the groupings of ranks, every rank's group, a group's ranks to draw;
 - `dashboard.data.per_group`: values per rank and their statistics per group (`StepGrid`,
-  `group_stats`).
+  `group_stats`);
+- `dashboard.data.step_times`: the step time per step over the ranks, the ranks drawn as lines,
+  the steps the findings refer to (`StepMarks`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ from dashboard.data.per_group import (
     wait_values,
 )
 from dashboard.data.runs import LoadedRun, load_runs, pick
+from dashboard.data.step_times import (
+    STEP_LINES_MAX,
+    Onset,
+    StepMarks,
+    StepTimes,
+    Trend,
+    line_ranks,
+    rank_lines,
+    step_marks,
+    step_spread,
+    step_times,
+)
 from dashboard.data.tables import (
     NS_PER_MS,
     ExpertSteps,
@@ -57,10 +71,15 @@ __all__ = [
     "NS_PER_MS",
     "PER_RANK_MAX",
     "RANK_METRICS",
+    "STEP_LINES_MAX",
     "WAIT_METRICS",
     "ExpertSteps",
     "LoadedRun",
+    "Onset",
     "StepGrid",
+    "StepMarks",
+    "StepTimes",
+    "Trend",
     "Window",
     "analysed_steps",
     "comm_share_by_step",
@@ -69,6 +88,7 @@ __all__ = [
     "group_members",
     "group_stats",
     "groupings",
+    "line_ranks",
     "load_runs",
     "memory_at_peak",
     "memory_of_rank",
@@ -79,10 +99,14 @@ __all__ = [
     "pick_group",
     "pick_grouping",
     "rank_groups",
+    "rank_lines",
     "rank_metrics",
     "rank_step_values",
     "rank_values",
     "step_grid",
+    "step_marks",
+    "step_spread",
+    "step_times",
     "timeline_steps",
     "timeline_window",
     "wait_values",

@@ -1,9 +1,10 @@
 """Pure figure builders: tables in, `go.Figure` out, no Dash and no file access.
 
 One module per page (`overview`, `timeline`, `ranks`, `communication`, `memory`, `experts`,
-`compare`), the figures of groups of ranks that three pages share in `groups`, and what every
-figure shares (layout, labels, `plain()`, MiB) in `base`. The builders are importable from
-here: `figures.timeline` is the builder, not the module.
+`compare`), the Overview's step time over the steps in `steps` (the HTML report draws it too),
+the figures of groups of ranks that three pages share in `groups`, and what every figure shares
+(layout, labels, `plain()`, MiB) in `base`. The builders are importable from here:
+`figures.timeline` is the builder, not the module.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dashboard.figures.groups import group_bars, step_heatmap
 from dashboard.figures.memory import memory_by_rank, memory_over_steps
 from dashboard.figures.overview import step_waterfall
 from dashboard.figures.ranks import busy_histogram, rank_breakdown
+from dashboard.figures.steps import step_time_over_steps
 from dashboard.figures.timeline import timeline
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "rank_label",
     "rank_labels",
     "step_heatmap",
+    "step_time_over_steps",
     "step_waterfall",
     "timeline",
     "wrapped",

@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 
 MIB = 1024**2
 BLAME_COLOR = "#D62728"
+STEP_TICKS_MAX = 20
+"""Up to this many steps a step axis has a tick at every step; above it plotly picks them."""
 
 
 def plain(text: object) -> str:
@@ -27,10 +29,25 @@ def apply_layout(fig: go.Figure, title: str, **kwargs: object) -> go.Figure:
         title=plain(title),
         template="plotly_white",
         margin={"l": 70, "r": 20, "t": 50, "b": 50},
-        legend={"orientation": "h", "y": -0.15},
+        # the legend in rows at the bottom of the figure, placed in the container: plotly then
+        # grows the bottom margin to hold it under the x axis's title (a legend below the plot
+        # in paper coordinates lands on that title in a short figure)
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},
         **kwargs,
     )
     return fig
+
+
+def step_axis(fig: go.Figure, steps: Sequence[int] | pd.Series) -> None:
+    """An x axis of steps: whole-step ticks (each step up to STEP_TICKS_MAX steps) and half a
+    step of room at each end, so that a first step 0 keeps its tick label off the y axis's."""
+    values = [int(s) for s in steps]
+    fig.update_xaxes(title="step", tickformat="d")
+    if values:
+        first, last = min(values), max(values)
+        fig.update_xaxes(range=[first - 0.5, last + 0.5])
+        if last - first <= STEP_TICKS_MAX:
+            fig.update_xaxes(dtick=1, tick0=first)
 
 
 def rank_label(rank: int, blamed: Sequence[int] = ()) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.figures.base import MIB, apply_layout, collective_names
+from dashboard.figures.base import MIB, apply_layout, collective_names, step_axis
 
 
 def bytes_vs_expected(collectives: pd.DataFrame) -> go.Figure:
@@ -52,5 +52,5 @@ def comm_share_over_steps(shares: pd.DataFrame) -> go.Figure:
         )  # fmt: skip
     fig = apply_layout(fig, "communication share of the step over the run")
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
-    fig.update_xaxes(title="step")
+    step_axis(fig, shares["step"])
     return fig

@@ -1,5 +1,6 @@
 """Overview: the headline numbers, the diagnosis (findings ranked, main one on top, each with
-what it costs the step), and where the step goes (the what-if replay's waterfall)."""
+what it costs the step), where the step goes (the what-if replay's waterfall), and the step time
+over the steps (the findings' steps and ranks marked)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dash import html
 
 from dashboard import figures
 from dashboard.components import finding_card, graph, no_data, page, table, tiles
-from dashboard.data import LoadedRun
+from dashboard.data import LoadedRun, step_times
 from diag import device_section, format_metric, hta_sections
 
 PATH = "/"
@@ -57,6 +58,14 @@ def where_the_step_goes(loaded: LoadedRun) -> list[Any]:
     return [graph(figures.step_waterfall(attribution), "overview-waterfall")]
 
 
+def step_time(loaded: LoadedRun) -> list[Any]:
+    """The step time over the analysed steps, or a note when the run has no analysed step."""
+    times = step_times(loaded)
+    if times is None:
+        return [no_data("step time over steps: no analysed step")]
+    return [graph(figures.step_time_over_steps(times), "overview-step-time")]
+
+
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
     findings = loaded.report["findings"]
     diagnosis = (
@@ -82,6 +91,8 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
         html.Div(diagnosis, className="findings"),
         html.H3("where the step goes"),
         *where_the_step_goes(loaded),
+        html.H3("step time over steps"),
+        *step_time(loaded),
         *traces,
         *notes,
     )

@@ -1,6 +1,7 @@
 """Every page of the dashboard in a real browser over real runs: the figures render (plotly drew
-its SVG), pages without data say so, the console holds no error, and strings from manifests stay
-text. Screenshots go to the test's folder, or to $DIAG_SCREENSHOTS when set (docs/img uses it).
+its SVG), pages without data say so, the console holds no error, strings from manifests stay
+text, and no two text labels of a chart overlap (LABEL_OVERLAPS_JS, the HTML report's test uses
+it too). Screenshots go to the test's folder, or to $DIAG_SCREENSHOTS when set (docs/img uses it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,41 @@ EXPECTED = [
     ("/experts", "ep-skew", 3, "Experts"),
     ("/compare", "dp-straggler", 1, "dp-straggler"),
 ]
+
+LABEL_OVERLAPS_JS = """
+const LABELS = ['.gtitle', '.xtitle', '.ytitle', '.legendtext', '.annotation-text',
+                '.xtick text', '.ytick text'];
+return Array.from(document.querySelectorAll(arguments[0]), (plot) => {
+  const boxes = [];
+  for (const selector of LABELS) {
+    for (const label of plot.querySelectorAll(selector)) {
+      const box = label.getBoundingClientRect();
+      const text = label.textContent.trim();
+      if (text && box.width >= 1 && box.height >= 1) boxes.push({selector, text, box});
+    }
+  }
+  const overlaps = [];
+  boxes.forEach((a, i) => boxes.slice(i + 1).forEach((b) => {
+    const across = Math.min(a.box.right, b.box.right) - Math.max(a.box.left, b.box.left);
+    const down = Math.min(a.box.bottom, b.box.bottom) - Math.max(a.box.top, b.box.top);
+    if (across > 1 && down > 1) {
+      overlaps.push(`${a.selector} '${a.text}' / ${b.selector} '${b.text}'`);
+    }
+  }));
+  const holder = plot.closest('[id]');
+  return {graph: holder ? holder.id : '?', labels: boxes.length, overlaps};
+});
+"""
+"""Per plotly graph under the CSS selector `arguments[0]`: the id of the element holding it, how
+many text labels it has (titles, legend entries, annotations, tick labels) and each pair of them
+whose boxes intersect by more than 1 px both ways."""
+
+
+def label_overlaps(driver: Any, selector: str) -> tuple[int, list[str]]:
+    """The plotly graphs under `selector` and their overlapping labels, as `graph: a / b`."""
+    plots = driver.execute_script(LABEL_OVERLAPS_JS, selector)
+    assert all(p["labels"] > 0 for p in plots), plots  # every graph has drawn its labels
+    return len(plots), [f"{p['graph']}: {pair}" for p in plots for pair in p["overlaps"]]
 
 
 def _rendered(driver: Any, min_graphs: int) -> bool:
@@ -106,6 +142,8 @@ def test_every_page_renders_without_console_errors(
             assert browser.find_elements(By.CSS_SELECTOR, ".no-data"), (path, run)
         name = "overview" if path == "/" else path.strip("/")
         browser.save_screenshot(str(shots / f"{name}-{run}.png"))
+        if path == "/":
+            assert browser.find_elements(By.CSS_SELECTOR, "#overview-step-time .main-svg"), run
         assert not _console_errors(browser), (path, run, _console_errors(browser))
 
 
@@ -139,6 +177,30 @@ def test_overview_draws_where_the_step_goes(browser: Any, dashboard_url: str) ->
     assert "where the step goes" in waterfall.text
     costs = browser.find_elements(By.CSS_SELECTOR, ".finding .cost")
     assert costs and "of the step (" in costs[0].text
+    assert not _console_errors(browser)
+
+
+def test_overview_draws_the_step_time_and_no_labels_overlap(
+    browser: Any, dashboard_url: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(dashboard_url + "/")
+    _wait_rendered(browser, 2)
+    traces = [REAL_TRACE.name] if REAL_TRACE.is_dir() else []
+    for run in ("dp-straggler", "ep-skew", "hostile", *traces):
+        _select_run(browser, run, 2)
+        _wait_rendered(browser, 2)
+        chart = browser.find_element(By.CSS_SELECTOR, "#overview-step-time")
+        assert "step time over the analysed steps" in chart.text, run
+        legend = [t.text for t in chart.find_elements(By.CSS_SELECTOR, ".legendtext")]
+        assert "median over ranks" in legend, (run, legend)
+        assert len(chart.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace")) >= 3, run
+        if run == "dp-straggler":
+            assert "rank 1 !" in legend, legend  # the straggler's own line, named
+        graphs, overlaps = label_overlaps(browser, "#page .js-plotly-plot")
+        assert graphs >= 2, (run, graphs)
+        assert overlaps == [], (run, overlaps)
     assert not _console_errors(browser)
 
 

@@ -1,6 +1,7 @@
 """The HTML report (`diag analyze RUN --format html`) in real headless Chromium with the network
 off: every figure of the page is drawn by the plotly.js the page carries, no request leaves the
-page, nothing is logged as an error, and names from a hostile manifest stay text.
+page, nothing is logged as an error, names from a hostile manifest stay text, the step time over
+the steps is drawn with the straggler's own line, and no two text labels of a chart overlap.
 
 The runs are the browser tests' real gloo runs (tests/browser/conftest.py: DP with a straggler,
 EP with a hot expert, the DP run named in HTML); the 1,024-rank report's size and grouping are
@@ -17,7 +18,7 @@ from click.testing import CliRunner
 
 from diag.cli import main
 from tests.browser.conftest import HOSTILE
-from tests.browser.test_dashboard_browser import RENDER_TIMEOUT_S, _console_errors
+from tests.browser.test_dashboard_browser import RENDER_TIMEOUT_S, _console_errors, label_overlaps
 
 pytestmark = pytest.mark.browser
 
@@ -87,6 +88,36 @@ def test_every_figure_draws_offline(browser: Any, reports: list[Path], which: in
     assert any(s.startswith("timeline of step") for s in sections)
     if which == 1:
         assert "expert load" in sections
+
+
+STEP_TIME_JS = """
+const heading = Array.from(document.querySelectorAll('h2'))
+  .find((h) => h.textContent === 'step time over steps');
+const chart = heading ? heading.nextElementSibling : null;
+return chart ? {
+  id: chart.id,
+  lines: chart.querySelectorAll('.scatterlayer .trace').length,
+  legend: Array.from(chart.querySelectorAll('.legendtext'), (t) => t.textContent),
+} : null;
+"""
+"""The chart under the heading "step time over steps": its id, line traces and legend entries."""
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["dp-straggler", "ep-skew", "hostile"])
+def test_the_step_time_is_drawn_and_no_labels_overlap(
+    browser: Any, reports: list[Path], which: int
+) -> None:
+    seen = _open_offline(browser, reports[which])
+    assert seen["state"] == str(seen["figures"]), seen["state"]
+    chart = browser.execute_script(STEP_TIME_JS)
+    assert chart is not None, seen["sections"]
+    assert chart["lines"] >= 3, chart  # the median and each of the two ranks
+    assert "median over ranks" in chart["legend"], chart
+    if which != 1:  # the DP runs: rank 1 is the straggler, its line named
+        assert "rank 1 !" in chart["legend"], chart
+    graphs, overlaps = label_overlaps(browser, ".js-plotly-plot")
+    assert graphs == seen["figures"]
+    assert overlaps == [], overlaps
 
 
 def test_names_from_the_manifest_stay_text(browser: Any, reports: list[Path]) -> None:

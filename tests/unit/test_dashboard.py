@@ -128,9 +128,10 @@ def test_waterfall_shows_an_overlap_of_the_causes_as_a_negative_bar() -> None:
 
 def test_overview_shows_the_waterfall_and_what_findings_cost(straggler: Any) -> None:
     page = PAGES[0].layout(straggler, [straggler])
-    (waterfall,) = _graphs(page)
-    assert waterfall.id == "overview-waterfall"
+    waterfall, step_time = _graphs(page)
+    assert waterfall.id == "overview-waterfall" and step_time.id == "overview-step-time"
     assert isinstance(waterfall.figure.data[0], go.Waterfall)
+    assert "rank 1 !" in {t.name for t in step_time.figure.data}  # the straggler's own line
     texts = " ".join(_texts(page))
     cost = straggler.report["findings"][0]
     assert cost["rule"] == "BAL001" and cost["cost_s"] is not None
@@ -140,7 +141,8 @@ def test_overview_shows_the_waterfall_and_what_findings_cost(straggler: Any) -> 
     report = {k: v for k, v in straggler.report.items() if k != "attribution"}
     alone = dataclasses.replace(straggler, report=report)
     page = PAGES[0].layout(alone, [alone])
-    assert not _graphs(page) and any("no attribution" in t for t in _texts(page))
+    assert [g.id for g in _graphs(page)] == ["overview-step-time"]
+    assert any("no attribution" in t for t in _texts(page))
 
 
 def test_ranks_page_splits_the_waiting_into_skew_and_transfer(straggler: Any) -> None:
@@ -267,6 +269,32 @@ def test_memory_pages_pick_the_peak_rank_and_draw_the_budget() -> None:
     assert "fragmentation" not in {t.name for t in fig.data}  # null on CPU: not drawn as zero
     assert fig.layout.shapes[0].y0 == 1.0  # budget line at 1 MiB
     assert memory_of_rank(steps, 1)["activations"].tolist() == [50.0, 1.0]
+
+
+def test_sampled_memory_is_drawn_as_samples_never_as_zeros() -> None:
+    per_step = pd.DataFrame({
+        "step": [0, 1, 2, 3, 4, 5], "params": [10.0 * 2**20] * 6, "grads": [10.0 * 2**20] * 6,
+        "optimizer": [None] * 6, "activations": [50.0 * 2**20, None, None, 60.0 * 2**20, None,
+                                                 None],
+        "comm_buffers": [None] * 6, "fragmentation": [None] * 6,
+    }, dtype="float64")  # fmt: skip
+    fig = figures.memory_over_steps(per_step, rank=0)
+    traces = {t.name: t for t in fig.data}
+    assert set(traces) == {"params", "grads", "activations (sampled at 2 of 6 steps)"}
+    sampled = traces["activations (sampled at 2 of 6 steps)"]
+    assert sampled.mode == "markers" and sampled.fill == "none"  # no area between samples
+    assert list(sampled.x) == [0, 3] and list(sampled.y) == [50.0, 60.0]  # only what was measured
+    assert all(t.stackgaps == "interpolate" for t in fig.data)  # a gap is never a zero
+    assert traces["params"].mode == "lines" and list(traces["params"].x) == list(range(6))
+    assert fig.layout.xaxis.range == (-0.5, 5.5)  # step 0's tick label clear of the y axis's
+
+
+def test_legends_sit_under_the_axis_title_in_the_figure_margin() -> None:
+    window = timeline_window(load_runs([GOLDEN])[0].run, [1])
+    fig = figures.timeline(window.spans, window.comms)
+    # in the container, plotly grows the bottom margin to hold the legend under the x title
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.yanchor == "bottom"
+    assert fig.layout.legend.y == 0 and fig.layout.xaxis.title.text
 
 
 def test_expert_steps_sum_over_ranks_and_rate_drops() -> None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from benchmarks.synthetic_run import write_synthetic_run
 from dashboard import figures
-from dashboard.data import LoadedRun, expert_steps, timeline_window
+from dashboard.data import LoadedRun, expert_steps, step_times, timeline_window
 from dashboard.html_report import plotly_js_gzip, report_figures
 from diag import diagnose, load_any
 from diag.cli import main
@@ -44,21 +44,24 @@ def test_figures_are_the_dashboards_over_the_same_tables() -> None:
     metrics, report = diagnose(run)
     built = report_figures(run, metrics, report)
     sections = [section for section, _ in built]
-    assert sections[0] == "where the step goes"
-    assert sections[1].startswith("timeline of steps")
+    assert sections[:2] == ["where the step goes", "step time over steps"]
+    assert sections[2].startswith("timeline of steps")
     assert {"time per rank", "communication", "memory"} <= set(sections)
     loaded = LoadedRun("dp-straggler", run, metrics, report)
     blamed = loaded.blamed_ranks
     assert blamed == [1]  # the straggler, marked in the per-rank figures
     steps = sorted(int(s) for s in metrics.rank_steps["step"].unique())[:2]
     window = timeline_window(run, steps)
+    times = step_times(loaded)
+    assert times is not None and times.blamed == blamed
     expected = [
         figures.step_waterfall(report["attribution"]),
+        figures.step_time_over_steps(times),
         figures.timeline(window.spans, window.comms, blamed),
         figures.rank_breakdown(metrics.ranks, blamed),
         figures.bytes_vs_expected(metrics.collectives),
     ]
-    assert [f.to_json() for _, f in built[:4]] == [f.to_json() for f in expected]
+    assert [f.to_json() for _, f in built[:5]] == [f.to_json() for f in expected]
 
 
 def test_an_expert_parallel_run_has_its_expert_load() -> None:
