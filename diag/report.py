@@ -40,7 +40,7 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "schema": schema.REPORT_SCHEMA,
         "run": {name: manifest.get(name) for name in RUN_FIELDS},
         # the step time over steps as one line of text, so a trend can be checked by eye
-        "summary": {**metrics.summary, "step_time_line": rank_steps_line(metrics.rank_steps)},
+        "summary": {**metrics.summary, "step_time_line": _step_time_line(metrics)},
         "ranks": metrics.ranks.to_dict("records"),
         "collectives": metrics.collectives.to_dict("records"),
         "memory": memory_rows(metrics),
@@ -51,6 +51,16 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
     }
     return json_safe(report)
+
+
+def _step_time_line(metrics: RunMetrics) -> str | None:
+    """The sparkline of the step time over steps; None for fewer than 3 steps (no shape)."""
+    if (metrics.summary.get("steps_analysed") or 0) < MIN_STEPS_FOR_A_LINE:
+        return None
+    return rank_steps_line(metrics.rank_steps)
+
+
+MIN_STEPS_FOR_A_LINE = 3
 
 
 def memory_rows(metrics: RunMetrics) -> list[dict[str, Any]]:

@@ -94,8 +94,7 @@ def _report_with_findings(runs) -> dict:
 
 def test_text_report_renders_findings_like_the_design(runs) -> None:
     lines = render_text(_report_with_findings(runs)).splitlines()
-    assert lines[1] == "step time  0.1 ▄▄ 0.1 s (steps 1-2, median over ranks)"  # flat: mid
-    assert lines[2:7] == [
+    assert lines[1:6] == [
         "HIGH  pipeline bubble 58% (theory 60%: p=4, m=2 < 4p)  "
         "[PP001, pattern 3: speedup below theory]",
         "      advice: 16+ micro-batches, or interleaved 1F1B",

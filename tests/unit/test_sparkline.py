@@ -82,3 +82,14 @@ def test_the_line_of_a_runs_rank_steps_is_the_median_over_ranks() -> None:
         f"step time  0.2 {BLOCKS[0]}{BLOCKS[-1]} 0.5 s (steps 1-2, median over ranks)"
     )
     assert rank_steps_line(rank_steps.iloc[0:0]) is None
+
+
+def test_the_text_report_shows_the_step_time_under_its_headline(tmp_path) -> None:
+    from benchmarks.synthetic_run import write_synthetic_run
+    from diag.analysis import analyze_path
+    from diag.report import render_text
+
+    report = analyze_path(write_synthetic_run(tmp_path / "run", ranks=4, steps=8))
+    line = render_text(report).splitlines()[1]
+    assert line == report["summary"]["step_time_line"]
+    assert line.startswith("step time  ") and line.endswith("s (steps 1-7, median over ranks)")
