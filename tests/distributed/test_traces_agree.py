@@ -51,3 +51,35 @@ def test_a_dp_straggler_is_named_first_in_its_traces(dp_straggler: Path) -> None
         main = _main(analyze_path(path))
         assert main["ranks"] == [1], (path, main["rule"], main["title"])
         assert main["cost_share"] > 0.3, (path, main)
+
+
+FAULTS_THROUGH_TRACES = {  # name: (trainer, its options, the injection)
+    "tp-straggler": ("tp", ["--steps", "5", "--hidden", "512", "--micro-batch", "8"],
+                     "straggler:rank=1,ms=80"),
+    "pp-straggler": ("pp", ["--steps", "6", "--microbatches", "8", "--micro-batch", "8"],
+                     "straggler:rank=1,ms=80"),
+    "ep-straggler": ("ep", ["--steps", "5", "--capacity-factor", "2.0", "--micro-batch", "16"],
+                     "straggler:rank=1,ms=80"),
+    "zero3-straggler": ("zero3", ["--steps", "5", "--micro-batch", "64"],
+                        "straggler:rank=1,ms=240"),
+    "dp-loader-stall": ("dp", ["--steps", "6"], "loader-stall:rank=1,ms=100"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FAULTS_THROUGH_TRACES))
+def test_a_fault_names_its_rank_first_in_the_run_and_in_its_traces(
+    name: str, tmp_path: Path
+) -> None:
+    """Every trainer's profiler traces name the rank its run directory names. A sleep between
+    the step thread's operators is that rank's own time on the host: through a CPU trace a
+    sleeping straggler may read as host time (BAL005) where its run directory, whose spans
+    cover the sleep, says compute (BAL001); both blame rank 1 and cost most of the sleep."""
+    trainer, options, fault = FAULTS_THROUGH_TRACES[name]
+    steps = options[options.index("--steps") + 1]
+    run = tmp_path / "run"
+    diag_run(run, *options, "--inject", fault, "--profile-steps", f"2:{steps}", trainer=trainer)
+    for path in (run, run / "traces"):
+        main = _main(analyze_path(path))
+        assert main["ranks"] == [1], (path, main["rule"], main["title"])
+        assert main["rule"] in ("BAL001", "BAL005", "PIP003"), (path, main["rule"])
+        assert main["cost_share"] > 0.1, (path, main)

@@ -61,7 +61,9 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     Evidence:
         Per machine: ranks, usable cores, the share of step time waited for a core, the cores
         the ranks' threads kept busy, the step from which the waiting began (when it began
-        midway). The cost is the replay's "every rank had its cores".
+        midway). The cost is the replay's "every rank had its cores". Where BAL001 finds a
+        straggler, the finding is low: a rank slower than its peers is the diagnosis, and
+        the waiting they all share is its context (the timings are still inflated by it).
     """
     table = ctx.metrics.host
     if table.empty:
@@ -77,7 +79,9 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         oversubscribed = bool(row.oversubscribed)
         if not oversubscribed and not _others_took_cores(row, limits):
             continue  # the job's own threads on as many cores as ranks: its own, not the host's
-        if oversubscribed and share >= limits["high_share"] and not stragglers:
+        if stragglers:
+            severity = "low"  # context for the straggler, which stays the main finding
+        elif oversubscribed and share >= limits["high_share"]:
             severity = "high"
         else:
             severity = "medium" if share >= limits["medium_share"] else "low"
