@@ -232,6 +232,10 @@ def _queued_excess_per_step_s(metrics: RunMetrics) -> dict[int, float]:
     return {int(r): float(e) for r, e in zip(mean.index, excess, strict=True)}
 
 
+MIN_OWN_PART = 0.5
+"""A replayed straggler's excess must be at least this much its own (not waiting for a core)."""
+
+
 def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
     """The part of a replayed straggler's excess that is not its waiting for a core."""
     excess = float(cause.evidence.get("typical_excess_per_step_s") or 0.0)
@@ -253,9 +257,11 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     # a persistent straggler costs more than the per-step noise around it; otherwise a few
     # steps of random draws could name a rank (BAL004 says it)
     queued = _queued_excess_per_step_s(ctx.metrics)
+    # and one whose excess is mostly its waiting for a core is the host's (HST001); a rank
+    # waking from a sleep on a loaded host queues more too, so a part of it does not count
     causes = [c for c in attribution.causes if c.kind == "straggler"
-              and c.cost_share * _own_part(c, queued) >= limits["min_cost_share"]
-              and c.cost_s > noise_s]  # fmt: skip
+              and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s
+              and _own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
     if not causes:
         return []
     blamed = sorted(r for c in causes for r in c.ranks)
