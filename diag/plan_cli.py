@@ -11,59 +11,55 @@ from typing import Any
 
 import click
 
-from diag.analysis import load_any
 from diag.devices import DEVICES, device_by_key
 from diag.errors import InputError
+from diag.options import EXIT_INPUT, fail, parse_layout
 from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
-from diag.plan.calibrate import calibrate
 from diag.plan.job import RECOMPUTE, Training
 from diag.plan.models import PRESETS, TRAINING, preset
 from diag.plan.render import plan_json, plan_text
-from diag.shell import fail, parse_layout
+from diag.plan.search import MAX_LAYOUTS
 from simulator.config import ModelSpec
 
 _LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "m", "v", "recompute"}
 
 
 def parse_layout_spec(text: str, gpus: int) -> Layout:
-    """`dp=8,tp=8,pp=35,m=240,recompute=full` -> Layout; dp defaults to what remains."""
+    """`dp=8,tp=8,pp=35,m=240,recompute=full` -> Layout; dp defaults to what remains. Only
+    the spelling is checked here (PlanError): the values are diag.plan.inputs's."""
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep or key not in _LAYOUT_KEYS:
-            raise click.BadParameter(
-                f"{part!r}: expected KEY=VALUE, KEY one of {', '.join(sorted(_LAYOUT_KEYS))}"
+            raise PlanError(
+                "--layout",
+                f"{part!r} in {text!r}: expected KEY=VALUE, KEY one of "
+                f"{', '.join(sorted(_LAYOUT_KEYS))}",
             )
         fields[key] = value
     recompute = fields.pop("recompute", "none")
-    if recompute not in RECOMPUTE:
-        raise click.BadParameter(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     try:
         ints = {k: int(v) for k, v in fields.items()}
     except ValueError:
-        raise click.BadParameter(f"{text!r}: sizes must be integers") from None
-    if any(v < 0 for v in ints.values()):
-        raise click.BadParameter(f"{text!r}: sizes must be >= 0")
+        raise PlanError("--layout", f"{text!r}: sizes must be whole numbers") from None
     tp, pp, cp = ints.get("tp", 1), ints.get("pp", 1), ints.get("cp", 1)
-    if min(tp, pp, cp) < 1:
-        raise click.BadParameter(f"{text!r}: tp, pp and cp must be >= 1")
-    dp = ints.get("dp", max(gpus // (tp * pp * cp), 1))
+    rest = tp * pp * cp
     return Layout(
-        dp=dp,
+        dp=ints.get("dp", max(gpus // rest, 1) if rest > 0 else 1),
         tp=tp,
         pp=pp,
         cp=cp,
         ep=ints.get("ep", 1),
         zero=ints.get("zero", 0),
-        microbatches=max(ints.get("m", 1), 1),
-        v=max(ints.get("v", 1), 1),
+        microbatches=ints.get("m", 1),
+        v=ints.get("v", 1),
         recompute=recompute,
     )
 
 
 def _model(name: str | None, overrides: dict[str, int | None]) -> ModelSpec:
     if name is None and overrides.get("layers") is None:
-        raise click.UsageError("give --model PRESET or the model's shape (--layers --hidden ...)")
+        raise PlanError("--model", "give a preset or the model's shape (--layers --hidden ...)")
     base = preset(name) if name else ModelSpec(layers=1)
     given = {k: v for k, v in overrides.items() if v is not None}
     return replace(base, **given)  # type: ignore[arg-type]
@@ -82,9 +78,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     try:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise click.BadParameter(
-            f"{name}: a comma-separated list of integers, got {text!r}"
-        ) from None
+        raise PlanError(name, f"a comma-separated list of whole numbers, got {text!r}") from None
 
 
 def planned_from_run(
@@ -96,6 +90,9 @@ def planned_from_run(
 ) -> tuple[dict[str, Any], str]:
     """(JSON document, text) of the plan calibrated on the run at `path`: its own layout
     first, then `layouts` (each with its own micro-batch count: the global batch follows)."""
+    from diag.analysis import load_any  # pandas and the loaders: 0.6 s only --from needs
+    from diag.plan.calibrate import calibrate
+
     run = load_any(path, parse_layout(run_layout) if run_layout else None)
     cal = calibrate(run, path, model)
     cluster = cal.cluster
@@ -122,17 +119,41 @@ def planned_from_run(
     return doc, head + "\n\n" + "\n".join(texts)
 
 
-@click.command()
+class _OneLineErrors(click.Command):
+    """click's own refusals (a value that is not a number, an unknown option) said as every
+    other input error of the plan: `diag: error: --gpus: 'x' is not a valid integer.`, one
+    line and exit 2, not the usage text."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as err:
+            param = getattr(err, "param", None)
+            opts = getattr(param, "opts", None)
+            where = f"{opts[0]}: " if opts else ""
+            click.echo(f"diag: error: {where}{' '.join(err.message.split())}", err=True)
+            raise SystemExit(EXIT_INPUT) from None
+
+
+# The values are checked in one place, diag.plan.inputs (the rules `diag simulate` shares,
+# diag/input_rules.py), not by click's ranges: one line naming the option for every refusal.
+@click.command(cls=_OneLineErrors)
 @click.option("--model", "model_name", type=click.Choice(sorted(PRESETS)), help="A preset.")
-@click.option("--layers", type=click.IntRange(1), help="Transformer blocks.")
-@click.option("--hidden", type=click.IntRange(1), help="Model width.")
-@click.option("--heads", type=click.IntRange(1), help="Attention heads.")
-@click.option("--kv-heads", type=click.IntRange(1), help="Key/value heads (grouped-query).")
-@click.option("--ffn-hidden", type=click.IntRange(1), help="MLP width [default: 4 x hidden].")
-@click.option("--vocab", type=click.IntRange(1), help="Vocabulary size.")
-@click.option("--seq", "seq_len", type=click.IntRange(1), help="Sequence length.")
-@click.option("--experts", type=click.IntRange(0), help="MoE experts (0: dense).")
-@click.option("--topk", type=click.IntRange(1), help="Experts per token.")
+@click.option("--layers", type=int, help="Transformer blocks.")
+@click.option("--hidden", type=int, help="Model width (a multiple of --heads).")
+@click.option("--heads", type=int, help="Attention heads.")
+@click.option("--kv-heads", type=int, help="Key/value heads (grouped-query; divides --heads).")
+@click.option("--ffn-hidden", type=int, help="MLP width [default: 4 x hidden].")
+@click.option("--vocab", type=int, help="Vocabulary size.")
+@click.option("--seq", "seq_len", type=int, help="Sequence length.")
+@click.option("--experts", type=int, help="MoE experts (0: dense, else >= 2).")
+@click.option("--topk", type=int, help="Experts per token (1..experts).")
 @click.option("--params", type=float, help="Parameter count to use (e.g. the seed's 70e9).")
 @click.option(
     "--flash-attention/--no-flash-attention",
@@ -145,16 +166,26 @@ def planned_from_run(
     default=None,
     help="Dropout masks stored [default: the preset's; on for a shape].",
 )
-@click.option("--gpus", type=click.IntRange(1), help="GPUs in the cluster.")
-@click.option("--gpus-per-node", type=click.IntRange(1), help="[default: the device's node]")
+@click.option("--gpus", type=int, help="GPUs in the cluster.")
+@click.option("--gpus-per-node", type=int, help="[default: the device's node]")
 @click.option("--device", type=click.Choice(sorted(DEVICES)), default="h100", show_default=True)
 @click.option("--memory-gb", type=float, help="Device memory override (GB).")
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s override.")
 @click.option("--intra-node-GBps", "intra", type=float, help="Scale-up link override (GB/s).")
 @click.option("--inter-node-GBps", "inter", type=float, help="Scale-out link override (GB/s).")
-@click.option("--compute-efficiency", type=float, help="Share of peak the GEMMs reach [0.5].")
-@click.option("--global-batch", type=click.IntRange(1), help="Sequences per step.")
-@click.option("--micro-batch", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "--compute-efficiency",
+    type=float,
+    help="Share of the peak a step's compute reaches, in (0, 1] [default: the device's, "
+    "by generation: v100 0.30, a100 0.55, h100 0.50; docs/plan.md].",
+)
+@click.option(
+    "--global-batch",
+    type=int,
+    help="Sequences per step. Required for a search; with --layout it defaults to the first "
+    "layout's dp x micro-batch x m.",
+)
+@click.option("--micro-batch", type=int, default=1, show_default=True)
 @click.option(
     "--layout",
     "layouts",
@@ -169,8 +200,15 @@ def planned_from_run(
     metavar="none,selective,full",
     help="Recomputation the search may use.",
 )
-@click.option("--max-v", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--max-cp", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-v", type=int, default=8, show_default=True)
+@click.option("--max-cp", type=int, default=8, show_default=True)
+@click.option(
+    "--max-layouts",
+    type=int,
+    default=MAX_LAYOUTS,
+    show_default=True,
+    help="Layouts one search enumerates at most; the output says when it cuts the search.",
+)
 @click.option("--from", "from_run", metavar="RUN", help="Calibrate on a measured run.")
 @click.option("--run-layout", metavar="dp=N,tp=N,...", help="A trace folder's layout (--from).")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True)
@@ -204,6 +242,7 @@ def plan(
     recompute_text: str | None,
     max_v: int,
     max_cp: int,
+    max_layouts: int,
     from_run: str | None,
     run_layout: str | None,
     top: int,
@@ -227,7 +266,7 @@ def plan(
             return
         model = _model(model_name, shape)
         if gpus is None:
-            raise click.UsageError("--gpus N is needed (or --from RUN)")
+            raise PlanError("--gpus", "the GPUs in the cluster are needed (or --from RUN)")
         overrides = {
             "device_memory_gb": memory_gb,
             "device_tflops": peak_tflops,
@@ -246,22 +285,26 @@ def plan(
         if batch is None and given:
             batch = given[0].dp * micro_batch * given[0].microbatches
         if batch is None:
-            raise click.UsageError("--global-batch N is needed to search")
+            raise PlanError(
+                "--global-batch",
+                "is required for a search (sequences per step), or give --layout to evaluate "
+                "layouts",
+            )
         job = Job(model, batch, micro_batch, params, _training(model_name, flash, dropout))
-        recompute = tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE
-        if any(r not in RECOMPUTE for r in recompute):
-            raise click.BadParameter(f"--recompute: choose from {RECOMPUTE}")
         space = SearchSpace(
             zero_stages=_ints(zero_text, "--zero") or (0, 1, 2, 3),
-            recompute=recompute,
+            recompute=tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE,
             max_v=max_v,
             max_cp=max_cp,
+            max_layouts=max_layouts,
         )
         result = make_plan(job, cluster, given or None, space)
-    except (PlanError, ValueError, KeyError) as err:
-        raise click.UsageError(str(err).strip("'\"")) from None
-    except InputError as error:
+    except InputError as error:  # PlanError among them: one line naming the option
         fail(error)
+    except click.BadParameter as err:  # --run-layout's spelling (diag.options.parse_layout)
+        fail(InputError("--run-layout", err.message))
+    except (ValueError, KeyError) as err:  # a run's calibration that cannot be made
+        fail(InputError(from_run or "diag plan", str(err).strip("'\"")))
     if fmt == "json":
         click.echo(json.dumps(plan_json(result, top), indent=2, allow_nan=False))
     else:

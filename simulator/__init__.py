@@ -13,14 +13,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diag.schema import write_manifest
-from simulator.arrow_writer import ArrowRankFiles
 from simulator.config import ModelSpec, SimConfig, SimulationError, model_params
 from simulator.engine import Engine
 from simulator.hardware import HardwareSpec
 from simulator.injections import parse_faults, stage_of_ranks
 from simulator.writer import RUN_START_NS, RankFiles, build_manifest, finish, meta_line, prepare
+
+if TYPE_CHECKING:  # pyarrow and pandas only where a run is written as Arrow: `diag plan`
+    from simulator.arrow_writer import ArrowRankFiles  # reads the config without them
 
 __all__ = [
     "HardwareSpec",
@@ -70,6 +73,8 @@ def simulate(
     write_manifest(path, manifest)
     files: RankFiles | ArrowRankFiles
     if format == "arrow":
+        from simulator.arrow_writer import ArrowRankFiles
+
         metas = [meta_line(config, r) for r in range(config.world_size)]
         files = ArrowRankFiles(path, config, engine.stage_ranks, metas, RUN_START_NS)
     else:

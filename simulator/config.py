@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diag import ledger
+from diag.input_rules import check_counts, check_model, check_zero_stage, tp_split_problem
 from diag.names import SCHEDULES
 from diag.schedules import check_layout
 from simulator.hardware import HardwareSpec
@@ -103,46 +104,33 @@ class SimConfig:
 
     def _check(self) -> None:
         m = self.model
-        sizes = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep}
-        bad = {k: v for k, v in sizes.items() if v < 1}
-        if bad:
-            raise ValueError(f"parallel sizes must be >= 1, got {bad}")
+        check_counts({"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep})
         if self.ranks is not None and self.world_size != self.ranks:
             raise ValueError(
                 f"layout dp={self.dp} x tp={self.tp} x pp={self.pp} x ep={self.ep} = "
                 f"{self.world_size} ranks, but --ranks is {self.ranks}"
             )
-        positive = {
-            "gpus_per_node": self.gpus_per_node, "steps": self.steps,
-            "microbatches": self.microbatches, "virtual_stages": self.virtual_stages,
-            "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq_len": m.seq_len,
-            "micro_batch": m.micro_batch, "vocab": m.vocab, "ffn_hidden": m.ffn,
-        }  # fmt: skip
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_counts(
+            {
+                "gpus_per_node": self.gpus_per_node,
+                "steps": self.steps,
+                "microbatches": self.microbatches,
+                "virtual_stages": self.virtual_stages,
+            }
+        )
+        check_model(m)  # the shape rules `diag plan` applies too (diag/input_rules.py)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         check_layout(self.schedule, m.layers, self.pp, self.microbatches, self.virtual_stages)
-        if m.hidden % m.heads:
-            raise ValueError(f"hidden ({m.hidden}) must be divisible by heads ({m.heads})")
-        if m.heads % self.tp or m.ffn % self.tp:
-            raise ValueError(
-                f"heads ({m.heads}) and ffn_hidden ({m.ffn}) must be divisible by tp ({self.tp})"
-            )
-        if m.experts < 0 or m.experts == 1:
-            raise ValueError(f"experts must be 0 (dense) or >= 2, got {m.experts}")
+        tp_problem = tp_split_problem(m, self.tp)
+        if tp_problem is not None:
+            raise ValueError(tp_problem)
         if self.ep > 1 and m.experts == 0:
             raise ValueError(f"ep={self.ep} needs a mixture-of-experts model (--experts > 0)")
         if m.experts and m.experts % self.ep:
             raise ValueError(f"experts ({m.experts}) must be divisible by ep ({self.ep})")
-        if m.experts and not 1 <= m.topk <= m.experts:
-            raise ValueError(f"topk ({m.topk}) must be in 1..experts ({m.experts})")
-        if m.experts and not m.capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be > 0, got {m.capacity_factor}")
         m.dtype_bytes  # noqa: B018  (raises ValueError on an unknown dtype)
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
+        check_zero_stage(self.zero_stage)
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
         if not 0 <= self.jitter < 1:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diag.input_rules import check_device
+
 
 @dataclass(frozen=True)
 class HardwareSpec:
@@ -28,28 +30,9 @@ class HardwareSpec:
     comm_scale: float = 1.0  # multiplies every collective's cost; 0 makes communication free
 
     def check(self) -> None:
-        """ValueError naming the first parameter out of range."""
-        positive = {
-            "device_tflops": self.device_tflops,
-            "hbm_GBps": self.hbm_GBps,
-            "device_memory_gb": self.device_memory_gb,
-            "intra_node_GBps": self.intra_node_GBps,
-            "inter_node_GBps": self.inter_node_GBps,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        for name, value in (("mfu", self.mfu), ("nccl_efficiency", self.nccl_efficiency)):
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        latencies = {
-            "intra_latency_us": self.intra_latency_us,
-            "inter_latency_us": self.inter_latency_us,
-            "comm_scale": self.comm_scale,
-        }
-        for name, value in latencies.items():
-            if not 0 <= value < float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        """ValueError naming the first parameter out of range (the rules `diag plan` applies
+        to its device too: diag/input_rules.py)."""
+        check_device(self)
 
     @property
     def flops_per_s(self) -> float:

@@ -9,7 +9,8 @@ Pure functions over the job, the cluster and the layouts: model presets and how 
 trained them (`models`), the search (`search`), one block's activations (`activations`), the
 pipeline split and each stage's peak in flight (`pipeline`), memory per GPU in the six
 categories (`memory`), step time in the simulator's cost model (`timing`), the evaluation of
-one layout (`evaluate`), the seed's reasoning and the near misses (`reasons`), the
+one layout (`evaluate`), the seed's reasoning and the near misses (`reasons`), what to say
+when nothing fits (`nofit`), every input checked before the search (`inputs`), the
 calibration from a measured run (`calibrate`), and the text and JSON renderings (`render`).
 """
 
@@ -20,25 +21,24 @@ from dataclasses import dataclass, field
 
 from diag import ledger
 from diag.plan.evaluate import Evaluation, evaluate
+from diag.plan.inputs import PlanError, check_inputs
 from diag.plan.job import Cluster, Job, Layout, cluster_from_device
+from diag.plan.nofit import NoFit, no_fit
 from diag.plan.reasons import Reason, near_misses, reasoning
-from diag.plan.search import Invalid, SearchSpace, candidates, structural_problem
+from diag.plan.search import Invalid, SearchSpace, candidates
 
 __all__ = [
     "Cluster",
     "Evaluation",
     "Job",
     "Layout",
+    "NoFit",
     "Plan",
     "PlanError",
     "SearchSpace",
     "cluster_from_device",
     "make_plan",
 ]
-
-
-class PlanError(ValueError):
-    """A job, cluster or layout that cannot be planned; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class Plan:
     invalid: list[Invalid]  # combinations that cannot be built
     reasons: list[Reason] = field(default_factory=list)
     misses: list[tuple[Evaluation, str]] = field(default_factory=list)
+    capped_at: int | None = None  # the search stopped at this many layouts (max_layouts)
+    no_fit: NoFit | None = None  # when nothing is feasible: the least memory, nearest misses
 
     @property
     def best(self) -> Evaluation | None:
@@ -58,7 +60,7 @@ class Plan:
     @property
     def static_bytes(self) -> float:
         """16 B/param of the whole model (SEED §1)."""
-        return ledger.static_state_bytes(self.job.total_params)
+        return plan_static_bytes(self.job)
 
     def find(self, layout: Layout) -> Evaluation | None:
         return next((e for e in self.evaluated if e.layout == layout), None)
@@ -83,31 +85,39 @@ def make_plan(
     layouts: Sequence[Layout] | None = None,
     space: SearchSpace | None = None,
 ) -> Plan:
-    """Evaluate `layouts` (default: the whole search space) and rank the feasible ones by
-    predicted throughput. PlanError when a given layout cannot be built."""
+    """Evaluate `layouts` (default: the search space, at most `space.max_layouts` of it) and
+    rank the feasible ones by predicted throughput. PlanError (one line naming the option)
+    for an input that cannot be planned, a given layout that cannot be built among them."""
+    check_inputs(job, cluster, layouts or (), space)
+    space = space or SearchSpace()
     evaluated: list[Evaluation] = []
     invalid: list[Invalid] = []
+    capped_at = None
     if layouts is None:
-        for item in candidates(job, cluster, space):
+        for count, item in enumerate(candidates(job, cluster, space)):
+            if count == space.max_layouts:
+                capped_at = count
+                break
             if isinstance(item, Invalid):
                 invalid.append(item)
             else:
                 evaluated.append(evaluate(job, item, cluster))
     else:
-        for layout in layouts:
-            problem = structural_problem(job, layout, cluster.gpus)
-            if problem is not None:
-                raise PlanError(f"layout {layout.key()}: {problem}")
-            evaluated.append(evaluate(job, layout, cluster))
+        evaluated = [evaluate(job, layout, cluster) for layout in layouts]
     ranked = sorted(
         (e for e in evaluated if e.feasible), key=lambda e: (e.step_s, e.memory.total_bytes)
     )
-    plan = Plan(job, cluster, ranked, evaluated, invalid)
     if not ranked:
-        return plan
+        missing = no_fit(evaluated, cluster.memory_bytes)
+        return Plan(job, cluster, ranked, evaluated, invalid, capped_at=capped_at, no_fit=missing)
     best = ranked[0]
     reasons = reasoning(
-        best, evaluated, cluster.gpus_per_node, plan.static_bytes, cluster.memory_bytes
+        best, evaluated, cluster.gpus_per_node, plan_static_bytes(job), cluster.memory_bytes
     )
     misses = near_misses(best, ranked, evaluated)
-    return Plan(job, cluster, ranked, evaluated, invalid, reasons, misses)
+    return Plan(job, cluster, ranked, evaluated, invalid, reasons, misses, capped_at)
+
+
+def plan_static_bytes(job: Job) -> float:
+    """16 B/param of the whole model (SEED §1)."""
+    return ledger.static_state_bytes(job.total_params)

@@ -9,6 +9,7 @@ microbatches x dp` sequences per step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from diag.devices import DeviceSpec
 from simulator.config import ModelSpec, SimConfig, model_params
@@ -17,9 +18,6 @@ from simulator.hardware import HardwareSpec
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation: none; selective (Korthikanti 2022: the attention scores are
 recomputed, the rest kept); full (only each layer's input is kept, the forward runs twice)."""
-
-DEFAULT_COMPUTE_EFFICIENCY = 0.5
-"""Share of the device's peak its GEMMs reach: the simulator's default `mfu` (hardware.py)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,9 @@ class Cluster:
     """Fixed time of each forward or backward pass of one micro-batch through one chunk of
     layers, whatever its FLOPs (launches, the framework's per-call work): calibrated on a
     measured run (`diag plan --from`), 0 for a cluster of the device table."""
+    given: tuple[tuple[str, float], ...] = ()
+    """What the user set over the device table's entry: (HardwareSpec field or
+    "gpus_per_node", value), in the order given; the header names them."""
 
     @property
     def nodes(self) -> int:
@@ -52,23 +53,25 @@ class Cluster:
 def cluster_from_device(
     device: DeviceSpec, gpus: int, gpus_per_node: int | None = None, **overrides: float
 ) -> Cluster:
-    """The cluster of `gpus` devices of the table's `device`; `overrides` replace fields of the
-    simulator's HardwareSpec (device_memory_gb, intra_node_GBps, mfu, ...)."""
+    """The cluster of `gpus` devices of the table's `device`, its compute at the device's
+    `compute_efficiency`; `overrides` replace fields of the simulator's HardwareSpec
+    (device_memory_gb, intra_node_GBps, mfu, ...) and are kept as `Cluster.given`. Unchecked:
+    `make_plan` checks every input (diag.plan.inputs)."""
     hardware = HardwareSpec(
         device_name=device.name,
         device_tflops=device.peak_tflops_bf16,
-        mfu=DEFAULT_COMPUTE_EFFICIENCY,
+        mfu=device.compute_efficiency,
         hbm_GBps=device.hbm_GBps,
         device_memory_gb=device.memory_gb,
         intra_node_GBps=device.intra_node_GBps,
         inter_node_GBps=device.inter_node_GBps,
     )
     hardware = replace(hardware, **overrides)  # type: ignore[arg-type]
-    hardware.check()
+    given = tuple(overrides.items())
+    if gpus_per_node is not None:
+        given += (("gpus_per_node", float(gpus_per_node)),)
     per_node = device.gpus_per_node if gpus_per_node is None else gpus_per_node
-    if gpus < 1 or per_node < 1:
-        raise ValueError(f"gpus and gpus_per_node must be >= 1, got {gpus}, {per_node}")
-    return Cluster(gpus, per_node, hardware, device.key)
+    return Cluster(gpus, per_node, hardware, device.key, given=given)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Job:
 
     @property
     def architecture_params(self) -> int:
-        return model_params(SimConfig(model=self.model))
+        return _architecture_params(self.model)
 
     @property
     def total_params(self) -> float:
@@ -112,6 +115,13 @@ class Job:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.model.seq_len
+
+
+@lru_cache(maxsize=256)
+def _architecture_params(model: ModelSpec) -> int:
+    """The whole model's parameters, counted once per model: every per-GPU share of every
+    layout scales by it (a search asked for it 160,000 times, half its time)."""
+    return model_params(SimConfig(model=model))
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ from fractions import Fraction
 from typing import Any
 
 from diag import ledger
+from diag.devices import DEVICES
 from diag.plan import Plan
 from diag.plan.activations import block_activation_bytes
 from diag.plan.evaluate import GB, Evaluation
-from diag.plan.job import Job, Layout
+from diag.plan.job import Cluster, Job, Layout
+from diag.plan.nofit import NoFit
 
 PLAN_SCHEMA = "diag.plan/1"
 TOP = 5
@@ -91,20 +93,85 @@ def plan_json(plan: Plan, top: int = TOP) -> dict[str, Any]:
             "gpus_per_node": cluster.gpus_per_node,
             "device": cluster.device_key,
             "hardware": hw,
+            "given": dict(cluster.given),
             "overhead_s": cluster.overhead_s,
         },
         "worked": worked_figures(plan, None),
         "considered": len(plan.evaluated) + len(plan.invalid),
+        "capped_at": plan.capped_at,
         "feasible": len(plan.ranked),
         "layouts": [_evaluation_json(e) for e in shown],
         "meshes": [_evaluation_json(e) for e in plan.meshes[:top]],
         "reasoning": [asdict(r) for r in plan.reasons],
         "near_misses": [{"layout": e.layout.key(), "why": why} for e, why in plan.misses],
+        "no_fit": _no_fit_json(plan.no_fit),
+    }
+
+
+def _no_fit_json(nofit: NoFit | None) -> dict[str, Any] | None:
+    if nofit is None:
+        return None
+    return {
+        "budget_bytes": nofit.budget_bytes,
+        "least": {"layout": nofit.least.layout.key(), "memory_bytes": nofit.least.memory.as_dict()},
+        "floor_bytes": nofit.floor_bytes,
+        "nearest_misses": [
+            {
+                "layout": e.layout.key(),
+                "memory_bytes": e.memory.total_bytes,
+                "over_bytes": e.memory.total_bytes - nofit.budget_bytes,
+            }
+            for e in nofit.misses
+        ],
     }
 
 
 def _gb(value: float) -> str:
     return f"{value / GB:,.1f} GB"
+
+
+_GIVEN = {
+    "device_memory_gb": "memory {:g} GB",
+    "device_tflops": "peak {:g} TFLOP/s",
+    "intra_node_GBps": "scale-up link {:g} GB/s",
+    "inter_node_GBps": "scale-out link {:g} GB/s",
+    "mfu": "compute efficiency {:g}",
+    "gpus_per_node": "{:g} per node",
+}
+"""How the header names what the user set over the device table (Cluster.given)."""
+
+
+def device_text(cluster: Cluster) -> str:
+    """`NVIDIA H100 SXM 80GB (8 per node, 80 GB)`; after an override the table's name would
+    claim a device the plan no longer prices, so what the user set is named as given:
+    `h100 (memory 40 GB given, peak 312 TFLOP/s given, 8 per node)`."""
+    hw = cluster.hardware
+    given = dict(cluster.given)
+    if not given:
+        return f"{hw.device_name} ({cluster.gpus_per_node} per node, {hw.device_memory_gb:g} GB)"
+    parts = [_GIVEN.get(k, k + " {:g}").format(v) + " given" for k, v in given.items()]
+    if "gpus_per_node" not in given:
+        parts.append(f"{cluster.gpus_per_node} per node")
+    return f"{cluster.device_key or hw.device_name} ({', '.join(parts)})"
+
+
+def efficiency_text(cluster: Cluster) -> str:
+    """The compute's rate and where its share of the peak comes from: the device table
+    (docs/plan.md), the user, or a measured run."""
+    hw = cluster.hardware
+    table = DEVICES.get(cluster.device_key or "")
+    if "mfu" in dict(cluster.given):
+        source = "given"
+    elif hw.device_name.endswith("(calibrated)"):
+        source = "calibrated"
+    elif table is not None and table.compute_efficiency == hw.mfu:
+        source = f"the {table.key}'s, docs/plan.md"
+    else:
+        source = "the cluster's"
+    return (
+        f"compute {hw.device_tflops:g} TFLOP/s peak x efficiency {hw.mfu:.2f} ({source}) = "
+        f"{hw.device_tflops * hw.mfu:,.1f} TFLOP/s per GPU"
+    )
 
 
 def plan_text(plan: Plan, top: int = TOP) -> str:
@@ -113,9 +180,9 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
     w = worked_figures(plan, None)
     m = job.model
     lines = [
-        f"plan  {cluster.gpus} x {cluster.hardware.device_name} ({cluster.gpus_per_node} per "
-        f"node, {cluster.hardware.device_memory_gb:g} GB)  global batch {job.global_batch} x "
+        f"plan  {cluster.gpus:,} x {device_text(cluster)}  global batch {job.global_batch} x "
         f"seq {m.seq_len}, micro-batch {job.micro_batch}",
+        f"device  {efficiency_text(cluster)}",
         f"state   {job.total_params / 1e9:,.1f}B params x 16 B/param = {_gb(w['static_bytes'])}"
         f" static state (params 2 + grads 2 + fp32 master 4 + Adam 8)",
         f"activations, Korthikanti's GPT block (tp 1, no recompute, seq {m.seq_len}, "
@@ -124,15 +191,22 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
         f"{_gb(w['activation_bytes_all_layers'])} for {m.layers} layers",
         f"  the job's block ({block_text(job)}): "
         f"{w['block_activation_bytes_per_layer'] / GB:,.2f} GB per layer",
-        f"considered {len(plan.evaluated) + len(plan.invalid)} layouts: {len(plan.ranked)} "
+        f"considered {len(plan.evaluated) + len(plan.invalid):,} layouts: {len(plan.ranked):,} "
         "feasible",
     ]
+    if plan.capped_at is not None:
+        lines.append(
+            f"note: the search stopped at {plan.capped_at:,} layouts (--max-layouts), in the "
+            "order tp, cp, pp ascending: the larger ones were not considered"
+        )
     if not plan.evaluated:
         lines.append(
             "no layout can be built: "
             + (plan.invalid[0].reason if plan.invalid else "nothing to consider")
         )
         return "\n".join(lines) + "\n"
+    if plan.no_fit is not None and len(plan.evaluated) > top:
+        return "\n".join(lines + no_fit_lines(plan.no_fit)) + "\n"
     given = len(plan.evaluated) <= top
     shown = plan.evaluated if given else plan.meshes[:top]
     lines.append("")
@@ -174,4 +248,36 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
         lines.append("near misses")
         for e, why in plan.misses:
             lines.append(f"  {e.layout.key()}: {why}")
+    if plan.no_fit is not None:
+        lines += no_fit_lines(plan.no_fit)
     return "\n".join(lines) + "\n"
+
+
+def no_fit_lines(nofit: NoFit) -> list[str]:
+    """The least memory any layout needs, by category, against the budget; the nearest
+    misses, the least over it first."""
+    least, budget = nofit.least, nofit.budget_bytes
+    categories = "  ".join(
+        f"{k} {_gb(v)}" for k, v in least.memory.as_dict().items() if k != "total"
+    )
+    floor = "  ".join(f"{k} {_gb(v)}" for k, v in nofit.floor_bytes.items())
+    if nofit.fits_elsewhere:
+        head = (
+            f"no layout is feasible: the least memory any layout needs, "
+            f"{_gb(least.memory.total_bytes)} per GPU, fits in {_gb(budget)}, but that layout "
+            f"is rejected: {least.rejected}"
+        )
+    else:
+        head = (
+            f"no layout fits: the least memory any layout needs is "
+            f"{_gb(least.memory.total_bytes)} per GPU against the device's {_gb(budget)} "
+            f"({_gb(least.memory.total_bytes - budget)} over)"
+        )
+    lines = ["", head, f"  {least.layout.key()}:", f"    {categories}"]
+    lines.append(f"  each category's least over every layout:  {floor}")
+    if nofit.misses:
+        lines.append(f"nearest misses (memory per GPU, over {_gb(budget)})")
+        for e in nofit.misses:
+            over = e.memory.total_bytes - budget
+            lines.append(f"  {_gb(e.memory.total_bytes):>10s} (+{_gb(over)})  {e.layout.key()}")
+    return lines

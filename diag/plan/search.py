@@ -1,14 +1,23 @@
 """Enumerate the layouts of a job on a cluster: every combination that can be built, and for
-the rest the reason it cannot (divisibility), with the limits that keep the search small."""
+the rest the reason it cannot (divisibility), with the limits that keep the search small:
+the pipeline sizes are the divisors of what remains after tp and cp (from its prime factors,
+diag.plan.divisors) up to the layers, and `SearchSpace.max_layouts` caps how many layouts one
+search enumerates (make_plan says so when it cuts the search)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from diag.input_rules import tp_split_problem
+from diag.plan.divisors import divisors
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
 from diag.plan.pipeline import stage_count_problem
 
+MAX_LAYOUTS = 20_000
+"""Layouts one search enumerates at most (buildable or not): at the 0.3-0.5 ms a layout takes
+to evaluate, under 10 s on one core; the widest preset searches (Mixtral on 64 GPUs, Llama 3
+405B on 16,384) enumerate under 9,000."""
 MAX_VIRTUAL_STAGES = 8
 CP_SIZES = (1, 2, 4, 8)
 FLASH_IS_SELECTIVE = (
@@ -28,6 +37,7 @@ class SearchSpace:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
+    max_layouts: int = MAX_LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -38,18 +48,14 @@ class Invalid:
     reason: str
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def structural_problem(job: Job, layout: Layout, gpus: int) -> str | None:
     """Why `layout` cannot be built for `job` on `gpus` GPUs, or None."""
     m = job.model
-    kv_heads = m.heads if m.kv_heads is None else m.kv_heads
     if layout.world != gpus:
         return f"dp x tp x pp x cp = {layout.world}, not the {gpus} GPUs"
-    if m.heads % layout.tp or m.ffn % layout.tp or kv_heads % layout.tp:
-        return f"tp={layout.tp} does not divide heads ({m.heads}), kv heads or ffn ({m.ffn})"
+    tp_problem = tp_split_problem(m, layout.tp)
+    if tp_problem is not None:
+        return tp_problem
     if m.seq_len % layout.cp:
         return f"cp={layout.cp} does not divide seq ({m.seq_len})"
     if layout.ep > 1 and (not m.experts or m.experts % layout.ep or layout.dp % layout.ep):
@@ -63,6 +69,8 @@ def structural_problem(job: Job, layout: Layout, gpus: int) -> str | None:
             f"global batch {job.global_batch} is not dp ({layout.dp}) x micro-batch "
             f"({job.micro_batch}) x m"
         )
+    if layout.v > 1 and layout.pp == 1:
+        return f"v={layout.v} interleaves pipeline stages: it needs pp > 1"
     if layout.v > 1 and layout.microbatches % layout.pp:
         return f"interleaving needs m ({layout.microbatches}) divisible by pp ({layout.pp})"
     if layout.zero and layout.dp == 1:
@@ -76,22 +84,22 @@ def candidates(
     """Every layout of the search space: valid ones as `Layout`, the rest as `Invalid`.
 
     tp: powers of two up to twice a node (the ones across nodes are kept to say why they
-    lose), cp up to 8, pp every divisor of what remains, dp the rest; micro-batches from the
-    global batch; v up to 8; ZeRO 0-3; recomputation none / selective / full (not selective
-    with flash attention, which recomputes the scores itself); ep the divisors of the
-    experts."""
+    lose), cp up to 8, pp every divisor of what remains up to the layers, dp the rest;
+    micro-batches from the global batch; v up to 8; ZeRO 0-3; recomputation none / selective
+    / full (not selective with flash attention, which recomputes the scores itself); ep the
+    divisors of the experts up to the GPUs. Unbounded: make_plan takes `space.max_layouts`."""
     space = space or SearchSpace()
     gpus, model = cluster.gpus, job.model
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= 2 * cluster.gpus_per_node and t <= gpus]
     tps = [space.tp] if space.tp is not None else tps
-    eps = list(_divisors(model.experts)) if model.experts else [1]
+    eps = list(divisors(model.experts, gpus)) if model.experts else [1]
     for tp in tps:
         for cp in (c for c in CP_SIZES if c <= space.max_cp):
             if gpus % (tp * cp):
                 continue
-            for pp in _divisors(gpus // (tp * cp)):
+            for pp in divisors(gpus // (tp * cp), model.layers):
                 dp = gpus // (tp * cp * pp)
-                if pp > model.layers or space.pp not in (None, pp) or space.dp not in (None, dp):
+                if space.pp not in (None, pp) or space.dp not in (None, dp):
                     continue
                 if job.global_batch % (dp * job.micro_batch):
                     yield Invalid(
