@@ -200,6 +200,15 @@ class _OneLineErrors(click.Command):
     metavar="none,selective,full",
     help="Recomputation the search may use.",
 )
+@click.option(
+    "--sequence-parallel",
+    "sequence_parallel",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    help="Sequence parallelism with TP (Korthikanti 2022); auto: on for tp > 1, off: the "
+    "activations and pipeline messages of frameworks before 2022.",
+)
 @click.option("--max-v", type=int, default=8, show_default=True)
 @click.option("--max-cp", type=int, default=8, show_default=True)
 @click.option(
@@ -240,6 +249,7 @@ def plan(
     layouts: tuple[str, ...],
     zero_text: str | None,
     recompute_text: str | None,
+    sequence_parallel: str,
     max_v: int,
     max_cp: int,
     max_layouts: int,
@@ -280,7 +290,8 @@ def plan(
             gpus_per_node,
             **{k: v for k, v in overrides.items() if v is not None},
         )
-        given = [parse_layout_spec(t, gpus) for t in layouts]
+        sp = sequence_parallel != "off"  # on and auto alike: it only splits anything at tp > 1
+        given = [replace(parse_layout_spec(t, gpus), sequence_parallel=sp) for t in layouts]
         batch = global_batch
         if batch is None and given:
             batch = given[0].dp * micro_batch * given[0].microbatches
@@ -297,6 +308,7 @@ def plan(
             max_v=max_v,
             max_cp=max_cp,
             max_layouts=max_layouts,
+            sequence_parallel=sp,
         )
         result = make_plan(job, cluster, given or None, space)
     except InputError as error:  # PlanError among them: one line naming the option

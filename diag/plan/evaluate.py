@@ -12,8 +12,10 @@ from diag.plan.memory import (
     MemoryPerGpu,
     block_params,
     boundary_bytes,
+    expert_dp,
     layers_per_gpu,
     memory_per_gpu,
+    stage_expert_params,
     stage_params,
 )
 from diag.plan.timing import (
@@ -25,6 +27,13 @@ from diag.plan.timing import (
 )
 
 GB = 1e9
+PIPELINE_ENGINE_NOTE = (
+    "DeepSpeed's pipeline engine refuses ZeRO-2/3 with pp > 1 (it runs ZeRO-1 there); "
+    "Megatron's distributed optimizer is ZeRO-1: this layout needs FSDP-style sharding "
+    "(torchtitan) to run"
+)
+"""Why a layout with ZeRO >= 2 and a pipeline is flagged: the frameworks that run most
+pipelines cannot build it (deepspeed/runtime/pipe/engine.py asserts zero_stage < 2)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class Evaluation:
     bubble_fraction: float
     rejected: str | None  # why the layout cannot (or must not) run; None: feasible
     rejected_kind: str | None = None  # "memory", "crosses-nodes"
+    notes: tuple[str, ...] = ()  # what holds the layout back without rejecting it
 
     @property
     def step_s(self) -> float:
@@ -50,7 +60,14 @@ class Evaluation:
 
 
 def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
-    """Payload bytes one GPU of the heaviest stage moves per step, by parallel dimension."""
+    """Payload bytes one GPU of the heaviest stage moves per step, by parallel dimension.
+
+    `dp` is the gradient reduction, `zero` the parameter gathers, of the P parameters the GPU
+    holds (2 B each; the experts' only where they have replicas, dp > ep): ZeRO-0 one
+    all-reduce of 2P; ZeRO-1 one reduce-scatter of 2P and one all-gather of 2P (an
+    all-reduce's two halves: the same wire bytes as ZeRO-0's); ZeRO-2 m reduce-scatters of 2P
+    and one all-gather; ZeRO-3 m reduce-scatters of 2P and, per micro-batch, each block's
+    parameters gathered in forward (twice under full recomputation) and in backward."""
     m = job.model
     b, s, h = job.micro_batch, m.seq_len // layout.cp, m.hidden
     n, mbs = layers_per_gpu(job, layout), layout.microbatches
@@ -68,11 +85,16 @@ def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
     if layout.pp > 1:
         out["pp"] = 2 * layout.v * mbs * boundary_bytes(job, layout)
     params = stage_params(job, layout)
-    if layout.dp > 1 and layout.zero < 3:
-        out["dp"] = ledger.dp_grad_payload_bytes(params, PARAM_BYTES)
+    if expert_dp(layout) == 1:  # each expert has one replica: nothing to reduce or gather
+        params -= stage_expert_params(job, layout)
+    if layout.dp > 1:
+        reductions = 1 if layout.zero < 2 else mbs
+        out["dp"] = reductions * ledger.dp_grad_payload_bytes(params, PARAM_BYTES)
+    if layout.dp > 1 and layout.zero in (1, 2):
+        out["zero"] = params * PARAM_BYTES
     if layout.dp > 1 and layout.zero >= 3:
         unit = ledger.zero3_allgather_bytes(block_params(job, layout), PARAM_BYTES)
-        out["zero"] = n * mbs * (forwards + 2) * unit
+        out["zero"] = n * mbs * (forwards + 1) * unit
     return out
 
 
@@ -96,6 +118,7 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
     elif memory.total_bytes > budget:
         rejected = f"needs {memory.total_bytes / GB:.1f} GB per GPU > {budget / GB:.0f} GB"
         kind = "memory"
+    notes = (PIPELINE_ENGINE_NOTE,) if layout.zero >= 2 and layout.pp > 1 else ()
     return Evaluation(
         layout=layout,
         memory=memory,
@@ -107,4 +130,5 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
         bubble_fraction=ledger.bubble_fraction(layout.pp, layout.microbatches, layout.v),
         rejected=rejected,
         rejected_kind=kind,
+        notes=notes,
     )

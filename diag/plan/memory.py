@@ -1,8 +1,13 @@
 """Memory per GPU in the six categories (docs/metrics.md) for one layout, from the ledger.
 
 Static state is 16 B/param (SEED §1) of the parameters the GPU's stage holds after tensor,
-pipeline and expert splits, with ZeRO's divisions over dp: stage 1 the 12 B of optimizer
-state, stage 2 also the 2 B of gradients, stage 3 also the 2 B of parameters. Activations are
+pipeline and expert splits, with ZeRO's divisions: stage 1 the 12 B of optimizer state, stage
+2 also the 2 B of gradients, stage 3 also the 2 B of parameters. ZeRO shards over the group
+that holds the same parameters: the dense part over dp, the experts over the expert-data-
+parallel group dp / ep (each expert has dp / ep replicas; Megatron-Core's and DeepSpeed-MoE's
+expert DP group). ZeRO-2 keeps the 1/dp partition of the gradients plus the full-size
+gradients of one reduce bucket (DeepSpeed reduce-scatters them after each micro-batch's
+backward: a partition cannot accumulate the next micro-batch's full gradients). Activations are
 the block's (diag.plan.activations: Korthikanti 2022's count for the block the job trains)
 times the blocks the stage holds in flight at its peak (diag.plan.pipeline: 1F1B about p
 micro-batches of its chunk, independent of m; interleaved a little more), plus the fp32
@@ -23,6 +28,9 @@ from simulator.config import layer_params
 
 PARAM_BYTES = 2  # bf16 parameters (and gradients, activations, messages)
 GRAD_BYTES = 2
+ZERO2_BUCKET_BYTES = 5e8 * GRAD_BYTES
+"""ZeRO-2's working gradients: DeepSpeed's default reduce_bucket_size, 5e8 elements, filled
+by the backward and reduce-scattered when full (at most the stage's whole gradients)."""
 FRAGMENTATION_SHARE = 0.05
 """Allocator fragmentation as a share of the allocated bytes (the simulator's default)."""
 
@@ -63,6 +71,24 @@ def block_params(job: Job, layout: Layout) -> float:
     return layer_params(job.model, layout.tp, layout.ep).total * job.param_scale
 
 
+def block_expert_params(job: Job, layout: Layout) -> float:
+    """The experts of one block on one GPU (its EP share, each expert TP-split); 0 if dense."""
+    return layer_params(job.model, layout.tp, layout.ep).experts * job.param_scale
+
+
+def expert_dp(layout: Layout) -> int:
+    """Replicas of each expert: the expert-data-parallel group ZeRO shards expert state over."""
+    return max(layout.dp // layout.ep, 1)
+
+
+def zero_sharded(dense: float, experts: float, layout: Layout, from_stage: int) -> float:
+    """`dense` + `experts` of one GPU after ZeRO when its stage is at least `from_stage`: the
+    dense part over dp, the experts over dp / ep (unsharded below `from_stage`)."""
+    if layout.zero < from_stage:
+        return dense + experts
+    return dense / layout.dp + experts / expert_dp(layout)
+
+
 def pipeline_stages(job: Job, layout: Layout) -> tuple[Stage, ...]:
     """The stages of `layout` that can be its heaviest (diag.plan.pipeline)."""
     return stages(job.model.layers, layout.pp, layout.v)
@@ -85,9 +111,20 @@ def params_of(job: Job, layout: Layout, stage: Stage) -> float:
     return stage.blocks * block_params(job, layout) + ends * job.param_scale
 
 
+def expert_params_of(job: Job, layout: Layout, stage: Stage) -> float:
+    """The expert part of `params_of` (the ends are dense)."""
+    return stage.blocks * block_expert_params(job, layout)
+
+
 def stage_params(job: Job, layout: Layout) -> float:
     """Parameters on the pipeline GPU that holds the most."""
     return max(params_of(job, layout, stage) for stage in pipeline_stages(job, layout))
+
+
+def stage_expert_params(job: Job, layout: Layout) -> float:
+    """Expert parameters on the pipeline GPU that holds the most parameters."""
+    heaviest = max(pipeline_stages(job, layout), key=lambda stage: params_of(job, layout, stage))
+    return expert_params_of(job, layout, heaviest)
 
 
 def layer_activation_bytes(job: Job, layout: Layout) -> float:
@@ -122,8 +159,9 @@ def boundary_bytes(job: Job, layout: Layout) -> float:
 
 
 def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
-    """DDP's flat gradient buffer, pipeline send/receive buffers, ZeRO-3's gathered units,
-    the all-to-all buffers of expert parallelism (at the capacity factor)."""
+    """DDP's flat gradient buffer, pipeline send/receive buffers, ZeRO-3's gathered units and
+    one unit's full gradients before their reduce-scatter, the all-to-all buffers of expert
+    parallelism (at the capacity factor)."""
     m = job.model
     buffers = 0.0
     if layout.dp > 1 and layout.zero < 2:
@@ -131,8 +169,8 @@ def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
     boundary = boundary_bytes(job, layout)
     if layout.pp > 1:
         buffers += 2 * boundary
-    if layout.zero >= 3 and layout.dp > 1:  # this unit and the prefetched next one
-        buffers += 2 * ledger.zero3_allgather_bytes(block_params(job, layout), PARAM_BYTES)
+    if layout.zero >= 3 and layout.dp > 1:  # this unit, the prefetched next, the unit's grads
+        buffers += 3 * ledger.zero3_allgather_bytes(block_params(job, layout), PARAM_BYTES)
     if layout.ep > 1:
         tokens = job.micro_batch * m.seq_len // layout.cp
         a2a = ledger.ep_alltoall_bytes(tokens, m.topk, m.hidden, PARAM_BYTES)
@@ -151,11 +189,14 @@ def memory_per_gpu(job: Job, layout: Layout) -> MemoryPerGpu:
 def stage_memory(job: Job, layout: Layout, stage: Stage) -> MemoryPerGpu:
     """The six categories on one GPU of `stage`."""
     params = params_of(job, layout, stage)
-    dp = layout.dp
-    state = ledger.static_state_bytes(params)  # 16 B/param before ZeRO
-    weights = params * PARAM_BYTES / (dp if layout.zero >= 3 else 1)
-    grads = params * GRAD_BYTES / (dp if layout.zero >= 2 else 1)
-    optimizer = (state - params * (PARAM_BYTES + GRAD_BYTES)) / (dp if layout.zero >= 1 else 1)
+    experts = expert_params_of(job, layout, stage)
+    dense = params - experts
+    optimizer_bytes = ledger.static_state_bytes(1) - PARAM_BYTES - GRAD_BYTES  # 12 B/param
+    weights = zero_sharded(dense, experts, layout, 3) * PARAM_BYTES
+    grads = zero_sharded(dense, experts, layout, 2) * GRAD_BYTES
+    if layout.zero == 2 and layout.dp > 1:  # the bucket being filled and reduce-scattered
+        grads += min(params * GRAD_BYTES, ZERO2_BUCKET_BYTES)
+    optimizer = zero_sharded(dense, experts, layout, 1) * optimizer_bytes
     activations = activation_bytes(job, layout, stage)
     buffers = comm_buffer_bytes(job, layout, params)
     allocated = weights + grads + optimizer + activations + buffers

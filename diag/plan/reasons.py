@@ -32,10 +32,10 @@ COMPONENTS = {
     "tp_s": "TP communication",
     "cp_s": "CP communication",
     "ep_s": "EP all-to-all",
-    "zero_s": "ZeRO-3 gathers",
+    "zero_s": "ZeRO parameter gathers",
     "pp_bubble_s": "pipeline bubble",
     "pp_p2p_s": "pipeline transfers",
-    "dp_s": "exposed DP all-reduce",
+    "dp_s": "exposed DP gradient reduction",
     "optimizer_s": "optimizer",
     "overhead_s": "host overhead",
 }
@@ -115,6 +115,8 @@ def reasoning(
         text = "; ".join(w for w in why if w)
         if dim == "tp":
             text = f"{state}; " + (text or "no other TP size can be built")
+        if dim == "zero" and best.notes:
+            text = "; ".join([*best.notes, text] if text else best.notes)
         if dim == "pp" and lay.pp > 1:
             text += f"; m = {lay.microbatches} micro-batches: m >= 4p "
             text += "met" if lay.microbatches >= 4 * lay.pp else "not met"

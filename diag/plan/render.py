@@ -70,6 +70,7 @@ def _evaluation_json(e: Evaluation) -> dict[str, Any]:
         "time": e.time.as_dict(),
         "comm_bytes_per_step": e.comm_bytes,
         "rejected": e.rejected,
+        "notes": list(e.notes),
     }
 
 
@@ -237,6 +238,7 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
             "  comm/step   " + "  ".join(f"{k} {_gb(v)}" for k, v in e.comm_bytes.items() if v)
             or "  comm/step   none"
         )
+        lines += [f"  note        {note}" for note in e.notes]
     if plan.reasons:
         lines.append("")
         lines.append("why the first choice")

@@ -38,6 +38,8 @@ class SearchSpace:
     pp: int | None = None
     dp: int | None = None
     max_layouts: int = MAX_LAYOUTS
+    sequence_parallel: bool = True
+    """Sequence parallelism with tp > 1 (Korthikanti 2022); off for frameworks before it."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ def _variants(
                         base.microbatches,
                         v,
                         recompute,
+                        sequence_parallel=space.sequence_parallel,
                     )
                     problem = structural_problem(job, layout, gpus)
                     if recompute == "selective" and job.training.flash_attention:

@@ -13,9 +13,16 @@ replays every rank; tests/unit/test_plan_engine.py holds the two together):
 - a pipeline runs m micro-batch slots of its heaviest stage and (p-1)/v of its mean stage
   (the bubble; the stages as diag.plan.pipeline splits them) and pays one activation and one
   gradient transfer for each of its v m chunk passes and the p - 1 of the fill;
-- DDP's gradient buckets all-reduce during the last backward (at most 4 buckets, ready evenly
-  over it, as the engine does): what outlasts the backward is exposed;
-- then the optimizer, then a fixed host overhead per step (0 unless calibrated);
+- the data-parallel reduction of the gradients in buckets (at most 4, ready evenly over a
+  backward, as the engine does; what outlasts the backward is exposed), by ZeRO stage:
+  0 (DDP) one all-reduce in the last backward; 1 one reduce-scatter in the last backward (the
+  gradients accumulate in full); 2 one reduce-scatter in every micro-batch's backward
+  (DeepSpeed: a 1/dp partition cannot accumulate full gradients), m per step; 3 the
+  per-micro-batch gathers and reduce-scatters of each unit (below). The dense gradients
+  reduce over dp, the experts' over their dp / ep replicas;
+- then the optimizer, then ZeRO-1/2's all-gather of the updated parameters (after the step,
+  as DeepSpeed runs it; Megatron's --overlap-param-gather would hide it under the next
+  forward, not modelled), then a fixed host overhead per step (0 unless calibrated);
 - a calibrated cluster also pays a fixed cost per forward or backward pass of a micro-batch
   through a chunk (`Cluster.pass_overhead_s`): interleaving makes v times the passes.
 """
@@ -32,8 +39,11 @@ from diag.plan.memory import (
     PARAM_BYTES,
     block_params,
     boundary_bytes,
+    expert_dp,
     pipeline_stages,
+    stage_expert_params,
     stage_params,
+    zero_sharded,
 )
 from diag.plan.pipeline import Stage
 from simulator.costs import Costs, attention_flops, head_flops, mlp_flops, router_flops
@@ -59,10 +69,11 @@ class StepTime:
     tp_s: float
     cp_s: float
     ep_s: float
-    zero_s: float  # ZeRO-3 parameter gathers not hidden under compute
+    zero_s: float  # ZeRO parameter gathers: ZeRO-3's not hidden under compute, ZeRO-1/2's after
+    # the optimizer
     pp_bubble_s: float
     pp_p2p_s: float
-    dp_s: float  # gradient all-reduce not hidden under the last backward
+    dp_s: float  # gradient reduction (all-reduce or reduce-scatters) not hidden under backward
     optimizer_s: float
     overhead_s: float
 
@@ -213,19 +224,24 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
     pp_p2p_ns = 2 * (v * m + p - 1) * p2p_ns if p > 1 else 0.0
 
     params = stage_params(job, layout)
-    dp_ns = 0.0
+    experts = stage_expert_params(job, layout)
+    dense = params - experts
+    groups = DpGroups(layout.dp, expert_dp(layout), where.dp)
+    dp_ns, gather_step_ns = 0.0, 0.0
     if layout.dp > 1 and layout.zero < 3:
-        last_bwd_ns = mb_ns * 2 / 3
-        dp_ns = _exposed_grad_allreduce_ns(
-            costs, params * PARAM_BYTES, layout.dp, where.dp, last_bwd_ns
-        )
-    opt_params = params / layout.dp if layout.zero >= 1 else params
+        bwd_ns = mb_ns * 2 / 3
+        op = "all_reduce" if layout.zero == 0 else "reduce_scatter"
+        reductions = m if layout.zero == 2 else 1
+        dp_ns = reductions * _exposed_dp_ns(costs, op, dense, experts, groups, bwd_ns)
+        if layout.zero >= 1:  # the updated parameters, gathered after the optimizer
+            gather_step_ns = _exposed_dp_ns(costs, "all_gather", dense, experts, groups, 0.0)
+    opt_params = zero_sharded(dense, experts, layout, 1)
     return StepTime(
         compute_s=m * mb_compute_ns * NS,
         tp_s=m * mb_tp_ns * NS,
         cp_s=m * mb_cp_ns * NS,
         ep_s=m * mb_ep_ns * NS,
-        zero_s=m * mb_zero_ns * NS,
+        zero_s=(m * mb_zero_ns + gather_step_ns) * NS,
         pp_bubble_s=bubble_ns * NS,
         pp_p2p_s=pp_p2p_ns * NS,
         dp_s=dp_ns * NS,
@@ -246,14 +262,31 @@ def _mean_stage_ns(
     return (first + last + (pp - 2) * middle) / pp
 
 
-def _exposed_grad_allreduce_ns(
-    costs: Costs, payload_bytes: float, dp: int, cross: bool, backward_ns: float
+@dataclass(frozen=True)
+class DpGroups:
+    """The groups a GPU's gradients reduce over: dense over dp, experts over dp / ep."""
+
+    dp: int
+    expert_dp: int
+    cross: bool  # whether they span nodes (the dp group's placement for both)
+
+
+def _exposed_dp_ns(
+    costs: Costs,
+    op: str,
+    dense_params: float,
+    expert_params: float,
+    groups: DpGroups,
+    backward_ns: float,
 ) -> float:
-    """The engine's DDP: buckets become ready evenly over the last backward; each all-reduce
-    starts when it is ready and the previous one is done; what ends after the backward shows."""
-    count = min(max(1, math.ceil(payload_bytes / BUCKET_BYTES)), MAX_BUCKETS)
-    size = payload_bytes / count
-    cost = float(costs.collective_ns("all_reduce", size, dp, cross))
+    """The engine's DDP: buckets become ready evenly over a backward; each collective (`op`
+    on the dense part over dp, then the experts' over dp / ep) starts when it is ready and the
+    previous one is done; what ends after the backward shows (all of it at backward_ns 0)."""
+    dense_bytes, expert_bytes = dense_params * PARAM_BYTES, expert_params * PARAM_BYTES
+    count = min(max(1, math.ceil((dense_bytes + expert_bytes) / BUCKET_BYTES)), MAX_BUCKETS)
+    cost = float(costs.collective_ns(op, dense_bytes / count, groups.dp, groups.cross))
+    if expert_bytes > 0:  # a group of one (dp = ep) has nothing to reduce: 0
+        cost += float(costs.collective_ns(op, expert_bytes / count, groups.expert_dp, groups.cross))
     done = 0.0
     for i in range(count):
         ready = backward_ns * (i + 1) / count
