@@ -128,6 +128,6 @@ def test_the_live_overview_follows_the_run_without_a_reload(live: dict[str, Any]
     last = seen[-1]
     assert last["marker"] and last["navigations"] == 1  # redrawn in place, never reloaded
     counts = [int(s["steps"].split(" x ")[1]) for s in seen if s["steps"]]
-    assert counts[-1] > counts[0], counts  # the Overview followed the run
+    assert counts[-1] > counts[0], (counts, seen[0])  # the Overview followed the run
     straggler = next(f for f in last["findings"] if " BAL001 " in f)
     assert "rank 2 computes" in straggler
