@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from diag.arrival import arrivals
-from diag.host import busy_net_of_queueing
+from diag.host import busy_net_of_queueing, waiting_share
 from diag.metrics import RunMetrics
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
@@ -87,6 +87,23 @@ def _replayed_cost_share(attribution: Attribution | None, rank: int) -> float | 
     return ranks_cost_s(attribution, [rank], STRAGGLER_CAUSES) / attribution.measured_step_s
 
 
+LOADED_HOST_SHARE = 0.15
+"""A share of the step the ranks waited for a core from which the host counts as loaded."""
+LOADED_HOST_MIN_STEPS = 3
+"""Steps a straggler must stand out in (or be replayed over) on a loaded host."""
+
+
+def steps_needed(metrics: RunMetrics, limits: Mapping[str, float]) -> float:
+    """`min_steps`, or at least LOADED_HOST_MIN_STEPS where the ranks waited for a core a
+    LOADED_HOST_SHARE of the step: there the scheduler picks which rank it delays, and the
+    same rank picked in both of two steps is chance often enough (a 4-rank run on 2 cores
+    read a healthy rank as a straggler from its first two analysed steps)."""
+    share = waiting_share(metrics.host_steps) if not metrics.host_steps.empty else None
+    if share is not None and share >= LOADED_HOST_SHARE:
+        return max(limits["min_steps"], LOADED_HOST_MIN_STEPS)
+    return limits["min_steps"]
+
+
 def _own_busy(metrics: RunMetrics) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The ranks table and the per-step table with busy time net of the training thread's
     waiting for a core where the run recorded it (diag.host.busy_net_of_queueing)."""
@@ -112,6 +129,7 @@ def find_stragglers(
         limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
     ranks, rank_steps = _own_busy(metrics)
     attribution = metrics.attribution
+    min_steps = steps_needed(metrics, limits)
     found: list[dict[str, Any]] = []
     for peers in _peer_sets(ranks[ranks["steps"] > 0]):
         standing_out: list[dict[str, Any]] = []
@@ -145,13 +163,13 @@ def find_stragglers(
             entry["steps_standing_out"] = share
             if share < limits["min_step_share"]:
                 continue
-            if count is not None and analysed is not None and count < limits["min_steps"]:
+            if count is not None and analysed is not None and count < min_steps:
                 # one slow step (of two, early in a live run) is what a loaded host's noise
                 # makes too: named only when the replay says that excess costs the step, and
                 # never from a single step (one measurement shows lateness, BAL003, not a
                 # persistently slow rank)
                 cost_share = _replayed_cost_share(attribution, entry["rank"])
-                if analysed < limits["min_steps"] or (
+                if analysed < min_steps or (
                     cost_share is not None and cost_share < limits["min_cost_share"]
                 ):
                     continue
@@ -179,7 +197,9 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         busy_s per step of every rank, the straggler's ratio to its peers' median, and the
         peers' exposed communication against its own. Where the run recorded the training
         thread's run-queue wait, busy time is judged net of it: on a loaded host the rank the
-        scheduler delays is chance, and that time is the host's (HST001).
+        scheduler delays is chance, and that time is the host's (HST001); on a host whose
+        ranks waited for a core 15% of the step or more, the rank must stand out in (or be
+        replayed over) at least 3 steps.
     """
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
@@ -250,7 +270,7 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     of compute over its peers' costs a share of the step (its busy time may be diluted by
     waits, or its peers' by their own noise)."""
     attribution = ctx.metrics.attribution
-    if attribution is None or attribution.steps_replayed < limits["min_steps"]:
+    if attribution is None or attribution.steps_replayed < steps_needed(ctx.metrics, limits):
         return []  # one replayed step cannot tell a persistent excess from that step's noise
     noise = attribution.cause("imbalance")  # random per-step imbalance: BAL004's
     noise_s = noise.cost_s if noise else 0.0
