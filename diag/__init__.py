@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from diag.errors import InputError
     from diag.load import RunData
     from diag.metrics import RunMetrics, compute_metrics
-    from diag.report import PATTERN_NAMES, Section, device_section, hta_sections
+    from diag.report import Section, device_section, hta_sections
+    from diag.report_lines import PATTERN_NAMES
     from diag.schema import REPORT_SCHEMA
     from diag.units import rank_list
     from diag.watch import RunTail
@@ -64,7 +65,7 @@ _HOME = {
     "RunMetrics": "diag.metrics",
     "InputError": "diag.errors",
     "REPORT_SCHEMA": "diag.schema",
-    "PATTERN_NAMES": "diag.report",
+    "PATTERN_NAMES": "diag.report_lines",
     "Section": "diag.report",
     "rank_list": "diag.units",
     "device_section": "diag.report",

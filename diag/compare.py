@@ -25,7 +25,7 @@ from diag.check import (
     regressions,
 )
 from diag.errors import InputError
-from diag.report import PATTERN_NAMES
+from diag.report_lines import PATTERN_NAMES
 from diag.shell import fail
 from diag.units import aligned, num, pct, si, size
 

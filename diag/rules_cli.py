@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from diag.errors import InputError
-from diag.report import PATTERN_NAMES
+from diag.report_lines import PATTERN_NAMES
 from diag.rules import REGISTRY, Rule
 from diag.rules.engine import DOC_SECTIONS, SEVERITIES
 from diag.shell import fail

@@ -31,7 +31,7 @@ from diag.analysis import diagnose
 from diag.errors import InputError
 from diag.load import RunData, run_from_records
 from diag.record_checks import check_values
-from diag.report import finding_head
+from diag.report_lines import finding_head
 from diag.schema import RecordKind
 from diag.shell import fail, project_config, rule_thresholds
 from diag.tail import FileTail, open_tail
