@@ -270,7 +270,8 @@ def decoded(
                 label = None
                 if encoded is not None and whole and not numeric and col not in INT_COLUMNS:
                     label = encoded(kind, col)
-                table[col] = label if label is not None else packed(values.field(col), col, numeric)
+                field = _field_or_nulls(values, kind, col)
+                table[col] = label if label is not None else packed(field, col, numeric)
         if kind == "step" and len(values):
             out.nan_loss = int(pc.sum(pc.is_nan(values.field("loss"))).as_py() or 0)
         out.columns[kind] = table
@@ -385,7 +386,16 @@ def _read_batches(data: bytes, name: str) -> tuple[list[pa.RecordBatch], list[st
 
 
 def _with_added_fields(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """`batch` with the typed fields an older file lacks (ADDED_FIELDS) as null children."""
+    """`batch` with the typed fields an older file lacks (ADDED_FIELDS) as null children; as
+    it is where its struct cannot be rebuilt (a hostile file: field names that are not UTF-8),
+    for the decode to judge as any other batch."""
+    try:
+        return _rebuilt_with_added_fields(batch)
+    except (UnicodeDecodeError, pa.ArrowException, ValueError):
+        return batch
+
+
+def _rebuilt_with_added_fields(batch: pa.RecordBatch) -> pa.RecordBatch:
     columns, changed = [], False
     for name in batch.schema.names:
         column = batch.column(name)
@@ -475,9 +485,21 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
         return pa.array([], type=wanted)
     lists = [batch.column(kind) for batch in batches]
     values = (pa.concat_arrays(lists) if len(lists) > 1 else lists[0]).flatten()
-    children = [values.field(f.name) for f in wanted]
+    # a field added since (ADDED_FIELDS) reads as null where a batch lacks it
+    children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0
+                else pa.nulls(len(values), f.type) for f in wanted]  # fmt: skip
     mask = values.is_null() if values.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(wanted), mask=mask)
+
+
+def _field_or_nulls(values: pa.StructArray, kind: str, name: str) -> pa.Array:
+    """The field `name` of a kind's records, or nulls of its type where a batch lacks it (a
+    field added since, ADDED_FIELDS, in a file whose struct could not be completed)."""
+    if values.type.get_field_index(name) >= 0:
+        return values.field(name)
+    wanted = kind_type(kind)
+    index = wanted.get_field_index(name)
+    return pa.nulls(len(values), wanted.field(index).type if index >= 0 else pa.null())
 
 
 def body_length(metadata: bytes) -> int | None:

@@ -138,7 +138,9 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
         return pa.array([], type=wanted)
     lists = [batch.column(kind) for batch in batches]
     values = (pa.concat_arrays(lists) if len(lists) > 1 else lists[0]).flatten()
-    children = [values.field(f.name) for f in wanted]
+    # a typed field added since (diag.arrow_format.ADDED_FIELDS) reads as null where absent
+    children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0
+                else pa.nulls(len(values), f.type) for f in wanted]  # fmt: skip
     mask = values.is_null() if values.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(wanted), mask=mask)
 
