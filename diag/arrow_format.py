@@ -485,9 +485,7 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
         return pa.array([], type=wanted)
     lists = [batch.column(kind) for batch in batches]
     values = (pa.concat_arrays(lists) if len(lists) > 1 else lists[0]).flatten()
-    # a field added since (ADDED_FIELDS) reads as null where a batch lacks it
-    children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0
-                else pa.nulls(len(values), f.type) for f in wanted]  # fmt: skip
+    children = [_field_or_nulls(values, kind, f.name) for f in wanted]
     mask = values.is_null() if values.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(wanted), mask=mask)
 
