@@ -265,7 +265,7 @@ def count_records(run_dir: str) -> str:
     """Records per kind in rank 0's file: evidence that the 'on' variant really recorded."""
     from pathlib import Path
 
-    from diag.load import read_rank_file
+    from diag.read.load import read_rank_file
 
     path = next(p for p in Path(run_dir).glob("rank-00000.*"))
     part = read_rank_file(0, path)

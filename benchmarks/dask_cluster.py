@@ -46,7 +46,7 @@ def _peak_rss_bytes() -> int:
 
 
 def _forget_caches(run: Path) -> None:
-    from diag import cache
+    from diag.read import cache
 
     shutil.rmtree(run / CACHE_DIR, ignore_errors=True)
     for place in cache._places(run):  # the user cache entry, when the folder was read-only
@@ -55,8 +55,8 @@ def _forget_caches(run: Path) -> None:
 
 
 def _timed(run: Path, scheduler: str | None) -> tuple[dict[str, Any], float]:
-    from diag.analysis import analyze_path
-    from diag.parallel import using_scheduler
+    from diag.api import analyze_path
+    from diag.read.parallel import using_scheduler
 
     _forget_caches(run)
     started = time.perf_counter()

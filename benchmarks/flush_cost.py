@@ -1,8 +1,8 @@
 """The cost of one collector flush: a DP step's records encoded as one Arrow record batch (the
-`.arrows` rank file) and as JSON lines (`.jsonl`), the writers' `_encode` without the write.
-Arrow twice: as the collectors encode it (diag/arrow_encode.py, the message assembled from its
-buffers) and through pyarrow's conversion of Python objects (arrow_format.encode_batch, the
-same bytes; what the collectors did before).
+`.arrows` rank file) and as JSON lines (`.jsonl`), the writers' `_encode` without the write. Arrow
+twice: as the collectors encode it (diag/rankfile/arrow_encode.py, the message assembled from its
+buffers) and through pyarrow's conversion of Python objects (arrow_format.encode_batch, the same
+bytes; what the collectors did before).
 
     python benchmarks/flush_cost.py [--repeat 300] [--records dp|pp]
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from diag import arrow_encode, arrow_format
+from diag.rankfile import arrow_encode, arrow_format
 
 T = 1_700_000_000_000_000_000
 

@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from diag.analysis import analyze_path
+from diag.api import analyze_path
 
 HOG = ["sh", "-c", "while :; do :; done"]
 
@@ -39,8 +39,8 @@ def run(out: Path, steps: int, inject: list[str], hog_after_s: float | None) -> 
 
 
 def _shares(out: Path) -> str:
-    from diag.host import host_steps
-    from diag.load import load_run
+    from diag.metrics.host import host_steps
+    from diag.read.load import load_run
 
     steps = host_steps(load_run(out).steps).groupby("step")[["descheduled_s", "wall_s"]].sum()
     return " ".join(f"{v:.0%}" for v in steps["descheduled_s"] / steps["wall_s"])

@@ -86,9 +86,9 @@ def _silence_hta() -> None:
 
 def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     from diag import analyze_path, compute_metrics
-    from diag.kineto import cache, load_trace_dir  # the loader itself, its cache off
-    from diag.kineto.files import trace_files
-    from diag.kineto.kernels import KernelPatterns
+    from diag.read.kineto import cache, load_trace_dir  # the loader itself, its cache off
+    from diag.read.kineto.files import trace_files
+    from diag.read.kineto.kernels import KernelPatterns
 
     started = time.perf_counter()
     run = load_trace_dir(folder, use_cache=False)

@@ -48,14 +48,15 @@ GOAL_1024_S = 10.0
 """The issue's goal: a 1,024-rank, 100-step run analysed in at most this long on 2 cores."""
 CACHE_DIR = ".diag-cache"
 REPORT_ENTRY = "report.json"
-"""The finished report's entry in the cache (diag/cache.py, REPORT_FILE)."""
+"""The finished report's entry in the cache (diag/read/cache.py, REPORT_FILE)."""
 
 
 def analyse_here(run_dir: Path) -> dict[str, Any]:
     """One analysis in this process, timed by phase (the child side of `measure`)."""
     started = time.perf_counter()
-    from diag import cache, diagnose, load_any
-    from diag.sources.run_directory import input_bytes
+    from diag import diagnose, load_any
+    from diag.read import cache
+    from diag.read.sources.run_directory import input_bytes
 
     imported = time.perf_counter()
     baseline_bytes = _current_rss_bytes()

@@ -27,7 +27,7 @@ from benchmarks.synthetic_model import (
     param_count,
 )
 from benchmarks.synthetic_simulate import BWD_NS, FWD_NS, STRAGGLER_FACTOR
-from diag.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, RunStatus
+from diag.contract.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, RunStatus
 
 
 def build_manifest(run_dir: Path, shape: RunShape) -> Manifest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag import ledger
+from diag.contract import ledger
 
 RANKS_PER_HOST = 8
 RUN_START_NS = 1_767_225_600 * 10**9

@@ -20,7 +20,7 @@ from benchmarks.synthetic_model import (
     param_count,
 )
 from benchmarks.synthetic_simulate import ExpertLoad, Timeline, activations_measured, memory_bytes
-from diag.schema import CollectiveOp, Phase, RecordKind
+from diag.contract.schema import CollectiveOp, Phase, RecordKind
 
 HOST_RSS_BYTES = 1_200_000_000  # interpreter, torch and data loader, beside the model state
 SYNTHETIC_PID = 40_000

@@ -42,7 +42,7 @@ from benchmarks.synthetic_manifest import build_manifest
 from benchmarks.synthetic_model import RunShape
 from benchmarks.synthetic_records import rank_records, rank_text
 from benchmarks.synthetic_simulate import simulate_expert_load, simulate_losses, simulate_timeline
-from diag.schema import MANIFEST_FILE, RANK_FILE_RE, rank_file_name, write_manifest
+from diag.contract.schema import MANIFEST_FILE, RANK_FILE_RE, rank_file_name, write_manifest
 
 HOST_RSS_NOISE_BYTES = 2_000_000
 

@@ -26,7 +26,7 @@ from benchmarks.synthetic_model import (
     RunShape,
     param_count,
 )
-from diag import ledger
+from diag.contract import ledger
 
 EXPERT_LOAD_CONCENTRATION = 50.0
 """Dirichlet concentration of each layer's router preference: max/mean load ~1.2 at 8 experts."""

@@ -43,7 +43,7 @@ from collectors.framework import HookedSteps, output_loss
 from collectors.null import NullRecorder
 from collectors.recorder import Recorder
 from collectors.safety import report_once
-from diag.schema import RunStatus
+from diag.contract.schema import RunStatus
 
 log = logging.getLogger("collectors")
 CALLER_DEPTH = 12

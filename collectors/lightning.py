@@ -29,7 +29,7 @@ from collectors.framework import HookedSteps, batch_tokens, output_loss
 from collectors.null import NullRecorder
 from collectors.recorder import Recorder
 from collectors.safety import report_once
-from diag.schema import RunStatus
+from diag.contract.schema import RunStatus
 
 
 class DiagCallback(pl.Callback):

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from collectors.host import usable_cores
-from diag.names import WORLD, host_name
-from diag.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
+from diag.contract.names import WORLD, host_name
+from diag.contract.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
 
 
 def device_name(device: torch.device) -> str:
@@ -29,7 +29,7 @@ def gather_rank_infos(dist: Any, device: torch.device, gpus_per_node: int | None
     one alone).
 
     With `gpus_per_node` declared, `host` is the virtual host `node{rank // gpus_per_node}`
-    (`diag.names.host_name`).
+    (`diag.contract.names.host_name`).
     """
     mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)), device_name(device),
             usable_cores())  # fmt: skip

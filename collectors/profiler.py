@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from collectors.safety import guarded
-from diag.schema import TRACES_DIR
+from diag.contract.schema import TRACES_DIR
 
 
 class ProfilerWindow:

@@ -45,8 +45,8 @@ from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.safety import guarded, report_once
 from collectors.writer import RankFormat, open_rank_writer
-from diag.names import WORLD
-from diag.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
+from diag.contract.names import WORLD
+from diag.contract.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
 
 _PHASES = {p.value for p in Phase}
 Batch = TypeVar("Batch")

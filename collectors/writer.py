@@ -1,5 +1,5 @@
-"""Append-only writers of one rank's records, safe to call from communication threads: JSON
-lines (`rank-NNNNN.jsonl`) or an Arrow IPC stream (`rank-NNNNN.arrows`, diag/arrow_format.py)."""
+"""Append-only writers of one rank's records, safe to call from communication threads: JSON lines
+(`rank-NNNNN.jsonl`) or an Arrow IPC stream (`rank-NNNNN.arrows`, diag/rankfile/arrow_format.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from collectors.safety import report_once
-from diag.schema import rank_file_name
+from diag.contract.schema import rank_file_name
 
 RankFormat = Literal["arrow", "jsonl"]
 FORMATS: tuple[RankFormat, ...] = ("arrow", "jsonl")
@@ -69,7 +69,7 @@ class ArrowRankWriter(RankWriter):
 
     def _header(self) -> bytes:
         # pyarrow is imported only by ranks that write Arrow
-        from diag import arrow_encode, arrow_format
+        from diag.rankfile import arrow_encode, arrow_format
 
         self._format, self._encode_flush = arrow_format, arrow_encode.encode_flush
         return arrow_format.stream_header()
@@ -102,7 +102,7 @@ def open_rank_writer(run_dir: Path, rank: int, format: RankFormat | None = None)
             chosen = DEFAULT_FORMAT
         format = chosen
     if format == "arrow":
-        from diag.arrow_format import rank_file_name as arrow_name
+        from diag.rankfile.arrow_format import rank_file_name as arrow_name
 
         return ArrowRankWriter(run_dir / arrow_name(rank))
     if format == "jsonl":

@@ -79,7 +79,7 @@ def report_figures(run: RunData, metrics: RunMetrics, report: dict[str, object])
 def report_charts(
     run: RunData, metrics: RunMetrics, report: dict[str, object]
 ) -> list[tuple[str, str]]:
-    """`report_figures` as (section, plotly JSON) pairs, for `diag.report.render_html`."""
+    """`report_figures` as (section, plotly JSON) pairs, for `diag.outputs.report.render_html`."""
     return [(section, figure.to_json()) for section, figure in report_figures(run, metrics, report)]
 
 

@@ -15,7 +15,8 @@ import threading
 from typing import Any
 
 from dashboard.data import LoadedRun
-from diag import RunTail, diagnose, schema
+from diag import RunTail, diagnose
+from diag.contract import schema
 
 FOLLOW_ALL_STEPS = 2**62
 """The window of a followed run: every step (the dashboard shows the whole run)."""

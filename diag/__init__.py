@@ -29,11 +29,11 @@ Reading a report as diag shows it
     title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
     `diag compare` computes).
 
-Anything else in diag's modules is internal and may move. `diag.schema` (the run directory
+Anything else in diag's modules is internal and may move. `diag.contract.schema` (the run directory
 format, shared with the collectors) may be imported directly for its constants.
 
-Kept import-light: the collectors import `diag.schema` inside training processes, which runs
-this file, so the names above are imported on first use (PEP 562 `__getattr__`), not here.
+Kept import-light: the collectors import `diag.contract.schema` inside training processes, which
+runs this file, so the names above are imported on first use (PEP 562 `__getattr__`), not here.
 """
 
 from __future__ import annotations
@@ -42,37 +42,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from diag.analysis import analyze_path, diagnose, load_any
-    from diag.check import format_metric
-    from diag.compare import compare_reports
+    from diag.api import analyze_path, diagnose, load_any
+    from diag.contract.schema import REPORT_SCHEMA
     from diag.errors import InputError
-    from diag.load import RunData
     from diag.metrics import RunMetrics, compute_metrics
-    from diag.report import Section, device_section, hta_sections
-    from diag.report_lines import PATTERN_NAMES
-    from diag.schema import REPORT_SCHEMA
-    from diag.units import rank_list
-    from diag.watch import RunTail
+    from diag.outputs.compare import compare_reports
+    from diag.outputs.report import Section, device_section, hta_sections
+    from diag.outputs.report_lines import PATTERN_NAMES
+    from diag.outputs.units import format_metric, rank_list
+    from diag.read.growing import RunTail
+    from diag.read.load import RunData
 
 __version__ = "0.1.0"
 
 _HOME = {
-    "analyze_path": "diag.analysis",
-    "load_any": "diag.analysis",
-    "diagnose": "diag.analysis",
+    "analyze_path": "diag.api",
+    "load_any": "diag.api",
+    "diagnose": "diag.api",
     "compute_metrics": "diag.metrics",
-    "RunData": "diag.load",
+    "RunData": "diag.read.load",
     "RunMetrics": "diag.metrics",
     "InputError": "diag.errors",
-    "REPORT_SCHEMA": "diag.schema",
-    "PATTERN_NAMES": "diag.report_lines",
-    "Section": "diag.report",
-    "rank_list": "diag.units",
-    "device_section": "diag.report",
-    "hta_sections": "diag.report",
-    "format_metric": "diag.check",
-    "compare_reports": "diag.compare",
-    "RunTail": "diag.watch",
+    "REPORT_SCHEMA": "diag.contract.schema",
+    "PATTERN_NAMES": "diag.outputs.report_lines",
+    "Section": "diag.outputs.report",
+    "rank_list": "diag.outputs.units",
+    "device_section": "diag.outputs.report",
+    "hta_sections": "diag.outputs.report",
+    "format_metric": "diag.outputs.units",
+    "compare_reports": "diag.outputs.compare",
+    "RunTail": "diag.read.growing",
 }
 """Each public name and the module that defines it."""
 

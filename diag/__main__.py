@@ -1,3 +1,3 @@
-from diag.cli import main
+from diag.cli.main import main
 
 main()

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from diag.injections import parse_injection
-from diag.names import SCHEDULES
+from diag.contract.injections import parse_injection
+from diag.contract.names import SCHEDULES
 from reference_runs.model import ATTENTION_KINDS, GPTConfig
 from reference_runs.topology import Axis, Topology
 
@@ -96,7 +96,9 @@ class TrainConfig:
     device_memory_gb: float | None = None  # declared device memory, GB (for the memory check)
     profile_steps: tuple[int, int] | None = None  # Kineto trace window [start, stop)
     seed: int = 0  # seeds the model, the data and the sampler
-    inject: list[str] = field(default_factory=list)  # fault-injection specs (diag/injections.py)
+    inject: list[str] = field(
+        default_factory=list
+    )  # fault-injection specs (diag/contract/injections.py)
     lr: float = 3e-4  # AdamW learning rate
     attention: str = "sdpa"  # attention kernel: sdpa (fused) | naive (keeps seq x seq scores)
     clip_grad: float | None = None  # clip the global gradient norm to this; None = no clipping

@@ -19,7 +19,7 @@ import sys
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from diag.names import DP
+from diag.contract.names import DP
 from reference_runs.common import (
     Loop,
     Setup,

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diag import ledger
-from diag.names import DP, EP, WORLD
+from diag.contract import ledger
+from diag.contract.names import DP, EP, WORLD
 from reference_runs.common import Loop, Setup, exit_process, run_trainer
 from reference_runs.config import TrainConfig
 from reference_runs.ep_comms import EpComm, all_reduce_

@@ -1,10 +1,11 @@
 """Expert-parallel communication: the split-size exchange, the dispatch and combine all-to-alls
 (autograd through both), and the gradient all-reduces; every one recorded with its payload.
 
-Lepikhin et al., "GShard" (arXiv 2006.16668), section 3.2: each MoE layer moves its tokens to
-the experts' ranks with one all-to-all (dispatch) and brings the expert outputs back with a
-second (combine). The seed's ledger expects `tokens x topk x hidden x dtype` bytes per direction
-(`diag.ledger.ep_alltoall_bytes`), where `tokens` are this rank's tokens of one micro-batch.
+Lepikhin et al., "GShard" (arXiv 2006.16668), section 3.2: each MoE layer moves its tokens to the
+experts' ranks with one all-to-all (dispatch) and brings the expert outputs back with a second
+(combine). The seed's ledger expects `tokens x topk x hidden x dtype` bytes per direction
+(`diag.contract.ledger.ep_alltoall_bytes`), where `tokens` are this rank's tokens of one
+micro-batch.
 
 Records (group `ep` unless said otherwise), each `bytes` the payload actually sent (the sum of
 the input splits), so padding or duplication would show as a ratio above 1 and dropped tokens
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diag.names import backward_tag
+from diag.contract.names import backward_tag
 
 DTYPE_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.float64: "float64"}
 

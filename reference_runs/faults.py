@@ -1,7 +1,7 @@
 """Fault injection in the reference trainers: what the `--inject` specs ask of one rank, and
 the memory leak they can hold.
 
-The specs, their parsing and what they add up to are diag/injections.py (shared with the
+The specs, their parsing and what they add up to are diag/contract/injections.py (shared with the
 simulator, torch-free); `FaultPlan` answers, for one rank, what the trainer must do, and sleeps
 where it must; `Leak` retains the tensors of `leak:mb=X`.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diag import injections as inj
-from diag.injections import Injection, Skew, SkewGrowth, parse_injection
+from diag.contract import injections as inj
+from diag.contract.injections import Injection, Skew, SkewGrowth, parse_injection
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diag.names import EP_COMBINE, EP_DISPATCH
+from diag.contract.names import EP_COMBINE, EP_DISPATCH
 from reference_runs.ep_comms import AllToAll, EpComm
 from reference_runs.model import GPT, MLP, GPTConfig
 

@@ -5,12 +5,12 @@
         --schedule interleaved --virtual-stages 2 --out runs/pp
     diag run pp --nproc 4 --pp 2 --dp 2 --microbatches 4      # PP=2 x DP=2
 
-Schedules (diag/schedules.py): GPipe (Huang et al. 2019, arXiv 1811.06965), 1F1B / PipeDream-Flush
-(Narayanan et al. 2021, arXiv 2006.09503) and interleaved 1F1B (Narayanan et al. 2021, arXiv
-2104.04473). The tiny GPT's blocks are split into p x v equal model stages; pipeline rank s holds
-model stages s, s+p, ... (one per chunk). The embedding lives on model stage 0; the final
-LayerNorm, the LM head and the loss on the last. The LM head is *untied* from the embedding: it
-starts as a copy of the embedding matrix (so step 0 computes exactly the tied model's loss) and
+Schedules (diag/contract/schedules.py): GPipe (Huang et al. 2019, arXiv 1811.06965), 1F1B /
+PipeDream-Flush (Narayanan et al. 2021, arXiv 2006.09503) and interleaved 1F1B (Narayanan et al.
+2021, arXiv 2104.04473). The tiny GPT's blocks are split into p x v equal model stages; pipeline
+rank s holds model stages s, s+p, ... (one per chunk). The embedding lives on model stage 0; the
+final LayerNorm, the LM head and the loss on the last. The LM head is *untied* from the embedding:
+it starts as a copy of the embedding matrix (so step 0 computes exactly the tied model's loss) and
 then trains on its own (Megatron instead all-reduces the two copies' gradients every step).
 
 Every forward and backward of every micro-batch is a span (`stage`, `chunk`, `mb`); the receives
@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from diag import ledger
-from diag.names import DP, PP
-from diag.schedules import check_layout, model_stage, schedule_order, split_layers
+from diag.contract import ledger
+from diag.contract.names import DP, PP
+from diag.contract.schedules import check_layout, model_stage, schedule_order, split_layers
 from reference_runs.common import Loop, Setup, exit_process, run_trainer
 from reference_runs.config import TrainConfig
 from reference_runs.faults import FaultPlan, Leak

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from diag.names import TRAINERS
+from diag.contract.names import TRAINERS
 from reference_runs.common import checked_plan
 from reference_runs.config import parse_config
 

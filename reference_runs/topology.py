@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from diag.names import GRID_AXES, WORLD, Axis, host_name
+from diag.contract.names import GRID_AXES, WORLD, Axis, host_name
 
 AXES = GRID_AXES  # grid order, outermost first
 

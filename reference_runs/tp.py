@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from diag import ledger
-from diag.names import DP, TP
+from diag.contract import ledger
+from diag.contract.names import DP, TP
 from reference_runs.common import Loop, Setup, exit_process, hook_ddp, run_trainer
 from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, MLP, CausalSelfAttention, causal_attention, count_params

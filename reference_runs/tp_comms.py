@@ -11,8 +11,8 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Mode
 so the activations between blocks (LayerNorm, dropout, residual) hold 1/tp of the sequence.
 
 Each collective is one `rec.collective(...)` record: group `tp`, tag `tp.<place>.<fwd|bwd>`
-(`diag.names.tp_tag`; `attn`, `mlp` inside a layer, `embed`, `head` around the stack), the layer
-in a `layer` field, and the ledger's payload `micro_batch x seq x hidden x dtype` as expected
+(`diag.contract.names.tp_tag`; `attn`, `mlp` inside a layer, `embed`, `head` around the stack), the
+layer in a `layer` field, and the ledger's payload `micro_batch x seq x hidden x dtype` as expected
 bytes. Injected latency (`slow-comm`) sleeps inside the recorded interval.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diag.names import tp_tag
+from diag.contract.names import tp_tag
 
 # The *_single names are the newer ones; the *_tensor ones are deprecated but older torch has
 # only them.

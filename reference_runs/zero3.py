@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from collectors.fsdp import register_fsdp_recording
-from diag.names import DP
+from diag.contract.names import DP
 from reference_runs.common import Loop, Setup, accumulated_step, exit_process, run_trainer
 from reference_runs.config import TrainConfig
 from reference_runs.model import GPT, count_params

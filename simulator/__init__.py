@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from diag.schema import write_manifest
+from diag.contract.schema import write_manifest
 from simulator.config import ModelSpec, SimConfig, SimulationError, model_params
 from simulator.engine import Engine
 from simulator.hardware import HardwareSpec

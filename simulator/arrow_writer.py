@@ -1,7 +1,7 @@
-"""The simulated run's rank files as Arrow IPC streams (`rank-NNNNN.arrows`, diag/arrow_format.py):
-each step's records of every rank become one record batch of one row a rank, built from whole
-columns (the engine's batches share their fixed fields over many ranks), never record by
-record."""
+"""The simulated run's rank files as Arrow IPC streams (`rank-NNNNN.arrows`,
+diag/rankfile/arrow_format.py): each step's records of every rank become one record batch of one row
+a rank, built from whole columns (the engine's batches share their fixed fields over many ranks),
+never record by record."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from diag import arrow_format
+from diag.rankfile import arrow_format
 from simulator.config import SimConfig
 from simulator.records import Batch
 from simulator.writer import write_buffers

@@ -1,4 +1,5 @@
-"""`diag simulate`: parse the options, simulate, say where the run went (diag/cli.py adds it)."""
+"""`diag simulate`: parse the options, simulate, say where the run went (diag/cli/main.py adds
+it)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import click
 
+from diag.cli.options import EXIT_INPUT, fail, parse_layout
+from diag.contract.names import SCHEDULES
 from diag.errors import InputError
-from diag.names import SCHEDULES
-from diag.options import EXIT_INPUT, fail, parse_layout
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec

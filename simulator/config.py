@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diag import ledger
-from diag.input_rules import check_counts, check_model, check_zero_stage, tp_split_problem
-from diag.names import SCHEDULES
-from diag.schedules import check_layout
+from diag.contract import ledger
+from diag.contract.input_rules import check_counts, check_model, check_zero_stage, tp_split_problem
+from diag.contract.names import SCHEDULES
+from diag.contract.schedules import check_layout
 from simulator.hardware import HardwareSpec
 
 
@@ -118,7 +118,7 @@ class SimConfig:
                 "virtual_stages": self.virtual_stages,
             }
         )
-        check_model(m)  # the shape rules `diag plan` applies too (diag/input_rules.py)
+        check_model(m)  # the shape rules `diag plan` applies too (diag/contract/input_rules.py)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         check_layout(self.schedule, m.layers, self.pp, self.microbatches, self.virtual_stages)

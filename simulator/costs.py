@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diag import ledger
+from diag.contract import ledger
 from simulator.config import ModelSpec
 from simulator.hardware import HardwareSpec
 

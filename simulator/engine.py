@@ -1,8 +1,8 @@
 """The event model: every rank's spans and collectives, step by step, vectorised over ranks.
 
-Ranks form the grid (dp, pp, ep, tp) of the reference trainers (diag.names.GRID_AXES). Each
-pipeline stage runs its schedule's actions in order (diag/schedules.py); one action (a forward
-or backward of one micro-batch on one model chunk) is computed for all ranks of the stage at
+Ranks form the grid (dp, pp, ep, tp) of the reference trainers (diag.contract.names.GRID_AXES). Each
+pipeline stage runs its schedule's actions in order (diag/contract/schedules.py); one action (a
+forward or backward of one micro-batch on one model chunk) is computed for all ranks of the stage at
 once, as arrays of shape (dp, ep, tp):
 
 - a receive waits for the previous (forward) or next (backward) model stage's send of that
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from diag import ledger
-from diag.names import DP, EP, EP_COMBINE, EP_DISPATCH, PP, TP, backward_tag, tp_tag
-from diag.schedules import Action, model_stage, schedule_order, split_layers
+from diag.contract import ledger
+from diag.contract.names import DP, EP, EP_COMBINE, EP_DISPATCH, PP, TP, backward_tag, tp_tag
+from diag.contract.schedules import Action, model_stage, schedule_order, split_layers
 from simulator.config import SimConfig, stage_params
 from simulator.costs import Costs
 from simulator.injections import Faults

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.input_rules import check_device
+from diag.contract.input_rules import check_device
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class HardwareSpec:
     comm_scale: float = 1.0  # multiplies every collective's cost; 0 makes communication free
 
     def check(self) -> None:
-        """ValueError naming the first parameter out of range (the rules `diag plan` applies
-        to its device too: diag/input_rules.py)."""
+        """ValueError naming the first parameter out of range (the rules `diag plan` applies to its
+        device too: diag/contract/input_rules.py)."""
         check_device(self)
 
     @property

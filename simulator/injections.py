@@ -1,4 +1,4 @@
-"""The `--inject` specs of `diag run` (diag/injections.py), as the simulator applies them.
+"""The `--inject` specs of `diag run` (diag/contract/injections.py), as the simulator applies them.
 
     straggler:rank=R,ms=M[,from=S]    rank R computes M ms longer in each micro-batch's forward
                                       (from step S on; default 0)
@@ -13,9 +13,9 @@
                                       [0, M] ms longer (drawn per seed, rank and step)
     loader-stall:rank=R,ms=M          rank R starts each step M ms late (no span covers the gap)
 
-The specs are parsed, and their delays, skew and leak added up, by diag/injections.py, as the
-reference trainers do (same syntax, same messages, same sums); here they are checked against
-the simulated run and laid out over the rank grid.
+The specs are parsed, and their delays, skew and leak added up, by diag/contract/injections.py, as
+the reference trainers do (same syntax, same messages, same sums); here they are checked against the
+simulated run and laid out over the rank grid.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag import injections as inj
-from diag.injections import Jitter, Skew, SkewGrowth, StageSlow, Straggler
+from diag.contract import injections as inj
+from diag.contract.injections import Jitter, Skew, SkewGrowth, StageSlow, Straggler
 from simulator.config import SimConfig
 
 
@@ -59,8 +59,8 @@ class Faults:
         return ms * 1e6
 
     def jitter_ns(self, step: int) -> np.ndarray | None:
-        """(world,) ns each rank's first forward of `step` takes longer, None without jitter
-        (the draws of diag.injections.jitter_ms, as the trainers sleep them)."""
+        """(world,) ns each rank's first forward of `step` takes longer, None without jitter (the
+        draws of diag.contract.injections.jitter_ms, as the trainers sleep them)."""
         if not self.jitter:
             return None
         world = len(self.straggler_ms)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag import ledger
-from diag.schedules import Action, peak_in_flight
+from diag.contract import ledger
+from diag.contract.schedules import Action, peak_in_flight
 from simulator.config import SimConfig
 
 

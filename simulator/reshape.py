@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from diag import schema
-from diag.convert import convert_run, rank_file, rank_records
+from diag.contract import schema
+from diag.rankfile.convert import convert_run, rank_file, rank_records
 
 TAG_STYLES = ("ours", "megatron")
 _MEGATRON_P2P = {

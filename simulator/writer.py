@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from diag.names import grid_groups, host_name
-from diag.schema import (
+from diag.contract.names import grid_groups, host_name
+from diag.contract.schema import (
     MANIFEST_FILE,
     RANK_FILE_RE,
     Hardware,

@@ -95,9 +95,9 @@ class RunWriter:
 
 
 def raw_records(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    """A rank's records as written, in whichever format its writer chose (diag.convert reads
+    """A rank's records as written, in whichever format its writer chose (diag.cli.convert reads
     both); an unreadable record fails the test."""
-    from diag.convert import rank_file, rank_records
+    from diag.rankfile.convert import rank_file, rank_records
 
     path = rank_file(run_dir, rank)
     assert path is not None, f"no rank file of rank {rank} in {run_dir}"

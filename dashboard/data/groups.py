@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from dashboard.data.runs import LoadedRun
-from diag import schema
+from diag.contract import schema
 
 PER_RANK_MAX = 64
 """Up to this many ranks the pages draw every rank (bars, rows, table lines); above it they group

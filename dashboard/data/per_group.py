@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dashboard.data.runs import LoadedRun
-from diag import schema
+from diag.contract import schema
 
 RANK_METRICS = {
     "busy": ("busy_s", "busy"),

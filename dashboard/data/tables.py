@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from dashboard.data.runs import LoadedRun
-from diag import RunData, schema
+from diag import RunData
+from diag.contract import schema
 
 NS_PER_MS = 1e6
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.figures.base import MIB, apply_layout, budget_line, rank_labels, step_axis
-from diag import schema
+from diag.contract import schema
 
 CATEGORY_COLORS = dict(
     zip(

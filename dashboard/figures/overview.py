@@ -16,11 +16,11 @@ STEP_COLOR = "#4C78A8"
 
 def step_waterfall(attribution: Mapping[str, Any]) -> go.Figure:
     """Where the step goes, from a report's `attribution` (diag.whatif, as
-    `diag.report.attribution_section` writes it in text): the ideal step (every imbalance and
-    transfer removed) as the first bar, each cause with a cost on top of it (largest first),
-    the rest (not attributed; negative: the causes overlap, removing them one by one counts
-    some time twice), and the measured step (replayed) as the total. ms per step; the hover
-    adds the share of the step."""
+    `diag.outputs.report.attribution_section` writes it in text): the ideal step (every imbalance
+    and transfer removed) as the first bar, each cause with a cost on top of it (largest first), the
+    rest (not attributed; negative: the causes overlap, removing them one by one counts some time
+    twice), and the measured step (replayed) as the total. ms per step; the hover adds the share of
+    the step."""
     measured_s, ideal_s = attribution["replayed_step_s"], attribution["ideal_step_s"]
     causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
     rest_s = measured_s - ideal_s - sum(c["cost_s"] for c in causes)

@@ -11,9 +11,6 @@ from typing import Any
 
 import pandas as pd
 
-from diag.host import descheduled_by_rank, host_steps, host_table
-from diag.keys import whole_steps
-from diag.load import RunData
 from diag.metrics import pipeline
 from diag.metrics.collectives import collectives, tp_vs_ledger
 from diag.metrics.comm_totals import run_comm_totals
@@ -28,9 +25,12 @@ from diag.metrics.common import (
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
 from diag.metrics.file_reduction import reduce_rank_files
+from diag.metrics.host import descheduled_by_rank, host_steps, host_table
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
 from diag.metrics.time_breakdown import rank_table, time_breakdown
+from diag.numeric.keys import whole_steps
+from diag.read.load import RunData
 from diag.whatif.attribution import Attribution, attribute, attribution_summary, with_waits
 
 __all__ = [
@@ -46,7 +46,7 @@ class RunMetrics:
     summary: dict[str, Any]
     ranks: pd.DataFrame
     """rank, host, steps, step_time_s, wall_s, busy_s, comm_s, exposed_comm_s, idle_s, fractions;
-    stage and bubble_frac (null unless pp > 1, diag.pipeline)."""
+    stage and bubble_frac (null unless pp > 1, diag.metrics.pipeline)."""
     rank_steps: pd.DataFrame
     """One row per analysed (rank, step): wall_s, busy_s, comm_s, exposed_comm_s, idle_s and
     stage_work_s (compute, comm_wait spans and blocking collectives outside the pipeline group:
@@ -62,10 +62,10 @@ class RunMetrics:
     (`rank, step, peak_bytes`, nulls counted as 0), used by the rules, `check` and the
     dashboard. Ranks without a mem record are absent."""
     device: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Profiler traces only: per rank, device time in HTA's terms (diag/kineto/device.py)."""
+    """Profiler traces only: per rank, device time in HTA's terms (diag/read/kineto/device.py)."""
     host_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Per analysed (rank, step): wall_s, cpu_s, proc_cpu_s, descheduled_s (waiting for a
-    core), load1 (diag/host.py); empty where the run recorded none (trace folders, older runs)."""
+    """Per analysed (rank, step): wall_s, cpu_s, proc_cpu_s, descheduled_s (waiting for a core),
+    load1 (diag/metrics/host.py); empty where the run recorded none (trace folders, older runs)."""
     host: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Per machine: ranks, usable_cores, oversubscribed, descheduled_share, cores_busy."""
     attribution: Attribution | None = None
@@ -92,7 +92,9 @@ def compute_metrics(run: RunData) -> RunMetrics:
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)
-    summary["host_checked"] = not on_host.empty  # trace folders carry no CPU time (diag/host.py)
+    summary[
+        "host_checked"
+    ] = not on_host.empty  # trace folders carry no CPU time (diag/metrics/host.py)
     if attribution is not None:
         summary.update(attribution_summary(attribution))
         skipped += attribution.notes

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import ledger
-from diag.load import RunData
+from diag.contract import ledger
 from diag.metrics.comm_totals import run_comm_totals, weighted_median
 from diag.metrics.common import NS_PER_S, in_steps
+from diag.read.load import RunData
 
 COLLECTIVE_KEYS = ["op", "group", "tag"]
 

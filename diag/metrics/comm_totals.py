@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag.compiled import compiled, for_size
-from diag.load import RunData
-from diag.records import Encoded
+from diag.numeric.compiled import compiled, for_size
+from diag.rankfile.records import Encoded
+from diag.read.load import RunData
 
 TOTAL_KEYS = ["rank", "step", "op", "group", "tag", "group_size"]
 TOTAL_COLUMNS = [

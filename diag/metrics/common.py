@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from diag.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
-from diag.load import RunData
+from diag.numeric.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
+from diag.read.load import RunData
 
 NS_PER_S = 1e9
 WARMUP_MIN_STEPS = 3

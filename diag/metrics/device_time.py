@@ -1,5 +1,5 @@
-"""Device time of profiler traces in HTA's terms (kernel time, idle, compute, communication and
-its overlap), per rank, from `RunData.device_time` (diag/kineto/device.py measures it)."""
+"""Device time of profiler traces in HTA's terms (kernel time, idle, compute, communication and its
+overlap), per rank, from `RunData.device_time` (diag/read/kineto/device.py measures it)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""What a large run's loader workers reduce its rank files to (`diag.load.Breakdown`): the
-`rank_steps` time breakdown and the `comm_totals`, computed file by file from the packed
-columns the reader made (numpy arrays and dictionary-encoded labels), with no table of
-records built. The numbers are those `time_breakdown` and `comm_totals` give on the loaded
-tables (the same code measures both; a test holds them equal), so a large run's metrics are
-a small run's.
+"""What a large run's loader workers reduce its rank files to (`diag.read.load.Breakdown`): the
+`rank_steps` time breakdown and the `comm_totals`, computed file by file from the packed columns the
+reader made (numpy arrays and dictionary-encoded labels), with no table of records built. The
+numbers are those `time_breakdown` and `comm_totals` give on the loaded tables (the same code
+measures both; a test holds them equal), so a large run's metrics are a small run's.
 
 One rank a file: each (rank, step) is reduced on its own, the loader may reduce a run a few
 files at a time and concatenate. A file whose labels are not all strings (the readers'
@@ -19,9 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.intervals import prepare_union_lengths
-from diag.load import categorical, frame_of, numbers_of
+from diag.contract import schema
+from diag.contract.schema import RecordKind
 from diag.metrics.comm_totals import (
     TOTAL_COLUMNS,
     TOTAL_KEYS,
@@ -39,11 +37,12 @@ from diag.metrics.time_breakdown import (
     time_breakdown,
     window_measures,
 )
-from diag.records import Encoded, Packed, concat
-from diag.schema import RecordKind
+from diag.numeric.intervals import prepare_union_lengths
+from diag.rankfile.records import Encoded, Packed, concat
+from diag.read.load import categorical, frame_of, numbers_of
 
 RankColumns = dict[str, dict[str, Packed]]
-"""One rank file's packed columns by record kind (diag/rank_file.py)."""
+"""One rank file's packed columns by record kind (diag/rankfile/rank_file.py)."""
 LABEL_KEYS = ("op", "group", "tag")
 """The collective totals' keys that are labels."""
 

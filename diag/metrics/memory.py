@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from diag import schema
+from diag.contract import schema
 
 MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
 

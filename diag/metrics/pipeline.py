@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from diag import schema
-from diag.roles import rank_stages
+from diag.contract import schema
+from diag.read.roles import rank_stages
 
 STAGE_COLUMNS = ["stage", "ranks", "busy_per_step_s", "bubble_frac"]
 

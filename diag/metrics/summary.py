@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import flops, ledger
-from diag.load import RunData
-from diag.metrics import pipeline
+from diag.contract import ledger
+from diag.metrics import flops, pipeline
 from diag.metrics.common import KEYS, NS_PER_S, ratio
+from diag.read.load import RunData
 
 
 def summary(

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.intervals import union_lengths_in_windows
+from diag.contract import schema
 from diag.metrics.common import NS_PER_S
+from diag.numeric.intervals import union_lengths_in_windows
 
 PIPELINE_GROUP = "pp"
 

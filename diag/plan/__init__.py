@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from diag import ledger
+from diag.contract import ledger
 from diag.plan.evaluate import Evaluation, evaluate
 from diag.plan.inputs import PlanError, check_inputs
 from diag.plan.job import Cluster, Job, Layout, cluster_from_device

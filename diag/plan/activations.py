@@ -1,8 +1,8 @@
-"""Activation bytes of one transformer block, counted tensor by tensor for the block the job
-trains: Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1) generalised to grouped-query
-attention, gated (SwiGLU) MLPs of any width, training without dropout and fused (flash)
-attention. For their GPT block (multi-head, 4h GeLU MLP, dropout, scores stored) it is their
-`s b h (34 + 5 a s / h)` exactly (tests/unit/test_plan.py holds it equal to diag.ledger's).
+"""Activation bytes of one transformer block, counted tensor by tensor for the block the job trains:
+Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1) generalised to grouped-query attention,
+gated (SwiGLU) MLPs of any width, training without dropout and fused (flash) attention. For their
+GPT block (multi-head, 4h GeLU MLP, dropout, scores stored) it is their `s b h (34 + 5 a s / h)`
+exactly (tests/unit/test_plan.py holds it equal to diag.contract.ledger's).
 
 What the backward needs, 16-bit unless said, for s tokens of b sequences, width h, key/value
 width h_kv, MLP width f (each routed token counts topk times in a mixture of experts):

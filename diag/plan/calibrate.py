@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import ledger
-from diag.devices import device_for_name
+from diag.contract import ledger
+from diag.contract.devices import device_for_name
+from diag.contract.schema import Layout as RunLayout
+from diag.contract.schema import Manifest
 from diag.errors import InputError
 from diag.plan.job import Cluster, Job, Layout
 from diag.plan.memory import PARAM_BYTES
 from diag.plan.timing import layer_forward_flops, step_time
-from diag.schema import Layout as RunLayout
-from diag.schema import Manifest
 from diag.whatif.matching import P2P_OPS, message_pair_rows
 from simulator.config import ModelSpec
 from simulator.hardware import HardwareSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag import ledger
+from diag.contract import ledger
 from diag.plan.job import Cluster, Job, Layout
 from diag.plan.memory import (
     PARAM_BYTES,

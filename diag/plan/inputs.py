@@ -2,10 +2,10 @@
 model's shape, the batch, the cluster, each pinned layout and the search's bounds.
 
 The rules `diag simulate` applies too (a model's shape, a ZeRO stage, a device) are
-diag.input_rules's; this module names the plan's option for each (`--kv-heads`, `--zero`,
-`--memory-gb`) and adds the plan's own (the global batch in micro-batches, a layout's
-divisibility, the search bounds). A refusal is `PlanError`: the project's InputError (one
-line, "OPTION: reason"; the CLI prints it and exits 2) and a ValueError.
+diag.contract.input_rules's; this module names the plan's option for each (`--kv-heads`, `--zero`,
+`--memory-gb`) and adds the plan's own (the global batch in micro-batches, a layout's divisibility,
+the search bounds). A refusal is `PlanError`: the project's InputError (one line, "OPTION: reason";
+the CLI prints it and exits 2) and a ValueError.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from diag.errors import InputError
-from diag.input_rules import (
+from diag.contract.input_rules import (
     RuleError,
     check_counts,
     check_device,
     check_model,
     check_zero_stage,
 )
+from diag.errors import InputError
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
 from diag.plan.search import SearchSpace, structural_problem
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from diag.devices import DeviceSpec
+from diag.contract.devices import DeviceSpec
 from simulator.config import ModelSpec, SimConfig, model_params
 from simulator.hardware import HardwareSpec
 

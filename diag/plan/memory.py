@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag import ledger
+from diag.contract import ledger
 from diag.plan.activations import block_activation_bytes
 from diag.plan.job import Job, Layout
 from diag.plan.pipeline import Stage, blocks_in_flight, stages

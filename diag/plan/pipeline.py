@@ -13,10 +13,9 @@ Two splits, the two Megatron-Core offers:
   heavier than the other (the same blocks a chunk, less beside the ends), so the plan takes
   it whenever it can be built.
 
-A stage's peak is found by replaying its order (`diag.schedules.schedule_order`: 1F1B, or
-Megatron's interleaved order, p micro-batches per chunk in turn): with chunks of unequal
-blocks the peak can come after the warm-up (a light chunk's backward frees less than the
-next forward holds).
+A stage's peak is found by replaying its order (`diag.contract.schedules.schedule_order`: 1F1B, or
+Megatron's interleaved order, p micro-batches per chunk in turn): with chunks of unequal blocks the
+peak can come after the warm-up (a light chunk's backward frees less than the next forward holds).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from diag.schedules import schedule_order, warmup_forwards
+from diag.contract.schedules import schedule_order, warmup_forwards
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from dataclasses import asdict
 from fractions import Fraction
 from typing import Any
 
-from diag import ledger
-from diag.devices import DEVICES
+from diag.contract import ledger
+from diag.contract.devices import DEVICES
 from diag.plan import Plan
 from diag.plan.activations import block_activation_bytes
 from diag.plan.evaluate import GB, Evaluation

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from diag.input_rules import tp_split_problem
+from diag.contract.input_rules import tp_split_problem
 from diag.plan.divisors import divisors
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
 from diag.plan.pipeline import stage_count_problem

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from diag import ledger
+from diag.contract import ledger
 from diag.plan.job import Cluster, Job, Layout
 from diag.plan.memory import (
     PARAM_BYTES,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from diag.load import RunData
 from diag.metrics import RunMetrics
+from diag.read.load import RunData
 from diag.rules.costs import COST_TABLE, attach_costs, cost_limits
 from diag.rules.model import SEVERITIES, Finding, Threshold, grade
 
@@ -141,15 +141,14 @@ def run_rules(
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
     Reads the run and its metrics, changes neither.
 
-    Order (`rank_findings`): high findings about whether the job runs or learns right
-    (patterns 4 and 5, pitfalls: `_blocks_training`) first; then severity; within a severity,
-    findings that explain others present first, then the larger `cost_s` (None after every
-    cost), then findings that name a collapse pattern before pitfalls, then the stronger
-    evidence (a larger `margin`; None counts as 1), then code. Before the sort, a finding that
-    names the cause of others (`explains`) takes the highest severity among them: the cause is
-    the diagnosis, its consequences are evidence. `diag.rules_cli.RANKING_ORDER` says the same
-    in one sentence.
-    A rule that raises is reported as a note, never as a crash.
+    Order (`rank_findings`): high findings about whether the job runs or learns right (patterns 4
+    and 5, pitfalls: `_blocks_training`) first; then severity; within a severity, findings that
+    explain others present first, then the larger `cost_s` (None after every cost), then findings
+    that name a collapse pattern before pitfalls, then the stronger evidence (a larger `margin`;
+    None counts as 1), then code. Before the sort, a finding that names the cause of others
+    (`explains`) takes the highest severity among them: the cause is the diagnosis, its consequences
+    are evidence. `diag.cli.rules.RANKING_ORDER` says the same in one sentence. A rule that raises
+    is reported as a note, never as a crash.
     """
     ctx = RuleContext(run, metrics)
     findings: list[Finding] = []

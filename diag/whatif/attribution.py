@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import ledger
-from diag.keys import in_steps, whole_steps
-from diag.load import RunData
-from diag.ordering import dense_key, group_medians, grouped_order, half_units
-from diag.roles import rank_roles
+from diag.contract import ledger
+from diag.numeric.keys import in_steps, whole_steps
+from diag.numeric.ordering import dense_key, group_medians, grouped_order, half_units
+from diag.read.load import RunData
+from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
@@ -107,7 +107,7 @@ class Attribution:
 
 def attribute(run: RunData, steps: pd.DataFrame, host: pd.DataFrame) -> Attribution | None:
     """The attribution of the analysed `steps` (`host`: their waiting for a core,
-    `diag.host.host_steps`); None when there is nothing to replay (fewer than two ranks, no
+    `diag.metrics.host.host_steps`); None when there is nothing to replay (fewer than two ranks, no
     steps)."""
     if steps.empty or steps["rank"].nunique() < 2:
         return None

@@ -1,5 +1,5 @@
-"""The counterfactual "every rank had its cores": each rank's step without the time it waited
-for a core (`diag.host.host_steps`, which the metrics compute once).
+"""The counterfactual "every rank had its cores": each rank's step without the time it waited for a
+core (`diag.metrics.host.host_steps`, which the metrics compute once).
 
 Where in the step a rank waited for a core is not recorded, only how long over the step, so
 each of the step's pieces (local time before each event, each transfer) is shrunk by the
@@ -19,8 +19,8 @@ MIN_SHARE = 0.01
 
 
 def shares_per_event(table: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> np.ndarray | None:
-    """Per event (its rank and step), the share of its rank-step spent waiting for a core (0
-    where not recorded), from `table` (`diag.host.host_steps`); None when no step recorded it."""
+    """Per event (its rank and step), the share of its rank-step spent waiting for a core (0 where
+    not recorded), from `table` (`diag.metrics.host.host_steps`); None when no step recorded it."""
     if table.empty or table["descheduled_s"].isna().all():
         return None
     wall = table["wall_s"].where(table["wall_s"] > 0)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.ordering import dense_key, lexicographic, occurrence
+from diag.contract import schema
+from diag.numeric.ordering import dense_key, lexicographic, occurrence
 
 P2P_OPS = frozenset({schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value})
 

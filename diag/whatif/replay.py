@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.compiled import COMPILE_FROM_EVENTS, for_size
+from diag.numeric.compiled import COMPILE_FROM_EVENTS, for_size
 from diag.whatif.timeline import Kind, Timeline
 
 START, LAUNCH, SYNC, RECV, WAIT, LOCAL, END = (int(k) for k in (
@@ -123,8 +123,8 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
     """Each rank runs until it meets something not yet complete; a collective completes when
     its last member arrives (a count per collective, no rescans). Arrays as in `replay`.
 
-    Plain Python that numba compiles as it is (diag/compiled.py): one function, no
-    calls of our own; `x != x` tests for NaN (not yet known)."""
+    Plain Python that numba compiles as it is (diag/numeric/compiled.py): one function, no calls of
+    our own; `x != x` tests for NaN (not yet known)."""
     n, ranks, instances = len(kind), len(first) - 1, len(member_ptr) - 1
     arrived = np.full(n, np.nan)
     done = np.full(n, np.nan)

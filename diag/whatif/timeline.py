@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.compiled import for_size
-from diag.keys import in_steps
-from diag.load import RunData
-from diag.ordering import dense_key, lexicographic, occurrence
+from diag.contract import schema
+from diag.numeric.compiled import for_size
+from diag.numeric.keys import in_steps
+from diag.numeric.ordering import dense_key, lexicographic, occurrence
+from diag.read.load import RunData
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 from diag.whatif.untraced import inferred_syncs
 
@@ -421,7 +421,7 @@ def _awaited_launches(kind, instance, a, e, ready, first, slack_ns, min_wait_ns)
     launch that completed by its end; or, inside a launch's interval, for one whose last
     member arrived during the wait (a profiler's view of a backend thread: the collective's
     record runs on after the rank was released). Plain Python that numba compiles
-    (diag/compiled.py)."""
+    (diag/numeric/compiled.py)."""
     n = len(kind)
     count = np.zeros(n, dtype=np.int64)
     awaited = np.empty(n, dtype=np.int64)

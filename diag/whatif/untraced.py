@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag import schema
-from diag.ordering import lexicographic
+from diag.contract import schema
+from diag.numeric.ordering import lexicographic
 
 MIN_GAP_NS = 200_000
 """At least one member's gap is this long (shorter gaps are launches and Python between

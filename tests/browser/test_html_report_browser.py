@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diag.cli import main
+from diag.cli.main import main
 from tests.browser.conftest import HOSTILE
 from tests.browser.test_dashboard_browser import RENDER_TIMEOUT_S, _console_errors, label_overlaps
 

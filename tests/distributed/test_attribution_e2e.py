@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import pytest
 
-from diag.analysis import analyze_path
-from diag.load import load_run
+from diag.api import analyze_path
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from tests.distributed.test_rules_e2e_healthy import HEALTHY
 
 pytestmark = pytest.mark.dist

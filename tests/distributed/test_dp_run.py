@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from collectors.writer import FORMAT_ENV
-from diag import ledger
-from diag.analysis import analyze_path
-from diag.launch import torchrun_command
-from diag.load import load_run
+from diag.api import analyze_path
+from diag.cli.launch import torchrun_command
+from diag.contract import ledger
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from reference_runs.model import GPT, GPTConfig, count_params
 
 pytestmark = pytest.mark.dist

@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from collectors import NullRecorder
-from diag import ledger
-from diag.load import load_run
+from diag.contract import ledger
 from diag.metrics import compute_metrics
-from diag.report import build_report
+from diag.outputs.report import build_report
+from diag.read.load import load_run
 from reference_runs.ep import sync_gradients
 from reference_runs.ep_comms import EpComm
 from reference_runs.faults import FaultPlan

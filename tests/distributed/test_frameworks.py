@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import diag
-from diag.schema import MEMORY_CATEGORIES
+from diag.contract.schema import MEMORY_CATEGORIES
 from tests.conftest import raw_records
 
 pytestmark = pytest.mark.dist

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from diag.analysis import analyze_path
+from diag.api import analyze_path
 from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from diag import ledger
-from diag.launch import torchrun_command
-from diag.load import RunData, load_run
+from diag.cli.launch import torchrun_command
+from diag.contract import ledger
 from diag.metrics import RunMetrics, compute_metrics
+from diag.read.load import RunData, load_run
 
 pytestmark = pytest.mark.dist
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from diag.analysis import analyze_path
+from diag.api import analyze_path
 
 pytestmark = pytest.mark.dist
 

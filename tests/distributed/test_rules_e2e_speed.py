@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.analysis import analyze_path
+from diag.api import analyze_path
 
 pytestmark = pytest.mark.dist
 

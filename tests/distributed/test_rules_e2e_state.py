@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from diag.load import load_run
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from diag.rules import Finding, run_rules
 from diag.rules.families.memory import peaks
 

@@ -14,10 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from collectors import NullRecorder
-from diag import ledger
-from diag.load import load_run
+from diag.contract import ledger
 from diag.metrics import compute_metrics
-from diag.report import build_report
+from diag.outputs.report import build_report
+from diag.read.load import load_run
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader
 from reference_runs.model import GPT, GPTConfig, count_params
 from reference_runs.tp import TensorParallelGPT, shard

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.analysis import analyze_path
+from diag.api import analyze_path
 from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist

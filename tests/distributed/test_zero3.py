@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from diag.load import RunData, load_run
 from diag.metrics import compute_metrics
+from diag.read.load import RunData, load_run
 from reference_runs.model import GPT, GPTConfig, count_params
 from tests.conftest import raw_records
 from tests.distributed.conftest import diag_run

@@ -1,6 +1,6 @@
-"""The Arrow rank file decoder as it was before the per-file cost was cut (diag/arrow_format.py
-at commit fb72f26, its reading functions verbatim): the reference that
-tests/unit/test_arrow_decode.py holds today's `decode` to, output for output."""
+"""The Arrow rank file decoder as it was before the per-file cost was cut
+(diag/rankfile/arrow_format.py at commit fb72f26, its reading functions verbatim): the reference
+that tests/unit/test_arrow_decode.py holds today's `decode` to, output for output."""
 
 from __future__ import annotations
 
@@ -13,16 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from diag.arrow_format import (
-    EXTRA,
-    KIND_FIELDS,
-    OTHER,
-    ArrowRank,
-    _compressed,
-    check_schema,
-    kind_type,
-)
-from diag.limits import (
+from diag.contract.limits import (
     MAX_ABS_TIME_NS,
     MAX_EXPERTS,
     MAX_INDEX,
@@ -32,8 +23,17 @@ from diag.limits import (
     MAX_NOTES_PER_FILE,
     MAX_STEP,
 )
-from diag.record_checks import depth
-from diag.records import INT_COLUMNS, Encoded, Packed
+from diag.rankfile.arrow_format import (
+    EXTRA,
+    KIND_FIELDS,
+    OTHER,
+    ArrowRank,
+    _compressed,
+    check_schema,
+    kind_type,
+)
+from diag.rankfile.record_checks import depth
+from diag.rankfile.records import INT_COLUMNS, Encoded, Packed
 
 INDICES = frozenset({"mb", "stage", "chunk", "layer"})
 LABELS = frozenset({"phase", "op", "group", "dtype", "tag", "source", "name"})
@@ -138,7 +138,7 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
         return pa.array([], type=wanted)
     lists = [batch.column(kind) for batch in batches]
     values = (pa.concat_arrays(lists) if len(lists) > 1 else lists[0]).flatten()
-    # a typed field added since (diag.arrow_format.ADDED_FIELDS) reads as null where absent
+    # a typed field added since (diag.rankfile.arrow_format.ADDED_FIELDS) reads as null where absent
     children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0
                 else pa.nulls(len(values), f.type) for f in wanted]  # fmt: skip
     mask = values.is_null() if values.null_count else None
@@ -146,7 +146,7 @@ def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
 
 
 def _checks(kind: str, values: pa.StructArray, rejected: Counter[str]) -> np.ndarray:
-    """Which records are usable (what diag/record_checks.py checks on the JSONL path), with
+    """Which records are usable (what diag/rankfile/record_checks.py checks on the JSONL path), with
     each rejected record's reason counted."""
     count = len(values)
     keep = np.ones(count, dtype=bool)
@@ -231,8 +231,8 @@ def _event_fields(
 
 
 def _packed(array: pa.Array, name: str, numeric: bool) -> Packed:
-    """A column as the loader packs it (diag/records.py): int64 / float64 arrays, labels and
-    nullable integers dictionary-encoded, lists as Python lists."""
+    """A column as the loader packs it (diag/rankfile/records.py): int64 / float64 arrays, labels
+    and nullable integers dictionary-encoded, lists as Python lists."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     kind = array.type

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from diag.cli import main
+from diag.cli.main import main
 
 
 def analyze(*args: str):
@@ -231,8 +231,8 @@ def test_thresholds_come_from_pyproject_when_no_config_is_given(
 
 def test_text_report_of_many_ranks_shows_the_blamed_rank_first(tmp_path: Path) -> None:
     from benchmarks.synthetic_run import write_synthetic_run
-    from diag.analysis import analyze_path
-    from diag.report import TEXT_MAX_ROWS, render_text
+    from diag.api import analyze_path
+    from diag.outputs.report import TEXT_MAX_ROWS, render_text
 
     run_dir = write_synthetic_run(tmp_path / "run", ranks=48, steps=8, straggler_rank=37)
     text = render_text(analyze_path(run_dir))

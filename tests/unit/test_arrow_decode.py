@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diag import arrow_format
-from diag.arrow_format import STREAM_SCHEMA, ArrowRank
-from diag.cli import main
-from diag.rank_file import _COLUMNS, _NUMERIC
-from diag.records import Encoded
+from diag.cli.main import main
+from diag.rankfile import arrow_format
+from diag.rankfile.arrow_format import STREAM_SCHEMA, ArrowRank
+from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
+from diag.rankfile.records import Encoded
 from tests.unit import arrow_decode_before as before
 from tests.unit.test_hostile_arrow import rank_records, stream, write_run
 

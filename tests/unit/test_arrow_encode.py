@@ -1,7 +1,7 @@
-"""The collectors' Arrow flush (diag/arrow_encode.py, the IPC message assembled from its buffers)
-writes the bytes pyarrow's own conversion writes (arrow_format.encode_batch), for any records:
-typed ones, ones that fit no schema (they travel as JSON in `other`), empty flushes, a flush
-seen before (its metadata and labels from the caches)."""
+"""The collectors' Arrow flush (diag/rankfile/arrow_encode.py, the IPC message assembled from its
+buffers) writes the bytes pyarrow's own conversion writes (arrow_format.encode_batch), for any
+records: typed ones, ones that fit no schema (they travel as JSON in `other`), empty flushes, a
+flush seen before (its metadata and labels from the caches)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectors.writer import ArrowRankWriter
-from diag import arrow_encode, arrow_format
-from diag.load import read_rank_file
+from diag.rankfile import arrow_encode, arrow_format
+from diag.read.load import read_rank_file
 
 T = 1_700_000_000_000_000_000
 

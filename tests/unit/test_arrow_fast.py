@@ -1,7 +1,7 @@
-"""The compiled fast path of Arrow rank files (diag/arrow_fast.py) decodes what it takes
-exactly as pyarrow's path does (`arrow_format.decode`), takes every file the writers write, and
-on hostile input (truncations, forged numbers in the metadata, flipped bytes, batches no writer
-makes) either gives pyarrow's output or declines, never raising or reading out of bounds."""
+"""The compiled fast path of Arrow rank files (diag/rankfile/arrow_fast.py) decodes what it takes
+exactly as pyarrow's path does (`arrow_format.decode`), takes every file the writers write, and on
+hostile input (truncations, forged numbers in the metadata, flipped bytes, batches no writer makes)
+either gives pyarrow's output or declines, never raising or reading out of bounds."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diag import arrow_fast, arrow_format
-from diag.arrow_format import STREAM_SCHEMA, ArrowRank
-from diag.arrow_layout import BUFFER_COUNT, NODES, TEMPLATE
-from diag.cli import main
-from diag.rank_file import _COLUMNS, _NUMERIC
+from diag.cli.main import main
+from diag.rankfile import arrow_fast, arrow_format
+from diag.rankfile.arrow_format import STREAM_SCHEMA, ArrowRank
+from diag.rankfile.arrow_layout import BUFFER_COUNT, NODES, TEMPLATE
+from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
 from tests.unit.test_arrow_decode import assert_equal_decodes
 from tests.unit.test_hostile_arrow import rank_records, stream, write_run
 
@@ -241,9 +241,9 @@ _LABEL = st.one_of(st.none(), st.sampled_from(["fwd", "bwd", "", "all_reduce", "
 def test_labels_encode_as_pyarrow_encodes_them(
     batches: list[list[str | None]], repeat: bool, layout: str
 ) -> None:
-    """The compiled dictionary encoding (diag/arrow_codes.py) gives pyarrow's codes and
+    """The compiled dictionary encoding (diag/rankfile/arrow_codes.py) gives pyarrow's codes and
     dictionary, null included, whether batches repeat the one before (`repeat`) or not."""
-    from diag import arrow_codes
+    from diag.rankfile import arrow_codes
 
     if repeat:
         batches = [batches[0]] * len(batches) + batches[1:]
@@ -277,7 +277,7 @@ def test_labels_encode_as_pyarrow_encodes_them(
 
 def test_many_distinct_labels_encode_as_pyarrow_encodes_them() -> None:
     """More distinct values than the first hash table holds (it grows)."""
-    from diag import arrow_codes
+    from diag.rankfile import arrow_codes
 
     values = [f"label-{i % 300}" for i in range(2000)] + [None]
     array = pa.array(values)
@@ -295,15 +295,15 @@ def test_kinds_without_rejected_records_are_packed_from_the_buffers(
     simulated: list[bytes],
 ) -> None:
     """The simulator's steps, spans, collectives and memory records skip pyarrow's arrays
-    (diag/arrow_direct.py); a kind with a rejected record does not."""
-    from diag import arrow_direct
+    (diag/rankfile/arrow_fast.py, `packed_kind`); a kind with a rejected record does not."""
+    from diag.rankfile import arrow_fast
 
     buffers = arrow_fast._concatenated(simulated[0])
     assert buffers is not None
     for kind in ("step", "span", "comm", "mem"):
-        assert arrow_direct.packed_kind(buffers, kind, _COLUMNS[kind], _NUMERIC.get(kind, ()))
+        assert arrow_fast.packed_kind(buffers, kind, _COLUMNS[kind], _NUMERIC.get(kind, ()))
     bad = [{"kind": "span", "step": 0, "phase": "fwd", "mb": -1, "t0": 1, "t1": 2}]
     buffers = arrow_fast._concatenated(HEADER + arrow_format.encode_batch(bad))
     assert buffers is not None
-    assert arrow_direct.packed_kind(buffers, "span", _COLUMNS["span"], ()) is None
+    assert arrow_fast.packed_kind(buffers, "span", _COLUMNS["span"], ()) is None
     assert assert_same_as_pyarrow(HEADER + arrow_format.encode_batch(bad))

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 import collectors.safety
 from collectors import Recorder
 from collectors.writer import FORMAT_ENV, open_rank_writer
-from diag.cli import main
-from diag.convert import rank_file, rank_records
-from diag.launch import torchrun_command
-from diag.load import load_run, read_rank_file
+from diag.cli.launch import torchrun_command
+from diag.cli.main import main
+from diag.rankfile.convert import rank_file, rank_records
+from diag.read.load import load_run, read_rank_file
 
 
 def _steps_in(path: Path) -> int:
@@ -66,7 +66,7 @@ def test_sigkill_of_one_rank_loses_no_flushed_step(tmp_path: Path) -> None:
 
 def _pid_of(path: Path) -> int:
     """The writer's pid, from the meta record (a JSON line in the first batch)."""
-    from diag import arrow_format
+    from diag.rankfile import arrow_format
 
     notes: list[str] = []
     meta = next(r for r in arrow_format.records(path.read_bytes(), path.name, notes)

@@ -16,11 +16,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from diag import cache
-from diag.analysis import analyze_path, load_any
-from diag.kineto import load_trace_dir
-from diag.load import RunData, load_run
-from diag.sources import run_directory
+from diag.api import analyze_path, load_any
+from diag.read import cache
+from diag.read.kineto import load_trace_dir
+from diag.read.load import RunData, load_run
+from diag.read.sources import run_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_TREES = ("diag", "dashboard", "collectors")
@@ -189,16 +189,17 @@ def test_a_secret_others_can_read_disables_the_cache(
 
 def test_keys_cover_every_module_the_tables_come_from() -> None:
     run = {str(p.relative_to(ROOT)) for p in cache.source_closure([run_directory.LOADER])}
-    assert {"diag/load.py", "diag/records.py", "diag/schema.py", "diag/intervals.py",
-            "diag/metrics/time_breakdown.py"} <= run  # fmt: skip
-    kineto = {str(p.relative_to(ROOT)) for p in cache.source_closure(["diag.kineto"])}
-    assert {"diag/kineto/convert.py", "diag/kineto/device.py", "diag/load.py"} <= kineto
+    assert {"diag/read/load.py", "diag/rankfile/records.py", "diag/contract/schema.py",
+            "diag/numeric/intervals.py", "diag/metrics/time_breakdown.py"} <= run  # fmt: skip
+    kineto = {str(p.relative_to(ROOT)) for p in cache.source_closure(["diag.read.kineto"])}
+    assert {
+        "diag/read/kineto/convert.py",
+        "diag/read/kineto/device.py",
+        "diag/read/load.py",
+    } <= kineto
 
 
-_LOAD_TWICE = """
-import sys
-from diag.analysis import load_any
-run = load_any(sys.argv[1])
+_LOAD_TWICE = """ import sys from diag.api import load_any run = load_any(sys.argv[1])
 print(any("stale" in note for note in run.cache_notes))
 """
 

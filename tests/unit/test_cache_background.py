@@ -1,5 +1,5 @@
 """A large run's tables are written by a forked child while the analysis goes on
-(diag/background.py, `cache.write(..., in_background=True)`): the entry is whole once the
+(diag/read/background.py, `cache.write(..., in_background=True)`): the entry is whole once the
 command has exited or once this process reads it, and a write that fails fails nothing else."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from diag import background, cache
-from diag.analysis import analyze_path, load_any
-from diag.sources import run_directory
+from diag.api import analyze_path, load_any
+from diag.read import background, cache
+from diag.read.sources import run_directory
 from tests.conftest import RunWriter
 from tests.unit.test_cache import assert_same_run
 
@@ -72,11 +72,8 @@ def test_a_failing_background_write_fails_neither_the_analysis_nor_the_next_load
     assert load_any(large_run).steps.shape == load_any(large_run).steps.shape  # rebuilt
 
 
-_ANALYZE_SLOW_WRITE = """
-import atexit, sys, time
-from pathlib import Path
-from diag import cache, cli
-from diag.sources import run_directory
+_ANALYZE_SLOW_WRITE = """ import atexit, sys, time from pathlib import Path from diag.read import
+cache from diag.cli.main import main from diag.read.sources import run_directory
 
 run_directory.CACHE_MIN_BYTES = 0
 cache.BACKGROUND_FROM_BYTES = 0
@@ -92,7 +89,7 @@ def after_the_parent_returned(place, name, *args):
 
 cache._write_signed = after_the_parent_returned
 atexit.register(exiting.touch)  # runs before diag's own hook (the last registered, first run)
-cli.main(["analyze", sys.argv[1], "--format", "json"])
+main(["analyze", sys.argv[1], "--format", "json"])
 """
 
 

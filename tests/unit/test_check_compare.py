@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from diag.cli import main
+from diag.cli.main import main
 
 MODEL = {"layers": 2, "hidden": 64, "params": 1000}
 

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.analysis import load_any
-from diag.keys import in_steps
-from diag.load import RunData
+from diag.api import load_any
 from diag.metrics.collectives import COLLECTIVE_KEYS, collectives
 from diag.metrics.comm_totals import run_comm_totals, weighted_median
 from diag.metrics.common import analysed_steps
+from diag.numeric.keys import in_steps
+from diag.read.load import RunData
 
 
 def reference(totals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -34,7 +34,7 @@ from dashboard.data import (
     step_grid,
 )
 from dashboard.pages import memory, ranks, timeline
-from diag.schema import Layout, Manifest
+from diag.contract.schema import Layout, Manifest
 
 GOLDEN = Path(__file__).parents[1] / "data" / "dp2-golden"
 HOSTILE = '<img src=x onerror="alert(1)">'
@@ -139,7 +139,7 @@ def test_replica_and_stage_groupings(large: LoadedRun) -> None:
         [0, 255], [256, 511], [512, 767], [768, 1023]
     ]  # fmt: skip
     assert "replica" in groupings(replicas)
-    # stages come from the metrics (diag.pipeline): rank r holds stage r % 2 here
+    # stages come from the metrics (diag.metrics.pipeline): rank r holds stage r % 2 here
     staged = dataclasses.replace(
         replicas,
         metrics=dataclasses.replace(
@@ -347,7 +347,7 @@ def _texts(component: Any) -> list[str]:
 def test_timeline_of_a_large_run_offers_only_the_steps_whose_spans_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diag import load, record_window
+    from diag.read import load, record_window
 
     run_dir = write_synthetic_run(tmp_path / "run", ranks=16, steps=12)
     monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diag.cli import main
+from diag.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "data" / "golden-runs" / "dp-profiled" / "traces"
@@ -30,8 +30,8 @@ def _cluster_job(run: str, traces: str) -> dict[str, Any]:
     the API and through the CLI option); what the test compares."""
     from distributed import Client, LocalCluster
 
-    from diag.analysis import analyze_path
-    from diag.parallel import using_scheduler
+    from diag.api import analyze_path
+    from diag.read.parallel import using_scheduler
 
     out: dict[str, Any] = {}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
@@ -61,9 +61,9 @@ def _cluster_job(run: str, traces: str) -> dict[str, Any]:
 def _reduced_in_a_worker(run: str) -> list[str]:
     """On a cluster worker: a chunk of rank files read and reduced as a large run's are;
     the compiled loops loaded in that worker afterwards."""
-    from diag import compiled
-    from diag.load import read_rank_chunk
     from diag.metrics.file_reduction import reduce_rank_files
+    from diag.numeric import compiled
+    from diag.read.load import read_rank_chunk
 
     files = [(rank, Path(run) / f"rank-{rank:05d}.arrows") for rank in (0, 1)]
     read_rank_chunk(files, reduce_rank_files)
@@ -129,7 +129,7 @@ def test_a_local_analysis_imports_nothing_of_dask(reports: dict[str, Any], tmp_p
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from diag.cli import main\n"
+        "from diag.cli.main import main\n"
         f"r = CliRunner().invoke(main, ['analyze', {str(run)!r}])\n"
         "assert r.exit_code == 0, r.output\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n"

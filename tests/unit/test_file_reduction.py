@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.load import load_run
+from diag.contract.schema import rank_file_name
 from diag.metrics.comm_totals import comm_totals
 from diag.metrics.common import analysed_steps
 from diag.metrics.file_reduction import reduce_rank_files
 from diag.metrics.time_breakdown import time_breakdown
-from diag.rank_file import read_rank_file
-from diag.records import concat, unpack
-from diag.schema import rank_file_name
+from diag.rankfile.rank_file import read_rank_file
+from diag.rankfile.records import concat, unpack
+from diag.read.load import load_run
 from simulator import ModelSpec, SimConfig, simulate
 
 SMALL = {"layers": 8, "hidden": 256, "heads": 8, "seq_len": 512, "vocab": 4096}
@@ -116,11 +116,11 @@ def test_a_chunk_of_no_files_prepares_the_compiled_loop() -> None:
 
 @pytest.mark.parametrize("consecutive", [True, False])
 def test_the_compiled_union_loop_gives_what_the_python_loop_gives(consecutive: bool) -> None:
-    """Large inputs run `union_lengths_in_windows`' loop compiled (diag/compiled.py), small
-    ones as Python; the same code, so the same sums, and both the measure of each union of
-    the intervals cut to their window, in any order, whether the windows' keys are
-    consecutive (a rank's steps: an offset finds the window) or not (a binary search)."""
-    from diag import compiled, intervals
+    """Large inputs run `union_lengths_in_windows`' loop compiled (diag/numeric/compiled.py), small
+    ones as Python; the same code, so the same sums, and both the measure of each union of the
+    intervals cut to their window, in any order, whether the windows' keys are consecutive (a rank's
+    steps: an offset finds the window) or not (a binary search)."""
+    from diag.numeric import compiled, intervals
 
     rng = np.random.default_rng(7)
     count, windows = 3_000, 40
@@ -200,9 +200,9 @@ def test_the_window_kept_after_reducing_is_every_record_the_metrics_need(runs) -
     first steps, its comm_wait spans and its records of steps without a step record: the
     rows a mask of those gives, in file order, for shuffled records and a step near
     MAX_STEP (whose range no table covers)."""
-    from diag.keys import rank_steps_in
-    from diag.load import read_rank_chunk
-    from diag.records import take
+    from diag.numeric.keys import rank_steps_in
+    from diag.rankfile.records import take
+    from diag.read.load import read_rank_chunk
 
     shuffle = np.random.default_rng(5).permutation
     rows: dict[int, list[dict[str, Any] | str]] = {}

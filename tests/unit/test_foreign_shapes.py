@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diag.analysis import analyze_path, load_any
-from diag.convert import convert_run
+from diag.api import analyze_path, load_any
+from diag.rankfile.convert import convert_run
 from diag.whatif.matching import message_peers, pipeline_peers
 
 COST_TOLERANCE = 0.02

@@ -15,11 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diag.analysis import diagnose
-from diag.cli import FORMATS
+from diag.api import diagnose
+from diag.cli.analyze import FORMATS
 from diag.errors import InputError
-from diag.kineto import load_trace_dir
-from diag.load import RunData, load_run
+from diag.read.kineto import load_trace_dir
+from diag.read.load import RunData, load_run
 from tests.conftest import RunWriter
 from tests.unit.test_kineto import _step_events, _trace
 
@@ -192,11 +192,11 @@ def test_mutated_records_reduce_in_the_workers_as_in_the_tables(lines: list[str]
 
     import pandas as pd
 
-    from diag import load
     from diag.metrics import reduce_rank_files
     from diag.metrics.comm_totals import comm_totals
     from diag.metrics.common import analysed_steps
     from diag.metrics.time_breakdown import time_breakdown
+    from diag.read import load
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = _run_with_rank_1(Path(tmp), lines)

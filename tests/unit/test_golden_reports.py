@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from diag.analysis import diagnose, load_any
-from diag.kineto import is_trace_dir, load_trace_dir
+from diag.api import diagnose, load_any
+from diag.read.kineto import is_trace_dir, load_trace_dir
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RUNS = DATA / "golden-runs"

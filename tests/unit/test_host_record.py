@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from collectors.host import HostReading, HostSampler, usable_cores
-from diag import arrow_fast, arrow_format
-from diag.load import load_run
-from diag.rank_file import _COLUMNS, _NUMERIC
+from diag.rankfile import arrow_fast, arrow_format
+from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
+from diag.read.load import load_run
 from tests.unit.test_hostile_arrow import stream, write_run
 
 HOST_FIELDS = ("cpu_ns", "runq_ns", "nivcsw", "load1", "proc_cpu_ns", "proc_runq_ns")

@@ -1,8 +1,9 @@
-"""Hostile Arrow rank files (`rank-NNNNN.arrows`, diag/arrow_format.py) never crash the reader.
+"""Hostile Arrow rank files (`rank-NNNNN.arrows`, diag/rankfile/arrow_format.py) never crash the
+reader.
 
 Each case writes a valid 2-rank Arrow run with the collectors' writer and breaks rank 1's file:
-truncated anywhere, corrupt bytes, a stream of another schema, a compressed or dictionary
-batch, a message that declares a huge body, records beyond the bounds of diag/limits.py. The
+truncated anywhere, corrupt bytes, a stream of another schema, a compressed or dictionary batch, a
+message that declares a huge body, records beyond the bounds of diag/contract/limits.py. The
 contract is the JSONL reader's (tests/unit/test_hostile_input.py): exit 0 with the good ranks
 analysed and a note in `skipped`, or one line `diag: error: PATH: reason`; never a traceback.
 """
@@ -21,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.writer import open_rank_writer
-from diag import arrow_format
-from diag.cli import main
-from diag.load import read_rank_file
+from diag.cli.main import main
+from diag.rankfile import arrow_format
+from diag.read.load import read_rank_file
 from tests.conftest import RunWriter
 
 BASE_NS = 1_000_000_000

@@ -20,9 +20,9 @@ from dashboard import figures
 from dashboard.data import LoadedRun, expert_steps, step_times, timeline_window
 from dashboard.html_report import plotly_js_gzip, report_figures
 from diag import diagnose, load_any
-from diag.cli import main
-from diag.html_charts import Chart, inert_json
-from diag.report import render_html
+from diag.cli.main import main
+from diag.outputs.html_charts import Chart, inert_json
+from diag.outputs.report import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden-runs"

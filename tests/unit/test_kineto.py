@@ -13,11 +13,11 @@ import click
 import pandas as pd
 import pytest
 
-from diag.analysis import analyze_path, load_any
+from diag.api import analyze_path, load_any
+from diag.cli.shell import parse_layout
 from diag.errors import InputError
-from diag.kineto import KernelPatterns, is_trace_dir, load_trace_dir
 from diag.metrics import compute_metrics
-from diag.shell import parse_layout
+from diag.read.kineto import KernelPatterns, is_trace_dir, load_trace_dir
 
 REAL_TRACES = Path(__file__).parents[3] / "shared" / "real-traces"
 US = 1.0  # Kineto times are microseconds
@@ -272,8 +272,8 @@ HTA_SAMPLES = [f for f in ("hta-nccl-world2", "hta-sampled-world128", "hta-allto
 @pytest.mark.skipif(not HTA_SAMPLES, reason="../shared/real-traces is absent")
 @pytest.mark.parametrize("name", HTA_SAMPLES)
 def test_device_time_agrees_with_hta_within_1_percent(name: str, tmp_path: Path) -> None:
-    from diag.kineto.device import HTA_PATTERNS
-    from diag.kineto.hta_bridge import hta_analyses
+    from diag.read.kineto.device import HTA_PATTERNS
+    from diag.read.kineto.hta_bridge import hta_analyses
 
     ours = compute_metrics(load_trace_dir(REAL_TRACES / name, HTA_PATTERNS)).device
     theirs = hta_analyses(REAL_TRACES / name)
@@ -293,7 +293,7 @@ def test_device_time_agrees_with_hta_within_1_percent(name: str, tmp_path: Path)
 
 @pytest.mark.skipif(not (REAL_TRACES / "deepseek-v3-train-ep64").is_dir(), reason="absent")
 def test_where_hta_is_blind_diag_sees_the_hidden_all_to_all() -> None:
-    from diag.kineto.device import HTA_PATTERNS
+    from diag.read.kineto.device import HTA_PATTERNS
 
     folder = REAL_TRACES / "deepseek-v3-train-ep64"
     as_hta = compute_metrics(load_trace_dir(folder, HTA_PATTERNS)).device.iloc[0]

@@ -7,8 +7,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from diag.cli import main
-from diag.launch import torchrun_command
+from diag.cli.launch import torchrun_command
+from diag.cli.main import main
 
 
 def test_single_node_uses_standalone_rendezvous() -> None:

@@ -1,10 +1,10 @@
-"""Pin the worked examples of SEED-DIGEST and the edge cases of diag.ledger."""
+"""Pin the worked examples of SEED-DIGEST and the edge cases of diag.contract.ledger."""
 
 from __future__ import annotations
 
 import pytest
 
-from diag import ledger
+from diag.contract import ledger
 
 REL = 1e-9  # exact arithmetic, float rounding only
 REL_3SIG = 5e-3  # the digest's examples are rounded to 3 significant figures

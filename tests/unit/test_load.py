@@ -1,4 +1,4 @@
-"""diag.load: tables from a run dir, InputError for unusable input, notes for partial input."""
+"""diag.read.load: tables from a run dir, InputError for unusable input, notes for partial input."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from diag import load
 from diag.errors import InputError
-from diag.load import load_run
+from diag.read import load
+from diag.read.load import load_run
 
 B = 1_700_000_000_000_000_000
 

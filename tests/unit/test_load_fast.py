@@ -1,5 +1,5 @@
-"""The fast paths of diag.load (typed decoding, worker processes, the cache beside the run) give
-exactly the tables of the line-by-line path."""
+"""The fast paths of diag.read.load (typed decoding, worker processes, the cache beside the run)
+give exactly the tables of the line-by-line path."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag import load, parallel, rank_file, record_window, records
-from diag.load import load_run
 from diag.metrics import reduce_rank_files
+from diag.rankfile import rank_file, records
+from diag.read import load, parallel, record_window
+from diag.read.load import load_run
 
 TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
 
@@ -147,7 +148,7 @@ def test_pack_round_trip_keeps_values_order_and_inferred_type() -> None:
 
 
 def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeypatch) -> None:
-    from diag.analysis import diagnose
+    from diag.api import diagnose
 
     rows = {r: [*_rich_rank(runs, r), *runs.simple_rank(12)[12:]] for r in range(3)}
     for r in rows:  # steps 4..11 of fwd/bwd, and an orphan span of a step never recorded
@@ -183,7 +184,7 @@ def test_a_large_run_keeps_a_window_of_spans_and_the_same_analysis(runs, monkeyp
 
 @pytest.mark.parametrize("reduce", [False, True])
 def test_a_window_of_steps_is_read_and_analysed_alone(runs, monkeypatch, reduce: bool) -> None:
-    from diag.analysis import analyze_path
+    from diag.api import analyze_path
 
     run_dir = runs.write({r: _rich_rank(runs, r) for r in range(3)}, runs.manifest(3))
     if reduce:
@@ -203,7 +204,7 @@ def test_a_window_of_steps_is_read_and_analysed_alone(runs, monkeypatch, reduce:
 def test_cli_steps_window_and_its_errors(runs, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from diag.cli import main
+    from diag.cli.main import main
 
     run_dir = runs.write({r: _rich_rank(runs, r) for r in range(2)}, runs.manifest(2))
     result = CliRunner().invoke(

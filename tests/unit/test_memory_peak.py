@@ -13,9 +13,9 @@ import pytest
 from dashboard.data import load_runs, memory_at_peak, peak_rank
 from dashboard.pages import memory, overview
 from diag import diagnose, format_metric, load_any
-from diag.check import peak_memory_bytes
+from diag.contract.schema import MEMORY_CATEGORIES
+from diag.outputs.compare import peak_memory_bytes
 from diag.rules.families.memory import peaks
-from diag.schema import MEMORY_CATEGORIES
 
 MIB = 2**20
 STATE = {"params": MIB, "grads": MIB, "optimizer": MIB}

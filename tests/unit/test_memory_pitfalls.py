@@ -19,7 +19,7 @@ from torch import nn
 from collectors import Recorder
 from collectors.fsdp import register_fsdp_recording
 from collectors.memory import SavedTensorTracker
-from diag.convert import rank_file, rank_records
+from diag.rankfile.convert import rank_file, rank_records
 from reference_runs.common import clip_gradients
 from reference_runs.config import parse_config
 from reference_runs.data import SyntheticTokens, iterate_batches, make_loader, order_hash

@@ -1,4 +1,5 @@
-"""diag.intervals and diag.metrics, pinned on hand-computed numbers (tests/data/dp2-golden)."""
+"""diag.numeric.intervals and diag.metrics, pinned on hand-computed numbers
+(tests/data/dp2-golden)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag import intervals, ledger
-from diag.load import load_run
+from diag.contract import ledger
 from diag.metrics import compute_metrics
-from diag.report import build_report
+from diag.numeric import intervals
+from diag.outputs.report import build_report
+from diag.read.load import load_run
 
 approx = pytest.approx
 
@@ -166,7 +168,7 @@ def test_golden_summary(golden) -> None:
         "world_size": 2,
         "warmup_steps_excluded": 1,
         "loss_last": approx((1.25 + 1.0) / 2),
-        # MFU (diag/flops.py): 6 N + 12 L h s FLOPs a token, no peak known for a CPU
+        # MFU (diag/metrics/flops.py): 6 N + 12 L h s FLOPs a token, no peak known for a CPU
         "active_params": 114688,
         "model_flops_per_token": approx(6 * 114688 + 12 * 2 * 64 * 32),  # L 2, h 64, s 32
         "model_tflops_per_gpu": approx(737280 * (4000 / 0.230) / 2 / 1e12),

@@ -1,7 +1,7 @@
-"""MFU and TFLOP/s per GPU (diag/flops.py, docs/metrics.md "MFU"): the FLOPs per token of known
-models, the simulator's own FLOP accounting (a simulated device at 50% efficiency measures 50%
-of its compute share), null with a note on CPU or without a model, `--model` and
-`--peak-tflops`, and the headline."""
+"""MFU and TFLOP/s per GPU (diag/metrics/flops.py, docs/metrics.md "MFU"): the FLOPs per token of
+known models, the simulator's own FLOP accounting (a simulated device at 50% efficiency measures 50%
+of its compute share), null with a note on CPU or without a model, `--model` and `--peak-tflops`,
+and the headline."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diag import diagnose, flops, load_any, schema
-from diag.cli import main
+from diag import diagnose, load_any
+from diag.cli.main import main
+from diag.contract import schema
+from diag.metrics import flops
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden-runs"
@@ -88,7 +90,9 @@ def test_mfu_agrees_with_the_simulators_flops(
     compute_share = (compute["t1"] - compute["t0"]).sum() / (
         metrics.rank_steps["wall_s"].sum() * 1e9
     )
-    assert summary["peak_tflops_per_gpu"] == 989.0  # the simulated H100, from diag/devices.py
+    assert (
+        summary["peak_tflops_per_gpu"] == 989.0
+    )  # the simulated H100, from diag/contract/devices.py
     assert summary["mfu"] == pytest.approx(EFFICIENCY * compute_share, rel=tolerance)
     assert summary["model_tflops_per_gpu"] == pytest.approx(989.0 * summary["mfu"])
     assert summary["mfu_note"] is None

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from diag.load import load_run
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from reference_runs.config import TrainConfig
 from reference_runs.ep import check_layout
 from reference_runs.ep_comms import EpComm

@@ -1,4 +1,4 @@
-"""The shared names of diag/names.py: what the writers spell is what the readers match."""
+"""The shared names of diag/contract/names.py: what the writers spell is what the readers match."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from diag.names import (
+from diag.contract.names import (
     EP_ALLTOALL_TAGS,
     GRID_AXES,
     PARALLEL_GROUPS,
@@ -44,7 +44,7 @@ def test_host_name_is_rank_over_gpus_per_node() -> None:
 
 
 def test_grid_groups_vary_one_axis_each() -> None:
-    from diag.names import grid_groups
+    from diag.contract.names import grid_groups
 
     groups = grid_groups({"dp": 2, "pp": 2, "tp": 2})
     assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]

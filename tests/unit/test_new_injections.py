@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.analysis import diagnose, load_any
+from diag.api import diagnose, load_any
 from simulator.cli import simulate
 from simulator.injections import Faults
 

@@ -1,4 +1,5 @@
-"""diag.ordering equals the pandas operations it replaces, ties and int64 overflow included."""
+"""diag.numeric.ordering equals the pandas operations it replaces, ties and int64 overflow
+included."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.ordering import (
+from diag.numeric.ordering import (
     by_key_then_value,
     dense_key,
     group_medians,

@@ -1,6 +1,6 @@
 """`diag export RUN --perfetto OUT.json.gz`: the file is read back with diag's own profiler-trace
-reader (diag/kineto/files.py) and every span and collective keeps its time to the nanosecond and
-its rank; every event passes a schema check of the Trace Event Format; the arrows start at the
+reader (diag/read/kineto/files.py) and every span and collective keeps its time to the nanosecond
+and its rank; every event passes a schema check of the Trace Event Format; the arrows start at the
 last arrival; the findings sit on the ranks they blame; `--steps` keeps a window."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from diag import diagnose, load_any
-from diag.cli import main
-from diag.kineto.files import read_trace
+from diag.cli.main import main
+from diag.read.kineto.files import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden-runs"

@@ -1,15 +1,16 @@
-"""diag.pipeline on hand-written tables and runs: stages, bubble, stage imbalance, report."""
+"""diag.metrics.pipeline on hand-written tables and runs: stages, bubble, stage imbalance,
+report."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from diag import ledger
-from diag.load import load_run
+from diag.contract import ledger
+from diag.contract.schema import Layout, Manifest
 from diag.metrics import compute_metrics, pipeline
-from diag.report import build_report, render_text
-from diag.schema import Layout, Manifest
+from diag.outputs.report import build_report, render_text
+from diag.read.load import load_run
 
 approx = pytest.approx
 NO_SPANS = pd.DataFrame(

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import diag
-from diag.cli import main
-from diag.devices import device_by_key
+from diag.cli.main import main
+from diag.contract.devices import device_by_key
 from diag.plan import Job, Layout, SearchSpace, cluster_from_device, make_plan
 from diag.plan.calibrate import calibrate, job_of
 from diag.plan.models import preset, preset_job
@@ -199,11 +199,11 @@ def test_check_plan_refuses_a_bad_plan_file(plan_file: Path, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("name", ["gpt3-175b", "megatron-1t", "mt-nlg-530b"])
 def test_plan_flops_agree_with_the_report_mfu(name: str) -> None:
-    # the plan's MFU (simulator FLOPs) and the analyze summary's (diag/flops.py, 6N + 12Lhs)
+    # the plan's MFU (simulator FLOPs) and the analyze summary's (diag/metrics/flops.py, 6N + 12Lhs)
     # count the same model FLOPs for a multi-head GPT
-    from diag.flops import flops_per_token
+    from diag.contract.schema import ModelInfo
+    from diag.metrics.flops import flops_per_token
     from diag.plan.timing import model_flops_per_step
-    from diag.schema import ModelInfo
 
     model = preset(name)
     info = ModelInfo(
@@ -333,7 +333,7 @@ def test_balanced_split_puts_the_ends_in_place_of_a_block() -> None:
 def test_block_activations_are_korthikantis_for_his_gpt_block(
     tp: int, sp: bool, recompute: str
 ) -> None:
-    from diag import ledger
+    from diag.contract import ledger
     from diag.plan.activations import block_activation_bytes
     from diag.plan.job import Training
 

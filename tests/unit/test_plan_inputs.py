@@ -11,10 +11,10 @@ import time
 import pytest
 from click.testing import CliRunner
 
-import diag.plan_cli  # noqa: F401  (imported once here: the timings below are the command's)
-from diag.cli import main
-from diag.devices import DEVICES, device_by_key
-from diag.input_rules import RuleError, check_model
+import diag.cli.plan  # noqa: F401  (imported once here: the timings below are the command's)
+from diag.cli.main import main
+from diag.contract.devices import DEVICES, device_by_key
+from diag.contract.input_rules import RuleError, check_model
 from diag.plan import Job, Layout, SearchSpace, cluster_from_device, make_plan
 from diag.plan.divisors import divisors, prime_factors
 from diag.plan.models import preset, preset_job

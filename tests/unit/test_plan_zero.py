@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from diag.cli import main
+from diag.cli.main import main
 from diag.plan import Cluster, Evaluation, Job, Layout, make_plan
 from diag.plan.evaluate import PIPELINE_ENGINE_NOTE, evaluate
 from diag.plan.memory import ZERO2_BUCKET_BYTES, stage_expert_params, stage_params

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diag import ledger
-from diag.schedules import (
+from diag.contract import ledger
+from diag.contract.schedules import (
     Action,
     check_layout,
     peak_in_flight,

@@ -1,6 +1,6 @@
 """The public API of `diag` (diag/__init__.py): every name resolves to its module's object,
-importing `diag` (as the collectors do, for `diag.schema`) stays light, and the dashboard
-reaches diag only through the API and the run-format constants of `diag.schema`."""
+importing `diag` (as the collectors do, for `diag.contract.schema`) stays light, and the dashboard
+reaches diag only through the API and the run-format constants of `diag.contract.schema`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import diag
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("pandas", "numpy", "pyarrow", "click", "diag.analysis", "diag.metrics", "diag.report")
+HEAVY = ("pandas", "numpy", "pyarrow", "click", "diag.api", "diag.metrics", "diag.outputs.report")
 
 
 @pytest.mark.parametrize("name", diag.__all__)
@@ -30,13 +30,16 @@ def test_the_api_lists_what_it_serves() -> None:
     assert diag.REPORT_SCHEMA == "diag.report/1"
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         _ = diag.nothing_here  # type: ignore[attr-defined]  # what the test is about
-    from diag import schema  # a submodule is still imported as one
+    from diag.contract import schema  # a submodule is still imported as one
 
     assert schema.REPORT_SCHEMA == diag.REPORT_SCHEMA
 
 
 def test_importing_diag_schema_imports_no_analysis() -> None:
-    probe = f"import sys, diag.schema; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    probe = (
+        "import sys, diag.contract.schema; "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
@@ -58,6 +61,6 @@ def test_the_dashboard_uses_only_the_api_and_the_schema() -> None:
         f"{path.relative_to(ROOT)}: {module}"
         for path in sorted((ROOT / "dashboard").rglob("*.py"))
         for module in _diag_imports(path)
-        if module not in ("diag", "diag.schema")
+        if module not in ("diag", "diag.contract", "diag.contract.schema")
     }
     assert reached == set()

@@ -8,7 +8,7 @@ import shlex
 import pytest
 import torch
 
-from diag.injections import (
+from diag.contract.injections import (
     Jitter,
     LoaderStall,
     MemoryLeak,

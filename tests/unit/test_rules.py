@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from rule_cases import RuleCase, all_cases
 
-from diag.load import load_run
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from diag.rules import REGISTRY, run_rules
 from diag.rules.engine import DOC_SECTIONS
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from diag.analysis import analyze_path
-from diag.cli import main
-from diag.report import render_html, render_markdown, render_text
+from diag.api import analyze_path
+from diag.cli.main import main
+from diag.cli.rules import RANKING_ORDER, REGENERATE, catalogue_markdown
+from diag.outputs.report import render_html, render_markdown, render_text
 from diag.rules import REGISTRY
 from diag.rules.engine import DOC_SECTIONS
-from diag.rules_cli import RANKING_ORDER, REGENERATE, catalogue_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_RULES = ROOT / "docs" / "rules.md"

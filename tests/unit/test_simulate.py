@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diag import ledger
-from diag.analysis import diagnose, load_any
-from diag.cli import main
-from diag.convert import rank_records
-from diag.injections import jitter_ms, parse_injection
-from diag.load import load_run
+from diag.api import diagnose, load_any
+from diag.cli.main import main
+from diag.contract import ledger
+from diag.contract.injections import jitter_ms, parse_injection
+from diag.rankfile.convert import rank_records
+from diag.read.load import load_run
 from simulator import HardwareSpec, ModelSpec, SimConfig, SimulationError, simulate
 
 SMALL = {"layers": 4, "hidden": 1024, "heads": 16, "seq_len": 2048, "vocab": 8192}
@@ -401,7 +401,7 @@ def test_jitter_delays_each_rank_and_step_differently_within_bounds(tmp_path: Pa
     assert ((delays >= 0) & (delays <= 20)).all()
     assert delays.round(6).nunique() == len(delays) == 4 * 5  # differ by rank and by step
     spec = [parse_injection("jitter:ms=20")]
-    for (rank, step), ms in delays.items():  # the trainers' draws (diag.injections)
+    for (rank, step), ms in delays.items():  # the trainers' draws (diag.contract.injections)
         assert ms == pytest.approx(jitter_ms(spec, int(rank), int(step), seed=7), abs=1e-5)
     again = _span_ns(_records(tmp_path, "again", **layout, inject=("jitter:ms=20",)))
     assert again.equals(jittered)

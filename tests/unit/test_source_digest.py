@@ -1,6 +1,6 @@
-"""The cache key's import scan (a regular expression, diag/cache.py) finds every diag import
-that Python's parser finds, in every module of diag: the key changes with any module the
-cached tables depend on."""
+"""The cache key's import scan (a regular expression, diag/read/cache.py) finds every diag import
+that Python's parser finds, in every module of diag: the key changes with any module the cached
+tables depend on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diag import cache
+from diag.read import cache
 
 DIAG = Path(cache.__file__).parent
 

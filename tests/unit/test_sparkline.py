@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from diag.sparkline import (
+from diag.outputs.sparkline import (
     BLOCKS,
     GAP,
     MAX_MARKS,
@@ -86,8 +86,8 @@ def test_the_line_of_a_runs_rank_steps_is_the_median_over_ranks() -> None:
 
 def test_the_text_report_shows_the_step_time_under_its_headline(tmp_path) -> None:
     from benchmarks.synthetic_run import write_synthetic_run
-    from diag.analysis import analyze_path
-    from diag.report import render_text
+    from diag.api import analyze_path
+    from diag.outputs.report import render_text
 
     report = analyze_path(write_synthetic_run(tmp_path / "run", ranks=4, steps=8))
     line = render_text(report).splitlines()[1]

@@ -1,7 +1,7 @@
-"""Growing Arrow rank files read a poll at a time (diag/tail.py, `diag.RunTail`): only the record
-batches appended since the last read, a message still being written left for the next read
-(never a note), and the full reader's limits on what is complete: a corrupt, compressed or
-oversized message ends the reading of that file with a note, the batches before it kept."""
+"""Growing Arrow rank files read a poll at a time (diag/rankfile/tail.py, `diag.RunTail`): only the
+record batches appended since the last read, a message still being written left for the next read
+(never a note), and the full reader's limits on what is complete: a corrupt, compressed or oversized
+message ends the reading of that file with a note, the batches before it kept."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from diag import arrow_format, tail
-from diag.analysis import diagnose
-from diag.convert import convert_run
-from diag.tail import ArrowTail, open_tail
-from diag.watch import RunTail
+from diag.api import diagnose
+from diag.rankfile import arrow_format, tail
+from diag.rankfile.convert import convert_run
+from diag.rankfile.tail import ArrowTail, open_tail
+from diag.read.growing import RunTail
 from tests.unit.test_hostile_arrow import _body_length_offset, rank_records, stream, write_run
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden-runs"

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from diag.load import load_run
 from diag.metrics import compute_metrics
+from diag.read.load import load_run
 from reference_runs.model import GPT, GPTConfig
 from reference_runs.tp import (
     ColumnParallelLinear,

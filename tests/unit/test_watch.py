@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from diag import injections as inj
-from diag.cli import main
+from diag.cli.main import main
+from diag.cli.watch import FindingLog, watch
+from diag.contract import injections as inj
+from diag.contract.limits import MAX_JSON_DEPTH
 from diag.errors import InputError
-from diag.limits import MAX_JSON_DEPTH
-from diag.watch import FindingLog, RunTail, watch
+from diag.read.growing import RunTail
 from simulator.injections import parse_faults
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden-runs"

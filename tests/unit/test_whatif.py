@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.analysis import diagnose, load_any
+from diag.api import diagnose, load_any
 
 RUNS = Path(__file__).resolve().parents[1] / "data" / "golden-runs"
 SIMULATED = ["--ranks", "8", "--layout", "dp=2,tp=2,pp=2", "--gpus-per-node", "4", "--steps",
@@ -86,12 +86,12 @@ def test_waiting_is_split_into_skew_and_transfer(simulated: dict[str, dict]) -> 
 
 @pytest.mark.parametrize("name", ["dp", "pp-interleaved", "zero3", "ep", "simulated-3d"])
 def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path: Path) -> None:
-    """Large timelines run the replay and the scan of waits compiled by numba, small ones as
-    Python (diag/compiled.py): the same code, so the same times to the bit, on runs with
-    every kind of event (DDP launches and waits, pipeline receives, blocking collectives), the
-    measured durations and a counterfactual's."""
-    from diag import compiled
+    """Large timelines run the replay and the scan of waits compiled by numba, small ones as Python
+    (diag/numeric/compiled.py): the same code, so the same times to the bit, on runs with every kind
+    of event (DDP launches and waits, pipeline receives, blocking collectives), the measured
+    durations and a counterfactual's."""
     from diag.metrics.common import analysed_steps
+    from diag.numeric import compiled
     from diag.whatif import timeline
     from diag.whatif.replay import Durations, replay
 
@@ -124,7 +124,7 @@ def test_a_manifest_of_empty_groups_matches_no_rank_to_a_group() -> None:
     record of that axis is in no group of the manifest's, not a crash."""
     import numpy as np
 
-    from diag.schema import Manifest
+    from diag.contract.schema import Manifest
     from diag.whatif.matching import group_member_of
 
     manifest = Manifest(run_id="r", created="", world_size=2, groups={"dp": [[]], "pp": [[1], [0]]})

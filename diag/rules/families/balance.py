@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag.arrival import arrivals
-from diag.host import busy_net_of_queueing, waiting_share
 from diag.metrics import RunMetrics
+from diag.metrics.arrival import arrivals
+from diag.metrics.host import busy_net_of_queueing, waiting_share
+from diag.outputs.units import ranks_phrase
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.units import ranks_phrase
 from diag.whatif.attribution import Attribution
 
 STRAGGLER_LIMITS = {
@@ -105,8 +105,8 @@ def steps_needed(metrics: RunMetrics, limits: Mapping[str, float]) -> float:
 
 
 def _own_busy(metrics: RunMetrics) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The ranks table and the per-step table with busy time net of the training thread's
-    waiting for a core where the run recorded it (diag.host.busy_net_of_queueing)."""
+    """The ranks table and the per-step table with busy time net of the training thread's waiting
+    for a core where the run recorded it (diag.metrics.host.busy_net_of_queueing)."""
     ranks, rank_steps = metrics.ranks, metrics.rank_steps
     if rank_steps is None or rank_steps.empty or metrics.host_steps.empty:
         return ranks, rank_steps

@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from diag import intervals
-from diag.host import waiting_share
 from diag.metrics import NS_PER_S, in_steps, whole_steps
+from diag.metrics.host import waiting_share
+from diag.numeric import intervals
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import straggler_ranks
 
@@ -82,7 +82,8 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
 
 
 def waiting_for_a_core_share(ctx: RuleContext) -> float | None:
-    """The share of the ranks' step time spent waiting for a core (diag/host.py), or None."""
+    """The share of the ranks' step time spent waiting for a core (diag/metrics/host.py), or
+    None."""
     steps = ctx.metrics.host_steps
     return None if steps.empty else waiting_share(steps)
 

@@ -1,6 +1,6 @@
-"""Host rules: time a rank was runnable but not running (waiting for a core) is the host's,
-not the training's (diag/host.py). Pattern 3: the speedup is below theory because the ranks
-share cores, with each other or with other work on the machine."""
+"""Host rules: time a rank was runnable but not running (waiting for a core) is the host's, not the
+training's (diag/metrics/host.py). Pattern 3: the speedup is below theory because the ranks share
+cores, with each other or with other work on the machine."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.units import ranks_phrase
 
 MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
 

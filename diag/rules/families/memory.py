@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from diag import schema
+from diag.contract import schema
 from diag.metrics import RunMetrics
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from diag import schema
+from diag.contract import schema
 from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 

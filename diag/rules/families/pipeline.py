@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from diag import ledger
+from diag.contract import ledger
 from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 

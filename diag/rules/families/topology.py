@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from diag import schema
+from diag.contract import schema
 from diag.rules.engine import Finding, RuleContext, rule
 
 FAST_AXES = ("tp", "ep", "cp")

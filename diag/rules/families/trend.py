@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from diag import schema
+from diag.contract import schema
 from diag.metrics import run_comm_totals
 from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
@@ -95,7 +95,7 @@ def step_walls(ctx: RuleContext) -> pd.Series:
 
 def own_walls(ctx: RuleContext) -> pd.Series | None:
     """Per analysed step, the slowest rank's wall time less its time waiting for a core
-    (diag/host.py): the step the training itself took; None where that was not recorded."""
+    (diag/metrics/host.py): the step the training itself took; None where that was not recorded."""
     host = ctx.metrics.host_steps
     if host.empty or host["descheduled_s"].isna().all():
         return None

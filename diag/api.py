@@ -1,0 +1,106 @@
+"""The public entry point of the analysis core: a path in, the report (JSON contract) out."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from diag.contract import schema
+from diag.errors import InputError
+from diag.metrics import RunMetrics, compute_metrics
+from diag.outputs.report import build_report, json_safe
+from diag.read import cache
+from diag.read.load import RunData
+from diag.read.sources import LoadOptions, find_source
+from diag.rules import run_rules
+
+
+def analyze_path(
+    path: str | Path,
+    config: Mapping[str, Any] | None = None,
+    hta: bool = False,
+    layout: schema.Layout | None = None,
+    steps: range | None = None,
+) -> dict[str, Any]:
+    """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
+    build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
+    parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again);
+    `layout` says how a trace folder's ranks are laid out (a run directory has its manifest);
+    `steps` analyses a window of a run directory's steps.
+
+    Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
+    """
+    folder = Path(path)
+    source = find_source(folder)
+    options = LoadOptions(layout, steps)
+    key, found = None, cache.Lookup()
+    if source.cache_report(folder):
+        key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
+        found = cache.read_report(folder, key)
+        if found.value is not None:
+            return dict(found.value)
+    run = source.load(folder, options)
+    if found.note:
+        run.cache_notes.append(found.note)
+    _, report = diagnose(run, config, hta)
+    if key is not None:
+        kept = [note for note in report["skipped"] if note not in run.cache_notes]
+        cache.write_report(folder, key, {**report, "skipped": kept})
+    return report
+
+
+def diagnose(
+    run: RunData, config: Mapping[str, Any] | None = None, hta: bool = False
+) -> tuple[RunMetrics, dict[str, Any]]:
+    """A loaded run's metrics (findings included) and its report, profiler traces added."""
+    measured = compute_metrics(run)
+    judgement = run_rules(run, measured, config)
+    metrics = dataclasses.replace(
+        measured, findings=judgement.findings, skipped=[*measured.skipped, *judgement.notes]
+    )
+    return metrics, with_traces(build_report(run, metrics), run, hta)
+
+
+def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:
+    """The report with what the run's profiler traces add: the `--profile-steps` window of a
+    run directory (`traces`) and, on request, HTA's analyses of the trace folder (`hta`)."""
+    source = find_source(run.path)
+    window = source.profiler_window(run.path)
+    if window is not None:
+        report["traces"] = _profiler_window(window)
+    traces = source.profiler_traces(run.path)
+    if hta and traces is not None and traces.is_dir():
+        from diag.read.kineto.hta_bridge import hta_analyses
+
+        report["hta"] = json_safe(hta_analyses(traces))
+    return report
+
+
+def _profiler_window(folder: Path) -> dict[str, Any]:
+    """The Kineto window a run captured (`--profile-steps`), measured the same way, or the
+    reason it could not be read."""
+    from diag.read.kineto import load_trace_dir
+
+    try:
+        run = load_trace_dir(folder)
+    except InputError as error:
+        return {"path": str(folder), "error": str(error)}
+    metrics = compute_metrics(run)
+    return json_safe({
+        "path": str(folder),
+        "summary": metrics.summary,
+        "ranks": metrics.ranks.to_dict("records"),
+        "collectives": metrics.collectives.to_dict("records"),
+        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
+    })  # fmt: skip
+
+
+def load_any(
+    path: str | Path, layout: schema.Layout | None = None, steps: range | None = None
+) -> RunData:
+    """A run directory (manifest.json; only `steps` when given) or a folder of PyTorch profiler
+    (Kineto) traces, through the source of its format (`diag.read.sources`)."""
+    folder = Path(path)
+    return find_source(folder).load(folder, LoadOptions(layout, steps))

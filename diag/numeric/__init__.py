@@ -1,0 +1,1 @@
+"""Numeric kernels over interval and record arrays (numpy, numba where it pays)."""

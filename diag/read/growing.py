@@ -1,0 +1,99 @@
+"""A growing run directory read a poll at a time (`diag.RunTail`, for `diag watch` and the live
+dashboard): only the bytes appended since the last read (diag/rankfile/tail.py), each record
+checked as the loader checks it, the records of unfinished steps and of the last `window_steps`
+finished ones kept, so the memory stays that of the window however long the job runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.contract import schema
+from diag.contract.schema import RecordKind
+from diag.rankfile.record_checks import check_values
+from diag.rankfile.tail import FileTail, open_tail
+from diag.read.load import RunData, run_from_records
+
+KINDS = frozenset(k.value for k in RecordKind)
+
+
+@dataclass
+class RunTail:
+    """A growing run directory, read a poll at a time; the records of unfinished steps and of
+    the last `window_steps` finished ones are kept."""
+
+    folder: Path
+    window_steps: int = 8
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    _tails: dict[int, FileTail] = field(default_factory=dict)
+    _last_step: dict[int, int] = field(default_factory=dict)  # rank -> its last step record
+
+    def manifest(self) -> schema.Manifest | None:
+        """The manifest as it is now; None while it is absent or being written."""
+        try:
+            return schema.read_manifest(self.folder)
+        except (OSError, ValueError, schema.SchemaError):
+            return None
+
+    def poll(self, manifest: schema.Manifest) -> None:
+        """Read what every rank file gained since the last poll."""
+        for rank in range(manifest.world_size):
+            for kind, record in self._new_records(rank):
+                if kind == RecordKind.STEP.value:
+                    self._last_step[rank] = max(self._last_step.get(rank, -1), record["step"])
+                self.records.setdefault(kind, []).append(record)
+
+    def finished_step(self, world_size: int) -> int | None:
+        """The last step every rank has finished (its step record written), or None."""
+        if len(self._last_step) < world_size:
+            return None
+        return min(self._last_step.values())
+
+    def window(self, manifest: schema.Manifest, last: int) -> RunData:
+        """The run's steps `last - window_steps + 1 .. last`, as a RunData; older records are
+        dropped from memory."""
+        first = max(0, last - self.window_steps + 1)
+        self.records = {
+            kind: [r for r in rows if r["step"] >= first] for kind, rows in self.records.items()
+        }
+        shown = {
+            kind: [r for r in rows if r["step"] <= last] for kind, rows in self.records.items()
+        }
+        run = run_from_records(manifest, self.folder, shown, list(self.skipped))
+        run.starts_at_warmup = first == 0
+        return run
+
+    def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(kind, record) of the records appended to the rank's file since the last read."""
+        tail = self._tails.get(rank)
+        if tail is None:
+            tail = open_tail(self.folder, rank)
+            if tail is None:
+                return  # not created yet: the next poll looks again
+            self._tails[rank] = tail
+        new = tail.read_new()
+        self.skipped += tail.notes
+        tail.notes.clear()
+        for record in new:
+            if self._checked(record, tail.path.name):
+                record["rank"] = rank
+                kind = record["kind"]
+                yield kind, _event_row(record) if kind == RecordKind.EVENT.value else record
+
+    def _checked(self, record: Any, name: str) -> bool:
+        """Whether the loader would use the record (a note for a bad one)."""
+        reason = schema.check_record(record) or check_values(record)
+        if reason:
+            self.skipped.append(f"{name}: a record skipped ({reason})")
+            return False
+        return bool(record["kind"] in KINDS)
+
+
+def _event_row(record: dict[str, Any]) -> dict[str, Any]:
+    fields = {k: v for k, v in record.items() if k not in ("kind", "step", "name", "rank")}
+    return {"rank": record["rank"], "step": record["step"], "name": record["name"],
+            "fields": fields}  # fmt: skip

@@ -1,0 +1,160 @@
+"""PyTorch profiler (Kineto) trace folders read as runs: `load_trace_dir(path)` -> RunData.
+
+A user's own job profiled with `torch.profiler` and `tensorboard_trace_handler` leaves one
+`*.pt.trace.json[.gz]` per rank; `diag analyze TRACE_DIR/` reads them like a run directory. Ranks
+are parsed in parallel processes; the converted tables are cached (diag/read/kineto/cache.py) so the
+next analysis of an unchanged folder skips the JSON entirely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from diag.contract import schema
+from diag.contract.names import grid_groups
+from diag.errors import InputError
+from diag.read.cache import Lookup
+from diag.read.kineto import cache
+from diag.read.kineto.device import DEVICE_TIME_FIELDS
+from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
+from diag.read.kineto.kernels import KernelPatterns
+from diag.read.load import RunData, run_from_records
+from diag.read.parallel import map_chunks
+
+__all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
+
+PARALLEL_FROM_BYTES = 8 * 2**20
+"""Below this much trace on disk, one process parses faster than starting a pool."""
+PROGRESS_AFTER_S = 2.0
+"""A load still running after this long reports its progress on stderr (a terminal only)."""
+
+
+def load_trace_dir(
+    path: str | Path,
+    patterns: KernelPatterns | None = None,
+    layout: schema.Layout | None = None,
+    use_cache: bool = True,
+    workers: int | None = None,
+) -> RunData:
+    """Load a folder of Kineto traces; raises InputError (one line) when it is unusable."""
+    folder = Path(path)
+    patterns = patterns or KernelPatterns()
+    files = trace_files(folder)
+    if not files:
+        raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
+    layout = layout or _layout_beside(folder)
+    key = cache.key(files, patterns, layout)
+    found = cache.read(folder, key) if use_cache else Lookup()
+    if isinstance(found.value, RunData):
+        return found.value
+    skipped: list[str] = []
+    traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    for trace in traces:
+        for kind, rows in trace.records.items():
+            records[kind] += rows
+        if not trace.records.get("step"):
+            skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
+    manifest = _manifest(folder, traces, layout)
+    grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
+    if layout is not None and grid != manifest.world_size:
+        raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
+                                 f"world size {manifest.world_size}")  # fmt: skip
+    missing = manifest.world_size - len(traces)
+    if missing > 0:
+        shown = ", ".join(str(t.rank) for t in traces[:8]) + (" ..." if len(traces) > 8 else "")
+        skipped.append(
+            f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
+            "the others are not analysed"
+        )
+    run = run_from_records(manifest, folder, records, skipped)
+    run.device_time = _device_table(traces)
+    if use_cache:
+        cache.write(folder, key, run)
+    if found.note:
+        run.cache_notes.append(found.note)
+    return run
+
+
+def _parse_all(
+    files: list[Path], patterns: KernelPatterns, workers: int | None
+) -> list[ParsedTrace]:
+    """Every file parsed, in parallel processes when there are several and enough bytes to
+    repay starting them (`workers` forces a count); progress on a terminal after a while."""
+    started = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
+            end = "\n" if done == total else ""
+            print(f"\rdiag: parsed {done}/{total} trace files", end=end, file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    chunks = map_chunks(
+        partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
+        min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
+    )  # fmt: skip
+    return [trace for chunk in chunks for trace in chunk]
+
+
+def _parse_chunk(chunk: list[tuple[int, Path]], patterns: KernelPatterns) -> list[ParsedTrace]:
+    return [parse_file(path, patterns) for _, path in chunk]
+
+
+def _layout_beside(folder: Path) -> schema.Layout | None:
+    """The layout of the run a `--profile-steps` window belongs to (RUN/traces/ -> RUN/)."""
+    try:
+        return schema.read_manifest(folder.parent).layout
+    except (OSError, ValueError, schema.SchemaError):
+        return None
+
+
+def _manifest(
+    folder: Path, traces: list[ParsedTrace], layout: schema.Layout | None
+) -> schema.Manifest:
+    worlds = [t.world_size for t in traces if t.world_size]
+    world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
+    backends = {t.backend for t in traces if t.backend}
+    device = next((t.device_name for t in traces if t.device_name), None)
+    on_device = any(t.on_device for t in traces)
+    return schema.Manifest(
+        run_id=folder.resolve().name,
+        created=_dt.datetime.fromtimestamp(_newest_mtime(traces), _dt.UTC).isoformat(),
+        world_size=world_size,
+        trainer="kineto",
+        command=None,
+        backend=backends.pop() if len(backends) == 1 else None,
+        device_type="cuda" if on_device else "cpu",
+        layout=layout or schema.Layout(dp=world_size),
+        # the groups a job on this grid forms: the pipeline's neighbours pair its messages
+        groups=grid_groups({"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp})
+        if layout is not None and layout.dp * layout.pp * layout.ep * layout.tp == world_size
+        else {},
+        ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
+        status=schema.RunStatus.COMPLETE.value,
+    )
+
+
+def _newest_mtime(traces: list[ParsedTrace]) -> float:
+    """When the newest trace was written: the run's date (the folder's own time changes when
+    its cache is written)."""
+    times = []
+    for trace in traces:
+        try:
+            times.append(trace.path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
+
+
+def _device_table(traces: list[ParsedTrace]) -> pd.DataFrame:
+    """Per rank, the device time measured from its kernels (`RunData.device_time`)."""
+    rows = [{"rank": int(t.rank or 0), **dataclasses.asdict(t.device_time)}
+            for t in traces if t.device_time is not None]  # fmt: skip
+    return pd.DataFrame(rows, columns=["rank", *DEVICE_TIME_FIELDS])

@@ -1,0 +1,328 @@
+"""One rank's Kineto events as run-directory records, so the metrics, rules, reports and the
+dashboard read a profiler trace as they read our own runs.
+
+- steps: `ProfilerStep#N` on the CPU; a step's window on the device runs from the first to the
+  last end of the GPU work its CPU step launched (matched by correlation id). A CPU-only trace
+  keeps the CPU window. No `ProfilerStep` at all: the whole trace is step 0.
+- spans: computation kernels (phase `kernel`) and memory copies/sets (phase `memcpy`) are the
+  device's busy time.
+- comms: each communication kernel, with op, group, bytes and dtype from the
+  `record_param_comms` CPU op that launched it (`Collective name`, `In/Out msg nelems`, `dtype`,
+  `Process Group ...`), else the op read from the kernel's name and no bytes (DeepEP).
+- comm_wait spans: communication time not hidden under computation or copies (exposed).
+Times are Kineto's microseconds turned into integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from diag.contract import schema
+from diag.contract.limits import MAX_ABS_TIME_NS, MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
+from diag.numeric import intervals
+from diag.read.kineto.events import Event
+from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+
+NS_PER_US = 1000
+MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
+"""Kineto times and durations (us) beyond this are skipped: start plus duration, in ns, stays within
+diag/contract/limits.py's bound on times."""
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
+STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
+    "char": 1, "byte": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}  # fmt: skip
+_OP_BY_COLLECTIVE = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
+    "all_to_allv": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv",
+    "barrier": "barrier", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+}  # fmt: skip
+
+
+@dataclass
+class RankEvents:
+    """The parts of one rank's trace the analysis uses (times in ns)."""
+
+    gpu_name: list[str] = field(default_factory=list)
+    gpu_category: list[str] = field(default_factory=list)
+    gpu_t0: list[int] = field(default_factory=list)
+    gpu_t1: list[int] = field(default_factory=list)
+    gpu_correlation: list[int] = field(default_factory=list)
+    launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
+    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
+    param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
+    cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
+    gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
+    step_tid: Any = None  # the thread that runs the steps
+    cpu_t0: int | None = None
+    cpu_t1: int | None = None
+    skipped: Counter[str] = field(default_factory=Counter)  # events left out, by reason
+
+
+def scan(events: list[Event]) -> RankEvents:
+    """One pass over the trace's complete ('X') events (the hot loop of a trace load: plain
+    type checks and local names, no regex unless the name can be a step)."""
+    out = RankEvents()
+    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+    gpu_name, gpu_category = out.gpu_name, out.gpu_category
+    gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
+    cpu_ops, launches = out.cpu_ops, out.launches
+    cpu_first, cpu_last = [], []
+    for event in events:
+        if event.ph != "X":
+            continue
+        ts = event.ts
+        if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
+            continue
+        duration = event.dur
+        timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
+        if not -MAX_TIME_US < ts < MAX_TIME_US or (
+            timed and not -MAX_TIME_US < duration < MAX_TIME_US
+        ):
+            out.skipped["a time or duration beyond ±2**61 ns"] += 1
+            continue
+        if timed and duration < 0:
+            out.skipped["negative duration"] += 1
+            continue
+        t0 = round(ts * NS_PER_US)
+        t1 = t0 + round(duration * NS_PER_US) if timed else t0
+        category, name, tid = event.cat, event.name, event.tid
+        if type(category) is not str:
+            category = None
+        if type(name) is not str:
+            name = str(name) if type(name) is int or type(name) is float else ""
+        if type(tid) is list or type(tid) is dict:
+            tid = None
+        args = event.args
+        if type(args) is not dict:
+            args = {}
+        if category in GPU_CATEGORIES:
+            gpu_name.append(name)
+            gpu_category.append(category)
+            gpu_t0.append(t0)
+            gpu_t1.append(t1)
+            gpu_correlation.append(_id(args.get("correlation")))
+            continue
+        cpu_first.append(t0)
+        cpu_last.append(t1)
+        if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
+            cpu_ops.append((tid, t0, t1))  # c10d ops only enqueue
+        elif category in LAUNCH_CATEGORIES:
+            if "correlation" in args:
+                launches[_id(args["correlation"])] = (tid, t0)
+        elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
+            if step := STEP_NAME.match(name):
+                if int(step.group(1)) >= MAX_STEP:
+                    out.skipped["step number beyond 2**40"] += 1
+                    continue
+                out.steps.append((int(step.group(1)), t0, t1))
+                out.step_tid = tid
+        elif name.startswith("gloo:"):
+            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
+        if name == "record_param_comms":
+            params[tid].append((t0, t1, args))
+    if cpu_first:
+        out.cpu_t0, out.cpu_t1 = min(cpu_first), max(cpu_last)
+    out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
+    out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
+    out.steps.sort(key=lambda s: s[1])
+    return out
+
+
+def _id(value: Any) -> int:
+    """A correlation id as an int (-1: none, or not a usable integer)."""
+    number = _count(value, default=-1)
+    return number if number >= 0 else -1
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A non-negative integer of the trace's args (an element count, an id) below
+    MAX_ARG_INTEGER, read from an int, a whole float or a numeric string; `default` else."""
+    try:
+        number = int(value) if type(value) in (int, float, str) else default
+    except (ValueError, OverflowError):
+        return default
+    return number if 0 <= number < MAX_ARG_INTEGER else default
+
+
+def _label(value: Any) -> str:
+    """A name of the trace's args as a string of at most MAX_LABEL_CHARS ("" when absent)."""
+    return str(value)[:MAX_LABEL_CHARS] if type(value) in (str, int, float) else ""
+
+
+def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
+    """The ProfilerStep whose CPU window holds each time; -1 outside every window."""
+    if not steps:
+        return np.zeros(len(times), dtype=np.int64)
+    starts = np.array([s[1] for s in steps])
+    ends = np.array([s[2] for s in steps])
+    numbers = np.array([s[0] for s in steps])
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = (index >= 0) & (times < ends[np.clip(index, 0, None)])
+    return np.where(inside, numbers[np.clip(index, 0, None)], -1)
+
+
+def _collective(params: dict[str, Any]) -> dict[str, Any]:
+    """op, group, group_size, bytes and dtype of a record_param_comms event."""
+    name = _label(params.get("Collective name")).lower()
+    dtype = _label(params.get("dtype")).lower()
+    nelems = max(_count(params.get("In msg nelems")), _count(params.get("Out msg nelems")))
+    element_bytes = DTYPE_BYTES.get(dtype)
+    group = _label(params.get("Process Group Description"))
+    if not group or group == "undefined":
+        group = f"pg{_label(params.get('Process Group Name'))}"[:MAX_LABEL_CHARS]
+    return {
+        "op": _OP_BY_COLLECTIVE.get(name, name or None),
+        "group": group,
+        "group_size": params.get("Group size"),
+        "bytes": nelems * element_bytes if element_bytes and nelems else None,
+        "dtype": dtype or None,
+    }
+
+
+def _launching_params(
+    rank: RankEvents, correlation: int, used: set[tuple[Any, int]]
+) -> dict[str, Any] | None:
+    """The record_param_comms around the CPU launch of a kernel, once per CPU op."""
+    launch = rank.launches.get(correlation)
+    if launch is None:
+        return None
+    tid, t = launch
+    rows = rank.params.get(tid)
+    if not rows:
+        return None
+    i = bisect.bisect_right(rank.param_starts[tid], t) - 1
+    if i < 0 or rows[i][1] < t or (tid, i) in used:
+        return None
+    used.add((tid, i))
+    return rows[i][2]
+
+
+def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict[str, list[dict]]:
+    """Step, span (kernel, memcpy, comm_wait) and comm records of one rank."""
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    t0 = np.array(rank.gpu_t0, dtype=np.int64)
+    t1 = np.array(rank.gpu_t1, dtype=np.int64)
+    correlation = np.array(rank.gpu_correlation, dtype=np.int64)
+    kinds = patterns.classify(rank.gpu_name, rank.gpu_category)
+    launched_at = np.array(
+        [
+            rank.launches.get(int(c), (None, int(t)))[1]
+            for c, t in zip(correlation, t0, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    steps = _step_of(launched_at, rank.steps)
+    if len(t0) == 0:
+        return _cpu_records(rank_id, rank)
+    used: set[tuple[Any, int]] = set()
+    order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
+    numbers, firsts = np.unique(steps[order], return_index=True)
+    for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
+        if number == -1:
+            continue
+        records["step"].append(
+            {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
+        )
+        busy = mine[kinds[mine] != KernelClass.COMM.value]
+        comm = mine[kinds[mine] == KernelClass.COMM.value]
+        for i in busy:
+            phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
+            records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
+        for i in comm:
+            found = _launching_params(rank, int(correlation[i]), used)
+            named = found is not None and "Collective name" in found  # older traces: no args
+            described = _collective(found) if found is not None and named else {
+                "op": op_from_kernel_name(rank.gpu_name[i]), "group": None,
+                "group_size": None, "bytes": None, "dtype": None,
+            }  # fmt: skip
+            records["comm"].append({
+                "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
+                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": True,
+                "blocking": False,
+            })  # fmt: skip
+        exposed = intervals.difference(
+            np.column_stack([t0[comm], t1[comm]]), np.column_stack([t0[busy], t1[busy]])
+        )
+        for start, end in exposed.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+    return records
+
+
+def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
+    """A trace without GPU work (gloo on CPU): the step thread's operators are the busy time,
+    `gloo:*` events the collectives. Most run on gloo's worker threads (c10d ops only enqueue
+    them): asynchronous, their time not hidden under the step thread's operators is its
+    `comm_wait`. One on the step thread itself during which that thread starts nothing else (a
+    receive gloo runs in the caller) blocks it: its own interval is the wait."""
+    records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(
+        -1, 2
+    )
+    gloo = np.array([(t0, t1) for _, t0, t1, _ in rank.gloo], dtype=np.int64).reshape(-1, 2)
+    on_step_thread = np.array(
+        [rank.step_tid is not None and tid == rank.step_tid for *_, tid in rank.gloo], dtype=bool
+    )
+    # it blocks only if the thread did nothing else meanwhile: gloo records an asynchronous
+    # send on the caller too, and the caller goes on (its next receive starts inside)
+    thread_starts = np.sort(np.concatenate([ops[:, 0], gloo[on_step_thread, 0]]))
+    after_start = np.searchsorted(thread_starts, gloo[:, 0], side="right")
+    before_end = np.searchsorted(thread_starts, gloo[:, 1], side="left")
+    on_step_thread &= before_end <= after_start
+    for number, s0, s1 in rank.steps or _whole_trace(rank):
+        records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
+        busy = intervals.merge(intervals.clip(ops, s0, s1))
+        for start, end in busy.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
+        # A collective is the step's that issued it: the one its worker event starts in (one
+        # that runs on past the step's end is cut there, never counted in the next step too).
+        starts, ends = gloo[:, 0], np.minimum(gloo[:, 1], s1)
+        inside = (starts >= s0) & (starts < s1) & (ends > starts)
+        waited = inside & ~on_step_thread
+        comm = np.column_stack([starts[waited], ends[waited]])
+        for i, start, end in zip(
+            np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
+            strict=True,
+        ):  # fmt: skip
+            op = rank.gloo[i][0]
+            blocking = bool(on_step_thread[i])
+            records["comm"].append({
+                "rank": rank_id, "step": number, "op": _OP_BY_COLLECTIVE.get(op, op),
+                "group": None, "group_size": None, "bytes": None, "dtype": None,
+                "t0": start, "t1": end, "expected_bytes": None, "tag": None,
+                "async": not blocking, "blocking": blocking,
+            })  # fmt: skip
+        # time in a blocking one is its own record's: no asynchronous one's comm_wait too
+        blocked = np.column_stack([starts[inside & ~waited], ends[inside & ~waited]])
+        occupied = intervals.merge(np.concatenate([busy, blocked]))
+        for start, end in intervals.difference(comm, occupied).tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+    return records
+
+
+def _span(rank: int, step: int, phase: str, t0: Any, t1: Any) -> dict[str, Any]:
+    return {"rank": rank, "step": step, "mb": None, "phase": phase, "stage": None,
+            "chunk": None, "t0": int(t0), "t1": int(t1)}  # fmt: skip
+
+
+def _whole_trace(rank: RankEvents) -> list[tuple[int, int, int]]:
+    if rank.cpu_t0 is None or rank.cpu_t1 is None or rank.cpu_t1 <= rank.cpu_t0:
+        return []
+    return [(0, rank.cpu_t0, rank.cpu_t1)]

@@ -1,0 +1,180 @@
+"""Device time of one rank in HTA's terms, computed by diag: kernel time, idle, compute,
+non-compute, and the share of communication overlapped by computation.
+
+The definitions follow HTA's (`get_temporal_breakdown`, `get_comm_comp_overlap`), so the two
+tools can be checked against each other on the same traces:
+- the device events are those with a stream and a correlation id (kernels, copies, sets);
+- with two or more `ProfilerStep`s, the last step is left out: CPU events from the last step's
+  start on are dropped, and device events are kept only if their correlation id belongs to a
+  kept CPU event (its launch);
+- when the trace writes fractional timestamps, each event is cut to whole microseconds
+  (start rounded up, end rounded down), as HTA does;
+- kernel time = last end - first start; idle = kernel time - |union of all device events|;
+  compute = |union of computation kernels|; non-compute = the rest;
+  overlap = |union(comm) & union(compute)| / |union(comm)|.
+Computation and communication are diag's classes (`KernelPatterns`): with `HTA_PATTERNS` the
+numbers are HTA's; with the defaults, custom all-to-all kernels (DeepEP) are communication,
+where HTA counts them as computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
+from diag.numeric import intervals
+from diag.read.kineto.convert import MAX_TIME_US
+from diag.read.kineto.events import Event
+from diag.read.kineto.kernels import KernelClass, KernelPatterns
+
+HTA_PATTERNS = KernelPatterns(
+    comm=(r"^nccl", r"^hip", r"^hccl", r"ncclKernel"),
+    memory=(r"^(?:hip)?Memcpy", r"^(?:hip)?Memset", r"^dma"),
+    other=(r"^nccl", r"Memcpy", r"Memset", r"dma", r"^.*Sync", r"^Stream Wait Event",
+           r"cuda.*LaunchKernel", r"^runFunction", r"^hip", r"^job_exe", r"^packet",
+           r"^pe_exe", r"^cpum_exe_subgraph", r"^hccl", r"^collective_subgraph_execution"),
+    by_category=False,
+)  # fmt: skip
+"""HTA's classification (it matches names only, anchored at the start): NCCL names are its
+only communication; names on its list of non-computation that are neither are "other"."""
+_STEP = re.compile(r"^ProfilerStep#\d+")
+_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    kernel_time_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    comm_us: float
+    overlap: float | None  # of communication by computation; None without communication
+
+    def shares(self) -> dict[str, float]:
+        total = self.kernel_time_us or math.nan
+        return {
+            "idle": self.idle_us / total,
+            "compute": self.compute_us / total,
+            "non_compute": self.non_compute_us / total,
+        }
+
+
+DEVICE_TIME_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceTime))
+"""The columns of `RunData.device_time` besides `rank`."""
+
+
+def _number(value: Any, default: float = -1) -> float:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return default if isinstance(value, float) and math.isnan(value) else value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def device_time(events: list[Event], patterns: KernelPatterns) -> DeviceTime | None:
+    """The rank's device time over its kept events; None when it has no device events."""
+    whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
+    cpu_start: list[float] = []
+    cpu_correlation: list[Any] = []
+    step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
+    device: list[tuple[float, float, Any, str, str]] = []  # (ts, dur, corr, name, category)
+    for event in events:
+        ts = event.ts
+        if type(ts) is not int:
+            whole_us = False
+        duration, category = event.dur, event.cat
+        if ts is None or duration is None or category is None or category == "Trace":
+            continue
+        if (type(ts) is not int and not _finite(ts)) or (
+            type(duration) is not int and not _finite(duration)
+        ):
+            continue  # a NaN or a string where a time should be
+        args = event.args
+        stream, correlation = (
+            (args.get("stream", -1), args.get("correlation", -1))
+            if type(args) is dict
+            else (-1, -1)
+        )
+        if type(stream) is not int:
+            stream = _number(stream)
+        if type(correlation) is not int:
+            correlation = _number(correlation)  # hashable: a key of the launch count
+        if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
+            continue  # as the converter skips them (convert.py)
+        name = event.name if type(event.name) is str else ""
+        on_device = stream >= 0 and correlation >= 0
+        if on_device or name in _SYNC_NAMES:
+            if stream >= 0:
+                device.append((ts, duration, correlation, name, str(category)[:MAX_LABEL_CHARS]))
+            continue
+        cpu_start.append(ts)
+        cpu_correlation.append(correlation)
+        if type(name) is str and name.startswith("ProfilerStep") and _STEP.match(name):
+            step_starts[str(name)] = max(ts, step_starts.get(str(name), ts))
+    if not device:
+        return None
+    raw = np.array([(d[0], d[1]) for d in device], dtype=float)
+    starts, ends = raw[:, 0], raw[:, 0] + raw[:, 1]
+    if not whole_us:
+        starts, ends = np.ceil(starts), np.floor(ends)
+    keep = _launches_before_last_step(
+        cpu_start, cpu_correlation, step_starts, [d[2] for d in device], whole_us
+    )
+    if keep is not None:
+        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
+        device = [d for d, n in zip(device, keep, strict=True) for _ in range(n)]
+        if not device:
+            return None
+    kinds = patterns.classify([d[3] for d in device], [d[4] for d in device])
+    spans = np.column_stack([starts, ends])
+    kernel_time = float(ends.max() - starts.min())
+    busy = intervals.union_length(spans)
+    compute = intervals.merge(spans[kinds == KernelClass.COMPUTE.value])
+    comm = intervals.merge(spans[kinds == KernelClass.COMM.value])
+    compute_us, comm_us = _length(compute), _length(comm)
+    overlap_us = comm_us - intervals.subtract(comm, compute)
+    return DeviceTime(
+        kernel_time_us=kernel_time,
+        idle_us=kernel_time - busy,
+        compute_us=compute_us,
+        non_compute_us=busy - compute_us,
+        comm_us=comm_us,
+        overlap=overlap_us / comm_us if comm_us > 0 else None,
+    )
+
+
+def _launches_before_last_step(
+    cpu_start: list[float],
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    device_correlation: list[Any],
+    whole_us: bool,
+) -> list[int] | None:
+    """How many times to count each device event: once per CPU event with its correlation id
+    that starts before the last ProfilerStep; None (all, once) with fewer than two steps."""
+    if len(step_starts) < 2:
+        return None
+    last_start = max(step_starts.values())
+    starts = np.array(cpu_start, dtype=float)
+    if not whole_us:
+        starts, last_start = np.ceil(starts), math.ceil(last_start)
+    launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
+    return [min(launches.get(c, 0), MAX_LAUNCHES_PER_KERNEL) for c in device_correlation]
+
+
+def _finite(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def _length(merged: np.ndarray) -> float:
+    return float((merged[:, 1] - merged[:, 0]).sum()) if len(merged) else 0.0

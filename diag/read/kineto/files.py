@@ -1,0 +1,266 @@
+"""A folder of Kineto traces (`torch.profiler` + `tensorboard_trace_handler`): one
+`*.json` / `*.json.gz` file per rank. Which rank a file holds comes from its `distributedInfo`,
+else from a number in its name (`rank3`, `rank-3`, `rank_3`); a file with neither, or two files
+claiming one rank, is an error that lists the files."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from diag.contract.limits import (
+    GZIP_MAX_RATIO,
+    GZIP_MIN_INFLATED_BYTES,
+    MAX_LABEL_CHARS,
+    MAX_WORLD_SIZE,
+)
+from diag.contract.names import WORLD
+from diag.errors import InputError
+from diag.rankfile.record_checks import is_int
+from diag.read.kineto.convert import scan, to_records
+from diag.read.kineto.device import DeviceTime, device_time
+from diag.read.kineto.events import DECODER, Trace, event_from
+from diag.read.kineto.kernels import KernelPatterns
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+_CHUNK_BYTES = 16 * 2**20
+
+
+@dataclass
+class ParsedTrace:
+    """One trace file read and converted (in a worker process when there are several)."""
+
+    path: Path
+    rank: int | None  # None: neither distributedInfo nor the file name says
+    world_size: int | None  # from distributedInfo
+    backend: str | None
+    device_name: str | None
+    records: dict[str, list[dict[str, Any]]]  # converted with rank 0 when `rank` is None
+    error: str | None = None  # the one-line reason the file is unusable
+    on_device: bool = False  # the trace has GPU kernels or copies
+    device_time: DeviceTime | None = None  # None: no device kernels to measure
+    notes: list[str] = dataclasses.field(default_factory=list)  # what was left out, and why
+
+
+def trace_files(folder: Path) -> list[Path]:
+    """Trace files directly in `folder` (sorted); a manifest's folder has none."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as err:
+        raise InputError(folder, f"cannot list the folder ({err.strerror or err})") from None
+    return [p for p in entries if p.is_file() and p.name.endswith(TRACE_SUFFIXES)]
+
+
+def is_trace_dir(folder: Path) -> bool:
+    """A folder without manifest.json holding at least one Kineto trace file."""
+    return (
+        folder.is_dir()
+        and not (folder / "manifest.json").exists()
+        and any(_looks_like_trace(p) for p in trace_files(folder))
+    )
+
+
+_STEP_FOLDER = re.compile(r"iteration_(\d+)")
+
+
+def step_folders(folder: Path) -> list[tuple[int, Path]]:
+    """torchtitan's layout (`--profiling.enable_profiling`): a folder of `iteration_N/`
+    folders, one per profiled window, each holding `rank{R}_trace.json` files; (N, folder) of
+    those that hold traces, by N. Empty for any other folder."""
+    if not folder.is_dir() or (folder / "manifest.json").exists():
+        return []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = [(int(m.group(1)), p) for p in entries if (m := _STEP_FOLDER.fullmatch(p.name))]
+    return sorted((n, p) for n, p in found if n < MAX_WORLD_SIZE**2 and is_trace_dir(p))
+
+
+def _looks_like_trace(path: Path) -> bool:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error):
+        return False
+    return "traceEvents" in head or '"schemaVersion"' in head or '"distributedInfo"' in head
+
+
+def read_trace(path: Path) -> tuple[Trace, list[str]]:
+    """The trace's events and metadata, and notes on what was left out of them; InputError
+    naming the file on a truncated, invalid or oversized one. Typed decoding first; a trace it
+    refuses (an event that is not an object, a top level of another shape) is parsed as plain
+    JSON and its objects kept."""
+    try:
+        raw = _inflate(path) if path.name.endswith(".gz") else path.read_bytes()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise InputError(path, f"truncated or corrupt gzip ({err})") from None
+    except OSError as err:
+        raise InputError(path, f"cannot read ({err.strerror or err})") from None
+    try:
+        return DECODER.decode(raw), []
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass  # NaN and other things the standard parser accepts, or the reason it gives
+    except RecursionError:
+        raise InputError(path, "not valid JSON: nested too deeply to parse") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}") from None
+    except UnicodeDecodeError as err:
+        raise InputError(path, f"not UTF-8 text ({err.reason})") from None
+    except RecursionError:
+        raise InputError(path, "not valid JSON: nested too deeply to parse") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise InputError(path, "not valid JSON: a number too long to convert") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise InputError(path, "not a Kineto trace (no traceEvents list)")
+    events = [e for e in map(event_from, data["traceEvents"]) if e is not None]
+    notes = []
+    if dropped := len(data["traceEvents"]) - len(events):
+        notes.append(f"{path}: {dropped} events skipped (not JSON objects)")
+    return Trace(events, data.get("distributedInfo"), data.get("deviceProperties")), notes
+
+
+def _inflate(path: Path) -> bytearray:
+    """A compressed trace inflated a chunk at a time, refused as soon as it passes
+    GZIP_MAX_RATIO times its size on disk (or GZIP_MIN_INFLATED_BYTES): a gzip bomb is never
+    inflated into memory."""
+    size = path.stat().st_size
+    limit = max(GZIP_MIN_INFLATED_BYTES, GZIP_MAX_RATIO * size)
+    out = bytearray()
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK_BYTES):
+            out += chunk
+            if len(out) > limit:
+                raise InputError(
+                    path,
+                    f"refused: inflates past {limit // 2**20} MiB, over {GZIP_MAX_RATIO} times "
+                    f"its {size / 2**20:.1f} MiB on disk (a gzip bomb?)",
+                )
+    return out
+
+
+def rank_of(path: Path, data: Trace) -> int | None:
+    info = data.distributedInfo
+    if isinstance(info, dict) and is_int(info.get("rank")):
+        return int(info["rank"])
+    found = _RANK_IN_NAME.search(path.name)
+    return int(found.group(1)) if found else None
+
+
+def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
+    """Read one trace and convert its events to records; errors are kept, not raised."""
+    try:
+        data, notes = read_trace(path)
+        rank, world = _rank_and_world(path, data)
+    except InputError as error:
+        return ParsedTrace(path, None, None, None, None, {}, error=str(error))
+    info: dict[str, Any] = data.distributedInfo if isinstance(data.distributedInfo, dict) else {}
+    properties = data.deviceProperties if isinstance(data.deviceProperties, list) else []
+    devices = [d for d in properties if isinstance(d, dict)]
+    events = scan(data.traceEvents)
+    records = to_records(rank or 0, events, patterns)
+    _name_the_only_group(records["comm"], info, world)
+    measured = device_time(data.traceEvents, patterns)
+    notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
+    return ParsedTrace(
+        path=path,
+        rank=rank,
+        world_size=world,
+        backend=_text(info.get("backend")),
+        device_name=_text(devices[0].get("name")) if devices else None,
+        records=records,
+        on_device=bool(events.gpu_t0),
+        device_time=measured,
+        notes=notes,
+    )
+
+
+def _name_the_only_group(
+    comms: list[dict[str, Any]], info: dict[str, Any], world: int | None
+) -> None:
+    """Collectives whose group the trace does not say (gloo's worker events carry no
+    arguments) are in the job's process group when `distributedInfo.pg_config` lists only one:
+    `world` when it spans the world size, else its description."""
+    configs = info.get("pg_config")
+    unnamed = [c for c in comms if c["group"] is None]
+    if not unnamed or not isinstance(configs, list) or len(configs) != 1:
+        return
+    (config,) = configs
+    if not isinstance(config, dict):
+        return
+    size = config.get("pg_size")
+    size = size if is_int(size) and 0 < size <= MAX_WORLD_SIZE else None
+    spans_world = size is not None and size == world
+    name = WORLD if spans_world else _text(config.get("pg_desc")) or _text(config.get("pg_name"))
+    for comm in unnamed:  # group_size stays unknown with the bytes: no bandwidth from 0 bytes
+        comm["group"] = name
+
+
+def _rank_and_world(path: Path, data: Trace) -> tuple[int | None, int | None]:
+    """The trace's rank and its distributedInfo world size (None when it does not say); InputError
+    when either is outside diag/contract/limits.py's world."""
+    rank = rank_of(path, data)
+    if rank is not None and not 0 <= rank < MAX_WORLD_SIZE:
+        raise InputError(path, f"rank {rank} (distributedInfo or the file name) is outside "
+                               f"0..{MAX_WORLD_SIZE - 1}")  # fmt: skip
+    info = data.distributedInfo if isinstance(data.distributedInfo, dict) else {}
+    world = info.get("world_size")
+    if not is_int(world):
+        return rank, None
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise InputError(path, f"distributedInfo world_size {world} is outside 1..{MAX_WORLD_SIZE}")
+    return rank, world
+
+
+def _text(value: Any) -> str | None:
+    """A name from the trace's metadata: a string, cut to MAX_LABEL_CHARS; None otherwise."""
+    return value[:MAX_LABEL_CHARS] if isinstance(value, str) else None
+
+
+def assign_ranks(folder: Path, parsed: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:
+    """The usable traces by rank. Unreadable files are skipped with a note; InputError when
+    none is left, when ranks cannot be told, or when two files claim one rank."""
+    usable, errors = [], []
+    for trace in parsed:
+        if trace.error:
+            skipped.append(f"{trace.error} (file skipped)")
+            errors.append(trace.error)
+        else:
+            usable.append(trace)
+            skipped += trace.notes
+    unknown = [t for t in usable if t.rank is None]
+    known = [t for t in usable if t.rank is not None]
+    if unknown and (known or len(unknown) > 1):
+        raise InputError(
+            folder,
+            "cannot tell the rank of " + ", ".join(t.path.name for t in unknown)
+            + " (no distributedInfo and no rank number in the name); rename them rank<N>.json",
+        )  # fmt: skip
+    if unknown:  # a single trace without any rank: rank 0 of its own
+        skipped.append(f"{unknown[0].path}: no distributedInfo and no rank in the name "
+                       "(taken as rank 0)")  # fmt: skip
+        unknown[0].rank = 0
+        known = unknown
+    if not known:
+        why = f" ({errors[0]}" + (f"; and {len(errors) - 1} more)" if len(errors) > 1 else ")")
+        raise InputError(folder, "no readable Kineto trace in the folder" + (why if errors else ""))
+    by_rank: dict[int, list[str]] = {}
+    for trace in known:
+        by_rank.setdefault(int(trace.rank or 0), []).append(trace.path.name)
+    twice = {rank: names for rank, names in by_rank.items() if len(names) > 1}
+    if twice:
+        listed = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in sorted(twice.items()))
+        raise InputError(folder, f"several trace files claim one rank ({listed})")
+    return sorted(known, key=lambda t: int(t.rank or 0))

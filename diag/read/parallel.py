@@ -1,0 +1,132 @@
+"""Parse many files in worker processes when there is enough work to pay for them.
+
+Parsing JSON is CPU-bound Python, so threads do not help; processes do, at the price of a
+start-up and of pickling the results back. Below `PARALLEL_MIN_BYTES` of input (a run of a few
+dozen ranks) one process is faster. Workers are forked where the platform allows it (no
+re-import of pandas); results keep the order of the inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import TypeVar
+
+Result = TypeVar("Result")
+PARALLEL_MIN_BYTES = 16 * 2**20
+CHUNKS_PER_WORKER = 4
+"""Files go to workers in chunks of a share of what is left (`chunk_bounds`): few round trips,
+the last chunks small enough that the workers finish together."""
+MAX_CHUNK_FILES = 64
+"""At most this many rank files a chunk: what one worker holds at once, however large the run."""
+
+
+def workers() -> int:
+    """CPU cores this process may use (`DIAG_WORKERS` overrides; 1 = no worker processes)."""
+    forced = os.environ.get("DIAG_WORKERS", "").strip()
+    if forced.isdigit() and int(forced) >= 1:
+        return int(forced)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+_scheduler: str | None = None
+
+
+def scheduler_address() -> str | None:
+    """The Dask scheduler the per-file work goes to: `using_scheduler`'s, else the
+    environment's DASK_SCHEDULER_ADDRESS, else None (local processes)."""
+    return _scheduler or os.environ.get(SCHEDULER_ENV, "").strip() or None
+
+
+def use_scheduler(address: str | None) -> None:
+    """From now on, send every `map_chunks` to the Dask scheduler at `address` (None: leave
+    the choice to the environment); what `diag analyze --scheduler` sets."""
+    global _scheduler
+    _scheduler = address
+
+
+@contextlib.contextmanager
+def using_scheduler(address: str | None) -> Iterator[None]:
+    """Within the block, send every `map_chunks` to the Dask scheduler at `address` (None:
+    leave the choice to the environment)."""
+    global _scheduler
+    before, _scheduler = _scheduler, address or _scheduler
+    try:
+        yield
+    finally:
+        _scheduler = before
+
+
+def map_chunks(
+    parse: Callable[[list[tuple[int, Path]]], Result],
+    files: Sequence[tuple[int, Path]],
+    *,
+    count: int | None = None,
+    min_bytes: int | None = None,
+    chunk_files: int = MAX_CHUNK_FILES,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Result]:
+    """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
+    worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
+    forces the number of processes), or on the Dask cluster of `scheduler_address()`. A
+    chunk holds at most `chunk_files` files, so a worker's memory does not grow with the
+    run; `progress(done, total)` is called as chunks finish."""
+    forced = count is not None
+    count = min(count or workers(), len(files))
+    threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
+    parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
+    chunks = [list(files[a:b]) for a, b in chunk_bounds(len(files), count, chunk_files)]
+    address = scheduler_address()
+    if address is not None and chunks:
+        from diag.read.distributed_scheduler import map_on_cluster  # Dask only when asked for
+
+        on_cluster = map_on_cluster(address, parse, chunks)
+        if progress is not None:
+            progress(len(chunks), len(chunks))
+        return on_cluster
+    if not parallel:
+        return [parse(chunk) for chunk in chunks]
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    results: list[Result | None] = [None] * len(chunks)
+    try:
+        with ProcessPoolExecutor(count, mp_context=context) as pool:
+            pending = {pool.submit(parse, chunk): i for i, chunk in enumerate(chunks)}
+            for done, future in enumerate(as_completed(pending), 1):
+                results[pending[future]] = future.result()
+                if progress is not None:
+                    progress(done, len(chunks))
+    except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
+        return [parse(chunk) for chunk in chunks]
+    return [result for result in results if result is not None]
+
+
+def chunk_bounds(items: int, count: int, most: int) -> list[tuple[int, int]]:
+    """Consecutive (start, end) chunks of `items` for `count` processes, largest first: each
+    a share of what is left (CHUNKS_PER_WORKER shares a process, at most `most` items), so
+    the last chunks are small and no process idles long while another finishes a large one."""
+    bounds = []
+    start = 0
+    least = max(1, most // 16)  # a round trip's worth
+    while start < items:
+        share = (items - start) // (max(count, 1) * CHUNKS_PER_WORKER)
+        size = max(least, min(most, share))
+        bounds.append((start, min(items, start + size)))
+        start += size
+    return bounds
+
+
+def total_bytes(files: Sequence[tuple[int, Path]]) -> int:
+    total = 0
+    for _, path in files:
+        with contextlib.suppress(OSError):
+            total += path.stat().st_size
+    return total

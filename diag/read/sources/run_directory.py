@@ -1,0 +1,76 @@
+"""Run directories (`diag.run/1`: manifest.json and a rank file per rank, docs/run-format.md), read
+by `diag.read.load`; a large run's tables come from the cache beside it (`diag.read.cache`) when its
+files have not changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diag.contract import schema
+from diag.errors import InputError
+from diag.metrics import reduce_rank_files
+from diag.read import cache
+from diag.read.load import RunData, load_run
+from diag.read.sources.base import LoadOptions
+
+CACHE_MIN_BYTES = 8 * 2**20
+"""Run directories smaller than this are parsed again each time (well under a second)."""
+CACHE_NAME = "run"
+LOADER = __name__
+"""The module whose code, with every diag module it imports (the loader, and the metrics' time
+breakdown that large runs are reduced with), shapes the cached tables."""
+
+
+class RunDirectory:
+    name = "run-directory"
+
+    def detect(self, path: Path) -> bool:
+        return (path / schema.MANIFEST_FILE).is_file()
+
+    def load(self, path: Path, options: LoadOptions) -> RunData:
+        if options.layout is not None:
+            raise InputError(path, "--layout is for profiler trace folders; a run has its manifest")
+        if input_bytes(path) < CACHE_MIN_BYTES:
+            return load_run(path, options.steps, reduce_rank_files)
+        key = cache.table_key(cache.file_stamps(run_files(path)), options.steps, LOADER)
+        found = cache.read(path, CACHE_NAME, key)
+        if isinstance(found.value, RunData):
+            return found.value
+        run = load_run(path, options.steps, reduce_rank_files)
+        cache.write(path, CACHE_NAME, key, run, in_background=True)  # on the idle core
+        if found.note:
+            run.cache_notes.append(found.note)
+        return run
+
+    def cache_report(self, path: Path) -> bool:
+        return input_bytes(path) >= CACHE_MIN_BYTES
+
+    def profiler_traces(self, path: Path) -> Path | None:
+        return path / schema.TRACES_DIR
+
+    def profiler_window(self, path: Path) -> Path | None:
+        traces = path / schema.TRACES_DIR
+        return traces if traces.is_dir() else None
+
+
+def run_files(folder: Path) -> list[Path]:
+    """The manifest and the rank files, sorted; empty if the folder cannot be listed."""
+    try:
+        return sorted(
+            p
+            for p in folder.iterdir()
+            if p.name == schema.MANIFEST_FILE or schema.RANK_FILE_RE.match(p.name)
+        )
+    except OSError:
+        return []
+
+
+def input_bytes(folder: Path) -> int:
+    """The size of the run's manifest and rank files (0 when they cannot be listed)."""
+    try:
+        return sum(stamp[1] for stamp in cache.file_stamps(run_files(folder)))
+    except OSError:
+        return 0
+
+
+RUN_DIRECTORY = RunDirectory()
