@@ -192,14 +192,14 @@ def test_keys_cover_every_module_the_tables_come_from() -> None:
     assert {"diag/read/load.py", "diag/rankfile/records.py", "diag/contract/schema.py",
             "diag/numeric/intervals.py", "diag/metrics/time_breakdown.py"} <= run  # fmt: skip
     kineto = {str(p.relative_to(ROOT)) for p in cache.source_closure(["diag.read.kineto"])}
-    assert {
-        "diag/read/kineto/convert.py",
-        "diag/read/kineto/device.py",
-        "diag/read/load.py",
-    } <= kineto
+    assert {"diag/read/kineto/convert.py", "diag/read/kineto/device.py",
+            "diag/read/load.py"} <= kineto  # fmt: skip
 
 
-_LOAD_TWICE = """ import sys from diag.api import load_any run = load_any(sys.argv[1])
+_LOAD_TWICE = """
+import sys
+from diag.api import load_any
+run = load_any(sys.argv[1])
 print(any("stale" in note for note in run.cache_notes))
 """
 

@@ -72,8 +72,12 @@ def test_a_failing_background_write_fails_neither_the_analysis_nor_the_next_load
     assert load_any(large_run).steps.shape == load_any(large_run).steps.shape  # rebuilt
 
 
-_ANALYZE_SLOW_WRITE = """ import atexit, sys, time from pathlib import Path from diag.read import
-cache from diag.cli.main import main from diag.read.sources import run_directory
+_ANALYZE_SLOW_WRITE = """
+import atexit, sys, time
+from pathlib import Path
+from diag.read import cache
+from diag.cli.main import main
+from diag.read.sources import run_directory
 
 run_directory.CACHE_MIN_BYTES = 0
 cache.BACKGROUND_FROM_BYTES = 0
