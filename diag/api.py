@@ -9,7 +9,7 @@ from typing import Any
 
 from diag.contract import schema
 from diag.errors import InputError
-from diag.metrics import RunMetrics, compute_metrics
+from diag.metrics import RunMetrics, compute_metrics, reduce_rank_files
 from diag.outputs.report import build_report, json_safe
 from diag.read import cache
 from diag.read.load import RunData
@@ -34,7 +34,7 @@ def analyze_path(
     """
     folder = Path(path)
     source = find_source(folder)
-    options = LoadOptions(layout, steps)
+    options = LoadOptions(layout, steps, reduce_rank_files)
     key, found = None, cache.Lookup()
     if source.cache_report(folder):
         key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
@@ -103,4 +103,4 @@ def load_any(
     """A run directory (manifest.json; only `steps` when given) or a folder of PyTorch profiler
     (Kineto) traces, through the source of its format (`diag.read.sources`)."""
     folder = Path(path)
-    return find_source(folder).load(folder, LoadOptions(layout, steps))
+    return find_source(folder).load(folder, LoadOptions(layout, steps, reduce_rank_files))

@@ -50,7 +50,7 @@ SECRET_FILE = "secret"
 SECRET_BYTES = 32
 MAX_HEADER_BYTES = 256 * 2**20
 """An entry's JSON body holds notes and a manifest, never the tables: this bounds reading it."""
-_DIAG = Path(__file__).parent
+_DIAG = Path(__file__).parents[1]  # the diag package (this file is diag/read/cache.py)
 _TABLES = ("steps", "spans", "comms", "memory", "experts", "events")
 _OPTIONAL_TABLES = ("rank_steps", "comm_totals", "device_time")
 BACKGROUND_FROM_BYTES = 32 * 2**20

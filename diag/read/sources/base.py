@@ -7,16 +7,20 @@ from pathlib import Path
 from typing import Protocol
 
 from diag.contract import schema
-from diag.read.load import RunData
+from diag.read.load import Breakdown, RunData
 
 
 @dataclass(frozen=True)
 class LoadOptions:
     """What a user may ask of a load: `layout` (how a trace folder's ranks are laid out; a run
-    directory has its manifest) and `steps` (a window of a run directory's steps)."""
+    directory has its manifest) and `steps` (a window of a run directory's steps); and what the
+    caller hands the reader: `breakdown`, the per-file reduction a large run's workers apply
+    (the metrics' `reduce_rank_files`, handed in by `diag.api`: the readers import no metric
+    code). Without one a large run keeps every record."""
 
     layout: schema.Layout | None = None
     steps: range | None = None
+    breakdown: Breakdown | None = None
 
 
 class Source(Protocol):

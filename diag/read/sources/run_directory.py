@@ -8,7 +8,6 @@ from pathlib import Path
 
 from diag.contract import schema
 from diag.errors import InputError
-from diag.metrics import reduce_rank_files
 from diag.read import cache
 from diag.read.load import RunData, load_run
 from diag.read.sources.base import LoadOptions
@@ -17,8 +16,8 @@ CACHE_MIN_BYTES = 8 * 2**20
 """Run directories smaller than this are parsed again each time (well under a second)."""
 CACHE_NAME = "run"
 LOADER = __name__
-"""The module whose code, with every diag module it imports (the loader, and the metrics' time
-breakdown that large runs are reduced with), shapes the cached tables."""
+"""The module whose code, with every diag module it imports (the loader), shapes the cached
+tables; the module of the breakdown a large run is reduced with is added to the key."""
 
 
 class RunDirectory:
@@ -31,12 +30,14 @@ class RunDirectory:
         if options.layout is not None:
             raise InputError(path, "--layout is for profiler trace folders; a run has its manifest")
         if input_bytes(path) < CACHE_MIN_BYTES:
-            return load_run(path, options.steps, reduce_rank_files)
-        key = cache.table_key(cache.file_stamps(run_files(path)), options.steps, LOADER)
+            return load_run(path, options.steps, options.breakdown)
+        key = cache.table_key(
+            cache.file_stamps(run_files(path)), options.steps, *loader_modules(options)
+        )
         found = cache.read(path, CACHE_NAME, key)
         if isinstance(found.value, RunData):
             return found.value
-        run = load_run(path, options.steps, reduce_rank_files)
+        run = load_run(path, options.steps, options.breakdown)
         cache.write(path, CACHE_NAME, key, run, in_background=True)  # on the idle core
         if found.note:
             run.cache_notes.append(found.note)
@@ -74,3 +75,10 @@ def input_bytes(folder: Path) -> int:
 
 
 RUN_DIRECTORY = RunDirectory()
+
+
+def loader_modules(options: LoadOptions) -> list[str]:
+    """The modules whose code shapes a run directory's tables under `options`: the loader and,
+    where one is handed in, the breakdown's."""
+    breakdown = options.breakdown
+    return [LOADER] if breakdown is None else [LOADER, breakdown.__module__]
