@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,8 @@ from diag.errors import InputError
 from diag.metrics import RunMetrics, compute_metrics, reduce_rank_files
 from diag.outputs.report import build_report, json_safe
 from diag.read import cache
-from diag.read.load import RunData
-from diag.read.sources import LoadOptions, find_source
+from diag.read.load import RunData, with_cache_note
+from diag.read.sources import LoadOptions, Source, find_source
 from diag.rules import run_rules
 
 
@@ -41,10 +40,8 @@ def analyze_path(
         found = cache.read_report(folder, key)
         if found.value is not None:
             return dict(found.value)
-    run = source.load(folder, options)
-    if found.note:
-        run.cache_notes.append(found.note)
-    _, report = diagnose(run, config, hta)
+    run = with_cache_note(source.load(folder, options), found.note)
+    _, report = _diagnosed(run, source, config, hta)
     if key is not None:
         kept = [note for note in report["skipped"] if note not in run.cache_notes]
         cache.write_report(folder, key, {**report, "skipped": kept})
@@ -54,19 +51,24 @@ def analyze_path(
 def diagnose(
     run: RunData, config: Mapping[str, Any] | None = None, hta: bool = False
 ) -> tuple[RunMetrics, dict[str, Any]]:
-    """A loaded run's metrics (findings included) and its report, profiler traces added."""
-    measured = compute_metrics(run)
-    judgement = run_rules(run, measured, config)
-    metrics = dataclasses.replace(
-        measured, findings=judgement.findings, skipped=[*measured.skipped, *judgement.notes]
-    )
-    return metrics, with_traces(build_report(run, metrics), run, hta)
+    """A loaded run's metrics and its report (the rules' findings in it), profiler traces added."""
+    return _diagnosed(run, find_source(run.path), config, hta)
 
 
-def with_traces(report: dict[str, Any], run: RunData, hta: bool = False) -> dict[str, Any]:
+def _diagnosed(
+    run: RunData, source: Source, config: Mapping[str, Any] | None, hta: bool
+) -> tuple[RunMetrics, dict[str, Any]]:
+    """`diagnose` with the run's source already known (found once, where the run was read)."""
+    metrics = compute_metrics(run)
+    diagnosis = run_rules(run, metrics, config)
+    return metrics, with_traces(build_report(run, metrics, diagnosis), run, source, hta)
+
+
+def with_traces(
+    report: dict[str, Any], run: RunData, source: Source, hta: bool = False
+) -> dict[str, Any]:
     """The report with what the run's profiler traces add: the `--profile-steps` window of a
     run directory (`traces`) and, on request, HTA's analyses of the trace folder (`hta`)."""
-    source = find_source(run.path)
     window = source.profiler_window(run.path)
     if window is not None:
         report["traces"] = _profiler_window(window)

@@ -52,6 +52,9 @@ class RunMetrics:
     stage_work_s (compute, comm_wait spans and blocking collectives outside the pipeline group:
     the time not lost to the pipeline, the complement of its bubble)."""
     collectives: pd.DataFrame
+    comm_totals: pd.DataFrame
+    """The collectives summed per (rank, step, op, group, tag, group size), every step
+    (`diag.metrics.comm_totals`; the loader's where a large run's workers summed them)."""
     memory: pd.DataFrame
     """Per rank, the maximum over steps of each memory field (bytes; null stays null)."""
     memory_steps: pd.DataFrame
@@ -71,7 +74,6 @@ class RunMetrics:
     attribution: Attribution | None = None
     """Where the step goes: a replay of the measured run and its counterfactuals, the causes
     by the step time each costs (diag/whatif); None with fewer than two ranks."""
-    findings: list[Any] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
 
@@ -92,20 +94,20 @@ def compute_metrics(run: RunData) -> RunMetrics:
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)
-    summary[
-        "host_checked"
-    ] = not on_host.empty  # trace folders carry no CPU time (diag/metrics/host.py)
+    summary["host_checked"] = not on_host.empty  # trace folders carry no CPU time (host.py)
     if attribution is not None:
         summary.update(attribution_summary(attribution))
         skipped += attribution.notes
-    tp_rows = tp_vs_ledger(run, windows)
+    totals = run_comm_totals(run)
+    tp_rows = tp_vs_ledger(run, totals, windows)
     if tp_rows:
         summary["tp_vs_ledger"] = tp_rows
     return RunMetrics(
         summary=summary,
         ranks=ranks,
         rank_steps=rank_steps,
-        collectives=collectives(run_comm_totals(run), windows),
+        collectives=collectives(totals, windows),
+        comm_totals=totals,
         memory=memory_maxima(run.memory),
         memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
         memory_peak=memory_peak(run.memory),
@@ -114,6 +116,5 @@ def compute_metrics(run: RunData) -> RunMetrics:
         host_steps=on_host,
         host=host_table(on_host, run.manifest),
         attribution=attribution,
-        findings=[],
         skipped=skipped,
     )

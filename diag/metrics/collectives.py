@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import ledger
-from diag.metrics.comm_totals import run_comm_totals, weighted_median
+from diag.metrics.comm_totals import weighted_median
 from diag.metrics.common import NS_PER_S, in_steps
 from diag.read.load import RunData
 
@@ -146,11 +146,13 @@ TP_LAYER_TAG = r"^tp\.(?:attn|mlp)\.(fwd|bwd)$"
 DIRECTIONS = ("fwd", "bwd")
 
 
-def tp_vs_ledger(run: RunData, steps: pd.DataFrame) -> list[dict[str, Any]] | None:
+def tp_vs_ledger(
+    run: RunData, totals: pd.DataFrame, steps: pd.DataFrame
+) -> list[dict[str, Any]] | None:
     """Per op and direction, the per-layer TP collectives per rank and step against the ledger's
     2 x layers x microbatches of `micro_batch x seq x hidden x dtype` bytes each (sequence
     parallel: as many reduce-scatters and all-gathers). None without such collectives."""
-    sums = _tp_layer_sums(run_comm_totals(run), steps)
+    sums = _tp_layer_sums(totals, steps)
     model, layout = run.manifest.model, run.manifest.layout
     if not sums or not model.layers or steps.empty:
         return None

@@ -217,10 +217,8 @@ def _whole_number_codes(values: np.ndarray) -> Codes | None:
 
 def run_comm_totals(run: RunData) -> pd.DataFrame:
     """The run's collective totals: the loader's (a large run's workers summed them), else
-    summed now from its records and kept on the run for the next caller."""
-    if run.comm_totals is None:
-        run.comm_totals = comm_totals(run.comms)
-    return run.comm_totals
+    summed now from its records (`compute_metrics` does it once: `RunMetrics.comm_totals`)."""
+    return comm_totals(run.comms) if run.comm_totals is None else run.comm_totals
 
 
 def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:

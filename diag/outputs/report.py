@@ -24,6 +24,7 @@ from diag.outputs.report_lines import finding_head, headline, ms
 from diag.outputs.sparkline import rank_steps_line
 from diag.outputs.units import aligned, mib, num, pct, size
 from diag.read.load import RunData
+from diag.rules.engine import Diagnosis
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -33,9 +34,13 @@ TEXT_MAX_ROWS = 32
 """Per-rank tables longer than this are cut in the text rendering (JSON keeps every row)."""
 
 
-def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
-    """The report dict: DESIGN's `diag.report/1` fields plus `skipped` (notes on partial input)
-    and, in each `memory` row, the rank's peak: `peak_bytes` at `peak_step` (docs/metrics.md)."""
+def build_report(
+    run: RunData, metrics: RunMetrics, diagnosis: Diagnosis | None = None
+) -> dict[str, Any]:
+    """The report dict: the `diag.report/1` fields (docs/cli.md, "Reports") plus `skipped` (notes on
+    partial input) and, in each `memory` row, the rank's peak: `peak_bytes` at `peak_step`
+    (docs/metrics.md); the findings and the rules' notes are `diagnosis`'s (none without one)."""
+    findings, notes = (diagnosis.findings, diagnosis.notes) if diagnosis else ([], [])
     manifest = run.manifest.to_dict()
     report = {
         "schema": schema.REPORT_SCHEMA,
@@ -48,8 +53,8 @@ def build_report(run: RunData, metrics: RunMetrics) -> dict[str, Any]:
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
-        "findings": list(metrics.findings),
-        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped],
+        "findings": list(findings),
+        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped, *notes],
     }
     return json_safe(report)
 

@@ -6,6 +6,7 @@ finished ones kept, so the memory stays that of the window however long the job 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,8 +65,7 @@ class RunTail:
             kind: [r for r in rows if r["step"] <= last] for kind, rows in self.records.items()
         }
         run = run_from_records(manifest, self.folder, shown, list(self.skipped))
-        run.starts_at_warmup = first == 0
-        return run
+        return dataclasses.replace(run, starts_at_warmup=first == 0)
 
     def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(kind, record) of the records appended to the rank's file since the last read."""

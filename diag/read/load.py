@@ -7,6 +7,7 @@ without a required field or with non-finite times) is skipped and noted in `RunD
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,9 +65,10 @@ OPEN_END = 2**62
 """The end of a window of steps `A:` (every step from A on)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunData:
-    """A loaded run: the manifest, one table per record kind (one row per record), and notes."""
+    """A loaded run: the manifest, one table per record kind (one row per record), and notes.
+    Frozen once loaded: what the metrics compute from it lives in `RunMetrics`, never on it."""
 
     manifest: Manifest
     path: Path
@@ -164,13 +166,24 @@ def load_run(
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
-    run.rank_file_suffix = rank_file_suffix(list(rank_files.values()))
-    run.starts_at_warmup = steps is None or steps.start == 0
-    if reduce is not None:
-        for name in REDUCED_TABLES:
-            setattr(run, name, _concat_reduced([c.reduced[name] for c in chunks]))
-        run.span_steps = keep_below
-    return run
+    run = dataclasses.replace(
+        run,
+        rank_file_suffix=rank_file_suffix(list(rank_files.values())),
+        starts_at_warmup=steps is None or steps.start == 0,
+    )
+    if reduce is None:
+        return run
+    reduced = {name: _concat_reduced([c.reduced[name] for c in chunks]) for name in REDUCED_TABLES}
+    return dataclasses.replace(
+        run, rank_steps=reduced["rank_steps"], comm_totals=reduced["comm_totals"],
+        span_steps=keep_below,
+    )  # fmt: skip
+
+
+def with_cache_note(run: RunData, note: str | None) -> RunData:
+    """The run with why a cache entry beside it was not used (`cache_notes`), when there is a
+    reason; the run itself when not."""
+    return run if not note else dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
 
 
 @contextmanager

@@ -2,8 +2,8 @@
 
 from diag.rules.engine import (
     REGISTRY,
+    Diagnosis,
     Finding,
-    Judgement,
     Rule,
     RuleContext,
     Threshold,
@@ -18,8 +18,8 @@ from diag.rules import families  # noqa: F401  (isort: skip)
 
 __all__ = [
     "REGISTRY",
+    "Diagnosis",
     "Finding",
-    "Judgement",
     "Rule",
     "RuleContext",
     "Threshold",

@@ -20,8 +20,20 @@ from diag.rules.costs import COST_TABLE, attach_costs, cost_limits
 from diag.rules.model import SEVERITIES, Finding, Threshold, grade
 
 __all__ = [
-    "DOC_SECTIONS", "REGISTRY", "SEVERITIES", "Finding", "Judgement", "Rule", "RuleContext",
-    "Threshold", "check_config", "grade", "limits_for", "rank_findings", "rule", "run_rules",
+    "DOC_SECTIONS",
+    "REGISTRY",
+    "SEVERITIES",
+    "Diagnosis",
+    "Finding",
+    "Rule",
+    "RuleContext",
+    "Threshold",
+    "check_config",
+    "grade",
+    "limits_for",
+    "rank_findings",
+    "rule",
+    "run_rules",
 ]  # fmt: skip
 
 DOC_SECTIONS = ("Symptom", "Likely cause", "Fix", "Evidence")
@@ -127,9 +139,10 @@ RUNS_OR_LEARNS_PATTERNS = frozenset({4, 5})  # MoE quality, memory
 PITFALL_PREFIX = "PIT"
 
 
-class Judgement(NamedTuple):
-    """What the rules make of a run: the findings, ranked (the first is the main diagnosis),
-    and notes on rules that could not judge (a rule that raised, with the error)."""
+class Diagnosis(NamedTuple):
+    """What the rules make of a run, beside its `RunMetrics` (which it does not change): the
+    findings, ranked (the first is the main diagnosis), and notes on rules that could not judge
+    (a rule that raised, with the error)."""
 
     findings: list[Finding]
     notes: list[str]
@@ -137,7 +150,7 @@ class Judgement(NamedTuple):
 
 def run_rules(
     run: RunData, metrics: RunMetrics, config: Mapping[str, Any] | None = None
-) -> Judgement:
+) -> Diagnosis:
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
     Reads the run and its metrics, changes neither.
 
@@ -162,7 +175,7 @@ def run_rules(
         except Exception as err:
             notes.append(f"rule {code} failed and was skipped: {err!r}")
     attach_costs(findings, metrics.attribution, config, all_limits)
-    return Judgement(rank_findings(findings), notes)
+    return Diagnosis(rank_findings(findings), notes)
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

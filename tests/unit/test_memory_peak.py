@@ -56,9 +56,9 @@ def test_gate_dashboard_and_rules_agree_on_the_peak(runs: Any) -> None:
 
     # the rules
     assert max(p.total_bytes for p in peaks(metrics)) == PEAK
-    (over,) = [f for f in metrics.findings if f.rule == "MEM001"]
-    assert over.evidence["total_bytes"] == PEAK and over.evidence["step"] == 1
-    assert over.severity == "medium"  # 96% of the budget, not the 142% of the maxima
+    (over,) = [f for f in report["findings"] if f["rule"] == "MEM001"]
+    assert over["evidence"]["total_bytes"] == PEAK and over["evidence"]["step"] == 1
+    assert over["severity"] == "medium"  # 96% of the budget, not the 142% of the maxima
 
     # the dashboard: the Overview headline and the Memory page's bars
     (loaded,) = load_runs([run_dir])

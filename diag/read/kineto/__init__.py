@@ -25,7 +25,7 @@ from diag.read.kineto import cache
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
-from diag.read.load import RunData, run_from_records
+from diag.read.load import RunData, run_from_records, with_cache_note
 from diag.read.parallel import map_chunks
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
@@ -74,13 +74,12 @@ def load_trace_dir(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
-    run = run_from_records(manifest, folder, records, skipped)
-    run.device_time = _device_table(traces)
+    run = dataclasses.replace(
+        run_from_records(manifest, folder, records, skipped), device_time=_device_table(traces)
+    )
     if use_cache:
         cache.write(folder, key, run)
-    if found.note:
-        run.cache_notes.append(found.note)
-    return run
+    return with_cache_note(run, found.note)
 
 
 def _parse_all(

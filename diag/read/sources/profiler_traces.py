@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from diag.errors import InputError
@@ -24,8 +25,7 @@ class ProfilerTraces:
             raise InputError(path, "--steps is for run directories; a trace holds its own window")
         folder, notes = _traces_of(path)
         run = load_trace_dir(folder, layout=options.layout)
-        run.skipped += notes
-        return run
+        return dataclasses.replace(run, skipped=[*run.skipped, *notes]) if notes else run
 
     def cache_report(self, path: Path) -> bool:
         # parsing traces costs seconds even for a few ranks; a folder of windows is cached in

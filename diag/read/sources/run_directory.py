@@ -9,7 +9,7 @@ from pathlib import Path
 from diag.contract import schema
 from diag.errors import InputError
 from diag.read import cache
-from diag.read.load import RunData, load_run
+from diag.read.load import RunData, load_run, with_cache_note
 from diag.read.sources.base import LoadOptions
 
 CACHE_MIN_BYTES = 8 * 2**20
@@ -39,9 +39,7 @@ class RunDirectory:
             return found.value
         run = load_run(path, options.steps, options.breakdown)
         cache.write(path, CACHE_NAME, key, run, in_background=True)  # on the idle core
-        if found.note:
-            run.cache_notes.append(found.note)
-        return run
+        return with_cache_note(run, found.note)
 
     def cache_report(self, path: Path) -> bool:
         return input_bytes(path) >= CACHE_MIN_BYTES

@@ -9,7 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-from diag.metrics import run_comm_totals
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 
@@ -254,7 +253,7 @@ def gradients_not_synchronised(ctx: RuleContext, limits: Mapping[str, float]) ->
         "group_size": first.get("group_size"),
         "tag": first.get("tag"),
     }
-    totals = run_comm_totals(ctx.run)
+    totals = ctx.metrics.comm_totals
     tags = {str(fields.get("tag")) for fields in declared.values()}
     synced = totals[totals["tag"].isin(tags)] if not totals.empty else totals
     silent = sorted(set(declared) - {int(r) for r in synced.get("rank", [])})

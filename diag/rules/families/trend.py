@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
-from diag.metrics import run_comm_totals
 from diag.metrics.experts import layer_label
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 from diag.rules.families.host import HOST_DEFAULTS, onset_step
@@ -161,7 +160,7 @@ def _main_creep(creeps: list[Creep]) -> tuple[Creep, list[int]] | None:
 
 def _alltoall_growth(ctx: RuleContext, z: float) -> Slope | None:
     """The trend of all-to-all bytes per step (median over ranks), analysed steps only."""
-    totals = run_comm_totals(ctx.run)
+    totals = ctx.metrics.comm_totals
     a2a = totals[totals["op"] == schema.CollectiveOp.ALL_TO_ALL.value]
     keys = ctx.metrics.rank_steps[["rank", "step"]]
     a2a = a2a.merge(keys, on=["rank", "step"], how="inner")
