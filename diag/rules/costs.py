@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diag.rules.model import Finding, Threshold
-from diag.whatif.attribution import Attribution
+from diag.whatif.attribution import Attribution, CauseKind
 
 COST_TABLE = "cost"
 COST_LIMITS = {
@@ -23,19 +23,19 @@ COST_LIMITS = {
     "medium": Threshold(0.10, "fraction", "share of the step a finding costs: medium"),
 }
 TIME_PATTERNS = frozenset({1, 2, 3})
-STRAGGLER_CAUSES = ("straggler", "host")
+STRAGGLER_CAUSES = (CauseKind.STRAGGLER, CauseKind.HOST)
 """The replay's causes that are one rank's persistent excess (BAL001's and BAL003's cost)."""
 SEVERITY_ORDER = ("high", "medium", "low")
 
 
-def ranks_cost_s(attribution: Attribution, ranks: list[int], kinds: tuple[str, ...]) -> float:
+def ranks_cost_s(attribution: Attribution, ranks: list[int], kinds: tuple[CauseKind, ...]) -> float:
     """The cost of removing the persistent excess of `ranks` (their causes of these kinds,
     summed); 0 when none of them is a cause the replay found."""
     return sum(c.cost_s for c in attribution.causes
                if c.kind in kinds and set(c.ranks) & set(ranks))  # fmt: skip
 
 
-def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | None]:
+def _ranks(kinds: tuple[CauseKind, ...]) -> Callable[[Finding, Attribution], float | None]:
     def cost(finding: Finding, attribution: Attribution) -> float | None:
         return ranks_cost_s(attribution, finding.ranks, kinds)
 
@@ -45,7 +45,7 @@ def _ranks(kinds: tuple[str, ...]) -> Callable[[Finding, Attribution], float | N
 def _transfer(*groups: str) -> Callable[[Finding, Attribution], float | None]:
     def cost(finding: Finding, attribution: Attribution) -> float | None:
         wanted = set(groups) or None
-        found = [c.cost_s for c in attribution.causes if c.kind == "transfer"
+        found = [c.cost_s for c in attribution.causes if c.kind == CauseKind.TRANSFER
                  and (wanted is None or c.group in wanted)]  # fmt: skip
         if wanted is None:
             return _net_of_host(attribution.all_transfers_s, attribution)
@@ -57,12 +57,12 @@ def _transfer(*groups: str) -> Callable[[Finding, Attribution], float | None]:
 def _net_of_host(transfers_s: float, attribution: Attribution) -> float:
     """What the transfers cost once every rank had its cores: on an oversubscribed host the
     collectives' threads wait for a core, and that time is the host's (HST001), not theirs."""
-    host = attribution.cause("descheduled")
+    host = attribution.cause(CauseKind.DESCHEDULED)
     beyond = None if host is None else host.evidence.get("transfers_with_cores_s")
     return transfers_s if beyond is None else min(transfers_s, float(beyond))
 
 
-def _kind(kind: str) -> Callable[[Finding, Attribution], float | None]:
+def _kind(kind: CauseKind) -> Callable[[Finding, Attribution], float | None]:
     def cost(finding: Finding, attribution: Attribution) -> float | None:
         cause = attribution.cause(kind)
         return 0.0 if cause is None else cause.cost_s
@@ -72,21 +72,21 @@ def _kind(kind: str) -> Callable[[Finding, Attribution], float | None]:
 
 def _stage(finding: Finding, attribution: Attribution) -> float | None:
     return sum(c.cost_s for c in attribution.causes
-               if c.kind == "stage" and set(c.ranks) & set(finding.ranks))  # fmt: skip
+               if c.kind == CauseKind.STAGE and set(c.ranks) & set(finding.ranks))  # fmt: skip
 
 
 COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
     "BAL001": _ranks(STRAGGLER_CAUSES),
     "BAL003": _ranks(STRAGGLER_CAUSES),
-    "BAL005": _ranks(("host",)),
+    "BAL005": _ranks((CauseKind.HOST,)),
     "BAL002": lambda finding, attribution: attribution.balanced_s,
-    "BAL004": _kind("imbalance"),
+    "BAL004": _kind(CauseKind.IMBALANCE),
     "COM001": _transfer(),
     "COM002": _transfer("tp"),
     "COM003": _transfer("dp"),
-    "PIP002": _kind("schedule"),
+    "PIP002": _kind(CauseKind.SCHEDULE),
     "PIP003": _stage,
-    "HST001": _kind("descheduled"),
+    "HST001": _kind(CauseKind.DESCHEDULED),
 }
 """Which counterfactual each time finding's cause is."""
 
@@ -131,7 +131,7 @@ def _explanation(finding: Finding, attribution: Attribution) -> dict[str, Any]:
     the step's end), and how much of the step's waiting the replay inferred from time in no
     record, where it did."""
     out: dict[str, Any] = {}
-    kinds = STRAGGLER_CAUSES if finding.rule in ("BAL001", "BAL003") else ("host",)
+    kinds = STRAGGLER_CAUSES if finding.rule in ("BAL001", "BAL003") else (CauseKind.HOST,)
     if finding.rule in ("BAL001", "BAL003", "BAL005"):
         for cause in attribution.causes:
             if cause.kind in kinds and set(cause.ranks) & set(finding.ranks):

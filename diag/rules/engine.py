@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from diag.metrics import RunMetrics
@@ -42,10 +42,28 @@ CODE_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 
 @dataclass
 class RuleContext:
-    """What a rule may read: the loaded tables and the computed metrics (no files, no torch)."""
+    """What a rule may read: the loaded tables and the computed metrics (no files, no torch),
+    and every rule's thresholds as configured (`limits`, by code: a rule that asks whether
+    another's finding explains its own reads that rule's limits, not its defaults)."""
 
     run: RunData
     metrics: RunMetrics
+    limits: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict)
+    """What several rules derive from the same run (the stragglers), computed once a run."""
+
+    def limits_of(self, code: str) -> Mapping[str, float]:
+        """Rule `code`'s thresholds as configured; its defaults where none were given."""
+        found = self.limits.get(code)
+        if found is not None:
+            return found
+        return {key: t.default for key, t in REGISTRY[code].thresholds.items()}
+
+    def derived_once(self, name: str, compute: Callable[[], Any]) -> Any:
+        """`compute()` the first time `name` is asked of this run, the kept value after."""
+        if name not in self.derived:
+            self.derived[name] = compute()
+        return self.derived[name]
 
 
 RuleFn = Callable[[RuleContext, Mapping[str, float]], Iterable[Finding]]
@@ -163,17 +181,21 @@ def run_rules(
     are evidence. `diag.cli.rules.RANKING_ORDER` says the same in one sentence. A rule that raises
     is reported as a note, never as a crash.
     """
-    ctx = RuleContext(run, metrics)
+    all_limits = {code: limits_for(rule_, config) for code, rule_ in REGISTRY.items()}
+    ctx = RuleContext(run, metrics, all_limits)
     findings: list[Finding] = []
     notes: list[str] = []
-    all_limits: dict[str, dict[str, float]] = {}
     for code in sorted(REGISTRY):
         rule_ = REGISTRY[code]
-        limits = all_limits[code] = limits_for(rule_, config)
+        limits = all_limits[code]
         try:
-            findings.extend(rule_.fn(ctx, limits))
+            found = list(rule_.fn(ctx, limits))
         except Exception as err:
             notes.append(f"rule {code} failed and was skipped: {err!r}")
+            continue
+        for finding in found:  # the rule's identity is its registration's, never its own
+            finding.rule, finding.pattern = code, rule_.pattern
+        findings.extend(found)
     attach_costs(findings, metrics.attribution, config, all_limits)
     return Diagnosis(rank_findings(findings), notes)
 

@@ -17,10 +17,13 @@ class Threshold:
     help: str  # one line: what crossing it means
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
-    rule: str  # the rule's code, e.g. "PP001"
-    pattern: int | None  # collapse pattern 1-5, None for a configuration pitfall
+    """What a rule found. A rule fills in the content; `rule` and `pattern` are stamped by the
+    engine from the rule's registration (`@rule(code, name, pattern)`), so they cannot disagree."""
+
+    rule: str = ""  # the rule's code, e.g. "PP001"
+    pattern: int | None = None  # collapse pattern 1-5, None for a configuration pitfall
     severity: str  # high | medium | low
     title: str  # one line a person reads first
     ranks: list[int] = field(default_factory=list)  # the ranks to blame, when some are

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
@@ -44,11 +45,23 @@ MIN_EXCESS_SHARE = 0.01
 the step is no straggler candidate."""
 
 
+class CauseKind(StrEnum):
+    """What a counterfactual removes (the report writes the value)."""
+
+    STRAGGLER = "straggler"  # a rank's persistent excess of compute
+    HOST = "host"  # a rank's persistent excess of host time (in no record)
+    IMBALANCE = "imbalance"  # every rank's local time at its peers' median in every step
+    STAGE = "stage"  # a pipeline stage's excess over the other stages
+    TRANSFER = "transfer"  # a group's transfers at zero
+    SCHEDULE = "schedule"  # the pipeline's schedule at its ideal bubble
+    DESCHEDULED = "descheduled"  # the time ranks waited for a core
+
+
 @dataclass
 class Cause:
     """One counterfactual: what it changes, and the step time it saves (s per step)."""
 
-    kind: str  # straggler | host | imbalance | stage | transfer | schedule | descheduled
+    kind: CauseKind
     label: str
     cost_s: float
     cost_share: float
@@ -83,7 +96,7 @@ class Attribution:
     event, read as waiting for a dependency or as its own host time (docs/metrics.md,
     "Dependencies")."""
 
-    def cause(self, kind: str, **match: Any) -> Cause | None:
+    def cause(self, kind: CauseKind, **match: Any) -> Cause | None:
         for cause in self.causes:
             if cause.kind == kind and all(getattr(cause, k) == v for k, v in match.items()):
                 return cause
@@ -187,7 +200,7 @@ class _Scenarios:
         times = step_times_ns(self.timeline, replay(self.timeline, durations))
         return max(self.base_mean - float(times[self.ok].mean()), 0.0)
 
-    def _cause(self, kind: str, label: str, saved_ns: float, **fields: Any) -> Cause:
+    def _cause(self, kind: CauseKind, label: str, saved_ns: float, **fields: Any) -> Cause:
         return Cause(kind, label, saved_ns / NS_PER_S, saved_ns / self.base_mean, **fields)
 
     def all(self) -> list[Cause]:
@@ -271,8 +284,8 @@ class _Scenarios:
         for rank in candidates.index:
             saved = self.saving(self._without([int(rank)], "all"))
             host, compute = self._split(int(rank), saved)
-            kind = "host" if host > compute else "straggler"
-            if kind == "host":
+            kind = CauseKind.HOST if host > compute else CauseKind.STRAGGLER
+            if kind == CauseKind.HOST:
                 label = f"rank {rank}: host time (data loading, work outside the recorded spans)"
             else:
                 label = f"rank {rank}: slower compute than its peers"
@@ -306,7 +319,7 @@ class _Scenarios:
         per_step = self.saving(even)
         self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
         random_part = max(per_step - persistent, 0.0)
-        return [self._cause("imbalance", "random per-step imbalance across ranks (data or "
+        return [self._cause(CauseKind.IMBALANCE, "random per-step imbalance across ranks (data or "
                             "sequence lengths, jitter)", random_part, evidence={
                                 "every_step_balanced_s": per_step / NS_PER_S,
                                 "persistent_excess_removed_s": persistent / NS_PER_S})]  # fmt: skip
@@ -341,8 +354,9 @@ class _Scenarios:
             evidence = {"stage_local_s": total / NS_PER_S / steps,
                         "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
             label = f"pipeline stage {s}: more work than the other stages"
-            causes.append(self._cause("stage", label, max(saved - baseline, 0.0), ranks=ranks,
-                                      stage=int(s), evidence=evidence))  # fmt: skip
+            saved_ns = max(saved - baseline, 0.0)
+            causes.append(self._cause(CauseKind.STAGE, label, saved_ns, ranks=ranks, stage=int(s),
+                                      evidence=evidence))  # fmt: skip
         return causes
 
     # --- communication and schedule --------------------------------------------------------
@@ -357,7 +371,7 @@ class _Scenarios:
             zero = np.where(mine, 0.0, self.base.transfer_ns)
             saved = self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
             label = f"{group} communication (transfers, the waiting for peers excluded)"
-            causes.append(self._cause("transfer", label, saved, group=group))
+            causes.append(self._cause(CauseKind.TRANSFER, label, saved, group=group))
         return causes
 
     def descheduled(self) -> list[Cause]:
@@ -369,7 +383,7 @@ class _Scenarios:
         saved = self.saving(cores)
         both = self.saving(Durations(cores.seg_ns, np.zeros_like(cores.transfer_ns), cores.post_ns))
         label = "the host: ranks waited for a core (more threads than cores, or other work)"
-        return [self._cause("descheduled", label, saved, ranks=ranks, evidence={
+        return [self._cause(CauseKind.DESCHEDULED, label, saved, ranks=ranks, evidence={
             "waiting_for_a_core_share": float(share.mean()),
             "transfers_with_cores_s": max(both - saved, 0.0) / NS_PER_S})]  # fmt: skip
 
@@ -390,7 +404,7 @@ class _Scenarios:
             f"{best:.0%} with 4x micro-batches or v=2)"
         )
         evidence = {"bubble_theory": now, "bubble_better": best}
-        return [self._cause("schedule", label, saved, evidence=evidence)]
+        return [self._cause(CauseKind.SCHEDULE, label, saved, evidence=evidence)]
 
     def ideal(self) -> float:
         """The step with every local-time imbalance and every transfer removed."""

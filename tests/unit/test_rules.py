@@ -55,14 +55,22 @@ def test_every_rule_documents_its_sections_and_thresholds() -> None:
 def test_a_finding_that_names_the_cause_of_others_ranks_first_with_their_severity() -> None:
     from diag.rules.engine import Finding, rank_findings
 
-    effect = Finding("BAL001", 3, "high", "straggler", margin=2.0)
-    cause = Finding("TRD001", 2, "medium", "step time grows", explains=["BAL001", "MOE002"])
-    other = Finding("COM001", 1, "high", "exposed communication")
+    effect = Finding(rule="BAL001", pattern=3, severity="high", title="straggler", margin=2.0)
+    cause = Finding(
+        rule="TRD001",
+        pattern=2,
+        severity="medium",
+        title="step time grows",
+        explains=["BAL001", "MOE002"],
+    )
+    other = Finding(rule="COM001", pattern=1, severity="high", title="exposed communication")
     ranked = rank_findings([effect, other, cause])
     assert [f.rule for f in ranked] == ["TRD001", "BAL001", "COM001"]
     assert ranked[0].severity == "high"
     # a cause whose consequences are absent keeps its own severity and place
-    alone = Finding("TRD001", 2, "medium", "step time grows", explains=["MOE002"])
+    alone = Finding(
+        rule="TRD001", pattern=2, severity="medium", title="step time grows", explains=["MOE002"]
+    )
     assert [f.rule for f in rank_findings([alone, other])] == ["COM001", "TRD001"]
     assert alone.severity == "medium"
 
@@ -79,6 +87,25 @@ def test_a_rule_that_raises_fails_its_case(runs, monkeypatch) -> None:
     monkeypatch.setitem(rules, "COM001", dataclasses.replace(rules["COM001"], fn=broken))
     with pytest.raises(AssertionError, match="could not judge"):
         test_rule_case(quiet, runs)
+
+
+def test_the_engine_stamps_a_findings_code_and_pattern_from_the_registration(
+    runs, monkeypatch
+) -> None:
+    """A rule says what it found; which rule it is and the pattern it evidences are the
+    registration's (a finding that claims another code is stamped with its own)."""
+    from diag.rules.engine import REGISTRY as rules
+    from diag.rules.engine import Finding
+
+    def claims_another(ctx, limits):
+        return [Finding(rule="XYZ999", pattern=5, severity="low", title="on purpose")]
+
+    monkeypatch.setitem(rules, "COM001", dataclasses.replace(rules["COM001"], fn=claims_another))
+    run = load_run(runs.write({0: runs.simple_rank(), 1: runs.simple_rank()}))
+    (stamped,) = [
+        f for f in run_rules(run, compute_metrics(run)).findings if f.title == "on purpose"
+    ]
+    assert (stamped.rule, stamped.pattern) == ("COM001", rules["COM001"].pattern)
 
 
 def test_moe_rules_take_a_named_layer(runs) -> None:
@@ -98,3 +125,19 @@ def test_moe_rules_take_a_named_layer(runs) -> None:
     assert not judgement.notes
     moe = [f for f in judgement.findings if f.rule.startswith("MOE")]
     assert moe and all(f.evidence["layer"] == "x" for f in moe)
+
+
+def test_busy_imbalance_defers_to_the_straggler_rule_at_its_configured_limits(runs) -> None:
+    """BAL002 stays quiet where BAL001 names the rank, judged at BAL001's thresholds as the
+    user configured them: where they are raised so that BAL001 no longer names rank 1, the
+    imbalance is BAL002's to report (it once asked BAL001 at its defaults)."""
+    from rule_cases.balance import _dp
+
+    run = load_run(_dp(runs, [40, 80, 42, 41]))
+    metrics = compute_metrics(run)
+    codes = {f.rule for f in run_rules(run, metrics).findings}
+    assert "BAL001" in codes and "BAL002" not in codes
+    strict = {"BAL001": {"busy_ratio": 3.0, "min_cost_share": 1.0}}
+    found = {f.rule: f for f in run_rules(run, metrics, strict).findings}
+    assert "BAL001" not in found
+    assert found["BAL002"].ranks == [1]

@@ -14,7 +14,10 @@ from diag.metrics.host import busy_net_of_queueing, waiting_share
 from diag.outputs.units import ranks_phrase
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.attribution import Attribution
+from diag.whatif.attribution import Attribution, CauseKind
+
+STRAGGLER_RULE = "BAL001"
+"""The straggler rule, whose limits the rules that defer to it read."""
 
 STRAGGLER_LIMITS = {
     "busy_ratio": Threshold(1.3, "ratio", "a rank's busy time over the median of its peers'"),
@@ -177,7 +180,7 @@ def find_stragglers(
     return found
 
 
-@rule("BAL001", "balance.straggler", pattern=3, thresholds=STRAGGLER_LIMITS)
+@rule(STRAGGLER_RULE, "balance.straggler", pattern=3, thresholds=STRAGGLER_LIMITS)
 def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
     """One rank computes longer than its peers, and they wait for it in every collective.
 
@@ -204,7 +207,7 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
         return []
-    found = find_stragglers(ctx.metrics, limits)
+    found = stragglers(ctx)
     if not found:
         return _replayed_stragglers(ctx, limits)
     blamed = sorted(int(f["rank"]) for f in found)
@@ -212,8 +215,6 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
     return [
         Finding(
-            rule="BAL001",
-            pattern=3,
             severity="high" if worst["busy_ratio"] >= limits["high_ratio"] else "medium",
             title=f"straggler: {ranks_phrase(blamed)} computes "
             f"{worst['busy_ratio']:.2f}x its peers while they wait in collectives",
@@ -230,13 +231,20 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     ]
 
 
+def stragglers(ctx: RuleContext) -> list[dict[str, Any]]:
+    """`find_stragglers` at BAL001's limits as configured, once a run (BAL001, BAL002 and the
+    rules that ask whether a straggler explains their finding all read it)."""
+    limits = ctx.limits_of(STRAGGLER_RULE)
+    return list(ctx.derived_once("stragglers", lambda: find_stragglers(ctx.metrics, limits)))
+
+
 def straggler_ranks(ctx: RuleContext) -> list[int]:
-    """The ranks BAL001 names at its default limits, from the busy times or, where they miss
-    it, from the replay: what other rules read as 'a straggler explains this'."""
-    limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
-    found = find_stragglers(ctx.metrics, limits)
+    """The ranks BAL001 names at its limits as configured, from the busy times or, where they
+    miss it, from the replay: what other rules read as 'a straggler explains this'."""
+    found = stragglers(ctx)
     if found:
         return sorted(int(f["rank"]) for f in found)
+    limits = ctx.limits_of(STRAGGLER_RULE)
     return sorted({r for f in _replayed_stragglers(ctx, limits) for r in f.ranks})
 
 
@@ -272,14 +280,14 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     attribution = ctx.metrics.attribution
     if attribution is None or attribution.steps_replayed < steps_needed(ctx.metrics, limits):
         return []  # one replayed step cannot tell a persistent excess from that step's noise
-    noise = attribution.cause("imbalance")  # random per-step imbalance: BAL004's
+    noise = attribution.cause(CauseKind.IMBALANCE)  # random per-step imbalance: BAL004's
     noise_s = noise.cost_s if noise else 0.0
     # a persistent straggler costs more than the per-step noise around it; otherwise a few
     # steps of random draws could name a rank (BAL004 says it)
     queued = _queued_excess_per_step_s(ctx.metrics)
     # and one whose excess is mostly its waiting for a core is the host's (HST001); a rank
     # waking from a sleep on a loaded host queues more too, so a part of it does not count
-    causes = [c for c in attribution.causes if c.kind == "straggler"
+    causes = [c for c in attribution.causes if c.kind == CauseKind.STRAGGLER
               and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s
               and _own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
     if not causes:
@@ -288,8 +296,6 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     worst = max(causes, key=lambda c: c.cost_s)
     return [
         Finding(
-            rule="BAL001",
-            pattern=3,
             severity="medium",
             title=f"straggler: {ranks_phrase(blamed)} computes longer than its "
             f"peers; removing its excess saves {worst.cost_share:.0%} of the step",
@@ -347,8 +353,6 @@ def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
     worst = table.set_index("rank").loc[found, "late_median_s"].max()
     return [
         Finding(
-            rule="BAL003",
-            pattern=3,
             severity="medium",
             title=f"late arrival: {ranks_phrase(found)} starts collectives last, "
             f"{worst * 1e3:.1f} ms behind the first (median)",
@@ -393,16 +397,14 @@ def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     pp = ctx.run.manifest.layout.pp or 1
     if pp > 1 or imbalance is None or len(ranks) < 2 or imbalance < limits["imbalance"]:
         return []
-    if find_stragglers(ctx.metrics):
-        return []  # BAL001 names the rank
+    if stragglers(ctx):
+        return []  # BAL001 names the rank (at its limits as configured)
     busiest = ranks[ranks["busy_s"] >= limits["imbalance"] * mean_busy]["rank"]
     if busiest.empty:
         busiest = ranks.loc[[ranks["busy_s"].idxmax()], "rank"]
     busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
     return [
         Finding(
-            rule="BAL002",
-            pattern=3,
             severity="medium",
             title=f"busy time uneven across ranks: max {imbalance:.2f}x the mean",
             ranks=sorted(int(r) for r in busiest),

@@ -57,8 +57,6 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         severity = "medium"
     return [
         Finding(
-            rule="COM001",
-            pattern=1,
             severity=severity,
             title=f"communication not hidden: {exposed:.0%} of the step waits on collectives",
             evidence={
@@ -138,8 +136,6 @@ def tp_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fin
         return []
     return [
         Finding(
-            rule="COM002",
-            pattern=1,
             severity=severity,
             title=f"TP={tp} collectives take {share:.0%} of the step: per-rank GEMMs too small",
             evidence={
@@ -209,8 +205,6 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
         return []
     return [
         Finding(
-            rule="COM003",
-            pattern=1,
             severity="medium",
             title=f"DP all-reduce not overlapped: {1 - hidden:.0%} of it exposed, "
             f"{share:.0%} of the step",
@@ -275,8 +269,6 @@ def bytes_vs_ledger(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     worst = off.loc[(off["ratio"].astype(float).apply(lambda r: max(r, 1 / r))).idxmax()]
     return [
         Finding(
-            rule="COM004",
-            pattern=1,
             severity="medium",
             title=f"{worst['op']} on {worst['group']} moves {float(worst['ratio']):.2f}x the "
             "ledger's bytes",

@@ -129,8 +129,6 @@ def _finding(
         "timings_inflated": True,
     }
     return Finding(
-        rule=HOST_RULE,
-        pattern=3,
         severity=severity,
         title=f"host {row.machine}: ranks wait for a core {share:.0%} of the step{since} ({why})",
         ranks=list(row.ranks),

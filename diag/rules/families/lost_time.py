@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.whatif.attribution import CauseKind
 
 MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
 
@@ -33,13 +34,11 @@ def random_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
         rank's typical excess removed.
     """
     attribution = ctx.metrics.attribution
-    cause = attribution.cause("imbalance") if attribution else None
+    cause = attribution.cause(CauseKind.IMBALANCE) if attribution else None
     if cause is None or cause.cost_share < limits["min_share"]:
         return []
     return [
         Finding(
-            rule="BAL004",
-            pattern=3,
             severity="medium",
             title=f"random per-step imbalance: {cause.cost_share:.0%} of the step waits for "
             "whichever rank is slowest that step",
@@ -75,13 +74,11 @@ def host_time(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         return []
     findings = []
     for cause in attribution.causes:
-        if cause.kind != "host" or cause.cost_share < limits["min_share"]:
+        if cause.kind != CauseKind.HOST or cause.cost_share < limits["min_share"]:
             continue
         ranks = ranks_phrase(list(cause.ranks))
         findings.append(
             Finding(
-                rule="BAL005",
-                pattern=3,
                 severity="medium",
                 title=f"host time: {ranks} spends {cause.cost_share:.0%} of the step on "
                 "the host (data loading, work outside the recorded spans) while peers wait",

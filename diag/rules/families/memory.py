@@ -141,8 +141,6 @@ def over_budget(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
     severity = "high" if share >= limits["high"] else "medium"
     return [
         Finding(
-            rule="MEM001",
-            pattern=5,
             severity=severity,
             title=f"memory at {share:.0%} of the device budget; {worst.dominant} dominate "
             f"({worst.dominant_bytes / worst.total_bytes:.0%})",
@@ -185,8 +183,6 @@ def oom_event(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     dominant = max(groups, key=lambda g: groups[g]) if groups else None
     return [
         Finding(
-            rule="MEM002",
-            pattern=5,
             severity="high",
             title="out of memory" + (f"; {dominant} dominate" if dominant else ""),
             ranks=sorted({int(r) for r in ooms["rank"]}),
@@ -237,8 +233,6 @@ def state_or_activations(ctx: RuleContext, limits: Mapping[str, float]) -> Itera
     bound = "state" if state >= activations else "activations"
     return [
         Finding(
-            rule="MEM003",
-            pattern=5,
             severity="low",
             title=f"memory near the budget is {bound}-bound (state {state / 2**20:.1f} MiB, "
             f"activations {activations / 2**20:.1f} MiB)",

@@ -57,8 +57,6 @@ def drop_rate(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         return []
     return [
         Finding(
-            rule="MOE001",
-            pattern=4,
             severity=severity,
             title=f"MoE layer {layer_label(row['layer'])} drops {rate:.0%} of routed tokens",
             evidence={
@@ -107,8 +105,6 @@ def load_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
         return []
     return [
         Finding(
-            rule="MOE002",
-            pattern=4,
             severity=severity,
             title=f"MoE layer {layer_label(row['layer'])}: busiest expert gets {ratio:.2f}x the "
             "mean load",
@@ -158,8 +154,6 @@ def dead_experts(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
     severity = "high" if dead >= limits["high_fraction"] * width else "medium"
     return [
         Finding(
-            rule="MOE003",
-            pattern=4,
             severity=severity,
             title=f"MoE layer {layer_label(row['layer'])}: {dead} of {width} experts got no token",
             evidence={"layer": layer_label(row["layer"]), "dead_experts": dead, "experts": width},
@@ -216,8 +210,6 @@ def alltoall_bytes(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     direction = "more" if worst["ratio"] > kept else "fewer"
     return [
         Finding(
-            rule="MOE004",
-            pattern=4,
             severity=severity,
             title=f"all-to-all {worst['tag']} moves {worst['ratio']:.2f}x the theory's bytes "
             f"({direction} than tokens x topk x hidden x dtype)",
@@ -266,8 +258,6 @@ def aux_loss_coef(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fin
     low = coef < limits["min"]
     return [
         Finding(
-            rule="MOE005",
-            pattern=4,
             severity="medium",
             title=f"aux-loss coefficient {coef:g} is {'too small' if low else 'too large'} "
             "(sane ~0.01)",

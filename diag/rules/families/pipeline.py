@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from diag.contract import ledger
 from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.whatif.attribution import CauseKind
 
 
 def _stage_bubbles(ctx: RuleContext) -> dict[int, float]:
@@ -43,8 +44,6 @@ def bubble_above_theory(ctx: RuleContext, limits: Mapping[str, float]) -> Iterab
         return []
     return [
         Finding(
-            rule="PIP001",
-            pattern=3,
             severity="medium",
             title=f"pipeline bubble {measured:.0%} against {theory:.0%} in theory",
             evidence={
@@ -94,8 +93,6 @@ def few_microbatches(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
     severity = "high" if theory >= limits["high_bubble"] else "medium"
     return [
         Finding(
-            rule="PIP002",
-            pattern=3,
             severity=severity,
             title=f"m={m} micro-batches for p={p} stages (< {wanted}): {theory:.0%} bubble in "
             "theory",
@@ -149,7 +146,7 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     imbalance = ctx.metrics.summary.get("stage_imbalance")
     stages = pipe.stage_table(ctx.metrics.ranks)
     attribution = ctx.metrics.attribution
-    costly = attribution.cause("stage") if attribution is not None else None  # by cost
+    costly = attribution.cause(CauseKind.STAGE) if attribution is not None else None  # by cost
     if costly is not None and attribution is not None and attribution.measured_step_s > 0:
         share = costly.cost_s / attribution.measured_step_s
         if share < limits["min_cost_share"] or costly.stage is None:
@@ -179,8 +176,6 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     }  # fmt: skip
     return [
         Finding(
-            rule="PIP003",
-            pattern=3,
             severity="medium",
             title=title,
             ranks=blamed,

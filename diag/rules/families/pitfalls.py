@@ -58,8 +58,6 @@ def forgotten_set_epoch(ctx: RuleContext, limits: Mapping[str, float]) -> Iterab
     epochs = max(len(e) for e in repeated.values())
     return [
         Finding(
-            rule="PIT001",
-            pattern=None,
             severity="medium",
             title=f"same sample order in all {epochs} epochs: sampler.set_epoch is not called",
             ranks=sorted(repeated),
@@ -114,8 +112,6 @@ def local_norm_clipping(ctx: RuleContext, limits: Mapping[str, float]) -> Iterab
         ratio = min(gaps.values())
         return [
             Finding(
-                rule="PIT002",
-                pattern=None,
                 severity="low",
                 title=f"local gradient norms are down to {ratio:.0%} of the global norm: "
                 "clipping must use the global one",
@@ -128,8 +124,6 @@ def local_norm_clipping(ctx: RuleContext, limits: Mapping[str, float]) -> Iterab
     if local_only and sharded:
         return [
             Finding(
-                rule="PIT002",
-                pattern=None,
                 severity="medium",
                 title="gradients are clipped on local norms of sharded gradients (no global "
                 "norm recorded)",
@@ -178,8 +172,6 @@ def nonfinite_loss(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
         return []
     return [
         Finding(
-            rule="PIT003",
-            pattern=None,
             severity="high",
             title=f"loss is NaN or inf from step {int(bad['step'].min())}",
             ranks=sorted({int(r) for r in bad["rank"]}),
@@ -272,8 +264,6 @@ def gradients_not_synchronised(ctx: RuleContext, limits: Mapping[str, float]) ->
             title = f"the ranks' parameters differ at step {drift[0]}: gradients are not synced"
     return [
         Finding(
-            rule="PIT004",
-            pattern=None,
             severity="high",
             title=title,
             ranks=silent or sorted(declared),

@@ -61,8 +61,6 @@ def fast_group_spans_hosts(ctx: RuleContext, limits: Mapping[str, float]) -> Ite
         size = getattr(manifest.layout, axis, 1) or 1
         findings.append(
             Finding(
-                rule="TOP001",
-                pattern=1,
                 severity="high" if axis == "tp" else "medium",
                 title=f"{axis.upper()}={size} groups span hosts: per-layer collectives cross the "
                 "inter-node link",
@@ -114,8 +112,6 @@ def group_layout_mismatch(ctx: RuleContext, limits: Mapping[str, float]) -> Iter
         return []
     return [
         Finding(
-            rule="TOP002",
-            pattern=3,
             severity="medium",
             title=f"{len(bad)} group(s) span more hosts than their size needs (mesh order)",
             ranks=sorted({r for b in bad for r in b["ranks"]}),
@@ -163,8 +159,6 @@ def heterogeneous_devices(ctx: RuleContext, limits: Mapping[str, float]) -> Iter
         return []
     return [
         Finding(
-            rule="TOP003",
-            pattern=None,
             severity="medium",
             title=f"{len(mixed)} TP/PP group(s) mix device models: the slowest paces each",
             ranks=sorted(odd),

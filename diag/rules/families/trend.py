@@ -246,8 +246,6 @@ def step_time_trend(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     because = f": {', '.join(causes)}" if causes else f"{where} (no cause in memory or experts)"
     return [
         Finding(
-            rule="TRD001",
-            pattern=2,
             severity=severity,
             title=f"step time grows {slope.growth:.0%} over {len(walls)} steps{because}",
             ranks=ranks,
@@ -287,8 +285,6 @@ def _host_trend(slope: Slope, steps: int) -> Finding:
     """A rising step time that the ranks' waiting for a core explains (HST001): low, so that a
     host loaded midway does not read as a training trend."""
     return Finding(
-        rule="TRD001",
-        pattern=2,
         severity="low",
         title=f"step time grows {slope.growth:.0%} over {steps} steps with the time the ranks "
         "waited for a core: the host, not the training",
@@ -330,8 +326,6 @@ def memory_creep(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
     where = "outside the six categories" if top.field == "host_rss" else "a memory category"
     return [
         Finding(
-            rule="TRD002",
-            pattern=5,
             severity=severity,
             title=f"memory creep: {top.field} ({where}) grows {top.slope.growth:.0%} over the run",
             ranks=ranks,
