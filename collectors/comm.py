@@ -23,9 +23,10 @@ from collectors.pending import PENDING
 from collectors.safety import report_once
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CommEvent:
-    """One collective as the tracer or the DDP hook saw it (times in ns on the run clock)."""
+    """One collective as the tracer or the DDP hook saw it (times in ns on the run clock);
+    built with keywords only (two of its fields are bare booleans)."""
 
     op: str
     group: Any  # a ProcessGroup, or None for the default group

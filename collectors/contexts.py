@@ -1,30 +1,29 @@
 """The context managers a Recorder hands out: a step, a span, a tag, a hand-timed collective.
 
-They reach into their Recorder's state on purpose: they are its parts, kept in their own module
-so each file stays small. Every bit of collector work inside them is guarded.
+They reach their Recorder through `StepOwner` (its public face) and `RecorderParts` (the writer,
+samplers and per-step values it shares with them: collectors/parts.py), never through its
+private attributes. Every bit of collector work inside them is guarded.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from collectors.comm import CommEvent, context
 from collectors.host import HostReading
 from collectors.memory import grad_bytes
+from collectors.parts import StepOwner
 from collectors.safety import report_once
-
-if TYPE_CHECKING:
-    from collectors.recorder import Recorder
 
 
 class StepContext:
     """One training step: spans inside it carry its index; memory is sampled when it ends."""
 
-    def __init__(self, rec: Recorder, tokens: int | None) -> None:
+    def __init__(self, rec: StepOwner, tokens: int | None) -> None:
         self.rec = rec
         self.tokens = tokens
         self.loss: Any = None
@@ -36,27 +35,27 @@ class StepContext:
         rec = self.rec
         try:
             step = rec.step_index
-            rec._measuring_activations = rec._activations is not None and (
+            rec.parts.measuring_activations = rec.parts.activations is not None and (
                 step < 3 or step % rec.activation_every == 0
             )
-            if rec._measuring_activations and rec._activations is not None:
-                rec._activations.reset_peak()
-                self._hooks = rec._activations.hooks()
+            if rec.parts.measuring_activations and rec.parts.activations is not None:
+                rec.parts.activations.reset_peak()
+                self._hooks = rec.parts.activations.hooks()
                 self._hooks.__enter__()
             if rec.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(rec.device)
-            rec._grads_at_opt_bytes = None
+            rec.parts.grads_at_opt_bytes = None
         except Exception as err:
             report_once("Recorder.step enter", err)
-        self._host_at_start = rec._host.read()
+        self._host_at_start = rec.parts.host.read()
         self._t0 = rec.clock.now()
-        if rec._fetch_t0 is not None:  # the batch came from `rec.iterate`: the step began there
-            self._t0, rec._fetch_t0 = min(rec._fetch_t0, self._t0), None
+        if rec.parts.fetch_t0 is not None:  # the batch came from `rec.iterate`: it began there
+            self._t0, rec.parts.fetch_t0 = min(rec.parts.fetch_t0, self._t0), None
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         t1 = self.rec.clock.now()
-        host = self.rec._host.read()  # before the step's own bookkeeping below
+        host = self.rec.parts.host.read()  # before the step's own bookkeeping below
         try:
             self._finish(t1, exc, host)
         except Exception as err:
@@ -72,16 +71,16 @@ class StepContext:
             rec.event("oom", message=str(exc).splitlines()[0][:500], **memory)
             rec.flush()
             return
-        for callback in rec._step_end_callbacks:
+        for callback in rec.parts.step_end_callbacks:
             try:
                 callback()
             except Exception as err:
                 report_once("step-end callback", err)
         memory = _sampled("Recorder.memory_breakdown", rec.memory_breakdown)
         if memory is not None:
-            if rec._grads_at_opt_bytes is not None:
-                memory["grads"] = max(memory["grads"] or 0, rec._grads_at_opt_bytes)
-            rec._writer.write({"kind": "mem", "step": rec.step_index, **memory})
+            if rec.parts.grads_at_opt_bytes is not None:
+                memory["grads"] = max(memory["grads"] or 0, rec.parts.grads_at_opt_bytes)
+            rec.parts.writer.write({"kind": "mem", "step": rec.step_index, **memory})
             rec.check_memory_budget(memory)
         record: dict[str, Any] = {
             "kind": "step",
@@ -90,14 +89,14 @@ class StepContext:
             "t1": t1,
             "tokens": self.tokens,
             "loss": _sampled("step loss", _as_float, self.loss),
-            **rec._host.step_fields(self._host_at_start, host),
+            **rec.parts.host.step_fields(self._host_at_start, host),
         }
-        if rec._nvml is not None:
-            device = _sampled("NvmlSampler.sample", rec._nvml.sample)
+        if rec.parts.nvml is not None:
+            device = _sampled("NvmlSampler.sample", rec.parts.nvml.sample)
             if device is not None:
                 record["device"] = device
         if exc is None:
-            rec._writer.write(record)
+            rec.parts.writer.write(record)
             rec.steps_completed += 1
         rec.flush()
         rec.step_index += 1
@@ -120,7 +119,7 @@ def _as_float(value: Any) -> float | None:
 
 
 class SpanContext:
-    def __init__(self, rec: Recorder, phase: str, mb: Any, stage: Any, chunk: Any) -> None:
+    def __init__(self, rec: StepOwner, phase: str, mb: Any, stage: Any, chunk: Any) -> None:
         self.rec = rec
         self.record: dict[str, Any] = {
             "kind": "span",
@@ -139,10 +138,10 @@ class SpanContext:
         rec = self.rec
         self._outer_phase, rec.phase = rec.phase, self.record["phase"]
         try:
-            if self.record["phase"] == "opt" and rec._params is not None:
-                rec._grads_at_opt_bytes = grad_bytes(rec._params)
-            if rec._cuda_timer is not None:
-                self._event = rec._cuda_timer.start()
+            if self.record["phase"] == "opt" and rec.parts.params is not None:
+                rec.parts.grads_at_opt_bytes = grad_bytes(rec.parts.params)
+            if rec.parts.cuda_timer is not None:
+                self._event = rec.parts.cuda_timer.start()
         except Exception as err:
             report_once("Recorder.span enter", err)
         self.record["t0"] = rec.clock.now()
@@ -152,10 +151,10 @@ class SpanContext:
         self.record["t1"] = self.rec.clock.now()
         self.rec.phase = self._outer_phase
         try:
-            if self._event is not None and self.rec._cuda_timer is not None:
-                self.rec._cuda_timer.stop(self.record, self._event)
+            if self._event is not None and self.rec.parts.cuda_timer is not None:
+                self.rec.parts.cuda_timer.stop(self.record, self._event)
             else:
-                self.rec._writer.write(self.record)
+                self.rec.parts.writer.write(self.record)
         except Exception as err:
             report_once("Recorder.span exit", err)
 
@@ -175,7 +174,7 @@ class TagContext:
 
 
 class CollectiveContext:
-    def __init__(self, rec: Recorder, event: CommEvent) -> None:
+    def __init__(self, rec: StepOwner, event: CommEvent) -> None:
         self.rec, self.event = rec, event
 
     def __enter__(self) -> CollectiveContext:

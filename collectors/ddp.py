@@ -209,8 +209,8 @@ def register_recording_hook(
     recorded = not hooked and (hook is None or state.capture is not None)
     # an unrecorded sync declares no tag: the no-sync rule must not read its silence
     recorder.declare_data_parallel(
-        DataParallel("ddp", group, state.group_size, tag if recorded else None,
-                     hook=_hook_name(hook) if hook else None)
+        DataParallel(wrapper="ddp", group=group, size=state.group_size,
+                     tag=tag if recorded else None, hook=_hook_name(hook) if hook else None)
     )  # fmt: skip
     if not recorded:
         why = "the model already has a comm hook" if hooked else "one recorded hook a process"
@@ -283,8 +283,10 @@ def _record_bucket_rebuild(recorder: Recorder, ddp_model: Any, group: Any) -> No
         t1 = recorder.clock.now()
         handle.remove()
         module._has_rebuilt_buckets = True  # as DDP's forward marks it
-        event = CommEvent("broadcast", group, nbytes, "int32", t0, t1, False, True, None,
-                          "ddp.buckets", None)  # fmt: skip
+        event = CommEvent(
+            op="broadcast", group=group, bytes=nbytes, dtype="int32", t0=t0, t1=t1,
+            is_async=False, blocking=True, tag="ddp.buckets",
+        )  # fmt: skip
         recorder.record_comm_event(event)  # guarded: a recording failure never stops training
 
     handle = ddp_model.register_forward_pre_hook(before_forward)

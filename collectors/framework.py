@@ -36,7 +36,7 @@ class HookedSteps:
         self.end_step()
         try:
             if self._last_end_ns is not None and not isinstance(self.rec, NullRecorder):
-                self.rec._fetch_t0 = self._last_end_ns
+                self.rec.parts.fetch_t0 = self._last_end_ns
             self._step = self.rec.step(tokens=tokens)
             self._step.__enter__()
         except Exception as err:

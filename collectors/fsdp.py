@@ -225,7 +225,9 @@ def register_fsdp_recording(
     group = _shard_group(modules)
     if group is not None:  # the sharding group is the DP group, as DDP's is (ZeRO-3)
         size = dist.get_world_size(group)
-        rec.declare_data_parallel(DataParallel("fsdp", group, size, "fsdp.rs", zero_stage=3))
+        rec.declare_data_parallel(
+            DataParallel(wrapper="fsdp", group=group, size=size, tag="fsdp.rs", zero_stage=3)
+        )
     return meter
 
 

@@ -47,7 +47,7 @@ def ranks_per_host() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostReading:
     """One reading of the counters (cumulative since the thread or process started)."""
 
@@ -81,7 +81,7 @@ class HostSampler:
             )
         except Exception as err:  # a collector never fails training
             report_once("HostSampler.read", err)
-            return HostReading(None, None, None)
+            return HostReading(cpu_ns=None, runq_ns=None, nivcsw=None)
 
     def _thread_runq_ns(self) -> int | None:
         if self._fd is None:

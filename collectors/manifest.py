@@ -78,7 +78,7 @@ def build_manifest(
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataParallel:
     """A wrapper that synchronises gradients over a process group (DDP, FSDP2)."""
 

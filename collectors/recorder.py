@@ -43,6 +43,7 @@ from collectors.manifest import (
 )
 from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
+from collectors.parts import RecorderParts
 from collectors.safety import guarded, report_once
 from collectors.writer import RankFormat, open_rank_writer
 from diag.contract.names import WORLD
@@ -74,39 +75,37 @@ class Recorder:
         self.rank = rank
         self.world_size = world_size
         self.model = model
-        # The parameter list is read once: listing a deep module's parameters costs more than
-        # measuring them. Call `watch()` after replacing the model's parameters.
-        self._params: list[torch.Tensor] | None = None
         self.optimizer = optimizer
         self.device = device or torch.device("cpu")
         self.clock = Clock()
         self.enabled = True
         self.step_index = 0
         self.steps_completed = 0
-        # format: "arrow" (.arrows, docs/run-format.md) or "jsonl"; None: $DIAG_RANK_FORMAT
-        self._writer = open_rank_writer(self.run_dir, rank, format)
-        self._activations = SavedTensorTracker() if track_activations else None
+        # What the step and span contexts share with the recorder (collectors/parts.py). The
+        # writer's format: "arrow" (.arrows, docs/run-format.md) or "jsonl"; None:
+        # $DIAG_RANK_FORMAT. The host sampler is built here, on the training thread: its
+        # counters are that thread's.
+        self.parts = RecorderParts(
+            writer=open_rank_writer(self.run_dir, rank, format),
+            host=HostSampler(),
+            nvml=NvmlSampler.create(self.device),
+            cuda_timer=CudaSpanTimer.create(self.device),
+            activations=SavedTensorTracker() if track_activations else None,
+        )
         # Saved-tensor hooks cost a Python call per saved tensor, so activations are measured
         # on the first 3 steps and every `activation_every`-th step after (null on the others).
         self.activation_every = max(int(activation_every), 1)
-        self._measuring_activations = False
         self._comm_buffers: dict[str, int] = {}
         # The device budget the six categories are checked against at every step end (oom_risk).
         self.memory_budget_bytes = memory_budget_bytes
         self.phase: str | None = None  # the phase of the innermost open span (fwd, bwd, ...)
         self._group_names: dict[int, tuple[str, Any]] = {}
-        self._step_end_callbacks: list[Callable[[], None]] = []
         self._close_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
-        self._nvml = NvmlSampler.create(self.device)
-        self._host = HostSampler()  # built on the training thread: its counters are that thread's
+        # The parameter list is read once: listing a deep module's parameters costs more than
+        # measuring them. Call `watch()` after replacing the model's parameters.
         self.watch(model, optimizer)
-        self._cuda_timer = CudaSpanTimer.create(self.device)
         self._manifest: Any = None
-        self._grads_at_opt_bytes: int | None = None
-        # Where the last `iterate` fetch began: the step that follows starts there, so a slow
-        # loader is its rank's time inside the step, not time between steps.
-        self._fetch_t0: int | None = None
         self._layout_keys: set[str] = set()  # the layout fields the user gave (never inferred)
         self._closed = False
         atexit.register(self._flush_at_exit)
@@ -183,7 +182,7 @@ class Recorder:
         return rec
 
     def _write_meta(self, physical_host: str, correction_ns: int, host: str | None) -> None:
-        self._writer.write(
+        self.parts.writer.write(
             {
                 "kind": "meta",
                 "step": None,
@@ -197,7 +196,7 @@ class Recorder:
                 "clock_correction_ns": correction_ns,
             }
         )
-        self._writer.flush()
+        self.parts.writer.flush()
 
     @guarded()
     def watch(
@@ -206,9 +205,9 @@ class Recorder:
         """Measure this model's parameters and gradients (and this optimizer's state)."""
         self.model = model
         self.optimizer = optimizer if optimizer is not None else self.optimizer
-        self._params = list(model.parameters()) if model is not None else None
-        if self._activations is not None and self._params is not None:
-            self._activations.exclude(self._params)
+        self.parts.params = list(model.parameters()) if model is not None else None
+        if self.parts.activations is not None and self.parts.params is not None:
+            self.parts.activations.exclude(self.parts.params)
 
     # ----------------------------------------------------------------- groups
     def register_group(self, name: str, group: Any) -> None:
@@ -274,7 +273,7 @@ class Recorder:
     @guarded()
     def _record_fetch(self, t0: int, t1: int) -> None:
         self.record_span_interval("data", t0, t1, source="iterate")
-        self._fetch_t0 = t0
+        self.parts.fetch_t0 = t0
 
     def span(
         self, phase: str, mb: int | None = None, stage: int | None = None, chunk: int | None = None
@@ -291,7 +290,7 @@ class Recorder:
     @guarded()
     def record_span_interval(self, phase: str, t0: int, t1: int, **fields: Any) -> None:
         """A span measured elsewhere (e.g. the DDP hook's wait interval)."""
-        self._writer.write(
+        self.parts.writer.write(
             {
                 "kind": "span",
                 "step": self.step_index,
@@ -306,7 +305,7 @@ class Recorder:
         )
 
     def on_step_end(self, callback: Callable[[], None]) -> None:
-        self._step_end_callbacks.append(callback)
+        self.parts.step_end_callbacks.append(callback)
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the recorder closes, before its files are (e.g. to unpatch)."""
@@ -341,14 +340,15 @@ class Recorder:
         Extra keyword `fields` (e.g. `layer=3`) are written into the comm record as they are.
         """
         event = CommEvent(
-            op, group, nbytes, dtype, 0, 0, False, True, expected_bytes, tag, fields or None
-        )
+            op=op, group=group, bytes=nbytes, dtype=dtype, t0=0, t1=0, is_async=False,
+            blocking=True, expected_bytes=expected_bytes, tag=tag, fields=fields or None,
+        )  # fmt: skip
         return CollectiveContext(self, event)
 
     @guarded()
     def record_comm_event(self, e: CommEvent) -> None:
         group_size = dist.get_world_size(e.group) if dist.is_initialized() else 1
-        self._writer.write(
+        self.parts.writer.write(
             {
                 **(e.fields or {}),
                 "kind": "comm",
@@ -392,9 +392,9 @@ class Recorder:
 
     def memory_breakdown(self) -> dict[str, Any]:
         return memory_breakdown(
-            self._params,
+            self.parts.params,
             self.optimizer,
-            self._activations if self._measuring_activations else None,
+            self.parts.activations if self.parts.measuring_activations else None,
             self._comm_buffers,
             self.device,
         )
@@ -408,7 +408,7 @@ class Recorder:
         capacity: int | None = None,
         aux_loss: float | None = None,
     ) -> None:
-        self._writer.write(
+        self.parts.writer.write(
             {
                 "kind": "experts",
                 "step": self.step_index,
@@ -422,15 +422,15 @@ class Recorder:
 
     @guarded()
     def event(self, name: str, **fields: Any) -> None:
-        self._writer.write({"kind": "event", "step": self.step_index, "name": name, **fields})
+        self.parts.writer.write({"kind": "event", "step": self.step_index, "name": name, **fields})
 
     # ----------------------------------------------------------------- end
     @guarded()
     def flush(self) -> None:
-        if self._cuda_timer is not None:
-            for record in self._cuda_timer.resolve():
-                self._writer.write(record)
-        self._writer.flush()
+        if self.parts.cuda_timer is not None:
+            for record in self.parts.cuda_timer.resolve():
+                self.parts.writer.write(record)
+        self.parts.writer.flush()
 
     @guarded()
     def close(self, status: str = RunStatus.COMPLETE.value) -> None:
@@ -444,11 +444,11 @@ class Recorder:
                 report_once("close callback", err)
         if self._tracer is not None:
             self._tracer.uninstall()
-        if self._cuda_timer is not None:
-            for record in self._cuda_timer.resolve(wait=True):
-                self._writer.write(record)
-        self._writer.close()
-        self._host.close()
+        if self.parts.cuda_timer is not None:
+            for record in self.parts.cuda_timer.resolve(wait=True):
+                self.parts.writer.write(record)
+        self.parts.writer.close()
+        self.parts.host.close()
         if self._manifest is not None:
             self._manifest.status = status
             self._manifest.steps_completed = self.steps_completed

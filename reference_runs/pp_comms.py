@@ -93,8 +93,8 @@ class PipeComms:
         t0 = self.now()
         work = dist.isend(payload, dst, group=self.group, tag=tag)
         event = CommEvent(
-            "send", self.group, self.nbytes, "float32", t0, 0, True, False,
-            self.expected_bytes, kind,
+            op="send", group=self.group, bytes=self.nbytes, dtype="float32", t0=t0, t1=0,
+            is_async=True, blocking=False, expected_bytes=self.expected_bytes, tag=kind,
         )  # fmt: skip
         waiter = self._waiters.get(dst)
         if waiter is None:

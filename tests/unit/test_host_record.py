@@ -40,7 +40,7 @@ def test_the_threads_cpu_time_grows_with_work_and_not_with_sleep() -> None:
 
 def test_a_missing_reading_gives_null_fields_never_an_error() -> None:
     sampler = HostSampler()
-    fields = sampler.step_fields(None, HostReading(None, None, None))
+    fields = sampler.step_fields(None, HostReading(cpu_ns=None, runq_ns=None, nivcsw=None))
     assert fields["cpu_ns"] is None and fields["runq_ns"] is None and fields["nivcsw"] is None
     sampler.close()
     assert (usable_cores() or 1) >= 1

@@ -98,7 +98,7 @@ def test_collective_tracer_records_every_call_and_uninstalls(world: None, tmp_pa
             dist.all_reduce(torch.ones(100))
         # the async record is written when its work completes (possibly on gloo's thread)
         assert wait_until(
-            lambda: any(r["kind"] == "comm" and r["async"] for r in rec._writer._pending)
+            lambda: any(r["kind"] == "comm" and r["async"] for r in rec.parts.writer._pending)
         )
     rec.close()
 
