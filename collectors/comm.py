@@ -57,7 +57,7 @@ def _dtype(t: Any) -> str | None:
 
 # function name -> (op, payload tensor(s) argument, how to size it). The payload is the
 # nccl-tests "size": gathered output for all-gather, input for reduce-scatter and all-to-all.
-_TRACED: dict[str, tuple[str, str, Callable[[Any], int]]] = {
+TRACED_COLLECTIVES: dict[str, tuple[str, str, Callable[[Any], int]]] = {
     "all_reduce": ("all_reduce", "tensor", _nbytes),
     "broadcast": ("broadcast", "tensor", _nbytes),
     "reduce": ("reduce", "tensor", _nbytes),
@@ -131,7 +131,7 @@ class CollectiveTracer:
     def install(self) -> None:
         if CollectiveTracer._installed is not None:
             raise RuntimeError("a CollectiveTracer is already installed in this process")
-        for name, spec in _TRACED.items():
+        for name, spec in TRACED_COLLECTIVES.items():
             original = getattr(c10d, name, None)
             if original is None:
                 continue

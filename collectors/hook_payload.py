@@ -21,10 +21,11 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from collectors.comm import _TRACED, context
+from collectors.comm import TRACED_COLLECTIVES, context
 from collectors.safety import report_once
 
-# The collectives a gradient hook may issue (the rest of _TRACED: pipelines, MoE, barriers).
+# The collectives a gradient hook may issue (the rest of TRACED_COLLECTIVES: pipelines, MoE,
+# barriers).
 _HOOK_COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
 )  # fmt: skip
@@ -84,7 +85,7 @@ class PayloadCapture:
         return nbytes, op, dtype
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        op, payload_arg, size = _TRACED[name]
+        op, payload_arg, size = TRACED_COLLECTIVES[name]
         signature = inspect.signature(getattr(original, "__wrapped__", original))
 
         def captured(*args: Any, **kwargs: Any) -> Any:

@@ -15,7 +15,7 @@ import torch
 
 from collectors.host import usable_cores
 from diag.contract.names import WORLD, host_name
-from diag.contract.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, _known
+from diag.contract.schema import Hardware, Layout, Manifest, ModelInfo, RankInfo, known_fields
 
 
 def device_name(device: torch.device) -> str:
@@ -69,11 +69,11 @@ def build_manifest(
         command=command,
         backend=backend,
         device_type=device_type,
-        layout=_known(Layout, layout or {}),
-        model=_known(ModelInfo, model_info or {}),
+        layout=known_fields(Layout, layout or {}),
+        model=known_fields(ModelInfo, model_info or {}),
         ranks=ranks,
         groups=groups or {WORLD: [list(range(world_size))]},
-        hardware=_known(Hardware, hardware or {}),
+        hardware=known_fields(Hardware, hardware or {}),
         injections=list(injections or []),
     )
 

@@ -213,11 +213,11 @@ class Manifest:
                 command=data.get("command"),
                 backend=data.get("backend"),
                 device_type=data.get("device_type"),
-                layout=_known(Layout, data.get("layout")),
-                model=_known(ModelInfo, data.get("model")),
-                ranks=[_known(RankInfo, r) for r in data.get("ranks") or []],
+                layout=known_fields(Layout, data.get("layout")),
+                model=known_fields(ModelInfo, data.get("model")),
+                ranks=[known_fields(RankInfo, r) for r in data.get("ranks") or []],
                 groups=_groups(data.get("groups"), world_size),
-                hardware=_known(Hardware, data.get("hardware")),
+                hardware=known_fields(Hardware, data.get("hardware")),
                 injections=[str(s) for s in data.get("injections") or []],
                 status=str(data.get("status") or RunStatus.RUNNING.value),
                 steps_completed=data.get("steps_completed"),
@@ -239,7 +239,7 @@ class Manifest:
         return manifest
 
 
-def _known(cls: Any, data: Any) -> Any:
+def known_fields(cls: Any, data: Any) -> Any:
     """Build a dataclass from the fields of `data` it knows (unknown fields are ignored)."""
     if data is None:
         return cls()

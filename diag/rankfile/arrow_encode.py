@@ -274,7 +274,7 @@ def _typed_row(record: Mapping[str, Any], kind: str) -> tuple[Any, ...] | None:
             return None
     extra = record.keys() - _TYPED_KEYS[kind]
     # the free fields in the record's order, as encode_batch writes them
-    values.append(af._json({k: v for k, v in record.items() if k in extra}) if extra else None)
+    values.append(af.json_text({k: v for k, v in record.items() if k in extra}) if extra else None)
     return tuple(values)
 
 
@@ -285,15 +285,15 @@ def _template() -> tuple[bytes, int, int, int, int]:
     sample = af.encode_batch([])
     size = struct.unpack_from("<i", sample, 4)[0]
     metadata = sample[8 : 8 + size]
-    message = af._table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-    body_at = af._field_offset(metadata, message, 3)
-    header_at = af._field_offset(metadata, message, 2)
+    message = af.flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+    body_at = af.flatbuffer_field(metadata, message, 3)
+    header_at = af.flatbuffer_field(metadata, message, 2)
     assert body_at is not None and header_at is not None, "Arrow wrote no body length"
     header = header_at + struct.unpack_from("<I", metadata, header_at)[0]
-    batch = af._table(metadata, header)
+    batch = af.flatbuffer_table(metadata, header)
     vectors = []
     for index in (1, 2):  # RecordBatch.nodes, RecordBatch.buffers
-        at = af._field_offset(metadata, batch, index)
+        at = af.flatbuffer_field(metadata, batch, index)
         assert at is not None
         start = at + struct.unpack_from("<I", metadata, at)[0]
         vectors.append((start + 4, struct.unpack_from("<I", metadata, start)[0]))
@@ -301,7 +301,7 @@ def _template() -> tuple[bytes, int, int, int, int]:
     return sample[:8] + metadata, body_at + 8, nodes_at + 8, buffers_at + 8, count
 
 
-_PREFIX_AND_METADATA, _BODY_AT, _NODES_AT, _BUFFERS_AT, _BUFFER_COUNT = _template()
+PREFIX_AND_METADATA, BODY_AT, NODES_AT, BUFFERS_AT, BUFFER_COUNT = _template()
 if sys.byteorder != "little" or array("q").itemsize != 8:  # the IPC format is little-endian
     raise ImportError("diag.rankfile.arrow_encode writes little-endian int64 with array('q')")
 
@@ -318,7 +318,7 @@ def encode_flush(records: Iterable[Mapping[str, Any]]) -> bytes:
             if row is not None:
                 rows[kind].append(row)
                 continue
-        other.append(af._json(record))
+        other.append(af.json_text(record))
     out = _Body()
     try:
         for kind in _KINDS:
@@ -364,15 +364,15 @@ def _assemble(out: _Body) -> bytes:
 
 
 def _metadata(out: _Body) -> bytes:
-    if len(out.sizes) != _BUFFER_COUNT:
-        raise AssertionError(f"{len(out.sizes)} buffers for a schema of {_BUFFER_COUNT}")
-    message = bytearray(_PREFIX_AND_METADATA)
+    if len(out.sizes) != BUFFER_COUNT:
+        raise AssertionError(f"{len(out.sizes)} buffers for a schema of {BUFFER_COUNT}")
+    message = bytearray(PREFIX_AND_METADATA)
     nodes = array("q", out.nodes).tobytes()
-    message[_NODES_AT : _NODES_AT + len(nodes)] = nodes
+    message[NODES_AT : NODES_AT + len(nodes)] = nodes
     starts = list(accumulate([(size + _PAD - 1) & -_PAD for size in out.sizes], initial=0))
     spans = array("q", bytes(16 * len(out.sizes)))
     spans[::2] = array("q", starts[:-1])
     spans[1::2] = array("q", out.sizes)
-    message[_BUFFERS_AT : _BUFFERS_AT + 16 * len(out.sizes)] = spans.tobytes()
-    struct.pack_into("<q", message, _BODY_AT, starts[-1])
+    message[BUFFERS_AT : BUFFERS_AT + 16 * len(out.sizes)] = spans.tobytes()
+    struct.pack_into("<q", message, BODY_AT, starts[-1])
     return bytes(message)

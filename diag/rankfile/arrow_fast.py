@@ -184,7 +184,7 @@ class _Buffers:
         arrays = _Arrays(self.out, self.offsets, self.totals, self.places)
         arrays.at = _COLUMN_NODES[name]
         lists = arrays.column()
-        return lists if len(lists.values) else arrow_format._EMPTY_LISTS[name]
+        return lists if len(lists.values) else arrow_format.EMPTY_LISTS[name]
 
     def records(self, kind: str) -> int:
         """How many records of `kind` the file holds."""

@@ -134,7 +134,7 @@ def _fits(value: Any, kind: pa.DataType) -> bool:
     return cls is list and all(type(v) is float or type(v) is int for v in value)
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
     # default=str: a collector must never fail on a field it cannot encode (JSONL: the same)
     return json.dumps(value, separators=(",", ":"), default=str)
 
@@ -153,11 +153,11 @@ def encode_batch(records: Iterable[Mapping[str, Any]]) -> bytes:
             or any(record.get(name) is None for name in _NOT_NULL_OF[kind])
             or not all(_fits(record.get(name), kind_of) for name, kind_of in fields)
         ):
-            other.append(_json(record))
+            other.append(json_text(record))
             continue
         typed = {name: record.get(name) for name, _ in fields}
         rest = {k: v for k, v in record.items() if k not in typed and k != "kind"}
-        typed[EXTRA] = _json(rest) if rest else None
+        typed[EXTRA] = json_text(rest) if rest else None
         row[kind].append(typed)
     # one conversion per kind present (a kind's rows as dicts: a single call into Arrow);
     # kinds without records this flush reuse a prebuilt empty list
@@ -292,7 +292,7 @@ def _combined(batches: list[pa.RecordBatch]) -> dict[str, pa.ListArray]:
     Concatenating costs about a microsecond per batch and child array whatever the rows, so
     a column whose lists hold no values in any batch (a kind the run never records) is not
     concatenated: it is left empty."""
-    lists = {f.name: _EMPTY_LISTS[f.name] for f in STREAM_SCHEMA}
+    lists = {f.name: EMPTY_LISTS[f.name] for f in STREAM_SCHEMA}
     used = [name for name in lists if any(len(b.column(name).values) for b in batches)]
     if used:
         table = pa.Table.from_batches(batches).select(used).combine_chunks()
@@ -300,7 +300,7 @@ def _combined(batches: list[pa.RecordBatch]) -> dict[str, pa.ListArray]:
     return lists
 
 
-_EMPTY_LISTS = {f.name: pa.array([], f.type) for f in STREAM_SCHEMA}
+EMPTY_LISTS = {f.name: pa.array([], f.type) for f in STREAM_SCHEMA}
 _TYPED = {kind: frozenset(n for n, _ in fields) for kind, fields in KIND_FIELDS.items()}
 
 
@@ -449,17 +449,17 @@ def _compressed(metadata: bytes) -> bool:
     Message.header is a RecordBatch table whose field 3 is its BodyCompression). Malformed
     metadata counts as compressed (refused)."""
     try:
-        message = _table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-        header = _field_offset(metadata, message, 2)
+        message = flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+        header = flatbuffer_field(metadata, message, 2)
         if header is None:
             return True
-        batch = _table(metadata, header + struct.unpack_from("<I", metadata, header)[0])
-        return _field_offset(metadata, batch, 3) is not None
+        batch = flatbuffer_table(metadata, header + struct.unpack_from("<I", metadata, header)[0])
+        return flatbuffer_field(metadata, batch, 3) is not None
     except struct.error:
         return True
 
 
-def _table(buffer: bytes, position: int) -> tuple[int, int]:
+def flatbuffer_table(buffer: bytes, position: int) -> tuple[int, int]:
     """A flatbuffer table: its position and that of its vtable."""
     vtable = position - struct.unpack_from("<i", buffer, position)[0]
     if not 0 <= vtable < len(buffer):
@@ -467,7 +467,7 @@ def _table(buffer: bytes, position: int) -> tuple[int, int]:
     return position, vtable
 
 
-def _field_offset(buffer: bytes, table: tuple[int, int], index: int) -> int | None:
+def flatbuffer_field(buffer: bytes, table: tuple[int, int], index: int) -> int | None:
     """Where field `index` of a table is stored, or None when absent."""
     position, vtable = table
     vtable_bytes = struct.unpack_from("<H", buffer, vtable)[0]
@@ -505,8 +505,8 @@ def body_length(metadata: bytes) -> int | None:
     is absent; None when the metadata is malformed (an incremental reader, diag/rankfile/tail.py,
     needs it to tell a message still being written from a whole one)."""
     try:
-        message = _table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-        at = _field_offset(metadata, message, 3)
+        message = flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+        at = flatbuffer_field(metadata, message, 3)
         length = 0 if at is None else struct.unpack_from("<q", metadata, at)[0]
     except struct.error:
         return None

@@ -90,11 +90,11 @@ class Template:
 
 
 def _template() -> Template:
-    message = np.frombuffer(arrow_encode._PREFIX_AND_METADATA, dtype=np.uint8)
-    body_at, nodes_at = arrow_encode._BODY_AT, arrow_encode._NODES_AT
-    buffers_at = arrow_encode._BUFFERS_AT
-    if arrow_encode._BUFFER_COUNT != BUFFER_COUNT:
-        raise ImportError(f"Arrow lists {arrow_encode._BUFFER_COUNT} buffers, the layout "
+    message = np.frombuffer(arrow_encode.PREFIX_AND_METADATA, dtype=np.uint8)
+    body_at, nodes_at = arrow_encode.BODY_AT, arrow_encode.NODES_AT
+    buffers_at = arrow_encode.BUFFERS_AT
+    if arrow_encode.BUFFER_COUNT != BUFFER_COUNT:
+        raise ImportError(f"Arrow lists {arrow_encode.BUFFER_COUNT} buffers, the layout "
                           f"{BUFFER_COUNT}")  # fmt: skip
     nodes_listed = int.from_bytes(message[nodes_at - 4 : nodes_at].tobytes(), "little")
     if nodes_listed != len(NODES):

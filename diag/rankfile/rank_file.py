@@ -42,7 +42,7 @@ EXPERTS_COLUMNS = ("rank", "step", "layer", "tokens", "dropped", "capacity", "au
 EVENT_COLUMNS = ("rank", "step", "name", "fields")
 """Events keep their free fields as one dict per row in `fields`."""
 
-_COLUMNS: dict[str, tuple[str, ...]] = {
+KEPT_COLUMNS: dict[str, tuple[str, ...]] = {
     RecordKind.STEP.value: STEP_COLUMNS,
     RecordKind.SPAN.value: SPAN_COLUMNS,
     RecordKind.COMM.value: COMM_COLUMNS,
@@ -50,7 +50,7 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     RecordKind.EXPERTS.value: EXPERTS_COLUMNS,
     RecordKind.EVENT.value: EVENT_COLUMNS,
 }
-_NUMERIC: dict[str, tuple[str, ...]] = {
+NUMERIC_COLUMNS: dict[str, tuple[str, ...]] = {
     RecordKind.STEP.value: (
         "tokens",
         "loss",
@@ -84,19 +84,19 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
         data = file.read_bytes()
     except OSError as err:
         return RankFile(
-            pack(_as_columns({})),
+            pack(as_columns({})),
             [f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"],
         )
     if not data or data.isspace():
-        return RankFile(pack(_as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
+        return RankFile(pack(as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
     if file.name.endswith(SUFFIX):
         return _read_arrow(data, rank, file.name)
-    decoded = None if _has_long_line(data) else decode_rank_file(data, _COLUMNS)
+    decoded = None if _has_long_line(data) else decode_rank_file(data, KEPT_COLUMNS)
     events = None if decoded is None else _event_rows(decoded.event_lines, rank)
     if decoded is None or events is None:
         return _read_lines(data, rank, file.name)
     columns = decoded.columns
-    columns[RecordKind.EVENT.value] = _as_columns({RecordKind.EVENT.value: events})[
+    columns[RecordKind.EVENT.value] = as_columns({RecordKind.EVENT.value: events})[
         RecordKind.EVENT.value
     ]
     for table in columns.values():
@@ -106,15 +106,15 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
         f"({kind} record with t1 before t0)"
         for kind, count in decoded.reversed_times.items()
     ]
-    return RankFile(pack(columns, floats=_NUMERIC), skipped)
+    return RankFile(pack(columns, floats=NUMERIC_COLUMNS), skipped)
 
 
 def _read_arrow(data: bytes, rank: int, name: str) -> RankFile:
     """An Arrow rank file (diag/rankfile/arrow_format.py): typed columns straight from its batches;
     records that fit no typed schema were written as JSON lines and take the checked path."""
-    decoded = arrow_fast.decode(data, name, _COLUMNS, _NUMERIC)
+    decoded = arrow_fast.decode(data, name, KEPT_COLUMNS, NUMERIC_COLUMNS)
     if decoded.fatal:
-        return RankFile(pack(_as_columns({})), [f"{decoded.skipped[0]}, rank {rank} not analysed"])
+        return RankFile(pack(as_columns({})), [f"{decoded.skipped[0]}, rank {rank} not analysed"])
     columns = decoded.columns
     for table in columns.values():
         table["rank"] = np.full(len(table["step"]), rank, dtype=np.int64)
@@ -188,7 +188,7 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
             rejected[reason] += 1
             continue
         kind = record["kind"]
-        if kind not in _COLUMNS:
+        if kind not in KEPT_COLUMNS:
             continue
         record["rank"] = rank
         if kind == RecordKind.EVENT.value:
@@ -210,7 +210,7 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
             break
         plural = "record" if count == 1 else "records"
         skipped.append(f"{name}: {count} {plural} skipped ({reason})")
-    return RankFile(pack(_as_columns(records)), skipped, nan_loss)
+    return RankFile(pack(as_columns(records)), skipped, nan_loss)
 
 
 def _is_nan(value: Any) -> bool:
@@ -227,8 +227,8 @@ def _event_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Column]]:
+def as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Column]]:
     return {
         kind: {name: [row.get(name) for row in records.get(kind, [])] for name in names}
-        for kind, names in _COLUMNS.items()
+        for kind, names in KEPT_COLUMNS.items()
     }

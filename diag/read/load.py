@@ -30,16 +30,16 @@ from diag.rankfile import arrow_fast
 from diag.rankfile.arrow_format import SUFFIX
 from diag.rankfile.arrow_format import rank_file_name as arrow_rank_file_name
 from diag.rankfile.rank_file import (  # noqa: F401 (the column names are the loader's contract too)
-    _COLUMNS,
-    _NUMERIC,
     COMM_COLUMNS,
     EVENT_COLUMNS,
     EXPERTS_COLUMNS,
+    KEPT_COLUMNS,
     MEMORY_COLUMNS,
+    NUMERIC_COLUMNS,
     SPAN_COLUMNS,
     STEP_COLUMNS,
     RankFile,
-    _as_columns,
+    as_columns,
     read_rank_file,
 )
 from diag.rankfile.record_checks import finite
@@ -160,7 +160,7 @@ def load_run(
     columns = {
         kind: {name: _gather(kind, name, [chunk.columns[kind][name] for chunk in chunks])
                for name in names}
-        for kind, names in _COLUMNS.items()
+        for kind, names in KEPT_COLUMNS.items()
     }  # fmt: skip
     if steps is not None:
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
@@ -204,13 +204,13 @@ def run_from_records(
     manifest: Manifest, path: Path, records: dict[str, list[dict[str, Any]]], skipped: list[str]
 ) -> RunData:
     """A RunData from record dicts by kind (the rank files' records, or a trace's converted)."""
-    return _run_from_columns(manifest, path, _as_columns(records), skipped)
+    return _run_from_columns(manifest, path, as_columns(records), skipped)
 
 
 def _run_from_columns(
     manifest: Manifest, path: Path, columns: dict[str, dict[str, Column]], skipped: list[str]
 ) -> RunData:
-    tables = {kind: _frame(kind, columns[kind]) for kind in _COLUMNS}
+    tables = {kind: _frame(kind, columns[kind]) for kind in KEPT_COLUMNS}
     tables["step"] = _drop_duplicate_steps(tables["step"], skipped)
     return RunData(
         manifest=manifest,
@@ -364,7 +364,7 @@ def read_rank_chunk(
         ]
     columns = {
         kind: {name: concat([c[kind][name] for c in per_file]) for name in names}
-        for kind, names in _COLUMNS.items()
+        for kind, names in KEPT_COLUMNS.items()
     }
     return RankChunk(parsed, columns, reduced)
 
@@ -404,12 +404,12 @@ def categorical(encoded: Encoded) -> pd.Categorical:
 
 def frame_of(kind: str, columns: dict[str, Packed]) -> pd.DataFrame:
     """The table of one kind from its packed columns (a missing column: no rows)."""
-    return _frame(kind, {n: _gather(kind, n, [columns.get(n, [])]) for n in _COLUMNS[kind]})
+    return _frame(kind, {n: _gather(kind, n, [columns.get(n, [])]) for n in KEPT_COLUMNS[kind]})
 
 
 def _frame(kind: str, columns: dict[str, Column | Encoded]) -> pd.DataFrame:
     """Build one table: fixed columns (missing fields are null), ints for rank/step/t0/t1."""
-    names = list(_COLUMNS[kind])
+    names = list(KEPT_COLUMNS[kind])
     encoded = {name: v for name, v in columns.items() if isinstance(v, Encoded)}
     if len(columns[names[0]]):
         frame = pd.DataFrame(
@@ -422,7 +422,7 @@ def _frame(kind: str, columns: dict[str, Column | Encoded]) -> pd.DataFrame:
     for name in ("rank", "step", "t0", "t1"):
         if name in frame.columns:
             frame[name] = frame[name].astype("int64")
-    for name in _NUMERIC.get(kind, ()):
+    for name in NUMERIC_COLUMNS.get(kind, ()):
         frame[name] = numeric_column(name, frame[name])
     for name in _CATEGORIES.get(kind, ()):
         if name not in encoded or not len(frame):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from diag.cli.main import main
 from diag.rankfile import arrow_format
 from diag.rankfile.arrow_format import STREAM_SCHEMA, ArrowRank
-from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
+from diag.rankfile.rank_file import KEPT_COLUMNS, NUMERIC_COLUMNS
 from diag.rankfile.records import Encoded
 from tests.unit import arrow_decode_before as before
 from tests.unit.test_hostile_arrow import rank_records, stream, write_run
@@ -30,8 +30,8 @@ BASE_NS = 1_000_000_000
 
 def assert_same(data: bytes) -> ArrowRank:
     """Today's decode of `data` equals the reference's, field for field."""
-    got = arrow_format.decode(data, "r.arrows", _COLUMNS, _NUMERIC)
-    assert_equal_decodes(got, before.decode(data, "r.arrows", _COLUMNS, _NUMERIC))
+    got = arrow_format.decode(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS)
+    assert_equal_decodes(got, before.decode(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS))
     return got
 
 

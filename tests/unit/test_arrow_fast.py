@@ -19,7 +19,7 @@ from diag.cli.main import main
 from diag.rankfile import arrow_fast, arrow_format
 from diag.rankfile.arrow_format import STREAM_SCHEMA, ArrowRank
 from diag.rankfile.arrow_layout import BUFFER_COUNT, NODES, TEMPLATE
-from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
+from diag.rankfile.rank_file import KEPT_COLUMNS, NUMERIC_COLUMNS
 from tests.unit.test_arrow_decode import assert_equal_decodes
 from tests.unit.test_hostile_arrow import rank_records, stream, write_run
 
@@ -40,7 +40,7 @@ def fast_or_none(data: bytes) -> ArrowRank | None:
         for kind, name in arrow_fast._FIELD_NODES:
             buffers.field(kind, name)
             buffers.encoded(kind, name)
-    return arrow_fast.decode_fast(data, "r.arrows", _COLUMNS, _NUMERIC)
+    return arrow_fast.decode_fast(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS)
 
 
 def assert_same_as_pyarrow(data: bytes) -> bool:
@@ -49,7 +49,7 @@ def assert_same_as_pyarrow(data: bytes) -> bool:
     got = fast_or_none(data)
     if got is None:
         return False
-    assert_equal_decodes(got, arrow_format.decode(data, "r.arrows", _COLUMNS, _NUMERIC))
+    assert_equal_decodes(got, arrow_format.decode(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS))
     return True
 
 
@@ -212,8 +212,8 @@ def test_a_large_run_is_read_through_the_fast_path(tmp_path: Path) -> None:
     data = _good_file("plain")
     while len(data) < arrow_fast.FAST_FROM_BYTES:
         data = data[: -len(arrow_format.END_OF_STREAM)] + data[len(HEADER) :]
-    got = arrow_fast.decode(data, "r.arrows", _COLUMNS, _NUMERIC)
-    want = arrow_format.decode(data, "r.arrows", _COLUMNS, _NUMERIC)
+    got = arrow_fast.decode(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS)
+    want = arrow_format.decode(data, "r.arrows", KEPT_COLUMNS, NUMERIC_COLUMNS)
     assert fast_or_none(data) is not None
     np.testing.assert_array_equal(got.columns["span"]["t0"], want.columns["span"]["t0"])
 
@@ -301,9 +301,11 @@ def test_kinds_without_rejected_records_are_packed_from_the_buffers(
     buffers = arrow_fast._concatenated(simulated[0])
     assert buffers is not None
     for kind in ("step", "span", "comm", "mem"):
-        assert arrow_fast.packed_kind(buffers, kind, _COLUMNS[kind], _NUMERIC.get(kind, ()))
+        assert arrow_fast.packed_kind(
+            buffers, kind, KEPT_COLUMNS[kind], NUMERIC_COLUMNS.get(kind, ())
+        )
     bad = [{"kind": "span", "step": 0, "phase": "fwd", "mb": -1, "t0": 1, "t1": 2}]
     buffers = arrow_fast._concatenated(HEADER + arrow_format.encode_batch(bad))
     assert buffers is not None
-    assert arrow_fast.packed_kind(buffers, "span", _COLUMNS["span"], ()) is None
+    assert arrow_fast.packed_kind(buffers, "span", KEPT_COLUMNS["span"], ()) is None
     assert assert_same_as_pyarrow(HEADER + arrow_format.encode_batch(bad))

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from collectors.host import HostReading, HostSampler, usable_cores
 from diag.rankfile import arrow_fast, arrow_format
-from diag.rankfile.rank_file import _COLUMNS, _NUMERIC
+from diag.rankfile.rank_file import KEPT_COLUMNS, NUMERIC_COLUMNS
 from diag.read.load import load_run
 from tests.unit.test_hostile_arrow import stream, write_run
 
@@ -74,7 +74,7 @@ def test_a_rank_file_from_before_the_host_fields_reads_them_as_null(tmp_path: Pa
     for path in run.glob("rank-*.arrows"):
         old = _without_host_fields(path.read_bytes())
         # the compiled reader takes only today's layout; an older file takes the general path
-        assert arrow_fast.decode_fast(old, path.name, _COLUMNS, _NUMERIC) is None
+        assert arrow_fast.decode_fast(old, path.name, KEPT_COLUMNS, NUMERIC_COLUMNS) is None
         path.write_bytes(old)
     data = load_run(run)
     assert len(data.steps) == 6 and not data.skipped

@@ -66,7 +66,7 @@ def _assert_same(a: load.RunData, b: load.RunData) -> None:
 
 def test_typed_decoding_gives_the_line_by_line_tables(rich_run, monkeypatch) -> None:
     data = (rich_run / "rank-00001.jsonl").read_bytes()
-    assert records.decode_rank_file(data, load._COLUMNS) is not None  # the fast path is taken
+    assert records.decode_rank_file(data, load.KEPT_COLUMNS) is not None  # the fast path is taken
     fast = load_run(rich_run)
     _assert_same(fast, _line_by_line(monkeypatch, rich_run))
     assert len(fast.spans) == 36 and len(fast.events) == 12
@@ -89,7 +89,8 @@ def test_lines_the_typed_decoder_refuses_go_line_by_line(runs, monkeypatch, line
     rows = [*runs.simple_rank(3), line]
     run_dir = runs.write({0: rows, 1: runs.simple_rank(3)})
     assert (
-        records.decode_rank_file((run_dir / "rank-00000.jsonl").read_bytes(), load._COLUMNS) is None
+        records.decode_rank_file((run_dir / "rank-00000.jsonl").read_bytes(), load.KEPT_COLUMNS)
+        is None
     )
     _assert_same(load_run(run_dir), _line_by_line(monkeypatch, run_dir))
 
