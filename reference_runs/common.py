@@ -290,9 +290,9 @@ def clip_gradients(
 ) -> float:
     """Clip the gradients to the global norm `max_norm` and record both norms (`grad_norm`).
 
-    `local` is the norm of the gradients this rank holds (under ZeRO-3 its shard only: clipping
-    on it under-clips, failure 5 of the seed digest); `global` is what `clip_grad_norm_`
-    computes over all of them (DTensor shards all-reduced). Under DDP the two are equal.
+    `local` is the norm of the gradients this rank holds (under ZeRO-3 its shard only: clipping on
+    it under-clips, pitfall 5 of docs/physics.md); `global` is what `clip_grad_norm_` computes over
+    all of them (DTensor shards all-reduced). Under DDP the two are equal.
     """
     grads = [p.grad for p in params if p.grad is not None]
     local_grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]

@@ -1,4 +1,4 @@
-"""The command-line options every reference trainer shares (DESIGN.md, "The CLI").
+"""The command-line options every reference trainer shares (docs/trainers.md).
 
 `add_common_args` adds them to a parser; `parse_config` parses argv into a validated
 `TrainConfig`. Bad values are argparse errors (exit code 2, one line naming the option).
@@ -152,7 +152,7 @@ class TrainConfig:
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options shared by all reference trainers (names fixed by DESIGN.md)."""
+    """Add the options shared by all reference trainers (the names docs/trainers.md gives)."""
     pos_int, pos_float = _positive(int), _positive(float)
     d = TrainConfig()
     model = parser.add_argument_group("model")

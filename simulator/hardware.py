@@ -1,8 +1,8 @@
 """Device and link parameters of the simulated cluster, with the seed's defaults.
 
-SEED-DIGEST section 1: NVLink 4 carries 900 GB/s inside a node, InfiniBand NDR 400 Gb/s about
-50 GB/s between nodes (an order of magnitude less), and NCCL reaches 70-85% of a link's peak.
-The device is an H100 SXM: 989 TFLOP/s dense bf16, 80 GB of HBM3 at 3.35 TB/s. Every value is
+docs/physics.md, "Links": NVLink 4 carries 900 GB/s inside a node, InfiniBand NDR 400 Gb/s about 50
+GB/s between nodes (an order of magnitude less), and NCCL reaches 70-85% of a link's peak. The
+device is an H100 SXM: 989 TFLOP/s dense bf16, 80 GB of HBM3 at 3.35 TB/s. Every value is
 overridable (`diag simulate --help`).
 """
 

@@ -1,10 +1,9 @@
 """The `diag` command line: a thin shell over the public API (load -> metrics -> report).
 
 `main` is a click group whose commands, defined in other modules, are imported when named
-(`_COMMANDS_ELSEWHERE`): `diag analyze` does not import the planner, the simulator or the
-watcher, and `diag plan` not the analysis.
-Exit codes (DESIGN.md): 0 success, 2 unusable input or arguments with one line
-`diag: error: PATH: reason` on stderr, never a traceback.
+(`_COMMANDS_ELSEWHERE`): `diag analyze` does not import the planner, the simulator or the watcher,
+and `diag plan` not the analysis. Exit codes (docs/cli.md, "Exit codes"): 0 success, 2 unusable
+input or arguments with one line `diag: error: PATH: reason` on stderr, never a traceback.
 """
 
 from __future__ import annotations

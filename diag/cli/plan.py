@@ -15,11 +15,10 @@ from diag.cli.options import EXIT_INPUT, fail, parse_layout
 from diag.contract.devices import DEVICES, device_by_key
 from diag.errors import InputError
 from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
-from diag.plan.job import RECOMPUTE, Training
+from diag.plan.job import RECOMPUTE, ModelSpec, Training
 from diag.plan.models import PRESETS, TRAINING, preset
 from diag.plan.render import plan_json, plan_text
 from diag.plan.search import MAX_LAYOUTS
-from simulator.config import ModelSpec
 
 _LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "m", "v", "recompute"}
 

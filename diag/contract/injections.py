@@ -1,4 +1,5 @@
-"""Fault injection specs: reproduce each collapse pattern on purpose (`--inject SPEC`, DESIGN.md).
+"""Fault injection specs: reproduce each collapse pattern on purpose (`--inject SPEC`,
+docs/trainers.md).
 
     straggler:rank=R,ms=M[,from=S]    rank R sleeps M ms in each micro-batch's compute (from
                                       step S on: a straggler that appears midway; default 0)

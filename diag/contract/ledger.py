@@ -1,4 +1,4 @@
-"""The communication and memory ledger: the seed formulas as pure functions (SEED-DIGEST).
+"""The communication and memory ledger: the formulas of docs/physics.md as pure functions.
 
 Units are in the names: `_bytes`, `_fraction`. Nothing here reads files or touches torch.
 """

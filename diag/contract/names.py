@@ -1,8 +1,8 @@
 """Names that the trainers, the simulator, the collectors and the analysis must spell alike.
 
-Group names are the parallel dimensions (DESIGN.md, "The CLI"); a collective's `tag` says which
-part of the model issued it. A name that a writer spells here and a reader matches here cannot
-drift apart. Standard library only: the collectors import `diag` inside training processes.
+Group names are the parallel dimensions (docs/cli.md); a collective's `tag` says which part of the
+model issued it. A name that a writer spells here and a reader matches here cannot drift apart.
+Standard library only: the collectors import `diag` inside training processes.
 """
 
 from __future__ import annotations

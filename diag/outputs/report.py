@@ -1,4 +1,4 @@
-"""The report: a JSON-safe dict (contract `diag.report/1`, see DESIGN.md) and its renderings.
+"""The report: a JSON-safe dict (contract `diag.report/1`, docs/cli.md) and its renderings.
 
 `build_report` assembles the dict; `render_text`, `render_markdown` and `render_html` turn it into
 something a person reads. The three renderers share one list of sections (title, header, rows of

@@ -76,7 +76,8 @@ PATTERN_NAMES: dict[int | None, str] = {
     5: "OOM although the state fits",
     None: "pitfall",
 }
-"""Display names of the collapse patterns (SEED-DIGEST section 4); None is a config pitfall."""
+"""Display names of the collapse patterns (docs/physics.md, "The five collapse patterns"); None is a
+config pitfall."""
 _SEVERITY_LABEL = {"high": "HIGH", "medium": "MED", "low": "LOW"}
 
 

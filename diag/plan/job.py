@@ -1,9 +1,9 @@
 """What `diag plan` lays out: the job (model, batch), the cluster, and one candidate layout.
 
-Layout terms (Megatron's, SEED-DIGEST section 2): the world is tp x cp x pp x dp GPUs; ep
-splits the experts over ep of the dp ranks (expert parallelism inside data parallelism, as
-Megatron-Core does), so it does not multiply the world. `global_batch = micro_batch x
-microbatches x dp` sequences per step.
+Layout terms (Megatron's, docs/physics.md): the world is tp x cp x pp x dp GPUs; ep splits the
+experts over ep of the dp ranks (expert parallelism inside data parallelism, as Megatron-Core does),
+so it does not multiply the world. `global_batch = micro_batch x microbatches x dp` sequences per
+step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Why the first choice: which rule of the seed's selection guide chose each dimension, held
 against the layouts that differ from it in that dimension alone; and why the near misses lose.
 
-The rules (SEED-DIGEST sections 3, 5 and 6): TP (and EP) inside a node (pitfall 1 when not);
-PP across nodes for what does not fit after TP; DP over what remains; m >= 4p and
-interleaving against the bubble (pitfall 2); ZeRO when the pressure is state; recomputation
-(or CP) when it is activations.
+The rules (docs/physics.md: the layout rule, the pitfalls, choosing a layout): TP (and EP) inside a
+node (pitfall 1 when not); PP across nodes for what does not fit after TP; DP over what remains; m
+>= 4p and interleaving against the bubble (pitfall 2); ZeRO when the pressure is state;
+recomputation (or CP) when it is activations.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The rules engine: a registry of small pure rules over a run's tables and metrics.
 
-A rule is a function `(ctx: RuleContext, limits: dict[str, float]) -> Iterable[Finding]`,
-registered with `@rule(...)`: a stable code (`PP001`), a dotted name (`pipeline.bubble`), the
-collapse pattern it evidences (1-5 of SEED-DIGEST section 4, or None for a pitfall), its
-thresholds (defaults with units, overridable from TOML), and a docstring with the sections
-Symptom / Likely cause / Fix / Evidence — the registry refuses a rule without them.
+A rule is a function `(ctx: RuleContext, limits: dict[str, float]) -> Iterable[Finding]`, registered
+with `@rule(...)`: a stable code (`PP001`), a dotted name (`pipeline.bubble`), the collapse pattern
+it evidences (1-5 of docs/physics.md, or None for a pitfall), its thresholds (defaults with units,
+overridable from TOML), and a docstring with the sections Symptom / Likely cause / Fix / Evidence —
+the registry refuses a rule without them.
 """
 
 from __future__ import annotations

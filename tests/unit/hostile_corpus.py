@@ -2,11 +2,12 @@
 the contract each case is checked against.
 
 Each case builds a small valid run or trace folder in tmp_path and breaks one thing. The contract
-(DESIGN.md, diag/read/load.py): exit 0 with the good ranks analysed and a note in the report's
-`skipped`, or exit 2 with one line `diag: error: PATH: reason` naming the file; never a traceback,
-within a minute, and nothing written outside the input's `.diag-cache` (diag/contract/limits.py
-bounds whatever would size an allocation or a loop). Every case runs in this process through click's
-runner; one case a family (`cli=True`) also runs `diag analyze` as a process.
+(docs/run-format.md, "Limits"; diag/read/load.py): exit 0 with the good ranks analysed and a note in
+the report's `skipped`, or exit 2 with one line `diag: error: PATH: reason` naming the file; never a
+traceback, within a minute, and nothing written outside the input's `.diag-cache`
+(diag/contract/limits.py bounds whatever would size an allocation or a loop). Every case runs in
+this process through click's runner; one case a family (`cli=True`) also runs `diag analyze` as a
+process.
 
 The families, one test module each: test_hostile_manifest.py, test_hostile_rank_files.py (JSONL
 records), test_hostile_run_layout.py (links, folders, rank file names), test_hostile_traces.py

@@ -1,16 +1,19 @@
-"""The direction of the imports (DESIGN.md, "Layout"): no import cycle among the modules of `diag`,
-and neither `diag` nor the simulator imports the reference trainers (they share the names, schedules
-and injection specs of diag/contract/names.py, diag/contract/schedules.py,
-diag/contract/injections.py).
+"""The architecture, checked from the source (docs/architecture.md): each folder of `diag`, and each
+package beside it, imports only what its stage may (`MAY_IMPORT`, with the few exceptions named in
+`EXCEPTIONS`); no import cycle, `TYPE_CHECKING` imports included; no module imports another's
+`_private` name; the dashboard reaches diag through its public names; the folder list of
+docs/architecture.md is the tree.
 
-The imports are read from the source with `ast`, those inside functions included (a deferred
-import hides a cycle from the interpreter, not from the design); imports under
-`if TYPE_CHECKING:` are left out, since they never run.
+The imports are read from the source with `ast`, those inside functions and under `if
+TYPE_CHECKING:` included (a deferred or a typing-only import hides coupling from the interpreter,
+not from the design). `diag`'s commands are added by name (diag/cli/main.py imports `simulator.cli`
+as a string when `diag simulate` is asked for): no import to check.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,12 +21,49 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+import diag
 
-KNOWN_CYCLES: dict[frozenset[str], str] = {}
-"""Cycles tolerated for now (an expected failure, not a failure), each with a message naming it,
-e.g. `{frozenset({"diag.read.load", "diag.metrics"}): "diag.read.load <-> diag.metrics: ..."}` (that
-one is gone); a cycle made of other modules, or of more of them, fails."""
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("diag", "collectors", "simulator", "dashboard", "reference_runs")
+
+DIAG_FOLDERS = ("contract", "rankfile", "read", "numeric", "metrics", "whatif", "rules", "plan",
+                "outputs", "cli")  # fmt: skip
+"""The folders of diag/, in the order data flows through them (docs/architecture.md)."""
+DIAG_MODULES = ("api", "errors")
+"""The modules at diag/'s top beside its __init__ and __main__."""
+
+ALL_OF_DIAG = frozenset({*DIAG_FOLDERS, *DIAG_MODULES, "diag"})
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "contract": frozenset(),
+    "numeric": frozenset(),
+    "rankfile": frozenset({"contract", "errors"}),
+    "read": frozenset({"contract", "errors", "rankfile", "numeric"}),
+    "whatif": frozenset({"contract", "numeric", "read"}),
+    "metrics": frozenset({"contract", "errors", "numeric", "rankfile", "read", "whatif"}),
+    "rules": frozenset({"contract", "numeric", "read", "metrics", "whatif"}),
+    "outputs": frozenset({"contract", "errors", "read", "metrics", "whatif", "rules"}),
+    "plan": frozenset({"contract", "errors", "whatif", "simulator"}),
+    "api": frozenset({"contract", "errors", "read", "metrics", "rules", "outputs"}),
+    "cli": ALL_OF_DIAG - {"cli"} | {"dashboard"},
+    "diag": ALL_OF_DIAG - {"diag"},  # the public names, imported on first use
+    "collectors": frozenset({"contract", "rankfile"}),
+    "simulator": frozenset({"contract", "rankfile"}),
+    "dashboard": frozenset({"diag", "contract"}),
+    "reference_runs": frozenset({"collectors", "contract"}),
+}
+"""Unit (a folder of diag, a module at its top, or a package beside it) -> the other units it may
+import. Anything not listed (pandas, torch, ...) is not this test's business; that the contract is
+standard library only is checked below by importing it."""
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("diag.rules", "diag.outputs.units"): "the rules word their titles with the units' rank "
+    "phrases (`ranks_phrase`), as every rendering does",
+    ("simulator.cli", "diag.cli.options"): "`diag simulate` is one of diag's commands: it "
+    "shares the one-line error and the --layout parser",
+    ("simulator.cli", "diag.errors"): "the same: the command's unusable input is an InputError",
+}
+"""(importer, or the package it is in; imported module) -> why the import crosses the rules."""
 
 
 def modules(package: str) -> dict[str, Path]:
@@ -37,25 +77,11 @@ def modules(package: str) -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement of the module, at any depth, but those under TYPE_CHECKING."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
+    """Every import statement of the module, at any depth, `TYPE_CHECKING` blocks included."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
 
 
 def imported(name: str, path: Path, known: set[str]) -> set[str]:
@@ -78,11 +104,43 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports."""
-    mods = modules(package)
+def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports."""
+    mods = {name: path for package in packages for name, path in modules(package).items()}
     known = set(mods)
     return {name: imported(name, path, known) & known - {name} for name, path in mods.items()}
+
+
+def unit(module: str) -> str:
+    """The unit a module belongs to: `diag.read.kineto.files` -> read, `diag.api` -> api,
+    `diag.__main__` -> cli, `collectors.recorder` -> collectors."""
+    parts = module.split(".")
+    if parts[0] != "diag":
+        return parts[0]
+    if len(parts) == 1:
+        return "diag"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def _excepted(importer: str, target: str) -> bool:
+    return any(
+        (importer == who or importer.startswith(who + ".")) and target == what
+        for who, what in EXCEPTIONS
+    )
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that crosses MAY_IMPORT, as `importer -> imported (unit -> unit)`."""
+    found = []
+    for importer, targets in sorted(graph.items()):
+        own = unit(importer)
+        for target in sorted(targets):
+            other = unit(target)
+            if other == own or other in MAY_IMPORT.get(own, frozenset()):
+                continue
+            if not _excepted(importer, target):
+                found.append(f"{importer} -> {target} ({own} -> {other})")
+    return found
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -141,13 +199,46 @@ def _spelled(cycle: list[str]) -> str:
     return " -> ".join([*cycle, cycle[0]])
 
 
+def private_crossings(name: str, path: Path, ours: set[str]) -> list[str]:
+    """The `_private` names module `name` takes from another of our modules: `from m import _x`, or
+    `m._x` where `m` is a module of ours it imported."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found, bound = [], {}
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ours:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif node.module and node.module.split(".")[0] in ours and not node.level:
+            for alias in node.names:
+                if _is_private(alias.name) and node.module != name:
+                    found.append(f"{name}: from {node.module} import {alias.name}")
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and _is_private(node.attr)
+        ):
+            found.append(f"{name}: {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+# --- the checkers themselves -------------------------------------------------------------------
+
+
 def test_the_cycle_finder_finds_cycles_and_only_them() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_imports_inside_functions_and_relative_imports_count(tmp_path: Path) -> None:
+def test_imports_inside_functions_typing_blocks_and_relative_imports_count(tmp_path: Path) -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
         "from . import sibling\n"
@@ -160,19 +251,112 @@ def test_imports_inside_functions_and_relative_imports_count(tmp_path: Path) -> 
     path = tmp_path / "mod.py"
     path.write_text(source)
     known = {"pkg", "pkg.mod", "pkg.sibling", "pkg.sub", "pkg.late", "pkg.typed"}
-    assert imported("pkg.mod", path, known) == {"pkg.sibling", "pkg.sub", "pkg.late", "typing"}
+    assert imported("pkg.mod", path, known) == {
+        "pkg.sibling", "pkg.sub", "pkg.late", "pkg.typed", "typing"
+    }  # fmt: skip
 
 
-def test_no_import_cycle_among_diag_modules() -> None:
-    cycles = import_cycles(import_graph("diag"))
-    unknown = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not unknown, "import cycles among diag modules: " + "; ".join(map(_spelled, unknown))
-    known = [KNOWN_CYCLES[frozenset(c)] for c in cycles if frozenset(c) in KNOWN_CYCLES]
-    if known:
-        pytest.xfail("known import cycle: " + "; ".join(known))
+@pytest.mark.parametrize(
+    ("importer", "target"),
+    [
+        ("diag.read.sources.run_directory", "diag.metrics"),  # a reader running metric code
+        ("diag.cli.plan", "simulator.config"),  # only diag.plan imports the simulator
+        ("collectors.recorder", "diag.read.load"),  # the writers import the contract only
+        ("simulator.engine", "diag.metrics.flops"),
+        ("dashboard.app", "diag.read.load"),  # the dashboard: diag's public names only
+        ("diag.contract.schema", "diag.rankfile.records"),  # the contract: standard library
+        ("diag.metrics.summary", "diag.rules.engine"),  # data flows forward, never back
+    ],
+)
+def test_an_offending_import_is_caught(importer: str, target: str) -> None:
+    graph = {name: set(targets) for name, targets in import_graph().items()}
+    assert not stage_violations(graph)
+    graph[importer].add(target)
+    assert stage_violations(graph) == [
+        f"{importer} -> {target} ({unit(importer)} -> {unit(target)})"
+    ]
 
 
-@pytest.mark.parametrize("package", ["diag", "simulator"])
+def test_a_cycle_hidden_behind_type_checking_is_caught(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import thing\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import other\n"
+    )
+    known = {"pkg", "pkg.a", "pkg.b"}
+    graph = {m: imported(m, package / f"{m[4:]}.py", known) & known - {m} for m in known - {"pkg"}}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_a_private_name_taken_from_another_module_is_caught(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(
+        "from diag.read import load\nfrom diag.read.load import _quiet, RunData\n"
+        "print(load._hidden, load.RunData, RunData)\n"
+    )
+    assert private_crossings("diag.read.mod", path, set(PACKAGES)) == [
+        "diag.read.mod: from diag.read.load import _quiet",
+        "diag.read.mod: diag.read.load._hidden",
+    ]
+
+
+# --- the tree -------------------------------------------------------------------------------------
+
+
+def test_every_folder_imports_only_what_its_stage_may() -> None:
+    violations = stage_violations(import_graph())
+    assert not violations, "imports across the stages:\n" + "\n".join(violations)
+
+
+def test_no_import_cycle_typing_imports_included() -> None:
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(map(_spelled, cycles))
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    ours = set(PACKAGES)
+    found = [
+        crossing
+        for package in PACKAGES
+        for name, path in modules(package).items()
+        for crossing in private_crossings(name, path, ours)
+    ]
+    assert not found, "private names across modules:\n" + "\n".join(found)
+
+
+def test_the_dashboard_takes_only_diags_public_names() -> None:
+    """`from diag import X` in the dashboard names only what diag/__init__.py serves; beyond it the
+    dashboard reads the run format's constants (diag.contract)."""
+    found = []
+    for name, path in modules("dashboard").items():
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "diag":
+                found += [f"{name}: {a.name}" for a in node.names if a.name not in diag.__all__]
+    assert not found, f"the dashboard imports names diag does not serve: {found}"
+
+
+def test_every_unit_of_the_tree_has_its_rules() -> None:
+    """A new folder (or a module at diag/'s top) must say what it may import."""
+    tree = {unit(m) for package in PACKAGES for m in modules(package)}
+    assert tree == set(MAY_IMPORT)
+    on_disk = {p.name for p in (ROOT / "diag").iterdir() if (p / "__init__.py").is_file()}
+    assert on_disk == set(DIAG_FOLDERS)
+    top = {p.stem for p in (ROOT / "diag").glob("*.py")} - {"__init__", "__main__"}
+    assert top == set(DIAG_MODULES)
+
+
+def test_docs_architecture_lists_the_tree() -> None:
+    """docs/architecture.md's folder table names every folder of diag/ and the packages beside it,
+    in its first column (`diag/read/`, `collectors/`), and nothing else."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([a-z_/]+)/` \|", text, flags=re.MULTILINE))
+    expected = {f"diag/{folder}" for folder in DIAG_FOLDERS} | set(PACKAGES) - {"diag"}
+    assert listed == expected
+
+
+@pytest.mark.parametrize("package", ["diag", "simulator", "collectors"])
 def test_no_module_imports_the_reference_trainers(package: str) -> None:
     offenders = {
         name: sorted(m for m in imported(name, path, set()) if m.split(".")[0] == "reference_runs")
@@ -182,32 +366,15 @@ def test_no_module_imports_the_reference_trainers(package: str) -> None:
     assert not offenders, f"{package} must not import reference_runs: {offenders}"
 
 
-def test_the_simulator_does_not_import_the_cli_back() -> None:
-    """diag/cli/main.py adds `diag simulate` (simulator/cli.py): the simulator takes the pieces it
-    shares with the CLI from diag/cli/options.py, not from diag.cli.main or diag.cli.shell."""
-    cli = {"diag.cli.main", "diag.cli.shell"}
-    offenders = {
-        name: sorted(found)
-        for name, path in modules("simulator").items()
-        if (found := imported(name, path, set()) & cli)
-    }
-    assert not offenders, f"the simulator imports the CLI back: {offenders}"
-
-
 def test_what_training_processes_import_from_diag_is_standard_library_only() -> None:
-    """The collectors and the trainers import these inside every rank: no pandas, numpy or
-    torch behind them."""
-    shared = [
-        "diag.contract.schema",
-        "diag.contract.names",
-        "diag.contract.injections",
-        "diag.contract.schedules",
-    ]
+    """The collectors and the trainers import the contract inside every rank: no pandas, numpy or
+    torch behind any of its modules."""
+    shared = sorted(modules("diag/contract"))
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
         f"for name in {shared!r}:\n"
-        "    __import__(name)\n"
+        "    __import__(name.replace('/', '.'))\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(new - set(sys.stdlib_module_names)))\n"
     )

@@ -1,4 +1,4 @@
-"""Pin the worked examples of SEED-DIGEST and the edge cases of diag.contract.ledger."""
+"""Pin the worked examples of docs/physics.md and the edge cases of diag.contract.ledger."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Memory rules (collapse pattern 5: OOM although the state estimate fits).
 
-The six categories are measured apart (SEED-DIGEST section 4, pattern 5) and compared with the
-device budget (manifest `hardware.device_memory_bytes`, or the `oom_risk` events' budget): the
-dominant one names the remedy.
+The six categories are measured apart (docs/physics.md, pattern 5) and compared with the device
+budget (manifest `hardware.device_memory_bytes`, or the `oom_risk` events' budget): the dominant one
+names the remedy.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MoE rules (collapse pattern 4: MoE quality does not improve or suddenly drops).
 
 Read the expert-load distribution and the drop rate directly, and the all-to-all bytes against
-`tokens x topk x hidden x dtype` (SEED-DIGEST sections 2 and 4).
+`tokens x topk x hidden x dtype` (docs/physics.md, "EP").
 """
 
 from __future__ import annotations

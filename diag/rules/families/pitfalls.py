@@ -1,5 +1,5 @@
-"""Configuration pitfalls (no collapse pattern): the frequent failures of SEED-DIGEST section 5
-that a run's records show: a forgotten `set_epoch`, clipping on local norms, a loss gone NaN."""
+"""Configuration pitfalls (no collapse pattern): the frequent failures of docs/physics.md that a
+run's records show: a forgotten `set_epoch`, clipping on local norms, a loss gone NaN."""
 
 from __future__ import annotations
 
