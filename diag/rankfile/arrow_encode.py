@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from diag.rankfile import arrow_format as af
+from diag.rankfile.arrow_messages import flatbuffer_field, flatbuffer_table
 
 _PAD = 8
 _MAX_CACHED = 4096
@@ -285,15 +286,15 @@ def _template() -> tuple[bytes, int, int, int, int]:
     sample = af.encode_batch([])
     size = struct.unpack_from("<i", sample, 4)[0]
     metadata = sample[8 : 8 + size]
-    message = af.flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-    body_at = af.flatbuffer_field(metadata, message, 3)
-    header_at = af.flatbuffer_field(metadata, message, 2)
+    message = flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
+    body_at = flatbuffer_field(metadata, message, 3)
+    header_at = flatbuffer_field(metadata, message, 2)
     assert body_at is not None and header_at is not None, "Arrow wrote no body length"
     header = header_at + struct.unpack_from("<I", metadata, header_at)[0]
-    batch = af.flatbuffer_table(metadata, header)
+    batch = flatbuffer_table(metadata, header)
     vectors = []
     for index in (1, 2):  # RecordBatch.nodes, RecordBatch.buffers
-        at = af.flatbuffer_field(metadata, batch, index)
+        at = flatbuffer_field(metadata, batch, index)
         assert at is not None
         start = at + struct.unpack_from("<I", metadata, at)[0]
         vectors.append((start + 4, struct.unpack_from("<I", metadata, start)[0]))

@@ -25,7 +25,6 @@ column by column (diag/rankfile/arrow_checks.py).
 from __future__ import annotations
 
 import json
-import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from diag.contract.limits import (
     MAX_NOTES_PER_FILE,
 )
 from diag.rankfile.arrow_checks import event_fields, packed, usable
+from diag.rankfile.arrow_messages import is_compressed
 from diag.rankfile.record_checks import depth
 from diag.rankfile.records import INT_COLUMNS, Encoded, Packed
 
@@ -367,7 +367,7 @@ def _read_batches(data: bytes, name: str) -> tuple[list[pa.RecordBatch], list[st
         if message.type != "record batch":
             problem = f"holds a {message.type} message, not a record batch"
             break
-        if _compressed(message.metadata.to_pybytes()):
+        if is_compressed(message.metadata.to_pybytes()):
             problem = "holds a compressed record batch (this format writes none)"
             break
         try:
@@ -444,40 +444,6 @@ def check_schema(found: pa.Schema) -> str | None:
     return None
 
 
-def _compressed(metadata: bytes) -> bool:
-    """Whether an IPC record batch message declares compressed bodies (a flatbuffer:
-    Message.header is a RecordBatch table whose field 3 is its BodyCompression). Malformed
-    metadata counts as compressed (refused)."""
-    try:
-        message = flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-        header = flatbuffer_field(metadata, message, 2)
-        if header is None:
-            return True
-        batch = flatbuffer_table(metadata, header + struct.unpack_from("<I", metadata, header)[0])
-        return flatbuffer_field(metadata, batch, 3) is not None
-    except struct.error:
-        return True
-
-
-def flatbuffer_table(buffer: bytes, position: int) -> tuple[int, int]:
-    """A flatbuffer table: its position and that of its vtable."""
-    vtable = position - struct.unpack_from("<i", buffer, position)[0]
-    if not 0 <= vtable < len(buffer):
-        raise struct.error("vtable outside the buffer")
-    return position, vtable
-
-
-def flatbuffer_field(buffer: bytes, table: tuple[int, int], index: int) -> int | None:
-    """Where field `index` of a table is stored, or None when absent."""
-    position, vtable = table
-    vtable_bytes = struct.unpack_from("<H", buffer, vtable)[0]
-    slot = 4 + 2 * index
-    if slot + 2 > vtable_bytes:
-        return None
-    offset = struct.unpack_from("<H", buffer, vtable + slot)[0]
-    return position + offset if offset else None
-
-
 def _values(batches: list[pa.RecordBatch], kind: str) -> pa.StructArray:
     """A kind's records over every batch, as one struct array of the typed fields."""
     wanted = kind_type(kind)
@@ -498,16 +464,3 @@ def _field_or_nulls(values: pa.StructArray, kind: str, name: str) -> pa.Array:
     wanted = kind_type(kind)
     index = wanted.get_field_index(name)
     return pa.nulls(len(values), wanted.field(index).type if index >= 0 else pa.null())
-
-
-def body_length(metadata: bytes) -> int | None:
-    """The body length an IPC message's metadata (its Message flatbuffer) declares, 0 when the field
-    is absent; None when the metadata is malformed (an incremental reader, diag/rankfile/tail.py,
-    needs it to tell a message still being written from a whole one)."""
-    try:
-        message = flatbuffer_table(metadata, struct.unpack_from("<I", metadata, 0)[0])
-        at = flatbuffer_field(metadata, message, 3)
-        length = 0 if at is None else struct.unpack_from("<q", metadata, at)[0]
-    except struct.error:
-        return None
-    return length if length >= 0 else None

@@ -26,6 +26,7 @@ from typing import Any
 from diag.contract import schema
 from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
 from diag.rankfile import arrow_format
+from diag.rankfile.arrow_messages import body_length
 from diag.rankfile.record_checks import depth
 
 READ_MAX_BYTES = 64 * 2**20
@@ -138,7 +139,7 @@ class ArrowTail(FileTail):
                 return at, f"a message's metadata of {size} bytes is not readable"
             if at + _PREFIX + size > len(data):
                 return at, None  # its metadata is still being written
-            body = arrow_format.body_length(data[at + _PREFIX : at + _PREFIX + size])
+            body = body_length(data[at + _PREFIX : at + _PREFIX + size])
             if body is None or _PREFIX + size + body > READ_MAX_BYTES:
                 shown = "malformed" if body is None else f"{body} bytes"
                 return at, f"a message whose body ({shown}) cannot be read"

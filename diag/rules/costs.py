@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diag.rules.model import Finding, Threshold
-from diag.whatif.attribution import Attribution, CauseKind
+from diag.whatif.attribution import Attribution
+from diag.whatif.causes import CauseKind
 
 COST_TABLE = "cost"
 COST_LIMITS = {

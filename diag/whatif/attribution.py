@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
@@ -32,6 +31,7 @@ from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
+from diag.whatif.causes import Cause, CauseKind
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S, gaps_table, waits_table
 
@@ -43,32 +43,6 @@ attribution replays a few dozen times, and the timeline is built in pandas."""
 MIN_EXCESS_SHARE = 0.01
 """A rank whose typical excess, or whose net excess over the whole step, is below this share of
 the step is no straggler candidate."""
-
-
-class CauseKind(StrEnum):
-    """What a counterfactual removes (the report writes the value)."""
-
-    STRAGGLER = "straggler"  # a rank's persistent excess of compute
-    HOST = "host"  # a rank's persistent excess of host time (in no record)
-    IMBALANCE = "imbalance"  # every rank's local time at its peers' median in every step
-    STAGE = "stage"  # a pipeline stage's excess over the other stages
-    TRANSFER = "transfer"  # a group's transfers at zero
-    SCHEDULE = "schedule"  # the pipeline's schedule at its ideal bubble
-    DESCHEDULED = "descheduled"  # the time ranks waited for a core
-
-
-@dataclass
-class Cause:
-    """One counterfactual: what it changes, and the step time it saves (s per step)."""
-
-    kind: CauseKind
-    label: str
-    cost_s: float
-    cost_share: float
-    ranks: list[int] = field(default_factory=list)
-    stage: int | None = None
-    group: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

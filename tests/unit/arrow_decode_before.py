@@ -28,10 +28,10 @@ from diag.rankfile.arrow_format import (
     KIND_FIELDS,
     OTHER,
     ArrowRank,
-    _compressed,
     check_schema,
     kind_type,
 )
+from diag.rankfile.arrow_messages import is_compressed as _compressed
 from diag.rankfile.record_checks import depth
 from diag.rankfile.records import INT_COLUMNS, Encoded, Packed
 

@@ -14,7 +14,8 @@ from diag.metrics.host import busy_net_of_queueing, waiting_share
 from diag.outputs.units import ranks_phrase
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.attribution import Attribution, CauseKind
+from diag.whatif.attribution import Attribution
+from diag.whatif.causes import CauseKind
 
 STRAGGLER_RULE = "BAL001"
 """The straggler rule, whose limits the rules that defer to it read."""

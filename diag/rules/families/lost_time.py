@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.attribution import CauseKind
+from diag.whatif.causes import CauseKind
 
 MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
 

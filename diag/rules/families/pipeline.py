@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from diag.contract import ledger
 from diag.metrics import pipeline as pipe
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.attribution import CauseKind
+from diag.whatif.causes import CauseKind
 
 
 def _stage_bubbles(ctx: RuleContext) -> dict[int, float]:
