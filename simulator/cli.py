@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from diag.errors import InputError
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec
+from simulator.kineto_writer import write_kineto
 from simulator.reshape import TAG_STYLES, reshape_run
 
 _HW = HardwareSpec()
@@ -74,8 +76,10 @@ def _default_out() -> Path:
 @click.option("--fragmentation", type=_nonneg, default=0.05, help="Share of allocated bytes.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory.")
 @click.option(
-    "--format", "rank_format", type=click.Choice(["arrow", "jsonl"]), default="arrow",
-    show_default=True, help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl).",
+    "--format", "rank_format", type=click.Choice(["arrow", "jsonl", "kineto"]), default="arrow",
+    show_default=True, help="Rank files: Arrow IPC streams (.arrows) or JSON lines (.jsonl); "
+    "kineto: no run directory but a folder of PyTorch profiler traces, one per rank, as a "
+    "GPU job's profiler writes them (read it with --layout).",
 )  # fmt: skip
 @click.option(
     "--tags", type=click.Choice(TAG_STYLES), default="ours", show_default=True,
@@ -96,9 +100,16 @@ def simulate(**options: object) -> None:
         config = build_config(o)
         out = o["out"] if isinstance(o["out"], Path) else _default_out()
         command = shlex.join(["diag", "simulate", *sys.argv[2:]])
-        result = run_simulation(config, out, command, str(o["rank_format"]))
+        kineto = o["rank_format"] == "kineto"
+        records = out.with_name(f".{out.name}.records") if kineto else out
+        result = run_simulation(
+            config, records, command, "arrow" if kineto else str(o["rank_format"])
+        )
         untraced = o["untraced"] if isinstance(o["untraced"], tuple) else ()
         reshape_run(result.path, str(o["tags"]), [str(g) for g in untraced])
+        if kineto:
+            write_kineto(records, out)
+            shutil.rmtree(records)
     except SimulationError as err:
         click.echo(f"diag: error: {err}", err=True)
         raise SystemExit(EXIT_INPUT) from None
@@ -107,11 +118,19 @@ def simulate(**options: object) -> None:
         raise SystemExit(EXIT_INPUT) from None
     except OSError as err:
         fail(InputError(str(o["out"]), f"cannot write the run ({err.strerror or err})"))
+    where, layout = "run directory", ""
+    if o["rank_format"] == "kineto":
+        where, layout = "profiler traces", f" --layout {layout_option(config)}"
     click.echo(
         f"simulated {result.world_size} ranks x {result.steps} steps in {result.seconds:.1f} s "
-        f"({result.bytes / 1e6:.1f} MB)\nrun directory: {result.path}\n"
-        f"next: diag analyze {result.path}"
+        f"({result.bytes / 1e6:.1f} MB)\n{where}: {out}\nnext: diag analyze {out}{layout}"
     )
+
+
+def layout_option(config: SimConfig) -> str:
+    """The `--layout` a trace folder of `config`'s job is read with."""
+    return (f"dp={config.dp},tp={config.tp},pp={config.pp},ep={config.ep},"
+            f"m={config.microbatches},v={config.virtual_stages}")  # fmt: skip
 
 
 def build_config(o: dict[str, object]) -> SimConfig:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.api import analyze_path, load_any
+from diag.contract.schema import Layout
 from diag.rankfile.convert import convert_run
 from diag.whatif.matching import message_peers, pipeline_peers
 
@@ -143,7 +144,15 @@ FAULTS = {  # injection: the ranks the main finding must name
     "straggler:rank=9,ms=15": [9],
     "stage-slow:stage=1,ms=5": [2, 3, 10, 11],
 }
-SHAPES = {"ours": [], "megatron": ["--tags", "megatron"], "untraced-dp": ["--untraced", "dp"]}
+SHAPES = {"ours": [], "megatron": ["--tags", "megatron"], "untraced-dp": ["--untraced", "dp"],
+          "kineto": ["--format", "kineto"]}  # fmt: skip
+"""How the run is written: our records, Megatron's names, a group left unrecorded, or no run
+directory at all but a GPU job's profiler traces (read with the layout, as a user would)."""
+LAYOUT = Layout(dp=2, tp=2, pp=4, microbatches=16)
+
+
+def analyze_shape(path: Path, shape: str) -> dict[str, Any]:
+    return analyze_path(path, layout=LAYOUT if shape == "kineto" else None)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +170,7 @@ def test_a_fault_is_named_first_at_its_cost_in_every_shape(
     our tags, Megatron's, or the dp group's collectives not recorded at all (its waits become
     time in no record, the synchronisations inferred from ranks resuming together)."""
     run = simulate(tmp_path / "run", *GROUND_TRUTH_LAYOUT, "--inject", fault, *SHAPES[shape])
-    report = analyze_path(run)
+    report = analyze_shape(run, shape)
     main = report["findings"][0]
     assert main["ranks"] == FAULTS[fault], (main["rule"], main["title"])
     injected_s = report["attribution"]["measured_step_s"] - healthy_step_s

@@ -74,6 +74,7 @@ def load_trace_dir(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
+    name_groups_by_axis(records["comm"], manifest)
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped), device_time=_device_table(traces)
     )
@@ -138,6 +139,23 @@ def _manifest(
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=schema.RunStatus.COMPLETE.value,
     )
+
+
+def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:
+    """Each collective whose process group's ranks are one of the manifest's groups is named
+    by that group's axis (`dp`, `tp`, ...; an axis before `world` where both hold the same
+    ranks): the trace's own names (`mesh_dp`, `pg3`, or one description for many groups) say
+    nothing the analysis may rely on, the members do. Others keep the trace's name. The ranks
+    are dropped from the records either way."""
+    axis_of: dict[tuple[int, ...], str] = {}
+    for axis, groups in manifest.groups.items():
+        for members in groups:
+            axis_of.setdefault(tuple(sorted(members)), axis)
+    for comm in comms:
+        members = comm.pop("group_ranks", None)
+        named = axis_of.get(members) if members else None
+        if named is not None:
+            comm["group"] = named
 
 
 def _newest_mtime(traces: list[ParsedTrace]) -> float:

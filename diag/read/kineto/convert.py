@@ -16,6 +16,7 @@ Times are Kineto's microseconds turned into integer nanoseconds.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections import Counter, defaultdict
@@ -25,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from diag.contract import schema
-from diag.contract.limits import MAX_ABS_TIME_NS, MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
+from diag.contract.limits import (
+    MAX_ABS_TIME_NS,
+    MAX_ARG_INTEGER,
+    MAX_LABEL_CHARS,
+    MAX_STEP,
+    MAX_WORLD_SIZE,
+)
 from diag.numeric import intervals
 from diag.read.kineto.events import Event
 from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
@@ -180,7 +187,9 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray
 
 
 def _collective(params: dict[str, Any]) -> dict[str, Any]:
-    """op, group, group_size, bytes and dtype of a record_param_comms event."""
+    """op, group, group_size, bytes and dtype of a record_param_comms event, and the global
+    ranks of its process group where the trace lists them (`group_ranks`, read by the loader to
+    name the group by its axis; never kept in the tables)."""
     name = _label(params.get("Collective name")).lower()
     dtype = _label(params.get("dtype")).lower()
     nelems = max(_count(params.get("In msg nelems")), _count(params.get("Out msg nelems")))
@@ -194,7 +203,40 @@ def _collective(params: dict[str, Any]) -> dict[str, Any]:
         "group_size": params.get("Group size"),
         "bytes": nelems * element_bytes if element_bytes and nelems else None,
         "dtype": dtype or None,
+        "group_ranks": group_ranks(params.get("Process Group Ranks")),
     }
+
+
+MAX_GROUP_RANKS_CHARS = 64 * 2**10
+"""A `Process Group Ranks` longer than this (some 8,000 ranks) is not read: the group is then
+known by its name only."""
+
+
+def group_ranks(value: Any) -> tuple[int, ...] | None:
+    """The sorted global ranks of a process group as `record_param_comms` lists them (`"[0, 1]"`
+    or a list); None when absent, empty, too long or not all ranks."""
+    if type(value) is str:
+        return _ranks_in_text(value) if len(value) <= MAX_GROUP_RANKS_CHARS else None
+    if type(value) is list and len(value) <= MAX_GROUP_RANKS_CHARS:
+        return _checked_ranks([_count(item, default=-1) for item in value])
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_in_text(text: str) -> tuple[int, ...] | None:
+    """The ranks of `"[0, 8, 16]"` (every event of a group repeats the same text: parsed once)."""
+    if not RANK_LIST.fullmatch(text):
+        return None
+    return _checked_ranks([_count(item, default=-1) for item in re.findall(r"\d+", text)])
+
+
+RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
+
+
+def _checked_ranks(ranks: list[int]) -> tuple[int, ...] | None:
+    if not ranks or any(not 0 <= r < MAX_WORLD_SIZE for r in ranks):
+        return None
+    return tuple(sorted(set(ranks)))
 
 
 def _launching_params(
@@ -246,24 +288,45 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         for i in busy:
             phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
             records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
-        for i in comm:
+        receives: list[bool] = []
+        busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
+        hidden = _covered(busy_union, t1[comm]) - _covered(busy_union, t0[comm])
+        for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             found = _launching_params(rank, int(correlation[i]), used)
             named = found is not None and "Collective name" in found  # older traces: no args
             described = _collective(found) if found is not None and named else {
                 "op": op_from_kernel_name(rank.gpu_name[i]), "group": None,
-                "group_size": None, "bytes": None, "dtype": None,
+                "group_size": None, "bytes": None, "dtype": None, "group_ranks": None,
             }  # fmt: skip
+            # A receive is its own wait: what consumes the message waits on its stream, and
+            # the replay pairs it with its send. So is a collective under which the device
+            # computes nothing: the stream that needs its result waits for it (a TP
+            # all-reduce). Others are launched and awaited where their time is exposed.
+            receive = described["op"] == schema.CollectiveOp.RECV.value or hidden_ns <= 0
+            receives.append(receive)
             records["comm"].append({
                 "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
-                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": True,
-                "blocking": False,
+                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not receive,
+                "blocking": receive,
             })  # fmt: skip
+        awaited = comm[~np.array(receives, dtype=bool)] if len(comm) else comm
         exposed = intervals.difference(
-            np.column_stack([t0[comm], t1[comm]]), np.column_stack([t0[busy], t1[busy]])
+            np.column_stack([t0[awaited], t1[awaited]]), np.column_stack([t0[busy], t1[busy]])
         )
         for start, end in exposed.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
+
+
+def _covered(union: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per time, how much of the sorted, disjoint intervals `union` lies before it."""
+    if len(union) == 0:
+        return np.zeros(len(times), dtype=np.int64)
+    starts, ends = union[:, 0], union[:, 1]
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+    k = np.searchsorted(starts, times, side="right")  # intervals starting at or before
+    last = np.clip(k - 1, 0, None)
+    return before[k] - np.where(k > 0, np.clip(ends[last] - times, 0, None), 0)
 
 
 def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
