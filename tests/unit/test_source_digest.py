@@ -11,7 +11,7 @@ import pytest
 
 from diag.read import cache
 
-DIAG = Path(cache.__file__).parent
+DIAG = Path(cache.__file__).parents[1]  # the diag package (cache.py is diag/read/cache.py)
 
 
 def parsed_imports(path: Path) -> set[str]:
