@@ -56,7 +56,18 @@ def parse_layout_spec(text: str, gpus: int) -> Layout:
     )
 
 
-def _model(name: str | None, overrides: dict[str, int | None]) -> ModelSpec:
+def block_shape(
+    mlp: str | None, tie_embeddings: bool | None, positions: str | None
+) -> dict[str, bool | None]:
+    """The block's shape flags as ModelSpec fields (None: the preset's, or the GPT default)."""
+    return {
+        "gated_mlp": None if mlp is None else mlp == "swiglu",
+        "tied_embeddings": tie_embeddings,
+        "learned_positions": None if positions is None else positions == "learned",
+    }
+
+
+def _model(name: str | None, overrides: dict[str, int | bool | None]) -> ModelSpec:
     if name is None and overrides.get("layers") is None:
         raise PlanError("--model", "give a preset or the model's shape (--layers --hidden ...)")
     base = preset(name) if name else ModelSpec(layers=1)
@@ -154,6 +165,20 @@ class _OneLineErrors(click.Command):
 @click.option("--seq", "seq_len", type=int, help="Sequence length.")
 @click.option("--experts", type=int, help="MoE experts (0: dense, else >= 2).")
 @click.option("--topk", type=int, help="Experts per token (1..experts).")
+@click.option(
+    "--mlp", type=click.Choice(["gelu", "swiglu"]), default=None,
+    help="The MLP: gelu (two h x ffn matrices) or swiglu (three, as Llama) [default: the "
+    "preset's; gelu for a shape].",
+)  # fmt: skip
+@click.option(
+    "--tie-embeddings/--no-tie-embeddings", "tie_embeddings", default=None,
+    help="The LM head shares the token embedding [default: the preset's; tied for a shape].",
+)  # fmt: skip
+@click.option(
+    "--positions", type=click.Choice(["learned", "rotary", "alibi"]), default=None,
+    help="Position encoding: a learned seq x hidden table, or rotary / ALiBi (no parameters) "
+    "[default: the preset's; learned for a shape].",
+)  # fmt: skip
 @click.option("--params", type=float, help="Parameter count to use (e.g. the seed's 70e9).")
 @click.option(
     "--flash-attention/--no-flash-attention",
@@ -233,6 +258,9 @@ def plan(
     seq_len: int | None,
     experts: int | None,
     topk: int | None,
+    mlp: str | None,
+    tie_embeddings: bool | None,
+    positions: str | None,
     params: float | None,
     flash: bool | None,
     dropout: bool | None,
@@ -265,7 +293,7 @@ def plan(
         shape = {
             "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
             "ffn_hidden": ffn_hidden, "vocab": vocab, "seq_len": seq_len, "experts": experts,
-            "topk": topk,
+            "topk": topk, **block_shape(mlp, tie_embeddings, positions),
         }  # fmt: skip
         if from_run is not None:  # a trace folder's model comes from the command line
             given_model = None

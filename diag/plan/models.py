@@ -10,6 +10,12 @@ vocabulary, sequence length), so that the plan's parameter counts and FLOPs are 
 - llama3-8b / llama3-70b / llama3-405b: Llama 3 (arXiv 2407.21783) Table 3: SwiGLU, 8 key/value
   heads, vocabulary 128,256, rotary positions, untied embeddings; seq 8192.
 - mixtral-8x7b: Mistral's released config: 32 x 4096, SwiGLU 14336, 8 experts, top-2.
+- llama2-7b / llama2-70b: Llama 2 (arXiv 2307.09288) and its released configs: SwiGLU 11008 /
+  28672, vocabulary 32,000, seq 4096; 70B with 8 key/value heads.
+- mistral-7b: Mistral 7B (arXiv 2310.06825): 32 x 4096, 8 key/value heads, SwiGLU 14336.
+- bloom-176b: BLOOM (arXiv 2211.05100): 70 layers, hidden 14336, 112 heads, vocabulary
+  250,880, ALiBi positions (no parameters), tied embeddings, GeLU MLP.
+Their parameter counts against the published ones: tests/unit/test_plan.py (within 0.02%).
 
 Each preset also says how it was trained (`TRAINING`): the GPT-era models (2020-2022) with
 dropout and the attention scores stored, as Korthikanti 2022 counts them; Llama 3 and Mixtral
@@ -27,16 +33,25 @@ def _gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq_len=2048)
 
 
-def _llama(layers: int, hidden: int, heads: int, ffn_hidden: int) -> ModelSpec:
-    """A Llama 3 model: SwiGLU, 8 key/value heads, rotary positions, untied embeddings."""
+def _llama(
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn_hidden: int,
+    vocab: int = 128256,
+    seq_len: int = 8192,
+    kv_heads: int | None = 8,
+) -> ModelSpec:
+    """A Llama-style model: SwiGLU, grouped-query attention, rotary positions, untied
+    embeddings (Llama 3's vocabulary and sequence by default)."""
     return ModelSpec(
         layers=layers,
         hidden=hidden,
         heads=heads,
         ffn_hidden=ffn_hidden,
-        vocab=128256,
-        seq_len=8192,
-        kv_heads=8,
+        vocab=vocab,
+        seq_len=seq_len,
+        kv_heads=kv_heads,
         gated_mlp=True,
         tied_embeddings=False,
         learned_positions=False,
@@ -50,6 +65,12 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3-8b": _llama(32, 4096, 32, 14336),
     "llama3-70b": _llama(80, 8192, 64, 28672),
     "llama3-405b": _llama(126, 16384, 128, 53248),
+    "llama2-7b": _llama(32, 4096, 32, 11008, vocab=32000, seq_len=4096, kv_heads=None),
+    "llama2-70b": _llama(80, 8192, 64, 28672, vocab=32000, seq_len=4096),
+    "mistral-7b": _llama(32, 4096, 32, 14336, vocab=32000, seq_len=8192),
+    "bloom-176b": ModelSpec(
+        layers=70, hidden=14336, heads=112, vocab=250880, seq_len=2048, learned_positions=False
+    ),
     "mixtral-8x7b": ModelSpec(
         layers=32,
         hidden=4096,
@@ -86,6 +107,10 @@ TRAINING: dict[str, Training] = {
     "llama3-70b": MODERN,
     "llama3-405b": MODERN,
     "mixtral-8x7b": MODERN,
+    "llama2-7b": MODERN,
+    "llama2-70b": MODERN,
+    "mistral-7b": MODERN,
+    "bloom-176b": Training(flash_attention=False, dropout=False),  # Megatron-DeepSpeed, 2022
 }
 """Preset name -> how its blocks were trained (flash attention, dropout)."""
 

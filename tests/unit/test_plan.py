@@ -197,6 +197,50 @@ def test_check_plan_refuses_a_bad_plan_file(plan_file: Path, tmp_path: Path) -> 
     assert "the plan has no layout" in other.output
 
 
+PUBLISHED_PARAMS = {
+    "llama3-8b": 8.03e9,  # arXiv 2407.21783 and the released config
+    "llama3-70b": 70.6e9,
+    "llama2-7b": 6_738_415_616,  # the released checkpoints' counts
+    "llama2-70b": 68_976_648_192,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46.7e9,
+    "bloom-176b": 176_247_271_424,  # arXiv 2211.05100
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_presets_have_their_published_parameter_counts(name: str) -> None:
+    from simulator.config import SimConfig, model_params
+
+    counted = model_params(SimConfig(model=preset(name)))
+    tolerance = 2e-4 if PUBLISHED_PARAMS[name] % 1e7 else 2e-3  # exact counts; rounded ones
+    assert counted == pytest.approx(PUBLISHED_PARAMS[name], rel=tolerance)
+
+
+def test_the_block_shape_flags_change_the_parameters() -> None:
+    """--mlp swiglu adds the third matrix, --no-tie-embeddings a second vocabulary table,
+    --positions rotary (or alibi) drops the seq x hidden position table."""
+    from diag.cli.main import main
+
+    def params(*flags: str) -> float:
+        result = CliRunner().invoke(main, [
+            "plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000",
+            "--seq", "4096", "--ffn-hidden", "11008", "--gpus", "8", "--global-batch", "64",
+            "--format", "json", *flags,
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return float(json.loads(result.output)["job"]["params"])
+
+    gpt = params()
+    h, f, v, s, layers = 4096, 11008, 32000, 4096, 32
+    assert params("--mlp", "swiglu") - gpt == pytest.approx(layers * h * f, rel=0.01)
+    assert params("--no-tie-embeddings") - gpt == pytest.approx(v * h, rel=1e-6)
+    assert gpt - params("--positions", "rotary") == pytest.approx(s * h, rel=1e-6)
+    assert params("--positions", "alibi") == params("--positions", "rotary")
+    llama2 = params("--mlp", "swiglu", "--no-tie-embeddings", "--positions", "rotary")
+    assert llama2 == pytest.approx(PUBLISHED_PARAMS["llama2-7b"], rel=2e-4)
+
+
 @pytest.mark.parametrize("name", ["gpt3-175b", "megatron-1t", "mt-nlg-530b"])
 def test_plan_flops_agree_with_the_report_mfu(name: str) -> None:
     # the plan's MFU (simulator FLOPs) and the analyze summary's (diag/metrics/flops.py, 6N + 12Lhs)
