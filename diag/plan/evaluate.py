@@ -112,13 +112,16 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
             f"TP={layout.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node): pitfall 1"
         )
         kind = "crosses-nodes"
-    elif where.ep and job.model.experts:
-        rejected = f"EP={layout.ep} x TP={layout.tp} crosses nodes: all-to-all over the slow links"
-        kind = "crosses-nodes"
     elif memory.total_bytes > budget:
         rejected = f"needs {memory.total_bytes / GB:.1f} GB per GPU > {budget / GB:.0f} GB"
         kind = "memory"
-    notes = (PIPELINE_ENGINE_NOTE,) if layout.zero >= 2 and layout.pp > 1 else ()
+    notes: tuple[str, ...] = (PIPELINE_ENGINE_NOTE,) if layout.zero >= 2 and layout.pp > 1 else ()
+    if where.ep and job.model.experts:  # large MoE jobs do (EP64 over 8 nodes): priced
+        notes += (
+            f"EP={layout.ep} x TP={layout.tp} spans {layout.ep * layout.tp} GPUs, more than a "
+            f"node's {cluster.gpus_per_node}: the experts' all-to-all crosses the inter-node "
+            "links, priced in the step (keep EP inside a node where it fits; docs/physics.md)",
+        )
     return Evaluation(
         layout=layout,
         memory=memory,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from diag.plan.evaluate import GB, Evaluation
+from diag.plan.evaluate import GB, PIPELINE_ENGINE_NOTE, Evaluation
 from diag.plan.job import Layout
 
 RULES: dict[str, str] = {
@@ -115,8 +115,9 @@ def reasoning(
         text = "; ".join(w for w in why if w)
         if dim == "tp":
             text = f"{state}; " + (text or "no other TP size can be built")
-        if dim == "zero" and best.notes:
-            text = "; ".join([*best.notes, text] if text else best.notes)
+        notes = [note for note in best.notes if _note_dimension(note) == dim]
+        if notes:
+            text = "; ".join([*notes, text] if text else notes)
         if dim == "pp" and lay.pp > 1:
             text += f"; m = {lay.microbatches} micro-batches: m >= 4p "
             text += "met" if lay.microbatches >= 4 * lay.pp else "not met"
@@ -164,3 +165,9 @@ def near_misses(
             fastest = min(rejected, key=lambda e: e.step_s)
             out.append((fastest, loss_line(best, fastest)))
     return out
+
+
+def _note_dimension(note: str) -> str:
+    """The dimension a layout's note is about: ZeRO's (the pipeline engine) or EP's (the
+    all-to-all across nodes)."""
+    return "zero" if note == PIPELINE_ENGINE_NOTE else "ep"

@@ -422,6 +422,27 @@ def test_moe_plan_keeps_ep_inside_a_node() -> None:
     best = plan.ranked[0].layout
     assert best.ep > 1 and best.ep * best.tp <= 8
     assert plan.ranked[0].comm_bytes["ep"] > 0
-    assert any(
-        e.rejected and "all-to-all over the slow links" in e.rejected for e in plan.evaluated
-    )
+    # EP across nodes is priced, not refused: slower than keeping it inside a node, and noted
+    across = [e for e in plan.evaluated if e.layout.ep * e.layout.tp > 8 and e.feasible]
+    assert across and all(e.step_s > plan.ranked[0].step_s for e in across)
+    assert all(any("crosses the inter-node links" in n for n in e.notes) for e in across)
+
+
+def test_ep_across_nodes_is_priced_not_refused() -> None:
+    """A large MoE job runs EP64 over 8 nodes: the layout is feasible, its all-to-all timed
+    over the inter-node links (slower than the same bytes inside a node would be)."""
+    from dataclasses import replace
+
+    from simulator.config import ModelSpec
+
+    model = ModelSpec(layers=16, hidden=4096, heads=32, experts=64, topk=6)
+    cluster = cluster_from_device(device_by_key("h100"), 64)
+    job = Job(model, 512, 1)
+    across = make_plan(job, cluster, layouts=[Layout(dp=64, ep=64, zero=1, microbatches=8)])
+    (evaluation,) = across.evaluated
+    assert evaluation.feasible and evaluation.rejected is None
+    assert evaluation.time.ep_s > 0
+    links = cluster.hardware
+    fast = replace(cluster, hardware=replace(links, inter_node_GBps=links.intra_node_GBps))
+    same_links = make_plan(job, fast, layouts=[Layout(dp=64, ep=64, zero=1, microbatches=8)])
+    assert same_links.evaluated[0].time.ep_s < evaluation.time.ep_s / 4
