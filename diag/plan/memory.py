@@ -127,8 +127,9 @@ def stage_expert_params(job: Job, layout: Layout) -> float:
     return expert_params_of(job, layout, heaviest)
 
 
-def layer_activation_bytes(job: Job, layout: Layout) -> float:
-    """One block's activations for one micro-batch on one GPU (diag.plan.activations)."""
+def layer_activation_bytes(job: Job, layout: Layout, recompute: str | None = None) -> float:
+    """One block's activations for one micro-batch on one GPU (diag.plan.activations), kept
+    under `recompute` (default: the layout's)."""
     m = job.model
     return block_activation_bytes(
         m,
@@ -137,16 +138,19 @@ def layer_activation_bytes(job: Job, layout: Layout) -> float:
         job.micro_batch,
         layout.tp,
         layout.sequence_parallel and layout.tp > 1,
-        layout.recompute,
+        layout.recompute if recompute is None else recompute,
     )
 
 
 def activation_bytes(job: Job, layout: Layout, stage: Stage) -> float:
-    """Activations on one GPU of `stage` at its peak, plus the fp32 logits on the last."""
+    """Activations on one GPU of `stage` at its peak, plus the fp32 logits on the last and,
+    under full recomputation, the working set of the block being recomputed: its backward
+    rebuilds that block's whole activations (one micro-batch) on top of the inputs kept."""
     m = job.model
     held = blocks_in_flight(stage, layout.pp, layout.microbatches)
     logits = job.micro_batch * m.seq_len / layout.cp * m.vocab / layout.tp * 4 if stage.head else 0
-    return layer_activation_bytes(job, layout) * held + logits
+    working = layer_activation_bytes(job, layout, "none") if layout.recompute == "full" else 0.0
+    return layer_activation_bytes(job, layout) * held + logits + working
 
 
 def boundary_bytes(job: Job, layout: Layout) -> float:

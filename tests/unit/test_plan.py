@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -446,3 +447,21 @@ def test_ep_across_nodes_is_priced_not_refused() -> None:
     fast = replace(cluster, hardware=replace(links, inter_node_GBps=links.intra_node_GBps))
     same_links = make_plan(job, fast, layouts=[Layout(dp=64, ep=64, zero=1, microbatches=8)])
     assert same_links.evaluated[0].time.ep_s < evaluation.time.ep_s / 4
+
+
+def test_full_recomputation_holds_the_working_set_of_one_block() -> None:
+    """Under full recomputation a GPU keeps each block's input and, while one block's backward
+    runs, that block's whole activations rebuilt for one micro-batch (the issue's case:
+    1.76 GB predicted where 7.0 + 2.1 GB is needed)."""
+    from diag.plan.memory import activation_bytes, layer_activation_bytes, pipeline_stages
+
+    job = preset_job("gpt3-175b", 1536)
+    full = Layout(dp=8, tp=8, pp=16, microbatches=64, recompute="full")
+    stage = pipeline_stages(job, full)[1]  # a middle stage: no embedding, no head
+    held = activation_bytes(job, replace(full, recompute="none"), stage) / (
+        layer_activation_bytes(job, replace(full, recompute="none"))
+    )
+    inputs = layer_activation_bytes(job, full) * held
+    whole_block = layer_activation_bytes(job, full, "none")
+    assert whole_block > 5 * layer_activation_bytes(job, full)  # what recomputation saves
+    assert activation_bytes(job, full, stage) == pytest.approx(inputs + whole_block)
