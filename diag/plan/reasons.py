@@ -63,8 +63,9 @@ def _same_but(a: Layout, b: Layout, dimension: str) -> bool:
     )
 
 
-def loss_line(best: Evaluation, other: Evaluation) -> str:
-    """Why `other` loses to `best`: its rejection, or how much slower and which part."""
+def loss_line(best: Evaluation, other: Evaluation, named: bool = True) -> str:
+    """Why `other` loses to `best`: its rejection, or how much slower (naming its layout in
+    full unless the caller shows it: `named`) and by which causes, largest first."""
     if other.rejected is not None:
         if other.rejected_kind == "crosses-nodes":
             ratio = other.step_s / best.step_s
@@ -76,16 +77,40 @@ def loss_line(best: Evaluation, other: Evaluation) -> str:
             return f"{other.rejected} (would be {faster:.1%} faster)"
         return other.rejected
     ratio = other.step_s / best.step_s - 1
-    mine, theirs = best.time.as_dict(), other.time.as_dict()
-    worst = max(COMPONENTS, key=lambda k: theirs[k] - mine[k])
-    diff = theirs[worst] - mine[worst]
-    line = f"{ratio:.1%} slower: {COMPONENTS[worst]} +{_seconds(diff)}"
-    if worst == "pp_bubble_s":
-        line += f" (bubble {other.bubble_fraction:.0%} vs {best.bubble_fraction:.0%})"
+    mine, theirs = _by_cause(best), _by_cause(other)
+    grown = sorted(
+        (k for k in theirs if theirs[k] - mine[k] >= SHOWN_SHARE * best.step_s),
+        key=lambda k: mine[k] - theirs[k],
+    )[:MAX_CAUSES] or [max(theirs, key=lambda k: theirs[k] - mine[k])]
+    parts = []
+    for cause in grown:
+        part = f"{CAUSES[cause]} +{_seconds(theirs[cause] - mine[cause])}"
+        if cause == "pp_bubble_s":
+            part += f" (bubble {other.bubble_fraction:.0%} vs {best.bubble_fraction:.0%})"
+        parts.append(part)
+    layout = f" ({other.layout.key()})" if named else ""
+    line = f"{ratio:.1%} slower{layout}: {', '.join(parts)}"
     if ratio < 0.005:
         spare = (best.memory.total_bytes - other.memory.total_bytes) / GB
         line = f"ties on time ({ratio:+.1%}); {'less' if spare > 0 else 'more'} memory"
     return line
+
+
+SHOWN_SHARE = 0.01
+"""A cause is named in a loss line when it grows by at least this share of the best step."""
+MAX_CAUSES = 3
+CAUSES = {**COMPONENTS, "compute_s": "compute", "recompute_s": "recomputation"}
+"""The step's components, the recomputation apart from the model's compute."""
+
+
+def _by_cause(evaluation: Evaluation) -> dict[str, float]:
+    """The step's seconds by cause: its components, with the compute split into the model's
+    and the recomputation's (in the ratio of their FLOPs: HFU counts both, MFU the model's)."""
+    parts = evaluation.time.as_dict()
+    recomputed = 1 - evaluation.mfu / evaluation.hfu if evaluation.hfu > 0 else 0.0
+    parts["recompute_s"] = parts["compute_s"] * recomputed
+    parts["compute_s"] -= parts["recompute_s"]
+    return parts
 
 
 def _seconds(value: float) -> str:
@@ -158,12 +183,12 @@ def near_misses(
     best: Evaluation, ranked: Sequence[Evaluation], every: Sequence[Evaluation], count: int = 3
 ) -> list[tuple[Evaluation, str]]:
     """The runners-up and, for each kind of rejection, its fastest layout, with why they lose."""
-    out = [(e, loss_line(best, e)) for e in ranked[1 : 1 + count]]
+    out = [(e, loss_line(best, e, named=False)) for e in ranked[1 : 1 + count]]
     for kind in ("crosses-nodes", "memory"):
         rejected = [e for e in every if e.rejected_kind == kind]
         if rejected:
             fastest = min(rejected, key=lambda e: e.step_s)
-            out.append((fastest, loss_line(best, fastest)))
+            out.append((fastest, loss_line(best, fastest, named=False)))
     return out
 
 

@@ -97,7 +97,8 @@ def test_mt_nlg_530b_is_in_the_top_three() -> None:
     if published is not meshes[0]:  # the reason the plan ranks another first
         from diag.plan.reasons import loss_line
 
-        assert "slower: compute" in loss_line(meshes[0], published)
+        line = loss_line(meshes[0], published)
+        assert f"slower ({published.layout.key()}): compute +" in line
 
 
 def _llama3_meshes() -> list:
@@ -465,3 +466,23 @@ def test_full_recomputation_holds_the_working_set_of_one_block() -> None:
     whole_block = layer_activation_bytes(job, full, "none")
     assert whole_block > 5 * layer_activation_bytes(job, full)  # what recomputation saves
     assert activation_bytes(job, full, stage) == pytest.approx(inputs + whole_block)
+
+
+def test_a_loss_line_names_the_alternative_and_splits_recomputation_from_compute() -> None:
+    """The alternative's layout in full, and its difference by cause: what its full
+    recomputation costs is recomputation, not the dimension that differs (the issue's `pp=6:
+    25.8% slower: compute +20.64 s`)."""
+    from diag.plan.evaluate import evaluate
+    from diag.plan.reasons import loss_line
+
+    job = preset_job("gpt3-175b", 1536)
+    cluster = cluster_from_device(device_by_key("h100"), 1024)
+    best = evaluate(job, Layout(dp=8, tp=8, pp=16, zero=1, microbatches=64), cluster)
+    other = evaluate(
+        job, Layout(dp=8, tp=8, pp=16, zero=1, microbatches=64, recompute="full"), cluster
+    )
+    line = loss_line(best, other)
+    assert other.layout.key() in line
+    causes = line.split(": ", 1)[1]
+    assert causes.startswith("recomputation +")  # the largest cause first
+    assert "compute +" not in causes.replace("recomputation +", "")  # the model's is unchanged
