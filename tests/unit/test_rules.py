@@ -141,3 +141,24 @@ def test_busy_imbalance_defers_to_the_straggler_rule_at_its_configured_limits(ru
     found = {f.rule: f for f in run_rules(run, metrics, strict).findings}
     assert "BAL001" not in found
     assert found["BAL002"].ranks == [1]
+
+
+def test_the_stragglers_are_found_once_an_analysis(runs, monkeypatch) -> None:
+    """BAL001, BAL002 and the rules that ask whether a straggler explains their finding share
+    one search (RuleContext.derived_once): it ran up to five times an analysis."""
+    from rule_cases.balance import _dp
+
+    from diag.rules.families import balance
+
+    calls = []
+    search = balance.find_stragglers
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(balance, "find_stragglers", counted)
+    run = load_run(_dp(runs, [40, 80, 42, 41]))
+    findings = run_rules(run, compute_metrics(run)).findings
+    assert "BAL001" in {f.rule for f in findings}
+    assert len(calls) == 1
