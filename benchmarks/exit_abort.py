@@ -2,12 +2,13 @@
 torchrun, optionally beside a CPU hog; counts non-zero exits and `terminate called` lines
 (collectors/pending.py explains the race this guards against).
 
-    python benchmarks/exit_abort.py [--job readme|hf|dp-wrappers] [--runs 20] [--hog]
+    python benchmarks/exit_abort.py [--job readme|hf|dp-wrappers|own-loop] [--runs 20] [--hog]
 
 Jobs: `readme` the README's DDP block (tests/distributed/readme_job.py, a slow rank, then a
 broken step); `hf` two Hugging Face Trainers and an accelerate loop with DiagTrainerCallback
 (tests/distributed/hf_job.py); `dp-wrappers` DDP with bf16 and PowerSGD hooks, then FSDP2
-(tests/distributed/dp_wrappers_job.py).
+(tests/distributed/dp_wrappers_job.py); `own-loop` examples/own_loop.py (DDP, the recording
+hook, traced collectives, `rec.iterate`), as tests/distributed/test_own_loop.py runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 JOBS = Path(__file__).resolve().parents[1] / "tests" / "distributed"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def job_arguments(job: str, out: Path) -> list[str]:
@@ -28,12 +30,16 @@ def job_arguments(job: str, out: Path) -> list[str]:
                 "--then-broken"]  # fmt: skip
     if job == "hf":
         return [str(JOBS / "hf_job.py"), str(out)]
+    if job == "own-loop":
+        return [str(EXAMPLES / "own_loop.py"), "--out", str(out), "--steps", "5"]
     return [str(JOBS / "dp_wrappers_job.py"), str(out)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--job", choices=["readme", "hf", "dp-wrappers"], default="readme")
+    parser.add_argument(
+        "--job", choices=["readme", "hf", "dp-wrappers", "own-loop"], default="readme"
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--hog", action="store_true", help="a busy loop beside the job")
     args = parser.parse_args()
