@@ -11,7 +11,8 @@ Analysis entry points
     `analyze_path(path, config, hta, layout, steps)` -> report dict (cached beside large runs);
     `load_any(path, layout, steps)` -> `RunData` (a run directory or a Kineto trace folder);
     `compute_metrics(run)` -> `RunMetrics` (no rules); `diagnose(run, config, hta)` ->
-    (`RunMetrics` with its findings, report dict). Unusable input raises `InputError`.
+    (`RunMetrics`, report dict: the rules' findings are the report's `findings`). Unusable
+    input raises `InputError`.
 Types
     `RunData` (the loaded tables), `RunMetrics` (what the report is built from; its
     `memory_peak` is the one peak memory that the rules, `diag check` and the dashboard share),
@@ -29,7 +30,7 @@ Reading a report as diag shows it
     title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
     `diag compare` computes).
 
-Anything else in diag's modules is internal and may move. `diag.contract.schema` (the run directory
+Anything else in diag's modules is internal and may move. `diag.contract` (the run directory
 format, shared with the collectors) may be imported directly for its constants.
 
 Kept import-light: the collectors import `diag.contract.schema` inside training processes, which
