@@ -55,7 +55,10 @@ def main() -> None:
             if done.returncode != 0 or aborted:
                 failed += 1
                 print(f"run {i}: exit {done.returncode}{', terminate called' if aborted else ''}")
-                print(done.stderr[-1500:])
+                lines = done.stderr.splitlines()
+                at = next((k for k, line in enumerate(lines) if "terminate called" in line), None)
+                shown = lines[max(at - 15, 0) : at + 5] if at is not None else lines[-25:]
+                print("\n".join(shown))
     finally:
         if hog is not None:
             hog.kill()

@@ -44,6 +44,7 @@ from collectors.manifest import (
 from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.parts import RecorderParts
+from collectors.pending import PENDING
 from collectors.safety import guarded, report_once
 from collectors.writer import RankFormat, open_rank_writer
 from diag.contract.names import WORLD
@@ -437,6 +438,10 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        # The callbacks handed to communication futures (the tracer's, the DDP hook's) write
+        # records and are freed on backend threads: wait for them here, before the writer
+        # closes and before the user destroys the process group (collectors/pending.py)
+        PENDING.drain()
         for callback in self._close_callbacks:
             try:
                 callback()
