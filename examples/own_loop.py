@@ -16,6 +16,7 @@ then names rank 1).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -91,6 +92,11 @@ def main() -> None:
     rec.close()  # diag
     if dist.get_rank() == 0:
         print(f"wrote {os.path.abspath(args.out)}; analyse it with: diag analyze {args.out}")
+    # Free DDP's model (and the autograd graph behind the loss) before the process group, not
+    # at interpreter teardown, where gloo's threads may be the ones to free its last futures
+    # and abort a finished job (docs/collectors.md, "Ending the job")
+    del model, optimizer, loss, logged
+    gc.collect()
     dist.destroy_process_group()
 
 
