@@ -21,6 +21,7 @@ a profiler's clock gives them, so that three decimals keep the nanoseconds).
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 from diag.contract import schema
 from diag.rankfile.convert import rank_file, rank_records
-from simulator.writer import RUN_START_NS
+from simulator.writer import RUN_START_NS, SIMULATED_PID
 
 TRACE_ORIGIN_NS = RUN_START_NS - 10**10
 """The clock every rank's trace counts from: 10 s before the simulated run starts."""
@@ -72,10 +73,15 @@ def write_kineto(run_dir: Path, out: Path) -> list[Path]:
         path = rank_file(run_dir, rank)
         records = rank_records(path) if path is not None else []
         trace = _trace(rank, manifest, groups, records)
-        name = out / f"node{rank // _gpus_per_node(manifest)}_{50_000 + rank}.pt.trace.json"
+        name = out / f"node{rank // _gpus_per_node(manifest)}_{_pid(rank)}.pt.trace.json"
         name.write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
         written.append(name)
     return written
+
+
+def _pid(rank: int) -> int:
+    """The rank's process id, as the simulated run's meta records give it."""
+    return SIMULATED_PID + rank
 
 
 def _gpus_per_node(manifest: schema.Manifest) -> int:
@@ -104,11 +110,12 @@ def _trace(
     groups: dict[tuple[str, int], dict[str, Any]],
     records: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    pid, device = 50_000 + rank, rank % _gpus_per_node(manifest)
-    events = _Events(pid=pid, device=device)
+    device = rank % _gpus_per_node(manifest)
+    events = _Events(pid=_pid(rank), device=device)
     steps = [r for r in records if r.get("kind") == "step"]
     comms = [r for r in records if r.get("kind") == "comm"]
     blocking = sorted((int(c["t0"]), int(c["t1"])) for c in comms if c.get("blocking"))
+    ends = [b1 for _, b1 in blocking]
     for step in steps:
         events.step(int(step["step"]), int(step["t0"]), int(step["t1"]))
     # the kernels in the order they start: the CPU launches them one after the other
@@ -117,7 +124,7 @@ def _trace(
         phase = span.get("phase")
         if span.get("kind") != "span" or phase == schema.Phase.COMM_WAIT.value:
             continue
-        for t0, t1 in _outside(int(span["t0"]), int(span["t1"]), blocking):
+        for t0, t1 in _outside(int(span["t0"]), int(span["t1"]), blocking, ends):
             kernels.append((t0, t1, str(phase)))
     kernels += [(int(c["t0"]), int(c["t1"]), c) for c in comms]
     for t0, t1, what in sorted(kernels, key=lambda k: k[0]):
@@ -154,12 +161,16 @@ def _trace(
     }
 
 
-def _outside(t0: int, t1: int, blocking: list[tuple[int, int]]) -> Iterable[tuple[int, int]]:
-    """The parts of [t0, t1) outside the blocking collectives' intervals (sorted by start)."""
+def _outside(
+    t0: int, t1: int, blocking: list[tuple[int, int]], ends: list[int]
+) -> Iterable[tuple[int, int]]:
+    """The parts of [t0, t1) outside the blocking collectives' intervals (one rank's: one after
+    the other, sorted by start; `ends` their ends, the first that can reach in found by a
+    binary search rather than a scan of all of them for every span)."""
     at = t0
-    for b0, b1 in blocking:
-        if b1 <= at or b0 >= t1:
-            continue
+    for b0, b1 in blocking[bisect.bisect_right(ends, t0) :]:
+        if b0 >= t1:
+            break
         if b0 > at:
             yield at, b0
         at = max(at, b1)
