@@ -77,6 +77,18 @@ def difference(
     return np.array(out, dtype=kept.dtype).reshape(-1, 2)
 
 
+def covered_before(union: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per time, how much of `union` (sorted, disjoint intervals, as `merge` gives them) lies
+    before it: the covered part of [a, b) is covered_before(b) - covered_before(a)."""
+    if len(union) == 0:
+        return np.zeros(len(times), dtype=np.int64)
+    starts, ends = union[:, 0], union[:, 1]
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+    k = np.searchsorted(starts, times, side="right")  # intervals starting at or before
+    last = np.clip(k - 1, 0, None)
+    return before[k] - np.where(k > 0, np.clip(ends[last] - times, 0, None), 0)
+
+
 def clip(intervals: Iterable[Sequence[float]] | np.ndarray, lo: float, hi: float) -> np.ndarray:
     """The intervals cut to the window [lo, hi]; those left empty are dropped."""
     arr = _as_array(intervals)

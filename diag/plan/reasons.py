@@ -99,7 +99,7 @@ def loss_line(best: Evaluation, other: Evaluation, named: bool = True) -> str:
 SHOWN_SHARE = 0.01
 """A cause is named in a loss line when it grows by at least this share of the best step."""
 MAX_CAUSES = 3
-CAUSES = {**COMPONENTS, "compute_s": "compute", "recompute_s": "recomputation"}
+CAUSES = {**COMPONENTS, "recompute_s": "recomputation"}
 """The step's components, the recomputation apart from the model's compute."""
 
 

@@ -55,9 +55,7 @@ class RuleContext:
     def limits_of(self, code: str) -> Mapping[str, float]:
         """Rule `code`'s thresholds as configured; its defaults where none were given."""
         found = self.limits.get(code)
-        if found is not None:
-            return found
-        return {key: t.default for key, t in REGISTRY[code].thresholds.items()}
+        return found if found is not None else limits_for(REGISTRY[code], None)
 
     def derived_once(self, name: str, compute: Callable[[], Any]) -> Any:
         """`compute()` the first time `name` is asked of this run, the kept value after."""

@@ -300,3 +300,11 @@ def test_a_run_without_step_records_gives_empty_metrics(runs) -> None:
     assert m.skipped[0] == "no step records in any rank file: no step could be analysed"
     assert len(m.memory) == 1
     assert build_report(run, m)["summary"]["comm_share"] is None
+
+
+def test_covered_before_is_the_union_clipped_to_the_left_of_each_time() -> None:
+    union = intervals.merge(np.array([[0, 10], [5, 20], [30, 40], [50, 55]]))
+    times = np.array([-5, 0, 7, 20, 25, 35, 40, 52, 60])
+    expected = [intervals.union_length(intervals.clip(union, -10, t)) for t in times]
+    assert intervals.covered_before(union, times).tolist() == expected
+    assert intervals.covered_before(np.zeros((0, 2)), times).tolist() == [0] * len(times)

@@ -9,7 +9,9 @@ dashboard read a profiler trace as they read our own runs.
 - comms: each communication kernel, with op, group, bytes and dtype from the
   `record_param_comms` CPU op that launched it (`Collective name`, `In/Out msg nelems`, `dtype`,
   `Process Group ...`), else the op read from the kernel's name and no bytes (DeepEP).
-- comm_wait spans: communication time not hidden under computation or copies (exposed).
+- comm_wait spans: the time of launched communication not hidden under computation or copies
+  (exposed); a receive, and a collective under which the device computes nothing, are waits of
+  their own (blocking) and have none.
 Times are Kineto's microseconds turned into integer nanoseconds.
 """
 
@@ -222,15 +224,15 @@ def group_ranks(value: Any) -> tuple[int, ...] | None:
     return None
 
 
+RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
+
+
 @functools.lru_cache(maxsize=4096)
 def _ranks_in_text(text: str) -> tuple[int, ...] | None:
     """The ranks of `"[0, 8, 16]"` (every event of a group repeats the same text: parsed once)."""
     if not RANK_LIST.fullmatch(text):
         return None
     return _checked_ranks([_count(item, default=-1) for item in re.findall(r"\d+", text)])
-
-
-RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
 
 
 def _checked_ranks(ranks: list[int]) -> tuple[int, ...] | None:
@@ -288,9 +290,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         for i in busy:
             phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
             records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
-        receives: list[bool] = []
+        own_waits: list[bool] = []
         busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
-        hidden = _covered(busy_union, t1[comm]) - _covered(busy_union, t0[comm])
+        hidden = intervals.covered_before(busy_union, t1[comm]) - intervals.covered_before(
+            busy_union, t0[comm]
+        )
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             found = _launching_params(rank, int(correlation[i]), used)
             named = found is not None and "Collective name" in found  # older traces: no args
@@ -302,31 +306,20 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
             # all-reduce). Others are launched and awaited where their time is exposed.
-            receive = described["op"] == schema.CollectiveOp.RECV.value or hidden_ns <= 0
-            receives.append(receive)
+            own_wait = described["op"] == schema.CollectiveOp.RECV.value or hidden_ns <= 0
+            own_waits.append(own_wait)
             records["comm"].append({
                 "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
-                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not receive,
-                "blocking": receive,
+                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not own_wait,
+                "blocking": own_wait,
             })  # fmt: skip
-        awaited = comm[~np.array(receives, dtype=bool)] if len(comm) else comm
+        awaited = comm[~np.array(own_waits, dtype=bool)] if len(comm) else comm
         exposed = intervals.difference(
             np.column_stack([t0[awaited], t1[awaited]]), np.column_stack([t0[busy], t1[busy]])
         )
         for start, end in exposed.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
-
-
-def _covered(union: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Per time, how much of the sorted, disjoint intervals `union` lies before it."""
-    if len(union) == 0:
-        return np.zeros(len(times), dtype=np.int64)
-    starts, ends = union[:, 0], union[:, 1]
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-    k = np.searchsorted(starts, times, side="right")  # intervals starting at or before
-    last = np.clip(k - 1, 0, None)
-    return before[k] - np.where(k > 0, np.clip(ends[last] - times, 0, None), 0)
 
 
 def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
