@@ -14,8 +14,17 @@ import click
 from diag.cli.options import EXIT_INPUT, fail, parse_layout
 from diag.contract.devices import DEVICES, device_by_key
 from diag.errors import InputError
-from diag.plan import Job, Layout, PlanError, SearchSpace, cluster_from_device, make_plan
-from diag.plan.job import RECOMPUTE, ModelSpec, Training
+from diag.plan import (
+    FRAMEWORKS,
+    Job,
+    Layout,
+    PlanError,
+    cluster_from_device,
+    framework_space,
+    make_plan,
+)
+from diag.plan.frameworks import framework_by_key
+from diag.plan.job import ModelSpec, Training
 from diag.plan.models import PRESETS, TRAINING, preset
 from diag.plan.render import plan_json, plan_text
 from diag.plan.search import MAX_LAYOUTS
@@ -231,11 +240,20 @@ class _OneLineErrors(click.Command):
     type=click.Choice(["on", "off", "auto"]),
     default="auto",
     show_default=True,
-    help="Sequence parallelism with TP (Korthikanti 2022); auto: on for tp > 1, off: the "
-    "activations and pipeline messages of frameworks before 2022.",
+    help="Sequence parallelism with TP (Korthikanti 2022); auto: on for tp > 1 where the "
+    "framework has it, off: the activations and pipeline messages of frameworks before 2022.",
 )
-@click.option("--max-v", type=int, default=8, show_default=True)
-@click.option("--max-cp", type=int, default=8, show_default=True)
+@click.option(
+    "--framework",
+    "framework_key",
+    type=click.Choice(sorted(FRAMEWORKS)),
+    default=None,
+    help="The framework that runs the job: what it allows (ZeRO stages, with a pipeline, "
+    "interleaving, CP, SP) and what it keeps (fp32 gradient buffers, a runtime reserve) "
+    "[default: none named: the ZeRO paper's 16 B/param, every layout allowed; docs/plan.md].",
+)
+@click.option("--max-v", type=int, help="[default: 8, or the framework's]")
+@click.option("--max-cp", type=int, help="[default: 8, or the framework's]")
 @click.option(
     "--max-layouts",
     type=int,
@@ -278,8 +296,9 @@ def plan(
     zero_text: str | None,
     recompute_text: str | None,
     sequence_parallel: str,
-    max_v: int,
-    max_cp: int,
+    framework_key: str | None,
+    max_v: int | None,
+    max_cp: int | None,
     max_layouts: int,
     from_run: str | None,
     run_layout: str | None,
@@ -318,7 +337,9 @@ def plan(
             gpus_per_node,
             **{k: v for k, v in overrides.items() if v is not None},
         )
-        sp = sequence_parallel != "off"  # on and auto alike: it only splits anything at tp > 1
+        framework = framework_by_key(framework_key)
+        # auto: the framework's (it only splits anything at tp > 1); on: checked against it
+        sp = {"on": True, "off": False}.get(sequence_parallel, framework.sequence_parallel)
         given = [replace(parse_layout_spec(t, gpus), sequence_parallel=sp) for t in layouts]
         batch = global_batch
         if batch is None and given:
@@ -329,14 +350,19 @@ def plan(
                 "is required for a search (sequences per step), or give --layout to evaluate "
                 "layouts",
             )
-        job = Job(model, batch, micro_batch, params, _training(model_name, flash, dropout))
-        space = SearchSpace(
-            zero_stages=_ints(zero_text, "--zero") or (0, 1, 2, 3),
-            recompute=tuple(recompute_text.split(",")) if recompute_text else RECOMPUTE,
-            max_v=max_v,
-            max_cp=max_cp,
+        training = _training(model_name, flash, dropout)
+        job = Job(model, batch, micro_batch, params, training, framework)
+        limits = {
+            "zero_stages": _ints(zero_text, "--zero"),
+            "recompute": tuple(recompute_text.split(",")) if recompute_text else None,
+            "max_v": max_v,
+            "max_cp": max_cp,
+        }
+        space = framework_space(
+            framework,
             max_layouts=max_layouts,
             sequence_parallel=sp,
+            **{k: v for k, v in limits.items() if v is not None},
         )
         result = make_plan(job, cluster, given or None, space)
     except InputError as error:  # PlanError among them: one line naming the option

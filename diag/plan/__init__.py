@@ -7,11 +7,12 @@
 
 Pure functions over the job, the cluster and the layouts: model presets and how their papers
 trained them (`models`), the search (`search`), one block's activations (`activations`), the
-pipeline split and each stage's peak in flight (`pipeline`), memory per GPU in the six
-categories (`memory`), step time in the simulator's cost model (`timing`), the evaluation of
-one layout (`evaluate`), the seed's reasoning and the near misses (`reasons`), what to say
-when nothing fits (`nofit`), every input checked before the search (`inputs`), the
-calibration from a measured run (`calibrate`), and the text and JSON renderings (`render`).
+pipeline split and each stage's peak in flight (`pipeline`), what each framework runs and
+keeps (`frameworks`), memory per GPU in the six categories (`memory`), step time in the
+simulator's cost model (`timing`), the evaluation of one layout (`evaluate`), the seed's
+reasoning and the near misses (`reasons`), what to say when nothing fits (`nofit`), every input
+checked before the search (`inputs`), the calibration from a measured run (`calibrate`), and
+the text and JSON renderings (`render`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ from dataclasses import dataclass, field
 
 from diag.contract import ledger
 from diag.plan.evaluate import Evaluation, evaluate
+from diag.plan.frameworks import FRAMEWORKS, GENERIC, Framework
 from diag.plan.inputs import PlanError, check_inputs
 from diag.plan.job import Cluster, Job, Layout, cluster_from_device
 from diag.plan.nofit import NoFit, no_fit
 from diag.plan.reasons import Reason, near_misses, reasoning
-from diag.plan.search import Invalid, SearchSpace, candidates
+from diag.plan.search import Invalid, SearchSpace, candidates, framework_space
 
 __all__ = [
+    "FRAMEWORKS",
+    "GENERIC",
     "Cluster",
     "Evaluation",
+    "Framework",
     "Job",
     "Layout",
     "NoFit",
@@ -37,6 +42,7 @@ __all__ = [
     "PlanError",
     "SearchSpace",
     "cluster_from_device",
+    "framework_space",
     "make_plan",
 ]
 
@@ -86,10 +92,11 @@ def make_plan(
     space: SearchSpace | None = None,
 ) -> Plan:
     """Evaluate `layouts` (default: the search space, at most `space.max_layouts` of it) and
-    rank the feasible ones by predicted throughput. PlanError (one line naming the option)
-    for an input that cannot be planned, a given layout that cannot be built among them."""
+    rank the feasible ones by predicted throughput. `space` defaults to what the job's
+    framework offers (`framework_space`). PlanError (one line naming the option) for an input
+    that cannot be planned, a given layout that cannot be built among them."""
+    space = space or framework_space(job.framework)
     check_inputs(job, cluster, layouts or (), space)
-    space = space or SearchSpace()
     evaluated: list[Evaluation] = []
     invalid: list[Invalid] = []
     capped_at = None

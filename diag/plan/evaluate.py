@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.contract import ledger
+from diag.plan.frameworks import GENERIC
 from diag.plan.job import Cluster, Job, Layout
 from diag.plan.memory import (
     PARAM_BYTES,
@@ -32,8 +33,9 @@ PIPELINE_ENGINE_NOTE = (
     "Megatron's distributed optimizer is ZeRO-1: this layout needs FSDP-style sharding "
     "(torchtitan) to run"
 )
-"""Why a layout with ZeRO >= 2 and a pipeline is flagged: the frameworks that run most
-pipelines cannot build it (deepspeed/runtime/pipe/engine.py asserts zero_stage < 2)."""
+"""Why a layout with ZeRO >= 2 and a pipeline is flagged when no framework is named: the
+frameworks that run most pipelines cannot build it (deepspeed/runtime/pipe/engine.py asserts
+zero_stage < 2). Under `--framework deepspeed` it is a rejection (diag.plan.frameworks)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Evaluation:
     hfu: float  # the same with the recomputed FLOPs counted (Megatron's "% of peak")
     bubble_fraction: float
     rejected: str | None  # why the layout cannot (or must not) run; None: feasible
-    rejected_kind: str | None = None  # "memory", "crosses-nodes"
+    rejected_kind: str | None = None  # "memory", "crosses-nodes", "framework"
     notes: tuple[str, ...] = ()  # what holds the layout back without rejecting it
 
     @property
@@ -98,8 +100,15 @@ def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
     return out
 
 
+def framework_problem(job: Job, layout: Layout) -> str | None:
+    """Why the job's framework cannot run `layout` (diag.plan.frameworks), or None."""
+    lay = layout
+    return job.framework.problem(lay.zero, lay.pp, lay.v, lay.cp, lay.ep, lay.recompute)
+
+
 def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
-    """Every figure of `layout`, and its rejection if it does not fit or crosses nodes."""
+    """Every figure of `layout`, and its rejection if TP crosses nodes, the job's framework
+    cannot run it, or it does not fit."""
     memory = memory_per_gpu(job, layout)
     time = step_time(job, layout, cluster)
     flops = model_flops_per_step(job)
@@ -112,10 +121,15 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster) -> Evaluation:
             f"TP={layout.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node): pitfall 1"
         )
         kind = "crosses-nodes"
+    elif (refusal := framework_problem(job, layout)) is not None:
+        rejected, kind = refusal, "framework"
     elif memory.total_bytes > budget:
         rejected = f"needs {memory.total_bytes / GB:.1f} GB per GPU > {budget / GB:.0f} GB"
         kind = "memory"
-    notes: tuple[str, ...] = (PIPELINE_ENGINE_NOTE,) if layout.zero >= 2 and layout.pp > 1 else ()
+    generic = job.framework is GENERIC
+    notes: tuple[str, ...] = ()
+    if generic and layout.zero >= 2 and layout.pp > 1:
+        notes = (PIPELINE_ENGINE_NOTE,)
     if where.ep and job.model.experts:  # large MoE jobs do (EP64 over 8 nodes): priced
         notes += (
             f"EP={layout.ep} x TP={layout.tp} spans {layout.ep * layout.tp} GPUs, more than a "

@@ -21,6 +21,7 @@ from diag.contract.input_rules import (
     check_zero_stage,
 )
 from diag.errors import InputError
+from diag.plan.frameworks import Framework
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
 from diag.plan.search import SearchSpace, structural_problem
 
@@ -76,6 +77,7 @@ def check_inputs(
             raise PlanError("--layout", f"{layout.key()}: {problem}")
     if space is not None:
         check_space(space)
+        check_framework_space(space, job.framework)
 
 
 def _check_batch(job: Job) -> None:
@@ -130,3 +132,26 @@ def check_space(space: SearchSpace) -> None:
     for option, value in limits.items():
         if value < 1:
             raise PlanError(option, f"must be a whole number >= 1, got {value}")
+
+
+def check_framework_space(space: SearchSpace, framework: Framework) -> None:
+    """What the search may use is what `framework` runs (`--framework`): a ZeRO stage, a
+    recomputation, interleaving, CP, sequence parallelism or a pipeline it lacks is refused."""
+    name = f"{framework.key} ({framework.name})"
+    for stage in space.zero_stages:
+        if stage not in framework.zero_stages:
+            stages = ", ".join(map(str, framework.zero_stages))
+            raise PlanError("--zero", f"{stage}: {name} runs ZeRO {stages}")
+    for recompute in space.recompute:
+        if recompute not in framework.recompute:
+            offered = ", ".join(framework.recompute)
+            raise PlanError("--recompute", f"{recompute}: {name} offers {offered}")
+    limits = [("--max-v", space.max_v, framework.max_v, "interleaved virtual stages")]
+    limits += [("--max-cp", space.max_cp, framework.max_cp, "context-parallel ranks")]
+    for option, value, most, what in limits:
+        if value > most:
+            raise PlanError(option, f"{value}: {name} runs at most {most} {what}")
+    if space.sequence_parallel and not framework.sequence_parallel:
+        raise PlanError("--sequence-parallel", f"on: {name} has no sequence parallelism")
+    if not framework.pipeline_zero and space.pp not in (None, 1):
+        raise PlanError("pp", f"{space.pp}: {framework.pipeline_refusal}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from diag.contract.devices import DeviceSpec
+from diag.plan.frameworks import GENERIC, Framework
 from simulator.config import ModelSpec, SimConfig, model_params
 from simulator.hardware import HardwareSpec
 
@@ -98,6 +99,9 @@ class Job:
     micro_batch: int = 1  # sequences per micro-batch per data-parallel rank
     params: float | None = None
     training: Training = field(default_factory=Training)
+    framework: Framework = GENERIC
+    """What the framework runs and keeps (diag.plan.frameworks); GENERIC: the ZeRO paper's
+    16 B/param, no framework's buffers, no reserve."""
 
     @property
     def architecture_params(self) -> int:

@@ -1,19 +1,21 @@
 """Memory per GPU in the six categories (docs/metrics.md) for one layout, from the ledger.
 
-Static state is 16 B/param (SEED §1) of the parameters the GPU's stage holds after tensor,
-pipeline and expert splits, with ZeRO's divisions: stage 1 the 12 B of optimizer state, stage
-2 also the 2 B of gradients, stage 3 also the 2 B of parameters. ZeRO shards over the group
-that holds the same parameters: the dense part over dp, the experts over the expert-data-
-parallel group dp / ep (each expert has dp / ep replicas; Megatron-Core's and DeepSpeed-MoE's
-expert DP group). ZeRO-2 keeps the 1/dp partition of the gradients plus the full-size
-gradients of one reduce bucket (DeepSpeed reduce-scatters them after each micro-batch's
-backward: a partition cannot accumulate the next micro-batch's full gradients). Activations are
-the block's (diag.plan.activations: Korthikanti 2022's count for the block the job trains)
-times the blocks the stage holds in flight at its peak (diag.plan.pipeline: 1F1B about p
-micro-batches of its chunk, independent of m; interleaved a little more), plus the fp32
-logits on the last stage. Buffers as the simulator counts them; fragmentation a share of the
-rest. Each stage that can be the heaviest (the first, the second, the last) is counted; the
-one that needs the most is the layout's.
+Static state is what the job's framework keeps per parameter (diag.plan.frameworks: by
+default the ZeRO paper's 16 B/param, SEED §1) of the parameters the GPU's stage holds after
+tensor, pipeline and expert splits, each part whole or sharded by the ZeRO stage. ZeRO shards
+over the group that holds the same parameters: the dense part over dp, the experts over the
+expert-data-parallel group dp / ep (each expert has dp / ep replicas; Megatron-Core's and
+DeepSpeed-MoE's expert DP group). The fp32 gradient buffers a framework keeps are counted in
+grads (and named apart: `MemoryPerGpu.fp32_grads`). ZeRO-2 keeps the 1/dp partition of the
+gradients plus the full-size gradients of one reduce bucket (DeepSpeed reduce-scatters them
+after each micro-batch's backward: a partition cannot accumulate the next micro-batch's full
+gradients). Activations are the block's (diag.plan.activations: Korthikanti 2022's count for
+the block the job trains) times the blocks the stage holds in flight at its peak
+(diag.plan.pipeline: 1F1B about p micro-batches of its chunk, independent of m; interleaved a
+little more), plus the fp32 logits on the last stage. Buffers as the simulator counts them;
+fragmentation a share of the rest, plus the framework's runtime reserve (named apart:
+`MemoryPerGpu.reserve`). Each stage that can be the heaviest (the first, the second, the last)
+is counted; the one that needs the most is the layout's.
 """
 
 from __future__ import annotations
@@ -22,15 +24,13 @@ from dataclasses import dataclass
 
 from diag.contract import ledger
 from diag.plan.activations import block_activation_bytes
+from diag.plan.frameworks import PerParam
 from diag.plan.job import Job, Layout
 from diag.plan.pipeline import Stage, blocks_in_flight, stages
 from simulator.config import layer_params
 
 PARAM_BYTES = 2  # bf16 parameters (and gradients, activations, messages)
 GRAD_BYTES = 2
-ZERO2_BUCKET_BYTES = 5e8 * GRAD_BYTES
-"""ZeRO-2's working gradients: DeepSpeed's default reduce_bucket_size, 5e8 elements, filled
-by the backward and reduce-scattered when full (at most the stage's whole gradients)."""
 FRAGMENTATION_SHARE = 0.05
 """Allocator fragmentation as a share of the allocated bytes (the simulator's default)."""
 
@@ -45,6 +45,8 @@ class MemoryPerGpu:
     activations: float
     comm_buffers: float
     fragmentation: float
+    fp32_grads: float = 0.0  # of grads: the framework's fp32 gradient buffers
+    reserve: float = 0.0  # of fragmentation: the runtime's memory outside the allocator
 
     @property
     def static_bytes(self) -> float:
@@ -55,6 +57,7 @@ class MemoryPerGpu:
         return self.static_bytes + self.activations + self.comm_buffers + self.fragmentation
 
     def as_dict(self) -> dict[str, float]:
+        """The six categories and their total (the parts named apart are in `parts`)."""
         return {
             "params": self.params,
             "grads": self.grads,
@@ -64,6 +67,11 @@ class MemoryPerGpu:
             "fragmentation": self.fragmentation,
             "total": self.total_bytes,
         }
+
+    def parts(self) -> dict[str, float]:
+        """What the categories hold that the framework adds: fp32 gradient buffers (in
+        grads), the runtime reserve (in fragmentation)."""
+        return {"fp32_grads": self.fp32_grads, "reserve": self.reserve}
 
 
 def block_params(job: Job, layout: Layout) -> float:
@@ -79,6 +87,13 @@ def block_expert_params(job: Job, layout: Layout) -> float:
 def expert_dp(layout: Layout) -> int:
     """Replicas of each expert: the expert-data-parallel group ZeRO shards expert state over."""
     return max(layout.dp // layout.ep, 1)
+
+
+def held(dense: float, experts: float, layout: Layout, per_param: PerParam) -> float:
+    """Bytes of `per_param` for `dense` + `experts` parameters of one GPU: its whole part of
+    each, its sharded part of the dense over dp and of the experts over dp / ep."""
+    whole = per_param.whole * (dense + experts)
+    return whole + per_param.sharded * (dense / layout.dp + experts / expert_dp(layout))
 
 
 def zero_sharded(dense: float, experts: float, layout: Layout, from_stage: int) -> float:
@@ -163,13 +178,17 @@ def boundary_bytes(job: Job, layout: Layout) -> float:
 
 
 def comm_buffer_bytes(job: Job, layout: Layout, params: float) -> float:
-    """DDP's flat gradient buffer, pipeline send/receive buffers, ZeRO-3's gathered units and
-    one unit's full gradients before their reduce-scatter, the all-to-all buffers of expert
-    parallelism (at the capacity factor)."""
+    """DDP's flat gradient buffer (or the fp32 bucket the framework's reduction copies),
+    pipeline send/receive buffers, ZeRO-3's gathered units and one unit's full gradients
+    before their reduce-scatter, the all-to-all buffers of expert parallelism (at the
+    capacity factor)."""
     m = job.model
+    state = job.framework.state_at(layout.zero, layout.pp)
     buffers = 0.0
-    if layout.dp > 1 and layout.zero < 2:
-        buffers += params * GRAD_BYTES
+    if layout.dp > 1:
+        buffers += params * state.flat_buffer
+        fp32 = params * (state.fp32_grads.whole + state.fp32_grads.sharded / layout.dp)
+        buffers += min(fp32, state.reduce_bucket_bytes)
     boundary = boundary_bytes(job, layout)
     if layout.pp > 1:
         buffers += 2 * boundary
@@ -195,15 +214,19 @@ def stage_memory(job: Job, layout: Layout, stage: Stage) -> MemoryPerGpu:
     params = params_of(job, layout, stage)
     experts = expert_params_of(job, layout, stage)
     dense = params - experts
-    optimizer_bytes = ledger.static_state_bytes(1) - PARAM_BYTES - GRAD_BYTES  # 12 B/param
-    weights = zero_sharded(dense, experts, layout, 3) * PARAM_BYTES
-    grads = zero_sharded(dense, experts, layout, 2) * GRAD_BYTES
-    if layout.zero == 2 and layout.dp > 1:  # the bucket being filled and reduce-scattered
-        grads += min(params * GRAD_BYTES, ZERO2_BUCKET_BYTES)
-    optimizer = zero_sharded(dense, experts, layout, 1) * optimizer_bytes
+    framework = job.framework
+    state = framework.state_at(layout.zero, layout.pp)
+    weights = held(dense, experts, layout, state.params)
+    fp32_grads = held(dense, experts, layout, state.fp32_grads)
+    grads = held(dense, experts, layout, state.grads) + fp32_grads
+    if state.grad_bucket_bytes and layout.dp > 1:  # the bucket being filled, reduce-scattered
+        grads += min(params * GRAD_BYTES, state.grad_bucket_bytes)
+    optimizer = held(dense, experts, layout, state.optimizer)
     activations = activation_bytes(job, layout, stage)
     buffers = comm_buffer_bytes(job, layout, params)
     allocated = weights + grads + optimizer + activations + buffers
+    reserve = framework.reserve_bytes
+    fragmentation = allocated * FRAGMENTATION_SHARE + reserve
     return MemoryPerGpu(
-        weights, grads, optimizer, activations, buffers, allocated * FRAGMENTATION_SHARE
+        weights, grads, optimizer, activations, buffers, fragmentation, fp32_grads, reserve
     )

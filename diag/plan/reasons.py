@@ -144,8 +144,8 @@ def reasoning(
         if notes:
             text = "; ".join([*notes, text] if text else notes)
         if dim == "pp" and lay.pp > 1:
-            text += f"; m = {lay.microbatches} micro-batches: m >= 4p "
-            text += "met" if lay.microbatches >= 4 * lay.pp else "not met"
+            met = "met" if lay.microbatches >= 4 * lay.pp else "not met"
+            text += ("; " if text else "") + f"m = {lay.microbatches} micro-batches: m >= 4p {met}"
         out.append(Reason(dim, _value(lay, dim), RULES[dim], text or "the only choice"))
     out.append(
         Reason(
@@ -184,7 +184,7 @@ def near_misses(
 ) -> list[tuple[Evaluation, str]]:
     """The runners-up and, for each kind of rejection, its fastest layout, with why they lose."""
     out = [(e, loss_line(best, e, named=False)) for e in ranked[1 : 1 + count]]
-    for kind in ("crosses-nodes", "memory"):
+    for kind in ("crosses-nodes", "framework", "memory"):
         rejected = [e for e in every if e.rejected_kind == kind]
         if rejected:
             fastest = min(rejected, key=lambda e: e.step_s)

@@ -11,6 +11,7 @@ from diag.contract.devices import DEVICES
 from diag.plan import Plan
 from diag.plan.activations import block_activation_bytes
 from diag.plan.evaluate import GB, Evaluation
+from diag.plan.frameworks import GENERIC, State
 from diag.plan.job import Cluster, Job, Layout
 from diag.plan.nofit import NoFit
 
@@ -56,6 +57,31 @@ def block_text(job: Job) -> str:
     return ", ".join(parts)
 
 
+def state_text(state: State) -> str:
+    """What a framework keeps per parameter at one stage: `params 2 + grads 2 + fp32 grads
+    4 + optimizer 12/d B/param` (d: the ZeRO group)."""
+    parts = []
+    named = (("params", state.params), ("grads", state.grads), ("fp32 grads", state.fp32_grads))
+    for name, per in (*named, ("optimizer", state.optimizer)):
+        terms = [f"{per.whole:g}"] if per.whole else []
+        terms += [f"{per.sharded:g}/d"] if per.sharded else []
+        if terms:
+            parts.append(f"{name} {' + '.join(terms)}")
+    return " + ".join(parts) + " B/param"
+
+
+def framework_text(job: Job) -> str | None:
+    """The framework line: what it keeps at each stage it runs, its reserve."""
+    framework = job.framework
+    if framework is GENERIC:
+        return None
+    stages = "; ".join(f"ZeRO-{z}: {state_text(framework.state[z])}" for z in framework.zero_stages)
+    return (
+        f"framework  {framework.key} ({framework.name}): {stages}; runtime reserve "
+        f"{framework.reserve_bytes / GB:g} GB (docs/plan.md)"
+    )
+
+
 def _evaluation_json(e: Evaluation) -> dict[str, Any]:
     return {
         "layout": e.layout.key(),
@@ -67,9 +93,11 @@ def _evaluation_json(e: Evaluation) -> dict[str, Any]:
         "bubble_fraction": e.bubble_fraction,
         "bubble": bubble_text(e.layout),
         "memory_bytes": e.memory.as_dict(),
+        "memory_parts_bytes": e.memory.parts(),
         "time": e.time.as_dict(),
         "comm_bytes_per_step": e.comm_bytes,
         "rejected": e.rejected,
+        "rejected_kind": e.rejected_kind,
         "notes": list(e.notes),
     }
 
@@ -88,6 +116,7 @@ def plan_json(plan: Plan, top: int = TOP) -> dict[str, Any]:
             "global_batch": job.global_batch,
             "micro_batch": job.micro_batch,
             "tokens_per_step": job.tokens_per_step,
+            "framework": None if job.framework is GENERIC else job.framework.key,
         },
         "cluster": {
             "gpus": cluster.gpus,
@@ -195,6 +224,9 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
         f"considered {len(plan.evaluated) + len(plan.invalid):,} layouts: {len(plan.ranked):,} "
         "feasible",
     ]
+    framework_line = framework_text(job)
+    if framework_line is not None:
+        lines.insert(5, framework_line)
     if plan.capped_at is not None:
         lines.append(
             f"note: the search stopped at {plan.capped_at:,} layouts (--max-layouts), in the "
@@ -222,8 +254,7 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
     for e in shown[:1] if given else plan.ranked[:1]:
         lines.append("")
         lines.append(f"{e.layout.key()}:")
-        mem = e.memory.as_dict()
-        lines.append("  memory/GPU  " + "  ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
+        lines.append("  memory/GPU  " + memory_text(e.memory.as_dict(), e.memory.parts()))
         lines.append(
             f"  state/GPU   {_gb(e.memory.static_bytes)} (params + grads + optimizer)"
             f"  bubble {bubble_text(e.layout)}"
@@ -255,12 +286,24 @@ def plan_text(plan: Plan, top: int = TOP) -> str:
     return "\n".join(lines) + "\n"
 
 
+def memory_text(categories: dict[str, float], parts: dict[str, float]) -> str:
+    """`params 7.3 GB  grads 22.0 GB (fp32 14.7 GB)  ...  fragmentation 4.1 GB (reserve
+    2.0 GB)`: the six categories (and total, if given), the framework's parts in theirs."""
+    within = {"grads": ("fp32", parts.get("fp32_grads", 0.0))}
+    within["fragmentation"] = ("reserve", parts.get("reserve", 0.0))
+    shown = []
+    for k, v in categories.items():
+        name, part = within.get(k, ("", 0.0))
+        shown.append(f"{k} {_gb(v)}" + (f" ({name} {_gb(part)})" if part else ""))
+    return "  ".join(shown)
+
+
 def no_fit_lines(nofit: NoFit) -> list[str]:
     """The least memory any layout needs, by category, against the budget; the nearest
     misses, the least over it first."""
     least, budget = nofit.least, nofit.budget_bytes
-    categories = "  ".join(
-        f"{k} {_gb(v)}" for k, v in least.memory.as_dict().items() if k != "total"
+    categories = memory_text(
+        {k: v for k, v in least.memory.as_dict().items() if k != "total"}, least.memory.parts()
     )
     floor = "  ".join(f"{k} {_gb(v)}" for k, v in nofit.floor_bytes.items())
     if nofit.fits_elsewhere:

@@ -7,10 +7,12 @@ search enumerates (make_plan says so when it cuts the search)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from diag.contract.input_rules import tp_split_problem
 from diag.plan.divisors import divisors
+from diag.plan.frameworks import Framework
 from diag.plan.job import RECOMPUTE, Cluster, Job, Layout
 from diag.plan.pipeline import stage_count_problem
 
@@ -40,6 +42,21 @@ class SearchSpace:
     max_layouts: int = MAX_LAYOUTS
     sequence_parallel: bool = True
     """Sequence parallelism with tp > 1 (Korthikanti 2022); off for frameworks before it."""
+
+
+def framework_space(framework: Framework, **given: Any) -> SearchSpace:
+    """The search space `framework` offers (its ZeRO stages, recomputation, interleaving, CP
+    and sequence parallelism; pp = 1 without a pipeline schedule), `given` fields over it
+    (diag.plan.inputs refuses one the framework does not run)."""
+    offered = SearchSpace(
+        zero_stages=framework.zero_stages,
+        recompute=framework.recompute,
+        max_v=framework.max_v,
+        max_cp=framework.max_cp,
+        pp=None if framework.pipeline_zero else 1,
+        sequence_parallel=framework.sequence_parallel,
+    )
+    return replace(offered, **given)
 
 
 @dataclass(frozen=True)

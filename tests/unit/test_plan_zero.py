@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from diag.cli.main import main
 from diag.plan import Cluster, Evaluation, Job, Layout, make_plan
 from diag.plan.evaluate import PIPELINE_ENGINE_NOTE, evaluate
-from diag.plan.memory import ZERO2_BUCKET_BYTES, stage_expert_params, stage_params
+from diag.plan.frameworks import ZERO2_BUCKET_BYTES
+from diag.plan.memory import stage_expert_params, stage_params
 from simulator.config import ModelSpec
 from simulator.hardware import HardwareSpec
 
