@@ -13,8 +13,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from diag.numeric.compiled import compiled, for_size
+from diag.numeric.compiled import compiled, is_loaded
 from diag.numeric.ordering import combined_key
+from diag.numeric.window_unions import window_unions
+
+NUMPY_UNIONS_UP_TO = 500_000
+"""Below this many intervals a process that has not loaded the compiled loop measures in numpy
+(~0.5 us an interval) rather than import numba and load the loop (~0.4 s; ~0.1 us an interval)."""
 
 
 def _as_array(intervals: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
@@ -209,8 +214,13 @@ def union_lengths_in_windows(
     none), cut to that window ([window_starts[w], window_ends[w])); for each window and each
     bit k < measure_count, the measure of the union of its intervals whose `measures` has
     bit k set (an int64 array, windows x measure_count). Integer keys and times. Compiled
-    for large inputs (diag/numeric/compiled.py)."""
-    loop = for_size(_window_unions_loop, len(keys))
+    for large inputs (diag/numeric/compiled.py) or where the compiled loop is loaded; in numpy
+    below NUMPY_UNIONS_UP_TO intervals otherwise (diag/numeric/window_unions.py: the same
+    totals, without importing numba)."""
+    if len(keys) < NUMPY_UNIONS_UP_TO and not is_loaded(_window_unions_loop):
+        loop = window_unions
+    else:
+        loop = compiled(_window_unions_loop)
 
     def ints(values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.int64)
