@@ -1,7 +1,7 @@
 """Live runs (`diag dashboard RUN --live`): each run directory still being written is followed
-in a background thread, which reads only the bytes its rank files gained since the last read
-(`diag.RunTail`), measures and diagnoses the run again when every rank has finished a new step,
-and puts the fresh `LoadedRun` in place of the old one in the list the pages read. `version`
+in a background thread, which reads only the bytes its rank files gained since the last read and
+takes in each step every rank has finished once (`diag.LiveRun`: the step's rows of the per-step
+tables are kept, its records dropped), diagnoses the run from the kept tables, and puts the fresh `LoadedRun` in place of the old one in the list the pages read. `version`
 counts the updates; the browser asks for it every few seconds and redraws the page when it
 changed (dashboard/app.py), without a reload.
 
@@ -15,12 +15,8 @@ import threading
 from typing import Any
 
 from dashboard.data import LoadedRun
-from diag import RunTail, diagnose
+from diag import LiveRun, diagnose
 from diag.contract import schema
-
-FOLLOW_ALL_STEPS = 2**62
-"""The window of a followed run: every step (the dashboard shows the whole run)."""
-
 
 class LiveRuns:
     """Follows the growing runs of `runs` (a list the pages read; its items are replaced)."""
@@ -51,27 +47,29 @@ class LiveRuns:
             thread.join(timeout=10)
 
     def _follow(self, index: int) -> None:
-        tail = RunTail(self.runs[index].run.path, FOLLOW_ALL_STEPS)
-        shown = None
+        live = LiveRun(self.runs[index].run.path)  # every step: the dashboard shows the run
         while not self._stop.is_set():
-            manifest = tail.manifest()
+            manifest = live.manifest()
             if manifest is not None:
                 ended = manifest.status != schema.RunStatus.RUNNING.value
-                tail.poll(manifest)
-                last = tail.finished_step(manifest.world_size)
-                if last is not None and last != shown:
-                    shown = last
-                    self._update(index, tail, manifest, last)
+                try:
+                    last = live.update(manifest)
+                except Exception as error:  # a live view must outlive one bad read
+                    self.errors.append(f"{type(error).__name__}: {error}")
+                    last = None
+                if last is not None:
+                    self._update(index, live)
                 if ended:
                     return
             self._stop.wait(self.interval_s)
 
-    def _update(self, index: int, tail: RunTail, manifest: schema.Manifest, last: int) -> None:
-        """The run up to step `last`, diagnosed, in place of the one shown. An update that
-        fails (a run half written in a way the analysis refuses) keeps the last good state and
-        the reason; the next step tries again: a live view must outlive one bad read."""
+    def _update(self, index: int, live: LiveRun) -> None:
+        """The run up to its last finished step, diagnosed, in place of the one shown. An
+        update that fails (a run half written in a way the analysis refuses) keeps the last
+        good state and the reason; the next step tries again: a live view must outlive one
+        bad read."""
         try:
-            run = tail.window(manifest, last)
+            run = live.run()
             metrics, report = diagnose(run, self.config)
         except Exception as error:
             self.errors.append(f"{type(error).__name__}: {error}")

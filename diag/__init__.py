@@ -20,7 +20,10 @@ Types
 Growing runs
     `RunTail(folder, window_steps)`: a run directory read while it grows (`poll`, only the
     bytes appended since the last read; `window` of the last finished steps), for `diag watch`
-    and the live dashboard.
+    and the live dashboard. `LiveRun(folder, window_steps)`: a growing run analysed
+    incrementally (`update(manifest)` takes in the newly finished steps once, `run()` is the
+    RunData of them all, or of the last `window_steps`, from the kept per-step tables); what
+    `diag watch` and the live dashboard diagnose.
 The report contract
     `REPORT_SCHEMA` ("diag.report/1", the report's `schema` field).
 Reading a report as diag shows it
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from diag.contract.schema import REPORT_SCHEMA
     from diag.errors import InputError
     from diag.metrics import RunMetrics, compute_metrics
+    from diag.metrics.live import LiveRun
     from diag.outputs.compare import compare_reports
     from diag.outputs.report import Section, device_section, hta_sections
     from diag.outputs.report_lines import PATTERN_NAMES
@@ -73,6 +77,7 @@ _HOME = {
     "format_metric": "diag.outputs.units",
     "compare_reports": "diag.outputs.compare",
     "RunTail": "diag.read.growing",
+    "LiveRun": "diag.metrics.live",
 }
 """Each public name and the module that defines it."""
 
@@ -80,6 +85,7 @@ __all__ = [
     "PATTERN_NAMES",
     "REPORT_SCHEMA",
     "InputError",
+    "LiveRun",
     "RunData",
     "RunMetrics",
     "RunTail",

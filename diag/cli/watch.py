@@ -6,10 +6,12 @@ since, diag/rankfile/tail.py: whole lines of a `.jsonl` file, whole record batch
 one; what is still being written waits for the next read), each record checked as the loader checks
 it (diag/contract/schema.py, diag/rankfile/record_checks.py: nothing is executed, no line over
 MAX_LINE_BYTES is held, no nesting deeper than MAX_JSON_DEPTH is parsed, an Arrow batch is read with
-the full reader's checks). The steps every rank has finished are analysed as a window of the last
-`window_steps` (the rules see what the job does now, not its average since the start, so a straggler
-that appears midway is named within a few steps), and older records are dropped, so the memory stays
-that of the window however long the job runs.
+the full reader's checks). Each step every rank has finished is taken in once (diag/metrics/live.py:
+its records become its rows of the per-step tables, then are dropped), and the analysis reads the
+kept tables of the last `window_steps` (the rules see what the job does now, not its average since
+the start, so a straggler that appears midway is named within a few steps); older rows are dropped,
+so the memory stays that of the window however long the job runs, and a step costs the same to take
+in at step 10 as at step 10,000.
 
 A finding is the same finding while its rule and blamed ranks are (`rule`, `ranks`); it is
 reported gone only after two analyses without it, so one noisy window does not make it flap.
@@ -31,7 +33,7 @@ from diag.cli.shell import fail, project_config, rule_thresholds
 from diag.contract import schema
 from diag.errors import InputError
 from diag.outputs.report_lines import finding_head
-from diag.read.growing import RunTail
+from diag.metrics.live import LiveRun
 
 GONE_AFTER = 2
 """Analyses in a row without a finding before it is reported gone."""
@@ -84,26 +86,24 @@ def watch(
     line to `out` for every finding that appears, changes severity or goes; returns the final
     status. InputError when no manifest appears within `wait_s`."""
     stream = out or sys.stdout
-    tail = RunTail(Path(folder), window_steps)
+    live = LiveRun(Path(folder), window_steps)
     log = FindingLog()
-    started, analysed = clock(), None
+    started = clock()
     while True:
-        manifest = tail.manifest()
+        manifest = live.manifest()
         if manifest is None:
             if clock() - started > wait_s:
                 raise InputError(folder, f"no readable manifest.json after {wait_s:.0f} s")
             time.sleep(min(interval_s, 0.5))
             continue
         ended = manifest.status != schema.RunStatus.RUNNING.value
-        tail.poll(manifest)  # after reading the status: an ended run's files are complete
-        last = tail.finished_step(manifest.world_size)
-        if last is not None and last != analysed:
-            analysed = last
-            _, report = diagnose(tail.window(manifest, last), config)
+        last = live.update(manifest)  # after reading the status: an ended run's files are complete
+        if last is not None:
+            _, report = diagnose(live.run(), config)
             for line in log.update(report["findings"], last):
                 print(line, file=stream, flush=True)
         if ended:
-            print(f"diag watch: run {manifest.status} after step {analysed}", file=stream,
+            print(f"diag watch: run {manifest.status} after step {live.last}", file=stream,
                   flush=True)  # fmt: skip
             return str(manifest.status)
         time.sleep(interval_s)

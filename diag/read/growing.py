@@ -1,7 +1,9 @@
 """A growing run directory read a poll at a time (`diag.RunTail`, for `diag watch` and the live
 dashboard): only the bytes appended since the last read (diag/rankfile/tail.py), each record
 checked as the loader checks it, the records of unfinished steps and of the last `window_steps`
-finished ones kept, so the memory stays that of the window however long the job runs.
+finished ones kept, so the memory stays that of the window however long the job runs; or, for an
+incremental analysis (diag/metrics/live.py), the records of finished steps handed over once
+(`take`) and dropped.
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ class RunTail:
         }
         run = run_from_records(manifest, self.folder, shown, list(self.skipped))
         return dataclasses.replace(run, starts_at_warmup=first == 0)
+
+    def take(self, manifest: schema.Manifest, last: int) -> RunData:
+        """The records of every step up to `last` not taken before, as a RunData, dropped
+        from memory: what an incremental analysis (`diag.LiveRun`) turns into its per-step
+        tables once, so that it never reads a record twice."""
+        taken: dict[str, list[dict[str, Any]]] = {}
+        for kind, rows in self.records.items():
+            taken[kind] = [r for r in rows if r["step"] <= last]
+            self.records[kind] = [r for r in rows if r["step"] > last]
+        notes: list[str] = []  # repeated step records, the last of each kept
+        run = run_from_records(manifest, self.folder, taken, notes)
+        self.skipped += notes
+        return dataclasses.replace(run, starts_at_warmup=False, skipped=[])
+
+    def files(self) -> list[Path]:
+        """The rank files found so far."""
+        return [tail.path for tail in self._tails.values()]
 
     def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(kind, record) of the records appended to the rank's file since the last read."""
