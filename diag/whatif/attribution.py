@@ -4,8 +4,9 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 - a persistent straggler: one rank's local time at the median of its peers in the same role
   (same pipeline stage, same TP position), its typical excess removed from every step; also
   split into its compute and its host time (data loading, time outside any span);
-- random imbalance: every rank's local time at that step's peer median (the saving beyond what
-  removing every rank's persistent excess saves: per-step noise, not one slow rank);
+- random imbalance: every rank's local time at its stage's mean in that step (the saving beyond
+  what removing every rank's persistent excess saves: per-step noise, not one slow rank), and
+  the bound if the variation is noise: every place at the quickest its stage ever did it;
 - stage imbalance: each pipeline stage's local time at the mean of the other stages';
 - communication: each group's transfers at zero (what communication itself costs, the
   waiting for late peers excluded), and at the ledger's bytes over the declared link bandwidth;
@@ -16,7 +17,6 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -26,12 +26,18 @@ import pandas as pd
 
 from diag.contract import ledger
 from diag.numeric.keys import in_steps, whole_steps
-from diag.numeric.ordering import dense_key, group_medians, grouped_order, half_units
 from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
 from diag.whatif.causes import Cause, CauseKind
+from diag.whatif.places import (
+    group_codes,
+    group_medians_per_element,
+    peer_medians,
+    stage_floors,
+    stage_means,
+)
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S, gaps_table, waits_table
 
@@ -165,8 +171,9 @@ class _Scenarios:
         self.j = ev["j"].to_numpy()
         self.host = ev["host_ns"].to_numpy(dtype=np.float64)
         self.role = rank_roles(run, timeline.ranks)
-        self.peer_median = _peer_medians(ev, self.role)
-        self.stage_mean = _stage_means(ev, self.role)
+        self.peer_median = peer_medians(ev, self.role)
+        self.stage_mean = stage_means(ev, self.role)
+        self.stage_floor = stage_floors(ev, self.role)
         self.balanced = 0.0  # set by `imbalance`
         self.host_steps = host
 
@@ -195,11 +202,11 @@ class _Scenarios:
     def _typical(self) -> dict[str, np.ndarray]:
         """Per piece, per event: the typical (median over steps) difference of its rank's
         local time at this place of the step from its peers' median (0 without peers)."""
-        codes = _group_codes(self.rank, self.j)
+        codes = group_codes(self.rank, self.j)
         out = {}
         for name, part in self._pieces.items():
             peers = self._seg_peer_median if name == "all" else self.peer_median(part)
-            out[name] = np.nan_to_num(_group_medians(codes, part - peers))
+            out[name] = np.nan_to_num(group_medians_per_element(codes, part - peers))
         return out
 
     @cached_property
@@ -285,7 +292,13 @@ class _Scenarios:
         """Random imbalance: with every rank's persistent excess removed, each rank's local time
         at each place of each step replaced by the mean over its stage's ranks (the ranks of
         one stage do the same work; balancing data or sequence lengths moves work between them
-        and deletes none, so the mean, not the fastest rank, is what balance would give)."""
+        and deletes none, so the mean, not the fastest rank, is what balance would give).
+
+        The evidence adds what the per-step variation costs if it is noise rather than work
+        (`if_noise_saves_s`): each place at the quickest its stage ever did it (any rank, any
+        step), as delays from noise (interrupts, other processes, pauses, a sleep) only add
+        time. It is a bound, not the cost: work that varies per batch is no noise, and a loaded
+        host's scheduling makes every piece vary (read beside HST001)."""
         leveled, persistent = self.leveled, self.leveled_saving
         seg = leveled.seg_ns
         mean = self.stage_mean(seg)
@@ -293,10 +306,21 @@ class _Scenarios:
         per_step = self.saving(even)
         self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
         random_part = max(per_step - persistent, 0.0)
+        floor = self.stage_floor(seg)
+        quickest = np.minimum(seg, np.where(np.isnan(floor), seg, floor))
+        quick = self.saving(Durations(quickest, leveled.transfer_ns, leveled.post_ns))
+        if_noise = max(quick - persistent, random_part)
+        explained = (
+            f"balancing the work across each stage's ranks saves {random_part / 1e6:.1f} ms per "
+            f"step; if the variation is noise rather than work (interrupts, other processes, "
+            f"pauses), removing it saves up to {if_noise / 1e6:.1f} ms"
+        )
         return [self._cause(CauseKind.IMBALANCE, "random per-step imbalance across ranks (data or "
                             "sequence lengths, jitter)", random_part, evidence={
                                 "every_step_balanced_s": per_step / NS_PER_S,
-                                "persistent_excess_removed_s": persistent / NS_PER_S})]  # fmt: skip
+                                "persistent_excess_removed_s": persistent / NS_PER_S,
+                                "if_noise_saves_s": if_noise / NS_PER_S,
+                                "explained": explained})]  # fmt: skip
 
     def stages(self) -> list[Cause]:
         """Each stage heavier than the others at their mean, replayed with every rank's
@@ -387,68 +411,6 @@ class _Scenarios:
         zero = np.zeros_like(self.base.transfer_ns)
         times = step_times_ns(self.timeline, replay(self.timeline, Durations(level, zero, zero)))
         return float(times[self.ok].mean())
-
-
-def _group_codes(*keys: np.ndarray) -> np.ndarray:
-    """One dense integer (0..G-1) per distinct combination of the key columns (integers)."""
-    return pd.factorize(dense_key(*keys))[0]
-
-
-def _group_medians(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per element, the median of its group's values (NaN values skipped; NaN for a group of
-    NaN only): one sort of (group, value) as one integer where the values are exact halves."""
-    medians = np.full(int(codes.max()) + 1 if len(codes) else 0, np.nan)
-    valid = ~np.isnan(values)
-    if valid.any():
-        units = half_units(values[valid])
-        found = (units, 2.0) if units is not None else (values[valid], 1.0)
-        groups, valid_medians = group_medians(codes[valid], *found)
-        medians[groups] = valid_medians
-    return medians[codes]
-
-
-def _peer_medians(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
-    """A function: for values per event, the median of the same (step, place) over the
-    other ranks of the event's role (NaN where the rank has no peer there)."""
-    roles = role["role"].reindex(events["rank"].to_numpy()).to_numpy()
-    codes = _group_codes(roles, events["step"].to_numpy(), events["j"].to_numpy())
-    # the members of each group in sorted order, whatever the values: for each, where the
-    # two middle values of its group without it lie (after it: one further)
-    count = np.bincount(codes)
-    group = np.repeat(np.arange(len(count)), count)
-    n, first = count[group], np.cumsum(count)[group] - count[group]
-    place = np.arange(len(codes)) - first
-    m = n - 1
-
-    def without_member(i: np.ndarray) -> np.ndarray:
-        return first + np.minimum(i + (i >= place), n - 1)
-
-    low, high = without_member(np.maximum(m - 1, 0) // 2), without_member(m // 2)
-    alone = n < 2
-
-    def median_of_others(values: np.ndarray) -> np.ndarray:
-        units = half_units(values)  # equal values in any order: the medians are the same
-        order = np.lexsort((values, codes)) if units is None else grouped_order(codes, units)
-        ordered = values[order]
-        out = np.empty(len(values))
-        out[order] = np.where(alone, np.nan, (ordered[low] + ordered[high]) / 2)
-        return out
-
-    return median_of_others
-
-
-def _stage_means(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
-    """A function: for values per event, the mean of the same (step, place) over the ranks of
-    the event's pipeline stage (NaN where the rank is alone there)."""
-    stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
-    codes = _group_codes(stages, events["step"].to_numpy(), events["j"].to_numpy())
-
-    def mean_of_stage(values: np.ndarray) -> np.ndarray:
-        grouped = pd.Series(values).groupby(codes)
-        count = grouped.transform("size").to_numpy()
-        return np.where(count < 2, np.nan, grouped.transform("mean").to_numpy())
-
-    return mean_of_stage
 
 
 def with_waits(ranks: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:

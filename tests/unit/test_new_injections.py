@@ -9,7 +9,9 @@ and ranks) with the step time the cause adds, within RECOVERY:
   lengths) moves work between the ranks of a stage and deletes none, so what it can save is
   the injected run against the same run with each step's draws replaced by their mean over
   each stage's ranks (the simulator re-run with balanced draws: the ground truth of the
-  `imbalance` counterfactual, docs/metrics.md "Attribution").
+  `imbalance` counterfactual, docs/metrics.md "Attribution"). Its bound if the variation is
+  noise (`if_noise_saves_s`: every piece of work at the quickest its stage did it) rises with
+  what the injection adds to the step, within NOISE_RECOVERY.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ LAYOUT = ["--ranks", "8", "--layout", "dp=2,tp=2,pp=2", "--gpus-per-node", "4", 
 so the healthy run already has a `stage` cause (and PIP003) naming ranks 2, 3, 6, 7."""
 RECOVERY = 0.10
 """The largest relative gap between a cause's cost and the step time its injection adds."""
+NOISE_RECOVERY = 0.20
+"""The same for the jitter's noise bound (the issue's bar; measured 12% below at 5 steps: the
+quickest instance of a piece of work over a few steps still holds some jitter)."""
 
 CASES = {
     # spec: (cause kind, cause ranks, main finding, its ranks)
@@ -130,3 +135,19 @@ def test_the_first_new_finding_names_the_injection(
     known = {(f["rule"], tuple(f["ranks"])) for f in healthy["findings"]}
     new = [f for f in injected[spec]["findings"] if (f["rule"], tuple(f["ranks"])) not in known]
     assert new and (new[0]["rule"], new[0]["ranks"]) == (rule, ranks)
+
+
+def test_the_jitters_noise_bound_is_what_it_adds(
+    healthy: dict[str, Any], injected: dict[str, dict[str, Any]]
+) -> None:
+    """The jitter sleeps: no work, so removing it saves what it adds, and the imbalance's bound
+    if the variation is noise recovers that (the healthy run's own noise subtracted)."""
+
+    def bound_s(report: dict[str, Any]) -> float:
+        causes = [c for c in report["attribution"]["causes"] if c["kind"] == "imbalance"]
+        return float(causes[0]["evidence"]["if_noise_saves_s"]) if causes else 0.0
+
+    report = injected[JITTER]
+    added_s = report["attribution"]["measured_step_s"] - healthy["attribution"]["measured_step_s"]
+    rise_s = bound_s(report) - bound_s(healthy)
+    assert rise_s == pytest.approx(added_s, rel=NOISE_RECOVERY), (rise_s, added_s)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.whatif.attribution import _group_codes, _group_medians, _peer_medians
+from diag.whatif.places import group_codes, group_medians_per_element, peer_medians, stage_floors
 
 
 def _median(values: list[float]) -> float:
@@ -38,13 +38,13 @@ def test_group_medians_are_the_medians_of_each_group(kind: str) -> None:
     if kind == "nan":
         values[rng.random(3_000) < 0.4] = np.nan
         values[(rank == 3) & (place == 4)] = np.nan  # a group of NaN only
-    codes = _group_codes(rank, place)
+    codes = group_codes(rank, place)
     medians = {}
     for code in np.unique(codes):
         valid = [float(v) for v in values[codes == code] if not np.isnan(v)]
         medians[code] = _median(valid) if valid else np.nan
     expected = [medians[code] for code in codes]
-    assert _bits(_group_medians(codes, values)) == _bits(np.array(expected))
+    assert _bits(group_medians_per_element(codes, values)) == _bits(np.array(expected))
 
 
 @pytest.mark.parametrize("kind", ["whole", "halves", "signed zeros", "quarters"])
@@ -55,7 +55,7 @@ def test_peer_medians_are_the_medians_of_the_other_ranks(kind: str) -> None:
                            "j": rng.integers(0, 40, n)})  # fmt: skip
     role = pd.DataFrame({"role": [r % 3 for r in range(10)]}, index=pd.Index(range(10)))
     values = _values(kind, n, rng)
-    got = _peer_medians(events, role)(values)
+    got = peer_medians(events, role)(values)
     keys = list(zip(events["rank"] % 3, events["step"], events["j"], strict=True))
     members: dict[tuple[int, int, int], list[int]] = {}
     for i, key in enumerate(keys):
@@ -64,4 +64,23 @@ def test_peer_medians_are_the_medians_of_the_other_ranks(kind: str) -> None:
     for i, key in enumerate(keys):
         others = [float(values[k]) for k in members[key] if k != i]
         expected.append(_median(others) if others else np.nan)
+    assert _bits(got) == _bits(np.array(expected))
+
+
+def test_stage_floors_are_the_least_of_a_place_over_the_stages_ranks_and_steps() -> None:
+    """The floor of a place: the least over every rank of the stage and every step, the same
+    kind of event only (a step whose events differ lends no work to another kind); NaN where
+    the place was seen once."""
+    rng = np.random.default_rng(3)
+    n = 1_500
+    events = pd.DataFrame({"rank": rng.integers(0, 8, n), "step": rng.integers(0, 4, n),
+                           "j": rng.integers(0, 25, n), "kind": rng.integers(1, 3, n)})  # fmt: skip
+    role = pd.DataFrame({"stage": [r // 4 for r in range(8)]}, index=pd.Index(range(8)))
+    values = rng.random(n)
+    got = stage_floors(events, role)(values)
+    keys = list(zip(events["rank"] // 4, events["j"], events["kind"], strict=True))
+    members: dict[tuple[int, int, int], list[float]] = {}
+    for key, value in zip(keys, values, strict=True):
+        members.setdefault(key, []).append(float(value))
+    expected = [min(members[k]) if len(members[k]) > 1 else np.nan for k in keys]
     assert _bits(got) == _bits(np.array(expected))

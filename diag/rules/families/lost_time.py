@@ -31,17 +31,22 @@ def random_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
         (larger gradient accumulation) average the noise out.
     Evidence:
         The counterfactual's saving (cost_s), the saving of every step balanced and of every
-        rank's typical excess removed.
+        rank's typical excess removed, and what removing the variation would save if it is
+        noise rather than work (`if_noise_saves_s`: every piece of work at the quickest its
+        stage ever did it; a bound, as varying work is no noise).
     """
     attribution = ctx.metrics.attribution
     cause = attribution.cause(CauseKind.IMBALANCE) if attribution else None
     if cause is None or cause.cost_share < limits["min_share"]:
         return []
+    if_noise_s = float(cause.evidence.get("if_noise_saves_s", cause.cost_s))
+    if_noise_share = cause.cost_share * if_noise_s / cause.cost_s
     return [
         Finding(
             severity="medium",
             title=f"random per-step imbalance: {cause.cost_share:.0%} of the step waits for "
-            "whichever rank is slowest that step",
+            f"whichever rank is slowest that step (up to {if_noise_share:.0%} if the variation "
+            "is noise, not work)",
             evidence=dict(cause.evidence),
             advice="balance the work per batch (length-bucketed or packed sequences, fixed "
             "shapes); keep the hosts quiet; accumulate gradients to synchronise less often",
