@@ -1,7 +1,8 @@
 """The published training configurations against `diag plan` (docs/plan.md, "Published
 layouts"): for each job, its published layout's rank among the meshes of a full search and of
-a search restricted to what its framework offered, the predicted per-GPU TFLOP/s of that
-layout against the published figure, and its predicted memory per GPU.
+a search restricted to what its framework offered (`--framework` and the options of the
+time), the predicted per-GPU TFLOP/s of that layout against the published figure, and its
+predicted memory per GPU under its framework and without one.
 
     .venv/bin/python benchmarks/plan_published.py        # prints the table's markdown rows
 
@@ -15,7 +16,16 @@ import time
 from dataclasses import dataclass, replace
 
 from diag.contract.devices import device_by_key
-from diag.plan import Job, SearchSpace, cluster_from_device, make_plan
+from diag.plan import (
+    FRAMEWORKS,
+    Job,
+    Plan,
+    SearchSpace,
+    cluster_from_device,
+    framework_space,
+    make_plan,
+)
+from diag.plan.evaluate import Evaluation, evaluate
 from diag.plan.job import Training
 from diag.plan.models import GPT_ERA, MODERN, preset
 from simulator.config import ModelSpec
@@ -36,18 +46,35 @@ class Published:
     framework: SearchSpace  # what its framework offered
     memory_note: str = ""
 
+    @property
+    def framework_key(self) -> str:
+        return FRAMEWORK_OF[self.framework]
 
-MEGATRON_2019 = SearchSpace(zero_stages=(0,), recompute=("full",), max_cp=1, max_v=1, pp=1,
-                            sequence_parallel=False)  # fmt: skip
-MEGATRON_2021 = SearchSpace(zero_stages=(0,), recompute=("full",), max_cp=1,
-                            sequence_parallel=False)  # fmt: skip
-DEEPSPEED_2022 = SearchSpace(zero_stages=(0, 1), recompute=("full",), max_cp=1,
-                             sequence_parallel=False)  # fmt: skip
-FSDP_2022 = SearchSpace(zero_stages=(3,), recompute=("full",), max_cp=1, pp=1,
-                        sequence_parallel=False)  # fmt: skip
-LLAMA3 = SearchSpace(zero_stages=(1, 2), max_cp=1)
-DEEPSEEK_V3 = SearchSpace(zero_stages=(1,), recompute=("selective", "full"), max_cp=1, tp=1)
-"""DeepSeek-V3 recomputes its norms and MLA up-projections: between the plan's two kinds."""
+
+MEGATRON, DEEPSPEED = FRAMEWORKS["megatron"], FRAMEWORKS["deepspeed"]
+FSDP, TORCHTITAN = FRAMEWORKS["fsdp"], FRAMEWORKS["torchtitan"]
+MEGATRON_2019 = framework_space(MEGATRON, zero_stages=(0,), recompute=("full",), max_cp=1,
+                                max_v=1, pp=1, sequence_parallel=False)  # fmt: skip
+MEGATRON_2021 = framework_space(MEGATRON, zero_stages=(0,), recompute=("full",), max_cp=1,
+                                sequence_parallel=False)  # fmt: skip
+DEEPSPEED_2022 = framework_space(DEEPSPEED, zero_stages=(0, 1), recompute=("full",),
+                                 sequence_parallel=False)  # fmt: skip
+FSDP_2022 = framework_space(FSDP, zero_stages=(3,), recompute=("full",))
+LLAMA3 = framework_space(TORCHTITAN, zero_stages=(2, 3), max_cp=1)
+"""Llama 3 (arXiv 2407.21783, 3.3.2): FSDP sharding optimizer state and gradients, the
+parameters not resharded after forward (torchtitan's default under a pipeline): ZeRO-2."""
+DEEPSEEK_V3 = framework_space(MEGATRON, zero_stages=(1,), recompute=("selective", "full"),
+                              max_cp=1, tp=1)  # fmt: skip
+"""DeepSeek-V3 recomputes its norms and MLA up-projections: between the plan's two kinds. Its
+framework (HAI-LLM) is not public: Megatron's ZeRO-1 distributed optimizer and EP stand in."""
+FRAMEWORK_OF = {
+    MEGATRON_2019: "megatron",
+    MEGATRON_2021: "megatron",
+    DEEPSPEED_2022: "deepspeed",
+    FSDP_2022: "fsdp",
+    LLAMA3: "torchtitan",
+    DEEPSEEK_V3: "megatron",
+}
 
 JOBS = [
     Published(
@@ -182,30 +209,46 @@ def rank_of(meshes: list, mesh: tuple[int, int, int, int]) -> tuple[int | None, 
 
 
 def main() -> None:
-    print("| job | published layout | rank: full search / framework's | predicted vs published "
-          "TFLOP/s per GPU | memory per GPU (predicted) |")  # fmt: skip
-    print("|---|---|---|---|---|")
+    print("| job | framework | published layout | rank: full search / framework's | predicted "
+          "vs published TFLOP/s per GPU | memory per GPU: framework's (none named) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for job in JOBS:
         started = time.perf_counter()
         cluster = cluster_from_device(device_by_key(job.device), job.gpus)
         work = Job(job.model, job.batch, 1, training=job.training)
         full = make_plan(work, cluster, space=SearchSpace(max_cp=1 if job.gpus > 4096 else 8))
-        framework = make_plan(work, cluster, space=job.framework)
+        framed = replace(work, framework=FRAMEWORKS[job.framework_key])
+        framework = make_plan(framed, cluster, space=job.framework)
         rank_full, _ = rank_of(full.meshes, job.mesh)
         rank_framework, evaluation = rank_of(framework.meshes, job.mesh)
         tp, pp, dp, ep = job.mesh
         layout = f"TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "")
         if evaluation is None:
-            predicted, memory = "not feasible", ""
+            evaluation = fastest_variant(framework, job.mesh)
+        if evaluation is None:
+            predicted, memory = "not buildable", ""
         else:
             share = evaluation.hfu if job.counts_recompute else evaluation.mfu
             tflops = share * cluster.peak_flops_per_s / 1e12
             predicted = f"{tflops:.0f} vs {job.tflops:.0f} ({tflops / job.tflops - 1:+.0%})"
-            memory = f"{evaluation.memory.total_bytes / 1e9:.1f} GB"
-            memory += f" ({job.memory_note})" if job.memory_note else ""
+            generic = evaluate(work, evaluation.layout, cluster).memory.total_bytes
+            memory = f"{evaluation.memory.total_bytes / 1e9:.1f} GB ({generic / 1e9:.1f} GB)"
+            memory += f", {job.memory_note}" if job.memory_note else ""
+            if not evaluation.feasible:
+                predicted += f"; rejected: {evaluation.rejected}"
         ranks = f"{rank_full or '-'} / {rank_framework or '-'} of {len(framework.meshes)}"
-        print(f"| {job.name} | {layout} | {ranks} | {predicted} | {memory} |  "
-              f"<!-- {time.perf_counter() - started:.0f} s -->", flush=True)  # fmt: skip
+        cells = [job.name, job.framework_key, layout, ranks, predicted, memory]
+        print(f"| {' | '.join(cells)} |  <!-- {time.perf_counter() - started:.0f} s -->",
+              flush=True)  # fmt: skip
+
+
+def fastest_variant(plan: Plan, mesh: tuple[int, int, int, int]) -> Evaluation | None:
+    """The published mesh's fastest variant among every layout evaluated, feasible or not
+    (when its framework's search finds none of them feasible: why not)."""
+    same = [
+        e for e in plan.evaluated if (e.layout.tp, e.layout.pp, e.layout.dp, e.layout.ep) == mesh
+    ]
+    return min(same, key=lambda e: (e.memory.total_bytes, e.step_s), default=None)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,13 @@ def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
     """Payload bytes one GPU of the heaviest stage moves per step, by parallel dimension.
 
     `dp` is the gradient reduction, `zero` the parameter gathers, of the P parameters the GPU
-    holds (2 B each; the experts' only where they have replicas, dp > ep): ZeRO-0 one
-    all-reduce of 2P; ZeRO-1 one reduce-scatter of 2P and one all-gather of 2P (an
-    all-reduce's two halves: the same wire bytes as ZeRO-0's); ZeRO-2 m reduce-scatters of 2P
-    and one all-gather; ZeRO-3 m reduce-scatters of 2P and, per micro-batch, each block's
-    parameters gathered in forward (twice under full recomputation) and in backward."""
+    holds (2 B each, or the framework's fp32 gradients' 4 B; the experts' only where they have
+    replicas, dp > ep): ZeRO-0 one all-reduce of 2P; ZeRO-1 one reduce-scatter of 2P and one
+    all-gather of 2P (an all-reduce's two halves: the same wire bytes as ZeRO-0's); ZeRO-2 m
+    reduce-scatters of 2P (one where the framework accumulates the full gradients: FSDP2 under
+    a pipeline) and one all-gather; ZeRO-3 m reduce-scatters of 2P and, per micro-batch, each
+    block's parameters gathered in forward (twice under full recomputation) and in
+    backward."""
     m = job.model
     b, s, h = job.micro_batch, m.seq_len // layout.cp, m.hidden
     n, mbs = layers_per_gpu(job, layout), layout.microbatches
@@ -90,8 +92,9 @@ def comm_bytes_per_step(job: Job, layout: Layout) -> dict[str, float]:
     if expert_dp(layout) == 1:  # each expert has one replica: nothing to reduce or gather
         params -= stage_expert_params(job, layout)
     if layout.dp > 1:
-        reductions = 1 if layout.zero < 2 else mbs
-        out["dp"] = reductions * ledger.dp_grad_payload_bytes(params, PARAM_BYTES)
+        reductions = job.framework.reductions(layout.zero, layout.pp, mbs)
+        state = job.framework.state_at(layout.zero, layout.pp)
+        out["dp"] = reductions * ledger.dp_grad_payload_bytes(params, state.reduce_bytes)
     if layout.dp > 1 and layout.zero in (1, 2):
         out["zero"] = params * PARAM_BYTES
     if layout.dp > 1 and layout.zero >= 3:

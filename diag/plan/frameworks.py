@@ -55,6 +55,8 @@ class State:
     """A full-size gradient bucket beside the sharded gradients (grads; at most 2 B/param)."""
     reduce_bucket_bytes: float = 0.0
     """A flat fp32 copy the reduction works on (comm_buffers; at most the fp32 gradients)."""
+    reduce_bytes: float = 2.0
+    """B/param the gradient reduction moves: 4 where it reduces the fp32 gradients."""
 
     def bytes_per_param(self, dp: int) -> float:
         """Per parameter of the GPU's share, buckets and flat buffer left out."""
@@ -74,25 +76,27 @@ ZERO_PAPER = {
 }
 """The default: 2 + 2 + 12 B/param, sharded as the ZeRO stage says (today's plan)."""
 MEGATRON = {
-    0: State(WHOLE_2, NONE, WHOLE_4, WHOLE_12),
-    1: State(WHOLE_2, NONE, WHOLE_4, SHARD_12),
+    0: State(WHOLE_2, NONE, WHOLE_4, WHOLE_12, reduce_bytes=4),
+    1: State(WHOLE_2, NONE, WHOLE_4, SHARD_12, reduce_bytes=4),
 }
 """bf16 params, the fp32 main-grad buffer DDP reduces from (bf16 forces
 --accumulate-allreduce-grads-in-fp32), fp32 master + Adam: 18 B/param, or 6 + 12/d with the
-distributed optimizer (Megatron-LM docs/distrib_optimizer.md)."""
+distributed optimizer (Megatron-LM docs/distrib_optimizer.md); the reduction moves the fp32
+gradients."""
 DEEPSPEED = {
-    0: State(WHOLE_2, WHOLE_2, WHOLE_4, WHOLE_12, reduce_bucket_bytes=FP32_REDUCE_BUCKET_BYTES),
-    1: State(WHOLE_2, WHOLE_2, WHOLE_4, SHARD_12, reduce_bucket_bytes=FP32_REDUCE_BUCKET_BYTES),
+    0: State(WHOLE_2, WHOLE_2, WHOLE_4, WHOLE_12, 0, 0, FP32_REDUCE_BUCKET_BYTES, 4),
+    1: State(WHOLE_2, WHOLE_2, WHOLE_4, SHARD_12, 0, 0, FP32_REDUCE_BUCKET_BYTES, 4),
     2: State(WHOLE_2, SHARD_2, SHARD_4, SHARD_12, grad_bucket_bytes=ZERO2_BUCKET_BYTES),
     3: State(SHARD_2, SHARD_2, SHARD_4, SHARD_12),
 }
 """ZeRO 0-1 in bf16 run the BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py): bf16 params
-and grads, the full fp32 gradients it accumulates into, the fp32 master and Adam partitioned;
-ZeRO 2-3 (stage_1_and_2.py, stage3.py) keep the partition's gradients in fp32 for the step."""
+and grads, the full fp32 gradients it accumulates into and all-reduces, the fp32 master and
+Adam partitioned; ZeRO 2-3 (stage_1_and_2.py, stage3.py) reduce the bf16 gradients and keep
+the partition's gradients in fp32 for the step."""
 FSDP_STATE = {
-    0: State(WHOLE_4, NONE, WHOLE_4, PerParam(8), flat_buffer=4),
-    2: State(PerParam(2, 4), NONE, SHARD_4, SHARD_8),
-    3: State(PerParam(0, 4), NONE, SHARD_4, SHARD_8),
+    0: State(WHOLE_4, NONE, WHOLE_4, PerParam(8), flat_buffer=4, reduce_bytes=4),
+    2: State(PerParam(2, 4), NONE, SHARD_4, SHARD_8, reduce_bytes=4),
+    3: State(PerParam(0, 4), NONE, SHARD_4, SHARD_8, reduce_bytes=4),
 }
 """PyTorch FSDP with MixedPrecision(param_dtype=bf16, reduce_dtype=fp32): the sharded fp32
 parameters are the optimizer's master weights, the gradients are reduce-scattered to fp32
@@ -100,11 +104,12 @@ shards; SHARD_GRAD_OP (ZeRO-2) keeps the gathered bf16 parameters from forward t
 ZeRO-0 is DDP under autocast: fp32 weights and gradients, DDP's fp32 buckets."""
 TORCHTITAN_PIPELINED = {
     0: FSDP_STATE[0],
-    2: State(PerParam(2, 4), NONE, PerParam(4, 4), SHARD_8),
-    3: State(PerParam(0, 4), NONE, PerParam(4, 4), SHARD_8),
+    2: State(PerParam(2, 4), NONE, PerParam(4, 4), SHARD_8, reduce_bytes=4),
+    3: State(PerParam(0, 4), NONE, PerParam(4, 4), SHARD_8, reduce_bytes=4),
 }
-"""FSDP2 under a pipeline schedule: gradient sync is off until the last micro-batch, so the
-unsharded gradients accumulate in the reduce dtype (fp32) over the micro-batches."""
+"""FSDP2 under a pipeline schedule (torch.distributed.pipelining): gradient sync is off until
+the last micro-batch, so the unsharded gradients accumulate in the reduce dtype (fp32) over
+the micro-batches and are reduce-scattered once a step."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,7 +135,18 @@ class Framework:
     reserve_bytes: float = RUNTIME_RESERVE_BYTES
 
     def state_at(self, zero: int, pp: int) -> State:
-        return self.pipelined_state.get(zero, self.state[zero]) if pp > 1 else self.state[zero]
+        """What it keeps at `zero` with `pp` stages; a stage it does not run (a layout it
+        rejects) is priced as the ZeRO paper's."""
+        state = self.state.get(zero, ZERO_PAPER[zero])
+        return self.pipelined_state.get(zero, state) if pp > 1 else state
+
+    def reductions(self, zero: int, pp: int, microbatches: int) -> int:
+        """Gradient reductions a step: one at ZeRO 0-1 and where the unsharded gradients
+        accumulate over the micro-batches (FSDP2 under a pipeline schedule); else one per
+        micro-batch (a shard cannot accumulate the next micro-batch's full gradients)."""
+        if zero < 2 or (pp > 1 and zero in self.pipelined_state):
+            return 1
+        return microbatches
 
     def problem(self, zero: int, pp: int, v: int, cp: int, ep: int, recompute: str) -> str | None:
         """Why this framework cannot run a layout of these sizes, or None."""

@@ -231,8 +231,9 @@ def step_time(job: Job, layout: Layout, cluster: Cluster) -> StepTime:
     if layout.dp > 1 and layout.zero < 3:
         bwd_ns = mb_ns * 2 / 3
         op = "all_reduce" if layout.zero == 0 else "reduce_scatter"
-        reductions = m if layout.zero == 2 else 1
-        dp_ns = reductions * _exposed_dp_ns(costs, op, dense, experts, groups, bwd_ns)
+        reductions = job.framework.reductions(layout.zero, layout.pp, m)
+        grad_bytes = job.framework.state_at(layout.zero, layout.pp).reduce_bytes
+        dp_ns = reductions * _exposed_dp_ns(costs, op, dense, experts, groups, bwd_ns, grad_bytes)
         if layout.zero >= 1:  # the updated parameters, gathered after the optimizer
             gather_step_ns = _exposed_dp_ns(costs, "all_gather", dense, experts, groups, 0.0)
     opt_params = zero_sharded(dense, experts, layout, 1)
@@ -278,11 +279,14 @@ def _exposed_dp_ns(
     expert_params: float,
     groups: DpGroups,
     backward_ns: float,
+    bytes_per_param: float = PARAM_BYTES,
 ) -> float:
     """The engine's DDP: buckets become ready evenly over a backward; each collective (`op`
-    on the dense part over dp, then the experts' over dp / ep) starts when it is ready and the
-    previous one is done; what ends after the backward shows (all of it at backward_ns 0)."""
-    dense_bytes, expert_bytes = dense_params * PARAM_BYTES, expert_params * PARAM_BYTES
+    on the dense part over dp, then the experts' over dp / ep, `bytes_per_param` each: 4 where
+    the framework reduces fp32 gradients) starts when it is ready and the previous one is
+    done; what ends after the backward shows (all of it at backward_ns 0)."""
+    dense_bytes = dense_params * bytes_per_param
+    expert_bytes = expert_params * bytes_per_param
     count = min(max(1, math.ceil((dense_bytes + expert_bytes) / BUCKET_BYTES)), MAX_BUCKETS)
     cost = float(costs.collective_ns(op, dense_bytes / count, groups.dp, groups.cross))
     if expert_bytes > 0:  # a group of one (dp = ep) has nothing to reduce: 0

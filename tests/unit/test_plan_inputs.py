@@ -66,6 +66,19 @@ BAD = [
     ([*SMALL, *CLUSTER, "--max-layouts", "0"], "--max-layouts: must be a whole number >= 1"),
     ([*SMALL, *CLUSTER, "--max-v", "0"], "--max-v: must be a whole number >= 1"),
     ([*SMALL, *CLUSTER, "--seq", "0"], "--seq: must be a whole number >= 1"),
+    ([*SMALL, *CLUSTER, "--framework", "jax"], "--framework: 'jax' is not one of"),
+    ([*SMALL, *CLUSTER, "--framework", "megatron", "--zero", "0,3"], "--zero: 3: megatron"),
+    ([*SMALL, *CLUSTER, "--framework", "fsdp", "--zero", "1"], "--zero: 1: fsdp"),
+    (
+        [*SMALL, *CLUSTER, "--framework", "fsdp", "--sequence-parallel", "on"],
+        "--sequence-parallel: on: fsdp",
+    ),
+    ([*SMALL, *CLUSTER, "--framework", "deepspeed", "--max-v", "2"], "--max-v: 2: deepspeed"),
+    ([*SMALL, *CLUSTER, "--framework", "fsdp", "--max-cp", "2"], "--max-cp: 2: fsdp"),
+    (
+        [*SMALL, *CLUSTER, "--framework", "deepspeed", "--recompute", "selective"],
+        "--recompute: selective: deepspeed",
+    ),
 ]
 
 
