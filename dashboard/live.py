@@ -1,9 +1,10 @@
 """Live runs (`diag dashboard RUN --live`): each run directory still being written is followed
 in a background thread, which reads only the bytes its rank files gained since the last read and
 takes in each step every rank has finished once (`diag.LiveRun`: the step's rows of the per-step
-tables are kept, its records dropped), diagnoses the run from the kept tables, and puts the fresh `LoadedRun` in place of the old one in the list the pages read. `version`
-counts the updates; the browser asks for it every few seconds and redraws the page when it
-changed (dashboard/app.py), without a reload.
+tables are kept, its records dropped), diagnoses the run from the kept tables, and puts the fresh
+`LoadedRun` in place of the old one in the list the pages read. `version` counts the updates;
+the browser asks for it every few seconds and redraws the page when it changed
+(dashboard/app.py), without a reload.
 
 A run whose manifest says it ended is read once more and then left alone; a profiler trace
 folder never grows and is not followed.
@@ -17,6 +18,7 @@ from typing import Any
 from dashboard.data import LoadedRun
 from diag import LiveRun, diagnose
 from diag.contract import schema
+
 
 class LiveRuns:
     """Follows the growing runs of `runs` (a list the pages read; its items are replaced)."""

@@ -32,8 +32,8 @@ from diag.api import diagnose
 from diag.cli.shell import fail, project_config, rule_thresholds
 from diag.contract import schema
 from diag.errors import InputError
-from diag.outputs.report_lines import finding_head
 from diag.metrics.live import LiveRun
+from diag.outputs.report_lines import finding_head
 
 GONE_AFTER = 2
 """Analyses in a row without a finding before it is reported gone."""

@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from diag.contract import schema
-from diag.metrics.common import WARMUP_MIN_STEPS
 from diag.metrics.comm_totals import comm_totals, empty_totals
+from diag.metrics.common import WARMUP_MIN_STEPS
 from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
 from diag.numeric.keys import KEYS

@@ -6,6 +6,7 @@ with Sen's confidence bound from the Mann-Kendall variance (Sen 1968, JASA 63:13
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,14 +44,27 @@ class Slope:
     growth: float  # fitted change over the span / the series' median (or its first value)
 
 
+MAX_TREND_POINTS = 512
+"""A longer series is fitted on this many points, each the median of consecutive ones: the
+pairwise slopes are n^2/2 (at 10,000 steps 50 million, 7.5 s and 2 GB), the medians' are
+131,000 whatever the run's length."""
+
+
 def theil_sen(x: np.ndarray, y: np.ndarray, z: float, base: float | None = None) -> Slope | None:
     """The Theil-Sen slope of y over x, its lower bound at `z`, and the relative growth.
 
-    None with fewer than 3 points or a zero `base` (default: the median of y).
+    None with fewer than 3 points or a zero `base` (default: the median of y). Over
+    MAX_TREND_POINTS points, the slope and its bound are those of the medians of consecutive
+    runs of points (x and y each), `base` and the span of x those of every point.
     """
     n = len(x)
     if n < 3:
         return None
+    span = float(x.max() - x.min())
+    base = float(np.median(y)) if base is None else base
+    if n > MAX_TREND_POINTS:
+        x, y = _medians_of_runs(x, y, MAX_TREND_POINTS)
+        n = len(x)
     i, j = np.triu_indices(n, k=1)
     dx = x[j] - x[i]
     keep = dx != 0
@@ -61,10 +75,19 @@ def theil_sen(x: np.ndarray, y: np.ndarray, z: float, base: float | None = None)
     lower_rank = math.floor((len(slopes) - z * math.sqrt(variance)) / 2)
     lower = float(slopes[lower_rank]) if lower_rank >= 0 else -math.inf
     per_step = float(np.median(slopes))
-    base = float(np.median(y)) if base is None else base
     if base == 0:
         return None
-    return Slope(per_step, lower, per_step * float(x.max() - x.min()) / base)
+    return Slope(per_step, lower, per_step * span / base)
+
+
+def _medians_of_runs(x: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """`points` points: the medians of x and of y over consecutive runs of the points in x
+    order (runs of equal length, within one)."""
+    order = np.argsort(x, kind="stable")
+    bounds = np.linspace(0, len(x), points + 1).astype(np.int64)
+    runs = itertools.pairwise(bounds)
+    mid = [(np.median(x[order[a:b]]), np.median(y[order[a:b]])) for a, b in runs]
+    return np.array([m[0] for m in mid]), np.array([m[1] for m in mid])
 
 
 _WALL_PARTS = {"busy_s": "compute", "exposed_comm_s": "exposed communication", "idle_s": "idle"}
