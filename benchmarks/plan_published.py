@@ -26,6 +26,7 @@ from diag.plan import (
     make_plan,
 )
 from diag.plan.evaluate import Evaluation, evaluate
+from diag.plan.frameworks import MEGATRON_FP16, Framework
 from diag.plan.job import Training
 from diag.plan.models import GPT_ERA, MODERN, preset
 from simulator.config import ModelSpec
@@ -48,14 +49,18 @@ class Published:
 
     @property
     def framework_key(self) -> str:
-        return FRAMEWORK_OF[self.framework]
+        return FRAMEWORK_OF[self.framework][0]
+
+    @property
+    def runs_on(self) -> Framework:
+        return FRAMEWORK_OF[self.framework][1]
 
 
 MEGATRON, DEEPSPEED = FRAMEWORKS["megatron"], FRAMEWORKS["deepspeed"]
 FSDP, TORCHTITAN = FRAMEWORKS["fsdp"], FRAMEWORKS["torchtitan"]
-MEGATRON_2019 = framework_space(MEGATRON, zero_stages=(0,), recompute=("full",), max_cp=1,
+MEGATRON_2019 = framework_space(MEGATRON_FP16, zero_stages=(0,), recompute=("full",), max_cp=1,
                                 max_v=1, pp=1, sequence_parallel=False)  # fmt: skip
-MEGATRON_2021 = framework_space(MEGATRON, zero_stages=(0,), recompute=("full",), max_cp=1,
+MEGATRON_2021 = framework_space(MEGATRON_FP16, zero_stages=(0,), recompute=("full",), max_cp=1,
                                 sequence_parallel=False)  # fmt: skip
 DEEPSPEED_2022 = framework_space(DEEPSPEED, zero_stages=(0, 1), recompute=("full",),
                                  sequence_parallel=False)  # fmt: skip
@@ -68,13 +73,15 @@ DEEPSEEK_V3 = framework_space(MEGATRON, zero_stages=(1,), recompute=("selective"
 """DeepSeek-V3 recomputes its norms and MLA up-projections: between the plan's two kinds. Its
 framework (HAI-LLM) is not public: Megatron's ZeRO-1 distributed optimizer and EP stand in."""
 FRAMEWORK_OF = {
-    MEGATRON_2019: "megatron",
-    MEGATRON_2021: "megatron",
-    DEEPSPEED_2022: "deepspeed",
-    FSDP_2022: "fsdp",
-    LLAMA3: "torchtitan",
-    DEEPSEEK_V3: "megatron",
+    MEGATRON_2019: ("megatron (fp16)", MEGATRON_FP16),
+    MEGATRON_2021: ("megatron (fp16)", MEGATRON_FP16),
+    DEEPSPEED_2022: ("deepspeed", DEEPSPEED),
+    FSDP_2022: ("fsdp", FSDP),
+    LLAMA3: ("torchtitan", TORCHTITAN),
+    DEEPSEEK_V3: ("megatron", MEGATRON),
 }
+"""Each job's framework: Megatron-LM trained in fp16 before bf16 (frameworks.MEGATRON_FP16);
+BLOOM in bf16 with DeepSpeed's bf16 optimizer; MT-NLG's precision is taken as bf16 too."""
 
 JOBS = [
     Published(
@@ -217,7 +224,7 @@ def main() -> None:
         cluster = cluster_from_device(device_by_key(job.device), job.gpus)
         work = Job(job.model, job.batch, 1, training=job.training)
         full = make_plan(work, cluster, space=SearchSpace(max_cp=1 if job.gpus > 4096 else 8))
-        framed = replace(work, framework=FRAMEWORKS[job.framework_key])
+        framed = replace(work, framework=job.runs_on)
         framework = make_plan(framed, cluster, space=job.framework)
         rank_full, _ = rank_of(full.meshes, job.mesh)
         rank_framework, evaluation = rank_of(framework.meshes, job.mesh)

@@ -16,7 +16,7 @@ framework here keeps or equal to it. The sources of each profile are in docs/pla
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GB = 1e9
 RUNTIME_RESERVE_BYTES = 2 * GB
@@ -232,6 +232,20 @@ FRAMEWORKS: dict[str, Framework] = {
     ),
 }
 """The frameworks `--framework` names."""
+
+
+MEGATRON_FP16 = replace(
+    FRAMEWORKS["megatron"],
+    name="Megatron-LM in fp16, before bf16 (2019-21)",
+    state={
+        0: State(WHOLE_2, WHOLE_2, WHOLE_4, WHOLE_12),
+        1: State(WHOLE_2, WHOLE_2, SHARD_4, SHARD_12),
+    },
+)
+"""Megatron-LM's fp16 training, not a `--framework` key (the plan counts bf16): fp16 params
+and grads (the buffer DDP all-reduces), the fp32 gradients the optimizer steps on, fp32
+master + Adam: 20 B/param, or 4 + 16/d (docs/distrib_optimizer.md's fp16 row). The published
+jobs of 2019-21 (benchmarks/plan_published.py)."""
 
 
 def framework_by_key(key: str | None) -> Framework:
