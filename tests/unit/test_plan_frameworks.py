@@ -15,6 +15,7 @@ from diag.plan.evaluate import PIPELINE_ENGINE_NOTE, evaluate
 from diag.plan.frameworks import (
     DEEPSPEED_PIPELINE,
     FP32_REDUCE_BUCKET_BYTES,
+    MEGATRON_FP16,
     RUNTIME_RESERVE_BYTES,
     ZERO2_BUCKET_BYTES,
 )
@@ -95,6 +96,17 @@ def test_megatron_keeps_what_its_documentation_says() -> None:
         memory = evaluate(job, layout, _cluster(DP)).memory
         assert memory.static_bytes == pytest.approx(per_param * stage_params(job, layout))
         assert memory.comm_buffers == 0.0
+
+
+def test_megatron_in_fp16_keeps_its_documented_row() -> None:
+    """The distrib_optimizer table's fp16 row: 20 B/param, 4 + 16/d; the reduction in fp16."""
+    for zero, per_param in ((0, 20), (1, 4 + 16 / DP)):
+        layout = _layout(zero, 1)
+        job = Job(DENSE, DP * M, framework=MEGATRON_FP16)
+        e = evaluate(job, layout, _cluster(DP))
+        p = stage_params(job, layout)
+        assert e.memory.static_bytes == pytest.approx(per_param * p)
+        assert e.comm_bytes["dp"] == pytest.approx(2 * p)
 
 
 def test_deepspeed_reduces_through_an_fp32_bucket() -> None:
