@@ -1,6 +1,7 @@
 """Play a timeline back with given durations: each rank runs its events in order, a collective
 completes at its last member's arrival plus that member's transfer, a receive after its send
-has started plus the message, a wait when what it waits for has completed.
+has started plus the message (and a launched send with it), a wait when what it waits for has
+completed.
 
 With the measured durations the replay gives the measured step times back (the replay error
 says how closely: clock offsets between hosts and records that match no peer cost accuracy);
@@ -174,6 +175,8 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                     if sent != sent:
                         break
                     done[k] = max(arrival, sent) + transfer[k]
+                    if kind[sender[k]] == LAUNCH:  # a launched send completes with it
+                        done[sender[k]] = max(arrival, sent) + transfer[sender[k]]
                 else:  # WAIT
                     ready = arrival
                     blocked = False
@@ -209,7 +212,12 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
             continue
         lo, hi = (wait_ptr[k], wait_ptr[k + 1]) if kind[k] == WAIT else (k, k + 1)
         for w in range(lo, hi):
-            inst = instance[wait_event[w]] if kind[k] == WAIT else instance[k]
+            event = wait_event[w] if kind[k] == WAIT else k
+            inst = instance[event]
+            if inst < 0:  # a launched send whose receive never came
+                if done[event] != done[event]:
+                    done[event] = arrived[event] + transfer[event]
+                continue
             for i in range(member_ptr[inst], member_ptr[inst + 1]):
                 done[member_event[i]] = latest[inst] + transfer[member_event[i]]
     return done

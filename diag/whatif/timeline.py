@@ -342,8 +342,21 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     # waits: the launches of this rank since the last wait that completed by the wait's end
     ready = np.full(len(ev), np.iinfo(np.int64).min, dtype=np.int64)
     ready[in_instance] = last_arrival[codes]
+    # a launched send that ran until its receive arrived (a GPU's send kernel runs until the
+    # receiver's kernel takes the message) completes with its receive: a wait may wait for it.
+    # One that ended before (a buffered send, gloo's) completed on its own, as measured.
+    receives = np.flatnonzero((kind == Kind.RECV) & (sender >= 0))
+    receives = receives[kind[sender[receives]] == Kind.LAUNCH]
+    held = e[sender[receives]] + WAIT_SLACK_NS >= a[receives]
+    launched_sends = sender[receives[held]]
+    # its transfer: from the moment both sides were there to its own end
+    both_there = np.maximum(a[launched_sends], a[receives[held]])
+    transfer[launched_sends] = np.maximum(e[launched_sends] - both_there, 0)
+    awaitable = np.zeros(len(ev), dtype=np.bool_)
+    awaitable[in_instance] = True
+    awaitable[launched_sends] = True
     count, awaited, by_arrival, post = for_size(_awaited_launches, len(ev))(
-        kind.astype(np.int64), instance, a, e, ready, timeline.first.astype(np.int64),
+        kind.astype(np.int64), awaitable, a, e, ready, timeline.first.astype(np.int64),
         WAIT_SLACK_NS, MIN_WAITING_GAP_NS,
     )  # fmt: skip
     timeline.wait_ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
@@ -414,13 +427,14 @@ def _waiting_gaps(
     return np.where(waiting, np.minimum(ready, a) - began, 0).astype(np.int64)
 
 
-def _awaited_launches(kind, instance, a, e, ready, first, slack_ns, min_wait_ns):  # fmt: skip
+def _awaited_launches(kind, awaitable, a, e, ready, first, slack_ns, min_wait_ns):  # fmt: skip
     """Per event, how many launches it waits for (WAIT events only), those launches in event
     order, whether each wait is released by the launch's last arrival rather than its
     completion, and each wait's time after what released it (post_ns). A wait waits for a
-    launch that completed by its end; or, inside a launch's interval, for one whose last
-    member arrived during the wait (a profiler's view of a backend thread: the collective's
-    record runs on after the rank was released). Plain Python that numba compiles
+    launch that completed by its end (`awaitable`: a collective's member, or a send whose
+    receive was matched); or, inside a launch's interval, for one whose last member arrived
+    during the wait (a profiler's view of a backend thread: the collective's record runs on
+    after the rank was released). Plain Python that numba compiles
     (diag/numeric/compiled.py)."""
     n = len(kind)
     count = np.zeros(n, dtype=np.int64)
@@ -432,7 +446,7 @@ def _awaited_launches(kind, instance, a, e, ready, first, slack_ns, min_wait_ns)
     for r in range(len(first) - 1):
         waiting = 0
         for k in range(first[r], first[r + 1]):
-            if kind[k] == LAUNCH_KIND and instance[k] >= 0:
+            if kind[k] == LAUNCH_KIND and awaitable[k]:
                 pending[waiting] = k
                 waiting += 1
             elif kind[k] == WAIT_KIND:

@@ -32,8 +32,16 @@ def waits_table(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
     ready[recv] = a[sender[recv]]
     wait_count = np.diff(timeline.wait_ptr)
     waits = np.flatnonzero((kind == tl.Kind.WAIT) & (wait_count > 0))
-    if len(waits):  # the latest arrival over the collectives each wait waits for
-        awaited_ready = last_arrival[instance[timeline.wait_event]]
+    if len(waits):  # the latest arrival over the collectives (and sends) each wait waits for
+        awaited = timeline.wait_event
+        # a launched send is ready when its receive arrives (the receive's sender is the send)
+        receive_of = np.full(len(ev), -1, dtype=np.int64)
+        receive_of[sender[recv[sender[recv] >= 0]]] = recv[sender[recv] >= 0]
+        awaited_ready = np.where(
+            instance[awaited] >= 0,
+            last_arrival[np.maximum(instance[awaited], 0)] if len(last_arrival) else np.nan,
+            a[np.maximum(receive_of[awaited], 0)],
+        )
         ready[waits] = np.maximum.reduceat(awaited_ready, timeline.wait_ptr[waits])
         group[waits] = group[timeline.wait_event[timeline.wait_ptr[waits]]]
     blocking = np.concatenate([sync, recv, waits])

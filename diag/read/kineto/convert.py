@@ -313,9 +313,14 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
                 "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not own_wait,
                 "blocking": own_wait,
             })  # fmt: skip
-        awaited = comm[~np.array(own_waits, dtype=bool)] if len(comm) else comm
+        own = np.array(own_waits, dtype=bool)
+        awaited = comm[~own] if len(comm) else comm
+        # exposed: neither computing nor in a collective that is its own wait (that time is
+        # the collective's record already; a comm_wait there would count it twice)
+        occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy
         exposed = intervals.difference(
-            np.column_stack([t0[awaited], t1[awaited]]), np.column_stack([t0[busy], t1[busy]])
+            np.column_stack([t0[awaited], t1[awaited]]),
+            np.column_stack([t0[occupied], t1[occupied]]),
         )
         for start, end in exposed.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
