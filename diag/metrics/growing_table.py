@@ -6,7 +6,8 @@ DataFrame copies nothing, however many steps it holds.
 Rows are appended in step order (the `step` column never decreases), so the rows from a step on
 are found by a binary search. Label columns (pandas categoricals) are kept as codes into their
 labels, sorted as `astype("category")` sorts them, so the frame read back has the categories the
-loader's tables have.
+loader's tables have; string columns as codes too (read back by one `take` of their few labels,
+not by converting a million Python strings at every read).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class GrowingTable:
     def __init__(self) -> None:
         self._columns: dict[str, np.ndarray] = {}
         self._labels: dict[str, list[Any]] = {}  # a label column's categories, sorted
+        self._strings: dict[str, Any] = {}  # the string columns' dtypes (kept as labels too)
         self._start = 0  # rows before this were dropped (`drop_before`)
         self._end = 0
         self._names: list[str] = []
@@ -66,7 +68,10 @@ class GrowingTable:
         columns: dict[str, Any] = {}
         for name in self._names:
             values = self._columns[name][first : self._end]
-            if name in self._labels:
+            if name in self._strings:
+                labels = pd.array(self._labels[name], dtype=self._strings[name])
+                columns[name] = labels.take(values, allow_fill=True)
+            elif name in self._labels:
                 columns[name] = _categorical(values, self._labels[name])
             else:
                 columns[name] = values
@@ -101,22 +106,29 @@ class GrowingTable:
     def _values(self, name: str, column: pd.Series) -> np.ndarray:
         """A column's values as stored: a label column's codes into the table's labels (the
         labels re-sorted, and the codes kept so far renumbered, when a new label comes)."""
-        if not isinstance(column.dtype, pd.CategoricalDtype):
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes, categories = column.cat.codes.to_numpy(), list(column.cat.categories)
+        elif isinstance(column.dtype, pd.StringDtype) or name in self._labels:
+            if name not in self._labels:  # read back as strings (`_strings`)
+                self._strings[name] = column.dtype
+            found, uniques = pd.factorize(column)  # (a chunk of nulls only: object, no labels)
+            codes, categories = found, list(uniques)
+        else:
             return column.to_numpy()
         known = self._labels.setdefault(name, [])
-        new = [label for label in column.cat.categories if label not in set(known)]
+        new = [label for label in categories if label not in set(known)]
         if new:
             merged = _sorted_labels([*known, *new])
             if known and name in self._columns:
                 renumber = np.array([merged.index(label) for label in known], dtype=np.int64)
-                codes = self._columns[name].copy()  # frames read before keep the old codes
-                kept = codes[self._start : self._end]
+                stored = self._columns[name].copy()  # frames read before keep the old codes
+                kept = stored[self._start : self._end]
                 kept[kept >= 0] = renumber[kept[kept >= 0]]
-                self._columns[name] = codes
+                self._columns[name] = stored
             known[:] = merged
         position = {label: code for code, label in enumerate(known)}
-        lookup = np.array([position[label] for label in column.cat.categories], dtype=np.int64)
-        codes = column.cat.codes.to_numpy().astype(np.int64)
+        lookup = np.array([position[label] for label in categories], dtype=np.int64)
+        codes = codes.astype(np.int64)
         return np.where(codes >= 0, lookup[np.maximum(codes, 0)] if len(lookup) else -1, -1)
 
 

@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
@@ -164,7 +165,7 @@ def nonfinite_loss(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     steps = ctx.run.steps
     if steps.empty:
         return []
-    finite = steps["loss"].astype(float).map(math.isfinite)
+    finite = np.isfinite(steps["loss"].astype(float))
     first_finite = steps[finite].groupby("rank")["step"].min()
     after = steps["step"] > steps["rank"].map(first_finite)  # NaN (no finite loss) -> False
     bad = steps[after & ~finite]  # a loss that was finite, then NaN/inf (not a missing one)
