@@ -22,12 +22,14 @@ def analyze_path(
     hta: bool = False,
     layout: schema.Layout | None = None,
     steps: range | None = None,
+    replay_all: bool = False,
 ) -> dict[str, Any]:
     """Load a run directory or a Kineto trace folder, compute its metrics, run the rules and
     build the `diag.report/1` report. `config` holds rule thresholds by rule code or name (a
     parsed TOML table); `hta` adds HTA's own analyses of the traces (slow: HTA parses again);
     `layout` says how a trace folder's ranks are laid out (a run directory has its manifest);
-    `steps` analyses a window of a run directory's steps.
+    `steps` analyses a window of a run directory's steps; `replay_all` attributes every
+    analysed step (docs/scale.md, "Every step replayed"), not only a budget's.
 
     Raises `diag.errors.InputError` (one line naming the file and the reason) on unusable input.
     """
@@ -36,12 +38,13 @@ def analyze_path(
     options = LoadOptions(layout, steps, reduce_rank_files)
     key, found = None, cache.Lookup()
     if source.cache_report(folder):
-        key = cache.report_key(folder, (dict(config or {}), hta, layout, steps))
+        options_key = (dict(config or {}), hta, layout, steps) + (("replay", "all"),) * replay_all
+        key = cache.report_key(folder, options_key)
         found = cache.read_report(folder, key)
         if found.value is not None:
             return dict(found.value)
     run = with_cache_note(source.load(folder, options), found.note)
-    _, report = _diagnosed(run, source, config, hta)
+    _, report = _diagnosed(run, source, config, hta, replay_all)
     if key is not None:
         kept = [note for note in report["skipped"] if note not in run.cache_notes]
         cache.write_report(folder, key, {**report, "skipped": kept})
@@ -49,17 +52,24 @@ def analyze_path(
 
 
 def diagnose(
-    run: RunData, config: Mapping[str, Any] | None = None, hta: bool = False
+    run: RunData,
+    config: Mapping[str, Any] | None = None,
+    hta: bool = False,
+    replay_all: bool = False,
 ) -> tuple[RunMetrics, dict[str, Any]]:
     """A loaded run's metrics and its report (the rules' findings in it), profiler traces added."""
-    return _diagnosed(run, find_source(run.path), config, hta)
+    return _diagnosed(run, find_source(run.path), config, hta, replay_all)
 
 
 def _diagnosed(
-    run: RunData, source: Source, config: Mapping[str, Any] | None, hta: bool
+    run: RunData,
+    source: Source,
+    config: Mapping[str, Any] | None,
+    hta: bool,
+    replay_all: bool = False,
 ) -> tuple[RunMetrics, dict[str, Any]]:
     """`diagnose` with the run's source already known (found once, where the run was read)."""
-    metrics = compute_metrics(run)
+    metrics = compute_metrics(run, replay_all)
     diagnosis = run_rules(run, metrics, config)
     return metrics, with_traces(build_report(run, metrics, diagnosis), run, source, hta)
 

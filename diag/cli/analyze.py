@@ -89,6 +89,15 @@ def write_output(path: str, text: str) -> None:
     help="One device's peak TFLOP/s for MFU [default: the device table, bf16 dense].",
 )
 @click.option(
+    "--replay",
+    type=click.Choice(["budget", "all"]),
+    default="budget",
+    show_default=True,
+    help="Steps the attribution replays: every step in memory within a budget of events, else "
+    "the first ones (budget), or every analysed step, in chunks (all: a large run's rank "
+    "files are read again; docs/scale.md).",
+)
+@click.option(
     "--scheduler",
     metavar="tcp://HOST:8786",
     help="Parse the rank files or traces on this Dask cluster [default: $DASK_SCHEDULER_ADDRESS,"
@@ -104,6 +113,7 @@ def analyze(
     steps: range | None,
     model: str | None,
     peak_tflops: float | None,
+    replay: str,
     scheduler: str | None,
 ) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
@@ -115,9 +125,11 @@ def analyze(
         if fmt is None:
             fmt = _FORMAT_BY_SUFFIX.get(Path(out).suffix.lower(), "text") if out else "text"
         if fmt == "html":
-            text = html_report(path, thresholds, hta, layout, steps, (model, peak_tflops))
+            overrides = (model, peak_tflops)
+            text = html_report(path, thresholds, hta, layout, steps, overrides, replay == "all")
         else:
-            report = analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps)
+            report = analyze_path(path, thresholds, hta=hta, layout=layout, steps=steps,
+                                  replay_all=replay == "all")  # fmt: skip
             text = FORMATS[fmt](flops.with_overrides(report, model, peak_tflops))
         if out is None:
             click.echo(text, nl=False)
@@ -135,6 +147,7 @@ def html_report(
     layout: Layout | None,
     steps: range | None,
     overrides: tuple[str | None, float | None] = (None, None),
+    replay_all: bool = False,
 ) -> str:
     """The HTML report with the dashboard's figures (dashboard/html_report.py): the run is
     loaded and diagnosed here, since the figures need its tables, not only the report dict.
@@ -142,7 +155,7 @@ def html_report(
     from dashboard.html_report import plotly_js_gzip, report_charts  # plotly, not Dash
 
     run = load_any(path, layout, steps)
-    metrics, report = diagnose(run, thresholds, hta)
+    metrics, report = diagnose(run, thresholds, hta, replay_all)
     report = flops.with_overrides(report, *overrides)
     charts = [Chart(section, figure) for section, figure in report_charts(run, metrics, report)]
     return render_html(report, charts, plotly_js_gzip())

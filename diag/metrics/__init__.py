@@ -77,8 +77,9 @@ class RunMetrics:
     skipped: list[str] = field(default_factory=list)
 
 
-def compute_metrics(run: RunData) -> RunMetrics:
-    """Derive the metrics of a loaded run (see docs/metrics.md)."""
+def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
+    """Derive the metrics of a loaded run (see docs/metrics.md); `replay_all`: the attribution
+    replays every analysed step (diag/whatif/chunks.py), not only a budget's."""
     skipped: list[str] = []
     windows, warmup_steps = analysed_steps(run.steps, run.starts_at_warmup)
     note_orphans(run, skipped)
@@ -90,7 +91,7 @@ def compute_metrics(run: RunData) -> RunMetrics:
     on_host = host_steps(windows)
     if not on_host.empty:
         ranks["descheduled_frac"] = ranks["rank"].map(descheduled_by_rank(on_host))
-    attribution = attribute(run, windows, on_host)
+    attribution = attribute(run, windows, on_host, replay_all)
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)

@@ -262,6 +262,12 @@ def _load_manifest(run_dir: Path) -> Manifest:
     return manifest
 
 
+def rank_files(run_dir: Path, world_size: int) -> dict[int, Path]:
+    """The rank file of each rank of a run directory, as the loader picks them (its notes
+    dropped: a reader after the load, which noted them)."""
+    return _rank_files(run_dir, world_size, [])
+
+
 def _rank_files(run_dir: Path, world_size: int, skipped: list[str]) -> dict[int, Path]:
     """The rank file of each rank found (the canonical name when two name one rank); notes
     for files outside the world, second files of a rank and missing ranks."""

@@ -17,7 +17,6 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -25,12 +24,18 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import ledger
-from diag.numeric.keys import in_steps, whole_steps
 from diag.read.load import RunData
 from diag.read.roles import rank_roles
+from diag.whatif import chunks
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
-from diag.whatif.causes import Cause, CauseKind
+from diag.whatif.causes import (
+    Attribution,
+    Cause,
+    CauseKind,
+    imbalance_explained,
+    straggler_explained,
+)
 from diag.whatif.places import (
     group_codes,
     group_medians_per_element,
@@ -41,71 +46,45 @@ from diag.whatif.places import (
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S, gaps_table, waits_table
 
+__all__ = ["Attribution", "attribute", "attribution_summary", "with_waits"]
+
 MAX_CANDIDATES = 4
 """Ranks whose persistent excess is replayed one by one (the largest excesses)."""
-MAX_EVENTS = 150_000
-"""Events replayed at most (steps are dropped from the end beyond, never below two steps): the
-attribution replays a few dozen times, and the timeline is built in pandas."""
 MIN_EXCESS_SHARE = 0.01
 """A rank whose typical excess, or whose net excess over the whole step, is below this share of
 the step is no straggler candidate."""
 
 
-@dataclass
-class Attribution:
-    """The step of a run, attributed: the measured and replayed step, the causes by cost, and
-    per rank and group the split of waiting into arrival skew and transfer."""
-
-    measured_step_s: float
-    replayed_step_s: float
-    replay_error: float
-    steps_replayed: int
-    causes: list[Cause]
-    ideal_step_s: float
-    all_transfers_s: float
-    """What every transfer at zero saves at once (the communication findings' cost)."""
-    balanced_s: float
-    """What every rank's local time at its peers' median in every step saves: all imbalance,
-    persistent and random."""
-    waits: pd.DataFrame
-    """rank, group, skew_s, transfer_s (per step), last_share (of its group's collectives
-    that this rank arrived at last)."""
-    notes: list[str] = field(default_factory=list)
-    gaps: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """rank, waiting_s, own_s: per step, the rank's time in no record right before a blocking
-    event, read as waiting for a dependency or as its own host time (docs/metrics.md,
-    "Dependencies")."""
-
-    def cause(self, kind: CauseKind, **match: Any) -> Cause | None:
-        for cause in self.causes:
-            if cause.kind == kind and all(getattr(cause, k) == v for k, v in match.items()):
-                return cause
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "measured_step_s": self.measured_step_s,
-            "replayed_step_s": self.replayed_step_s,
-            "replay_error": self.replay_error,
-            "steps_replayed": self.steps_replayed,
-            "ideal_step_s": self.ideal_step_s,
-            "all_transfers_s": self.all_transfers_s,
-            "balanced_s": self.balanced_s,
-            "causes": [vars(c) for c in self.causes],
-            "waits": self.waits.to_dict("records"),
-            "gaps": self.gaps.to_dict("records"),
-            "notes": self.notes,
-        }
-
-
-def attribute(run: RunData, steps: pd.DataFrame, host: pd.DataFrame) -> Attribution | None:
+def attribute(
+    run: RunData, steps: pd.DataFrame, host: pd.DataFrame, replay_all: bool = False
+) -> Attribution | None:
     """The attribution of the analysed `steps` (`host`: their waiting for a core,
-    `diag.metrics.host.host_steps`); None when there is nothing to replay (fewer than two ranks, no
-    steps)."""
+    `diag.metrics.host.host_steps`), replayed in chunks of steps (diag/whatif/chunks.py: by
+    default those whose records are in memory, within a budget; `replay_all`: every step);
+    None when there is nothing to replay (fewer than two ranks, no steps)."""
     if steps.empty or steps["rank"].nunique() < 2:
         return None
-    steps, notes = _window(run, steps)
-    timeline = tl.build(run, steps)
+    plan = chunks.plan(run, steps, replay_all)
+    parts = []
+    with chunks.chunk_runs(run, plan.chunks) as run_of:
+        for index, chunk in enumerate(plan.chunks):
+            part = attribute_chunk(run, run_of(index), steps[steps["step"].isin(chunk)], host)
+            if part is not None:
+                parts.append(part)
+    if not parts:
+        return None
+    if len(parts) > 1:
+        return chunks.combined(parts, plan.notes)
+    attribution = parts[0].attribution
+    attribution.notes = plan.notes + attribution.notes
+    return attribution
+
+
+def attribute_chunk(
+    run: RunData, records: RunData, steps: pd.DataFrame, host: pd.DataFrame
+) -> chunks.Part | None:
+    """The attribution of some steps, their spans and collectives read from `records`."""
+    timeline = tl.build(records, steps)
     base = Durations.measured(timeline)
     measured = step_times_ns(timeline, relative_ns(timeline))
     replayed = step_times_ns(timeline, replay(timeline, base))
@@ -113,37 +92,24 @@ def attribute(run: RunData, steps: pd.DataFrame, host: pd.DataFrame) -> Attribut
     if not ok.any():
         return None
     base_mean = float(replayed[ok].mean())
-    error = float(np.median(np.abs(replayed[ok] - measured[ok]) / measured[ok]))
+    errors = np.abs(replayed[ok] - measured[ok]) / measured[ok]
     scenarios = _Scenarios(run, timeline, base, ok, base_mean, host)
     causes = scenarios.all()
     ideal = scenarios.ideal()
-    return Attribution(
+    attribution = Attribution(
         measured_step_s=float(measured[ok].mean()) / NS_PER_S,
         replayed_step_s=base_mean / NS_PER_S,
-        replay_error=error,
+        replay_error=float(np.median(errors)),
         steps_replayed=int(ok.sum()),
         causes=sorted(causes, key=lambda c: -c.cost_s),
         ideal_step_s=ideal / NS_PER_S,
         all_transfers_s=scenarios.all_transfers() / NS_PER_S,
         balanced_s=scenarios.balanced / NS_PER_S,
         waits=waits_table(timeline, int(ok.sum())),
-        notes=notes + timeline.notes,
+        notes=timeline.notes,
         gaps=gaps_table(timeline, int(ok.sum())),
     )
-
-
-def _window(run: RunData, steps: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The first analysed steps that keep the replay under MAX_EVENTS events (among those
-    whose records a large run keeps whole)."""
-    steps = whole_steps(steps, run.span_steps)
-    comms, spans = in_steps(run.comms, steps).sum(), in_steps(run.spans, steps).sum()
-    per_step = (comms + spans / 4 + 2 * len(steps)) / max(len(steps), 1)
-    keep = max(2, int(MAX_EVENTS / max(per_step * steps["rank"].nunique(), 1)))
-    order = np.sort(steps["step"].unique())
-    if len(order) <= keep:
-        return steps, []
-    chosen = steps[steps["step"].isin(order[:keep])]
-    return chosen, [f"attribution replays the first {keep} of {len(order)} analysed steps"]
+    return chunks.Part(attribution, errors)
 
 
 class _Scenarios:
@@ -279,12 +245,7 @@ class _Scenarios:
                 "net_excess_per_step_s": min(float(net[rank]), self.base_mean) / NS_PER_S,
                 "reaching_step_end_s": saved / NS_PER_S,
                 "absorbed_per_step_s": max(excess - saved, 0.0) / NS_PER_S,
-                "explained": (
-                    f"{excess / 1e6:.1f} ms more local time per step than its peers; "
-                    f"{saved / 1e6:.1f} ms of it reaches the step's end, the rest is absorbed "
-                    "where the rank or its peers would wait anyway (on other ranks, transfers, "
-                    "the pipeline's bubble)"
-                ),
+                "explained": straggler_explained(excess, saved),
             }))  # fmt: skip
         return causes
 
@@ -310,11 +271,7 @@ class _Scenarios:
         quickest = np.minimum(seg, np.where(np.isnan(floor), seg, floor))
         quick = self.saving(Durations(quickest, leveled.transfer_ns, leveled.post_ns))
         if_noise = max(quick - persistent, random_part)
-        explained = (
-            f"balancing the work across each stage's ranks saves {random_part / 1e6:.1f} ms per "
-            f"step; if the variation is noise rather than work (interrupts, other processes, "
-            f"pauses), removing it saves up to {if_noise / 1e6:.1f} ms"
-        )
+        explained = imbalance_explained(random_part, if_noise)
         return [self._cause(CauseKind.IMBALANCE, "random per-step imbalance across ranks (data or "
                             "sequence lengths, jitter)", random_part, evidence={
                                 "every_step_balanced_s": per_step / NS_PER_S,

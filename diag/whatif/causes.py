@@ -1,6 +1,6 @@
-"""What a counterfactual of the attribution removes (`CauseKind`) and what removing it saves
-(`Cause`): the causes the report lists by cost and the rules' costs are read from
-(diag/rules/costs.py).
+"""What a counterfactual of the attribution removes (`CauseKind`), what removing it saves
+(`Cause`), and the attribution of a run (`Attribution`): the causes the report lists by cost
+and the rules' costs are read from (diag/rules/costs.py).
 """
 
 from __future__ import annotations
@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import pandas as pd
+
+NS_PER_S = 1e9
 
 
 class CauseKind(StrEnum):
@@ -34,3 +38,69 @@ class Cause:
     stage: int | None = None
     group: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attribution:
+    """The step of a run, attributed: the measured and replayed step, the causes by cost, and
+    per rank and group the split of waiting into arrival skew and transfer."""
+
+    measured_step_s: float
+    replayed_step_s: float
+    replay_error: float
+    steps_replayed: int
+    causes: list[Cause]
+    ideal_step_s: float
+    all_transfers_s: float
+    """What every transfer at zero saves at once (the communication findings' cost)."""
+    balanced_s: float
+    """What every rank's local time at its peers' median in every step saves: all imbalance,
+    persistent and random."""
+    waits: pd.DataFrame
+    """rank, group, skew_s, transfer_s (per step), last_share (of its group's collectives
+    that this rank arrived at last)."""
+    notes: list[str] = field(default_factory=list)
+    gaps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """rank, waiting_s, own_s: per step, the rank's time in no record right before a blocking
+    event, read as waiting for a dependency or as its own host time (docs/metrics.md,
+    "Dependencies")."""
+
+    def cause(self, kind: CauseKind, **match: Any) -> Cause | None:
+        for cause in self.causes:
+            if cause.kind == kind and all(getattr(cause, k) == v for k, v in match.items()):
+                return cause
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "measured_step_s": self.measured_step_s,
+            "replayed_step_s": self.replayed_step_s,
+            "replay_error": self.replay_error,
+            "steps_replayed": self.steps_replayed,
+            "ideal_step_s": self.ideal_step_s,
+            "all_transfers_s": self.all_transfers_s,
+            "balanced_s": self.balanced_s,
+            "causes": [vars(c) for c in self.causes],
+            "waits": self.waits.to_dict("records"),
+            "gaps": self.gaps.to_dict("records"),
+            "notes": self.notes,
+        }
+
+
+def straggler_explained(excess_ns: float, saved_ns: float) -> str:
+    """A straggler's evidence in words: its excess per step and what of it reaches the end."""
+    return (
+        f"{excess_ns / 1e6:.1f} ms more local time per step than its peers; "
+        f"{saved_ns / 1e6:.1f} ms of it reaches the step's end, the rest is absorbed "
+        "where the rank or its peers would wait anyway (on other ranks, transfers, "
+        "the pipeline's bubble)"
+    )
+
+
+def imbalance_explained(random_ns: float, if_noise_ns: float) -> str:
+    """Random imbalance's evidence in words: what balancing saves, and the noise bound."""
+    return (
+        f"balancing the work across each stage's ranks saves {random_ns / 1e6:.1f} ms per "
+        f"step; if the variation is noise rather than work (interrupts, other processes, "
+        f"pauses), removing it saves up to {if_noise_ns / 1e6:.1f} ms"
+    )

@@ -97,8 +97,8 @@ class Timeline:
     `build`."""
 
 
-_COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
-_SPANS_COLUMNS = ["rank", "step", "phase", "t0", "t1"]
+COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
+SPANS_COLUMNS = ["rank", "step", "phase", "t0", "t1"]
 """The columns the timeline reads (and the matching of collectives and messages): the
 records of the analysed steps are taken with these only."""
 
@@ -106,8 +106,8 @@ records of the analysed steps are taken with these only."""
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    comms = run.comms.loc[in_steps(run.comms, steps), _COMMS_COLUMNS]
-    spans = run.spans.loc[in_steps(run.spans, steps), _SPANS_COLUMNS]
+    comms = run.comms.loc[in_steps(run.comms, steps), COMMS_COLUMNS]
+    spans = run.spans.loc[in_steps(run.spans, steps), SPANS_COLUMNS]
     inferred = inferred_syncs(comms, spans, steps, run.manifest)
     if not inferred.empty:
         groups = ", ".join(sorted(set(inferred["group"])))

@@ -1,0 +1,205 @@
+"""The attribution of many steps in bounded memory: the analysed steps split into chunks whose
+replay stays near CHUNK_EVENTS events, each chunk's records read when its turn comes (a large
+run's from its rank files, diag/read/record_spill.py) and dropped after, and the chunks'
+attributions combined into one (docs/metrics.md, "Attribution", "Every step, in chunks").
+
+Combining: every time per step is the mean over the replayed steps, each chunk weighted by
+its steps (exact for the measured, replayed and ideal steps); the replay error is the median
+over every replayed step's error. A cause is one counterfactual (kind, ranks, stage, group);
+its cost is its saving per step over all replayed steps, counting nothing in the chunks where
+it was not found (its saving there was none, or the rank was not among the largest excesses);
+its evidence describes the chunks where it was found, each weighted by its steps
+(`found_in_steps` says how many of `steps_replayed` those are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.numeric.keys import in_steps, whole_steps
+from diag.read.load import RunData
+from diag.read.record_spill import SpilledRecords
+from diag.whatif import timeline as tl
+from diag.whatif.causes import (
+    NS_PER_S,
+    Attribution,
+    Cause,
+    CauseKind,
+    imbalance_explained,
+    straggler_explained,
+)
+
+CHUNK_EVENTS = 150_000
+"""Events replayed at once, about (a chunk is never below two steps): the attribution replays
+a chunk a few dozen times, and its timeline is built in pandas."""
+DEFAULT_REPLAY_EVENTS = 1_000_000
+"""By default every analysed step whose records are in memory is replayed, in chunks, while
+they are at most this many events (a few seconds); beyond, the first chunk only, and a note
+names `--replay all` (every analysed step, the rank files read again in chunks)."""
+
+
+@dataclass
+class Plan:
+    """The chunks of steps to replay (step numbers, ascending) and what a note says of them."""
+
+    chunks: list[np.ndarray]
+    notes: list[str]
+
+
+@dataclass
+class Part:
+    """One chunk's attribution and the relative replay error of each of its replayed steps."""
+
+    attribution: Attribution
+    errors: np.ndarray
+
+
+def plan(run: RunData, steps: pd.DataFrame, replay_all: bool) -> Plan:
+    """Chunks of the analysed `steps` near CHUNK_EVENTS events each: every step with
+    `replay_all`; by default those whose records are in memory, all of them when they are
+    within DEFAULT_REPLAY_EVENTS, else the first chunk."""
+    kept = whole_steps(steps, run.span_steps)
+    comms, spans = in_steps(run.comms, kept).sum(), in_steps(run.spans, kept).sum()
+    per_step = (comms + spans / 4 + 2 * len(kept)) / max(len(kept), 1)  # per rank and step
+    ranks = steps["rank"].nunique()
+    keep = max(2, int(CHUNK_EVENTS / max(per_step * ranks, 1)))
+    order = np.sort((steps if replay_all else kept)["step"].unique())
+    if len(order) <= keep:
+        return Plan([order], [])
+    if replay_all or per_step * ranks * len(order) <= DEFAULT_REPLAY_EVENTS:
+        return Plan(np.array_split(order, len(order) // keep), [])
+    analysed = steps["step"].nunique()
+    return Plan([order[:keep]], [f"attribution replays the first {keep} of {analysed} analysed "
+                                 "steps (`diag analyze --replay all`: every step)"])  # fmt: skip
+
+
+@contextmanager
+def chunk_runs(run: RunData, chunks: list[np.ndarray]) -> Iterator[Callable[[int], RunData]]:
+    """Within the block, chunk i's run: `run` itself where its records are in memory, else
+    `run` with the spans and collectives of chunk i's steps read from its rank files (every
+    such chunk written to a scratch folder in one pass on entering, removed on leaving)."""
+    below = run.span_steps
+    spilled = [i for i, chunk in enumerate(chunks) if below is not None and chunk[-1] >= below]
+    if not spilled:
+        yield lambda _index: run
+        return
+    bounds = [range(int(chunks[i][0]), int(chunks[i][-1]) + 1) for i in spilled]
+    columns = {"span": tl.SPANS_COLUMNS, "comm": tl.COMMS_COLUMNS}
+    with SpilledRecords(run, bounds, columns) as records:
+
+        def run_of(index: int) -> RunData:
+            if index not in spilled:
+                return run
+            spans, comms = records.chunk(spilled.index(index))
+            return dataclasses.replace(run, spans=spans, comms=comms, span_steps=None)
+
+        yield run_of
+
+
+def combined(parts: list[Part], notes: list[str]) -> Attribution:
+    """One attribution of the chunks' (module docstring)."""
+    weights = np.array([p.attribution.steps_replayed for p in parts], dtype=np.float64)
+    total = float(weights.sum())
+
+    def mean(name: str) -> float:
+        values = np.array([getattr(p.attribution, name) for p in parts], dtype=np.float64)
+        return float((values * weights).sum() / total)
+
+    replayed = mean("replayed_step_s")
+    seen: list[str] = []
+    for note in notes + [n for p in parts for n in p.attribution.notes]:
+        if note not in seen:
+            seen.append(note)
+    return Attribution(
+        measured_step_s=mean("measured_step_s"),
+        replayed_step_s=replayed,
+        replay_error=float(np.median(np.concatenate([p.errors for p in parts]))),
+        steps_replayed=int(total),
+        causes=_causes(parts, weights, replayed),
+        ideal_step_s=mean("ideal_step_s"),
+        all_transfers_s=mean("all_transfers_s"),
+        balanced_s=mean("balanced_s"),
+        waits=_per_step(
+            parts, weights, "waits", ["rank", "group"], ["skew_s", "transfer_s"], ["last_share"]
+        ),
+        notes=seen,
+        gaps=_per_step(parts, weights, "gaps", ["rank"], ["waiting_s", "own_s"], []),
+    )
+
+
+def _causes(parts: list[Part], weights: np.ndarray, replayed_s: float) -> list[Cause]:
+    found: dict[tuple[Any, ...], list[tuple[Cause, float]]] = {}
+    for part, weight in zip(parts, weights, strict=True):
+        for cause in part.attribution.causes:
+            key = (cause.kind, cause.label, tuple(cause.ranks), cause.stage, cause.group)
+            found.setdefault(key, []).append((cause, float(weight)))
+    total = float(weights.sum())
+    causes = []
+    for kind, label, ranks, stage, group in found:
+        pairs = found[(kind, label, ranks, stage, group)]
+        cost = sum(c.cost_s * w for c, w in pairs) / total
+        share = cost / replayed_s if replayed_s > 0 else 0.0
+        evidence = _evidence(pairs) | {"found_in_steps": int(sum(w for _, w in pairs))}
+        causes.append(Cause(kind, label, cost, share, list(ranks), stage, group, evidence))
+    return sorted(causes, key=lambda c: -c.cost_s)
+
+
+def _evidence(pairs: list[tuple[Cause, float]]) -> dict[str, Any]:
+    """The evidence of the chunks where a cause was found: numbers weighted by their steps,
+    words rebuilt from those numbers."""
+    first = pairs[0][0]
+    weight = sum(w for _, w in pairs)
+    evidence: dict[str, Any] = {}
+    for name, value in first.evidence.items():
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        evidence[name] = (
+            sum(float(c.evidence.get(name, 0.0)) * w for c, w in pairs) / weight
+            if numeric
+            else value
+        )
+    if first.kind in (CauseKind.STRAGGLER, CauseKind.HOST):
+        excess, saved = evidence["typical_excess_per_step_s"], evidence["reaching_step_end_s"]
+        evidence["absorbed_per_step_s"] = max(excess - saved, 0.0)
+        evidence["explained"] = straggler_explained(excess * NS_PER_S, saved * NS_PER_S)
+    elif first.kind == CauseKind.IMBALANCE:
+        random_s = sum(c.cost_s * w for c, w in pairs) / weight
+        noise_s = evidence["if_noise_saves_s"]
+        evidence["explained"] = imbalance_explained(random_s * NS_PER_S, noise_s * NS_PER_S)
+    return evidence
+
+
+def _per_step(
+    parts: list[Part],
+    weights: np.ndarray,
+    table: str,
+    keys: list[str],
+    per_step: list[str],
+    shares: list[str],
+) -> pd.DataFrame:
+    """A table of per-step figures by `keys` over every replayed step (a key absent from a
+    chunk had none there); `shares` weighted over the chunks where the key is."""
+    frames = []
+    for part, weight in zip(parts, weights, strict=True):
+        frame = getattr(part.attribution, table)
+        if frame.empty:
+            continue
+        frame = frame[keys + per_step + shares].copy()
+        for name in per_step + shares:
+            frame[name] = frame[name].astype(np.float64) * weight
+        frame["weight"] = weight
+        frames.append(frame)
+    if not frames:
+        return getattr(parts[0].attribution, table)
+    summed = pd.concat(frames, ignore_index=True).groupby(keys, as_index=False, sort=True).sum()
+    for name in per_step:
+        summed[name] = summed[name] / float(weights.sum())
+    for name in shares:
+        summed[name] = summed[name] / summed["weight"]
+    return summed.drop(columns="weight")
