@@ -13,6 +13,11 @@ each is timed: `update` (read the bytes appended, take in the step: its per-step
 `analyse` (`LiveRun.run()` and `diagnose`, the dashboard's whole-run view: every step so far).
 Printed per point: the medians, the resident memory, and with `--baseline` what the dashboard
 paid before (a whole re-read and re-analysis of the run so far: `load_any` + `diagnose`).
+
+The machine this project is built on has 2 cores that other work shares, and its speed varies
+from minute to minute; so each probe is paired with one of a second copy of the run held at
+about step 100 (`--reference`), timed right after it, and the ratio of the two medians is
+printed too: the growth, measured under the same load.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=250, help="steps taken in at once between")
     parser.add_argument("--work", type=Path, default=Path("/tmp/diag-live-bench"))
     parser.add_argument("--baseline", action="store_true", help="also re-analyse the whole run")
+    parser.add_argument("--reference", type=int, default=100, help="the paired copy's step")
     args = parser.parse_args()
     points = [int(p) for p in args.at.split(",")]
     assert points[-1] <= args.steps, "--at beyond --steps"
@@ -104,35 +110,53 @@ def main() -> None:
     if folder.exists():
         subprocess.run(["rm", "-rf", str(folder)], check=True)
     copy = GrowingCopy(source, folder)
-    live = LiveRun(folder)
+    reference = GrowingCopy(source, args.work / "reference")
+    live, held = LiveRun(folder), LiveRun(args.work / "reference")
     manifest = live.manifest()
     assert manifest is not None
-    print(f"{args.ranks} ranks, growing to {points[-1]} steps ({source})")
-    print("step | update (take in) | analyse (run + diagnose) | total | peak RSS | re-analysis")
+    grow(reference, held, manifest, args.reference - 1, args.chunk)
+    print(f"{args.ranks} ranks, growing to {points[-1]} steps ({source}); medians of "
+          f"{args.probes} steps, each paired with one at step ~{args.reference}")  # fmt: skip
+    print("step | update (take in) | analyse (run + diagnose) | total | paired at "
+          f"~{args.reference} | ratio | peak RSS | re-analysis")  # fmt: skip
     for point in points:
-        while copy.steps < point - args.probes:
-            copy.grow(min(args.chunk, point - args.probes - copy.steps))
-            live.update(manifest)
-        updates, analyses = [], []
+        grow(copy, live, manifest, point - args.probes, args.chunk)
+        timed: list[tuple[float, float]] = []
+        paired: list[tuple[float, float]] = []
         for _ in range(args.probes):
-            copy.grow(1)
-            start = time.perf_counter()
-            last = live.update(manifest)
-            taken = time.perf_counter()
-            diagnose(live.run())
-            done = time.perf_counter()
-            assert last == copy.steps - 1, (last, copy.steps)
-            updates.append(taken - start)
-            analyses.append(done - taken)
-        update, analyse = statistics.median(updates), statistics.median(analyses)
+            timed.append(one_step(copy, live, manifest))
+            paired.append(one_step(reference, held, manifest))
+        update = statistics.median(t[0] for t in timed)
+        analyse = statistics.median(t[1] for t in timed)
+        total = statistics.median(sum(t) for t in timed)
+        base = statistics.median(sum(t) for t in paired)
         whole = ""
         if args.baseline:
             start = time.perf_counter()
             diagnose(load_any(folder))
             whole = f"{time.perf_counter() - start:.2f} s"
         print(f"{copy.steps:>6} | {update * 1e3:7.1f} ms | {analyse * 1e3:7.1f} ms | "
-              f"{(update + analyse) * 1e3:7.1f} ms | {rss_mib():6.0f} MiB | {whole}",
-              flush=True)  # fmt: skip
+              f"{total * 1e3:7.1f} ms | {base * 1e3:7.1f} ms | {total / base:5.2f} | "
+              f"{rss_mib():6.0f} MiB | {whole}", flush=True)  # fmt: skip
+
+
+def grow(copy: GrowingCopy, live: LiveRun, manifest: schema.Manifest, to: int, chunk: int) -> None:
+    """Grow the copy to `to` steps, taken in `chunk` steps at a time (not timed)."""
+    while copy.steps < to:
+        copy.grow(min(chunk, to - copy.steps))
+        live.update(manifest)
+
+
+def one_step(copy: GrowingCopy, live: LiveRun, manifest: schema.Manifest) -> tuple[float, float]:
+    """Append one step and time taking it in (`update`) and the whole-run diagnosis after."""
+    copy.grow(1)
+    start = time.perf_counter()
+    last = live.update(manifest)
+    taken = time.perf_counter()
+    diagnose(live.run())
+    done = time.perf_counter()
+    assert last == copy.steps - 1, (last, copy.steps)
+    return taken - start, done - taken
 
 
 if __name__ == "__main__":
