@@ -50,7 +50,7 @@ def load_trace_dir(
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
     layout = layout or _layout_beside(folder)
-    key = cache.key(files, patterns, layout)
+    key = cache.key(files, patterns, layout) if use_cache else ""
     found = cache.read(folder, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value

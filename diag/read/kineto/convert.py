@@ -22,6 +22,7 @@ import functools
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from diag.contract.limits import (
     MAX_WORLD_SIZE,
 )
 from diag.numeric import intervals
-from diag.read.kineto.events import Event
+from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
 
 NS_PER_US = 1000
@@ -52,6 +53,8 @@ DTYPE_BYTES = {
     "char": 1, "byte": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
     "float8_e5m2": 1,
 }  # fmt: skip
+NO_ARGS = Args()
+"""An event without arguments reads as one whose every argument is absent."""
 _OP_BY_COLLECTIVE = {
     "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
     "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
@@ -75,7 +78,7 @@ class RankEvents:
     gpu_correlation: list[int] = field(default_factory=list)
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
-    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
+    params: dict[Any, list[tuple[int, int, Args]]] = field(default_factory=dict)
     param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
     cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
     gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
@@ -85,74 +88,101 @@ class RankEvents:
     skipped: Counter[str] = field(default_factory=Counter)  # events left out, by reason
 
 
-def scan(events: list[Event]) -> RankEvents:
-    """One pass over the trace's complete ('X') events (the hot loop of a trace load: plain
-    type checks and local names, no regex unless the name can be a step)."""
-    out = RankEvents()
-    params: dict[Any, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
-    gpu_name, gpu_category = out.gpu_name, out.gpu_category
-    gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
-    cpu_ops, launches = out.cpu_ops, out.launches
-    cpu_first, cpu_last = [], []
-    for event in events:
-        if event.ph != "X":
-            continue
-        ts = event.ts
-        if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
-            continue
-        duration = event.dur
-        timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
-        if not -MAX_TIME_US < ts < MAX_TIME_US or (
-            timed and not -MAX_TIME_US < duration < MAX_TIME_US
-        ):
-            out.skipped["a time or duration beyond ±2**61 ns"] += 1
-            continue
-        if timed and duration < 0:
-            out.skipped["negative duration"] += 1
-            continue
-        t0 = round(ts * NS_PER_US)
-        t1 = t0 + round(duration * NS_PER_US) if timed else t0
-        category, name, tid = event.cat, event.name, event.tid
-        if type(category) is not str:
-            category = None
-        if type(name) is not str:
-            name = str(name) if type(name) is int or type(name) is float else ""
-        if type(tid) is list or type(tid) is dict:
-            tid = None
-        args = event.args
-        if type(args) is not dict:
-            args = {}
-        if category in GPU_CATEGORIES:
-            gpu_name.append(name)
-            gpu_category.append(category)
-            gpu_t0.append(t0)
-            gpu_t1.append(t1)
-            gpu_correlation.append(_id(args.get("correlation")))
-            continue
-        cpu_first.append(t0)
-        cpu_last.append(t1)
-        if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-            cpu_ops.append((tid, t0, t1))  # c10d ops only enqueue
-        elif category in LAUNCH_CATEGORIES:
-            if "correlation" in args:
-                launches[_id(args["correlation"])] = (tid, t0)
-        elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
-            if step := STEP_NAME.match(name):
-                if int(step.group(1)) >= MAX_STEP:
-                    out.skipped["step number beyond 2**40"] += 1
-                    continue
-                out.steps.append((int(step.group(1)), t0, t1))
-                out.step_tid = tid
-        elif name.startswith("gloo:"):
-            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
-        if name == "record_param_comms":
-            params[tid].append((t0, t1, args))
-    if cpu_first:
-        out.cpu_t0, out.cpu_t1 = min(cpu_first), max(cpu_last)
-    out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in params.items()}
-    out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
-    out.steps.sort(key=lambda s: s[1])
-    return out
+def scan(events: Iterable[Kept]) -> RankEvents:
+    """The parts of one rank's events the analysis uses (`Scan` over all of them at once)."""
+    scanned = Scan()
+    scanned.add(events)
+    return scanned.result()
+
+
+class Scan:
+    """One pass over a trace's complete ('X') events, a batch at a time (`add`), as the file
+    is read (diag/read/kineto/stream.py): the hot loop of a trace load, so plain type checks
+    and local names, no regex unless the name can be a step."""
+
+    def __init__(self) -> None:
+        self.out = RankEvents()
+        self.params: dict[Any, list[tuple[int, int, Args]]] = defaultdict(list)
+
+    def add(self, events: Iterable[Kept]) -> None:
+        out, params = self.out, self.params
+        gpu_name, gpu_category = out.gpu_name, out.gpu_category
+        gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
+        cpu_ops, launches = out.cpu_ops, out.launches
+        cpu_first, cpu_last = [], []
+        for event in events:
+            if event.ph != "X":
+                continue
+            ts = event.ts
+            if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
+                continue
+            duration = event.dur
+            timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
+            if not -MAX_TIME_US < ts < MAX_TIME_US or (
+                timed and not -MAX_TIME_US < duration < MAX_TIME_US
+            ):
+                out.skipped["a time or duration beyond ±2**61 ns"] += 1
+                continue
+            if timed and duration < 0:
+                out.skipped["negative duration"] += 1
+                continue
+            t0 = ts * NS_PER_US if type(ts) is int else round(ts * NS_PER_US)
+            if type(duration) is int:
+                t1 = t0 + duration * NS_PER_US
+            else:
+                t1 = t0 + round(duration * NS_PER_US) if timed else t0
+            category, name, tid = event.cat, event.name, event.tid
+            if type(category) is not str:
+                category = None
+            if type(name) is not str:
+                name = str(name) if type(name) is int or type(name) is float else ""
+            if type(tid) is list or type(tid) is dict:
+                tid = None
+            args = event.args or NO_ARGS
+            if category in GPU_CATEGORIES:
+                gpu_name.append(name)
+                gpu_category.append(category)
+                gpu_t0.append(t0)
+                gpu_t1.append(t1)
+                correlation = args.correlation
+                gpu_correlation.append(
+                    correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
+                    else _id(correlation)
+                )  # fmt: skip
+                continue
+            cpu_first.append(t0)
+            cpu_last.append(t1)
+            if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
+                cpu_ops.append((tid, t0, t1))  # c10d ops only enqueue
+            elif category in LAUNCH_CATEGORIES:
+                correlation = args.correlation
+                if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
+                    launches[correlation] = (tid, t0)
+                elif correlation is not ABSENT:
+                    launches[_id(correlation)] = (tid, t0)
+            elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
+                if step := STEP_NAME.match(name):
+                    if int(step.group(1)) >= MAX_STEP:
+                        out.skipped["step number beyond 2**40"] += 1
+                        continue
+                    out.steps.append((int(step.group(1)), t0, t1))
+                    out.step_tid = tid
+            elif name.startswith("gloo:"):
+                out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
+            if name == "record_param_comms":
+                params[tid].append((t0, t1, args))
+        if cpu_first:
+            first, last = min(cpu_first), max(cpu_last)
+            out.cpu_t0 = first if out.cpu_t0 is None else min(out.cpu_t0, first)
+            out.cpu_t1 = last if out.cpu_t1 is None else max(out.cpu_t1, last)
+
+    def result(self) -> RankEvents:
+        """The events added, with the launches' arguments and the steps in time order."""
+        out = self.out
+        out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in self.params.items()}
+        out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
+        out.steps.sort(key=lambda s: s[1])
+        return out
 
 
 def _id(value: Any) -> int:
@@ -188,24 +218,24 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray
     return np.where(inside, numbers[np.clip(index, 0, None)], -1)
 
 
-def _collective(params: dict[str, Any]) -> dict[str, Any]:
+def _collective(params: Args) -> dict[str, Any]:
     """op, group, group_size, bytes and dtype of a record_param_comms event, and the global
     ranks of its process group where the trace lists them (`group_ranks`, read by the loader to
     name the group by its axis; never kept in the tables)."""
-    name = _label(params.get("Collective name")).lower()
-    dtype = _label(params.get("dtype")).lower()
-    nelems = max(_count(params.get("In msg nelems")), _count(params.get("Out msg nelems")))
+    name = _label(params.collective).lower()
+    dtype = _label(params.dtype).lower()
+    nelems = max(_count(params.in_nelems), _count(params.out_nelems))
     element_bytes = DTYPE_BYTES.get(dtype)
-    group = _label(params.get("Process Group Description"))
+    group = _label(params.group_desc)
     if not group or group == "undefined":
-        group = f"pg{_label(params.get('Process Group Name'))}"[:MAX_LABEL_CHARS]
+        group = f"pg{_label(params.group_name)}"[:MAX_LABEL_CHARS]
     return {
         "op": _OP_BY_COLLECTIVE.get(name, name or None),
         "group": group,
-        "group_size": params.get("Group size"),
+        "group_size": None if params.group_size is ABSENT else params.group_size,
         "bytes": nelems * element_bytes if element_bytes and nelems else None,
         "dtype": dtype or None,
-        "group_ranks": group_ranks(params.get("Process Group Ranks")),
+        "group_ranks": group_ranks(params.group_ranks),
     }
 
 
@@ -243,7 +273,7 @@ def _checked_ranks(ranks: list[int]) -> tuple[int, ...] | None:
 
 def _launching_params(
     rank: RankEvents, correlation: int, used: set[tuple[Any, int]]
-) -> dict[str, Any] | None:
+) -> Args | None:
     """The record_param_comms around the CPU launch of a kernel, once per CPU op."""
     launch = rank.launches.get(correlation)
     if launch is None:
@@ -297,7 +327,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         )
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             found = _launching_params(rank, int(correlation[i]), used)
-            named = found is not None and "Collective name" in found  # older traces: no args
+            named = found is not None and found.collective is not ABSENT  # older traces: no args
             described = _collective(found) if found is not None and named else {
                 "op": op_from_kernel_name(rank.gpu_name[i]), "group": None,
                 "group_size": None, "bytes": None, "dtype": None, "group_ranks": None,

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
 from diag.read.kineto.convert import MAX_TIME_US
-from diag.read.kineto.events import Event
+from diag.read.kineto.events import ABSENT, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 
 HTA_PATTERNS = KernelPatterns(
@@ -81,46 +82,74 @@ def _number(value: Any, default: float = -1) -> float:
         return default
 
 
-def device_time(events: list[Event], patterns: KernelPatterns) -> DeviceTime | None:
+def device_time(events: Iterable[Kept], patterns: KernelPatterns) -> DeviceTime | None:
     """The rank's device time over its kept events; None when it has no device events."""
-    whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
-    cpu_start: list[float] = []
-    cpu_correlation: list[Any] = []
-    step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
-    device: list[tuple[float, float, Any, str, str]] = []  # (ts, dur, corr, name, category)
-    for event in events:
-        ts = event.ts
-        if type(ts) is not int:
-            whole_us = False
-        duration, category = event.dur, event.cat
-        if ts is None or duration is None or category is None or category == "Trace":
-            continue
-        if (type(ts) is not int and not _finite(ts)) or (
-            type(duration) is not int and not _finite(duration)
-        ):
-            continue  # a NaN or a string where a time should be
-        args = event.args
-        stream, correlation = (
-            (args.get("stream", -1), args.get("correlation", -1))
-            if type(args) is dict
-            else (-1, -1)
-        )
-        if type(stream) is not int:
-            stream = _number(stream)
-        if type(correlation) is not int:
-            correlation = _number(correlation)  # hashable: a key of the launch count
-        if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
-            continue  # as the converter skips them (convert.py)
-        name = event.name if type(event.name) is str else ""
-        on_device = stream >= 0 and correlation >= 0
-        if on_device or name in _SYNC_NAMES:
-            if stream >= 0:
-                device.append((ts, duration, correlation, name, str(category)[:MAX_LABEL_CHARS]))
-            continue
-        cpu_start.append(ts)
-        cpu_correlation.append(correlation)
-        if type(name) is str and name.startswith("ProfilerStep") and _STEP.match(name):
-            step_starts[str(name)] = max(ts, step_starts.get(str(name), ts))
+    scanned = DeviceScan()
+    scanned.add(events)
+    return scanned.result(patterns)
+
+
+class DeviceScan:
+    """What `device_time` needs of a trace's events, gathered a batch at a time (`add`)."""
+
+    def __init__(self) -> None:
+        self.whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
+        self.cpu_start: list[float] = []
+        self.cpu_correlation: list[Any] = []
+        self.step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
+        self.device: list[tuple[float, float, Any, str, str]] = []  # ts, dur, corr, name, category
+
+    def add(self, events: Iterable[Kept]) -> None:
+        cpu_start, cpu_correlation = self.cpu_start, self.cpu_correlation
+        step_starts, device = self.step_starts, self.device
+        for event in events:
+            ts = event.ts
+            if type(ts) is not int:
+                self.whole_us = False
+            duration, category = event.dur, event.cat
+            if ts is None or duration is None or category is None or category == "Trace":
+                continue
+            if (type(ts) is not int and not _finite(ts)) or (
+                type(duration) is not int and not _finite(duration)
+            ):
+                continue  # a NaN or a string where a time should be
+            args = event.args
+            stream, correlation = (args.stream, args.correlation) if args else (-1, -1)
+            if type(stream) is not int:
+                stream = -1 if stream is ABSENT else _number(stream)
+            if type(correlation) is not int:
+                # hashable: a key of the launch count
+                correlation = -1 if correlation is ABSENT else _number(correlation)
+            if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
+                continue  # as the converter skips them (convert.py)
+            name = event.name if type(event.name) is str else ""
+            on_device = stream >= 0 and correlation >= 0
+            if on_device or name in _SYNC_NAMES:
+                if stream >= 0:
+                    kind = str(category)[:MAX_LABEL_CHARS]
+                    device.append((ts, duration, correlation, name, kind))
+                continue
+            cpu_start.append(ts)
+            cpu_correlation.append(correlation)
+            if name.startswith("ProfilerStep") and _STEP.match(name):
+                step_starts[name] = max(ts, step_starts.get(name, ts))
+
+    def result(self, patterns: KernelPatterns) -> DeviceTime | None:
+        """The device time of the events added; None when none ran on the device."""
+        return _measured(
+            self.device, self.cpu_start, self.cpu_correlation, self.step_starts, self.whole_us,
+            patterns,
+        )  # fmt: skip
+
+
+def _measured(
+    device: list[tuple[float, float, Any, str, str]],
+    cpu_start: list[float],
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    whole_us: bool,
+    patterns: KernelPatterns,
+) -> DeviceTime | None:
     if not device:
         return None
     raw = np.array([(d[0], d[1]) for d in device], dtype=float)

@@ -10,29 +10,34 @@ import gzip
 import json
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import msgspec
-
-from diag.contract.limits import (
-    GZIP_MAX_RATIO,
-    GZIP_MIN_INFLATED_BYTES,
-    MAX_LABEL_CHARS,
-    MAX_WORLD_SIZE,
-)
+from diag.contract.limits import MAX_LABEL_CHARS, MAX_WORLD_SIZE
 from diag.contract.names import WORLD
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
-from diag.read.kineto.convert import scan, to_records
-from diag.read.kineto.device import DeviceTime, device_time
-from diag.read.kineto.events import DECODER, Trace, event_from
+from diag.read.kineto.convert import RankEvents, Scan, scan, to_records
+from diag.read.kineto.device import DeviceScan, DeviceTime, device_time
+from diag.read.kineto.events import (
+    DECODE_ERRORS,
+    DECODER,
+    FAST,
+    KEPT_DECODER,
+    Kept,
+    KeptTrace,
+    Trace,
+    event_from,
+    kept_from,
+)
 from diag.read.kineto.kernels import KernelPatterns
+from diag.read.kineto.stream import NotStreamable, inflated, stream_events
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
-_CHUNK_BYTES = 16 * 2**20
+T = TypeVar("T")
 
 
 @dataclass
@@ -97,22 +102,36 @@ def _looks_like_trace(path: Path) -> bool:
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:
-    """The trace's events and metadata, and notes on what was left out of them; InputError
-    naming the file on a truncated, invalid or oversized one. Typed decoding first; a trace it
-    refuses (an event that is not an object, a top level of another shape) is parsed as plain
-    JSON and its objects kept."""
+    """The trace's events with every argument, its metadata, and notes on what was left out
+    of them; InputError naming the file on a truncated, invalid or oversized one. Typed
+    decoding first; a trace it refuses (an event that is not an object, a top level of
+    another shape) is parsed as plain JSON and its objects kept."""
+    return _read_whole(path, DECODER if FAST else None, Trace, event_from)
+
+
+def read_events(path: Path) -> tuple[KeptTrace, list[str]]:
+    """`read_trace` with only what the analysis reads of each event (events.Kept)."""
+    return _read_whole(path, KEPT_DECODER if FAST else None, KeptTrace, kept_from)
+
+
+def _read_whole(
+    path: Path, decoder: Any, trace: Callable[..., T], event: Callable[[Any], Any]
+) -> tuple[T, list[str]]:
+    """The file read and parsed whole: by `decoder` (msgspec) when it accepts it, else by the
+    standard parser, each JSON object made an event by `event`."""
     try:
         raw = _inflate(path) if path.name.endswith(".gz") else path.read_bytes()
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise InputError(path, f"truncated or corrupt gzip ({err})") from None
     except OSError as err:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
-    try:
-        return DECODER.decode(raw), []
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass  # NaN and other things the standard parser accepts, or the reason it gives
-    except RecursionError:
-        raise InputError(path, "not valid JSON: nested too deeply to parse") from None
+    if decoder is not None:
+        try:
+            return decoder.decode(raw), []
+        except DECODE_ERRORS:
+            pass  # NaN and other things the standard parser accepts, or the reason it gives
+        except RecursionError:
+            raise InputError(path, "not valid JSON: nested too deeply to parse") from None
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -125,33 +144,29 @@ def read_trace(path: Path) -> tuple[Trace, list[str]]:
         raise InputError(path, "not valid JSON: a number too long to convert") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise InputError(path, "not a Kineto trace (no traceEvents list)")
-    events = [e for e in map(event_from, data["traceEvents"]) if e is not None]
+    events = [e for e in map(event, data["traceEvents"]) if e is not None]
     notes = []
     if dropped := len(data["traceEvents"]) - len(events):
         notes.append(f"{path}: {dropped} events skipped (not JSON objects)")
-    return Trace(events, data.get("distributedInfo"), data.get("deviceProperties")), notes
+    found = trace(
+        traceEvents=events,
+        distributedInfo=data.get("distributedInfo"),
+        deviceProperties=data.get("deviceProperties"),
+    )
+    return found, notes
 
 
 def _inflate(path: Path) -> bytearray:
     """A compressed trace inflated a chunk at a time, refused as soon as it passes
     GZIP_MAX_RATIO times its size on disk (or GZIP_MIN_INFLATED_BYTES): a gzip bomb is never
     inflated into memory."""
-    size = path.stat().st_size
-    limit = max(GZIP_MIN_INFLATED_BYTES, GZIP_MAX_RATIO * size)
     out = bytearray()
-    with gzip.open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK_BYTES):
-            out += chunk
-            if len(out) > limit:
-                raise InputError(
-                    path,
-                    f"refused: inflates past {limit // 2**20} MiB, over {GZIP_MAX_RATIO} times "
-                    f"its {size / 2**20:.1f} MiB on disk (a gzip bomb?)",
-                )
+    for chunk in inflated(path):
+        out += chunk
     return out
 
 
-def rank_of(path: Path, data: Trace) -> int | None:
+def rank_of(path: Path, data: Trace | KeptTrace) -> int | None:
     info = data.distributedInfo
     if isinstance(info, dict) and is_int(info.get("rank")):
         return int(info["rank"])
@@ -162,17 +177,15 @@ def rank_of(path: Path, data: Trace) -> int | None:
 def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     """Read one trace and convert its events to records; errors are kept, not raised."""
     try:
-        data, notes = read_trace(path)
+        data, events, measured, notes = _scanned(path, patterns)
         rank, world = _rank_and_world(path, data)
     except InputError as error:
         return ParsedTrace(path, None, None, None, None, {}, error=str(error))
     info: dict[str, Any] = data.distributedInfo if isinstance(data.distributedInfo, dict) else {}
     properties = data.deviceProperties if isinstance(data.deviceProperties, list) else []
     devices = [d for d in properties if isinstance(d, dict)]
-    events = scan(data.traceEvents)
     records = to_records(rank or 0, events, patterns)
     _name_the_only_group(records["comm"], info, world)
-    measured = device_time(data.traceEvents, patterns)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
     return ParsedTrace(
         path=path,
@@ -185,6 +198,28 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         device_time=measured,
         notes=notes,
     )
+
+
+def _scanned(
+    path: Path, patterns: KernelPatterns
+) -> tuple[KeptTrace, RankEvents, DeviceTime | None, list[str]]:
+    """The trace's metadata, what the converter and the device time take of its events, and
+    notes. Read a batch of events at a time as the file inflates (stream.py); a file that is
+    not read so is read whole, which gives the same events, or the error."""
+    if FAST:
+        scanned, measured = Scan(), DeviceScan()
+
+        def take(batch: list[Kept]) -> None:
+            scanned.add(batch)
+            measured.add(batch)
+
+        try:
+            data = stream_events(path, take)
+            return data, scanned.result(), measured.result(patterns), []
+        except NotStreamable:
+            pass
+    data, notes = read_events(path)
+    return data, scan(data.traceEvents), device_time(data.traceEvents, patterns), notes
 
 
 def _name_the_only_group(
@@ -208,7 +243,7 @@ def _name_the_only_group(
         comm["group"] = name
 
 
-def _rank_and_world(path: Path, data: Trace) -> tuple[int | None, int | None]:
+def _rank_and_world(path: Path, data: Trace | KeptTrace) -> tuple[int | None, int | None]:
     """The trace's rank and its distributedInfo world size (None when it does not say); InputError
     when either is outside diag/contract/limits.py's world."""
     rank = rank_of(path, data)
