@@ -63,7 +63,7 @@ def compiled(loop: F) -> F:
     import numba
     from numba.core import config
 
-    if not config.CACHE_DIR:
-        config.CACHE_DIR = str(numba_cache_dir())
+    if not getattr(config, "CACHE_DIR", None):
+        config.CACHE_DIR = str(numba_cache_dir())  # type: ignore[attr-defined]
     _loaded.add(loop)
     return cast(F, numba.njit(cache=True)(loop))
