@@ -74,10 +74,16 @@ def _verdict(report: dict[str, Any]) -> tuple[str, list[int], float]:
     return main["rule"], main["ranks"], main["cost_s"]
 
 
-def _rewritten(run: Path, into: Path, change) -> Path:
+def _rewritten(run: Path, into: Path, change, reorder_seed: int | None = None) -> Path:
+    """The run copied with each record changed; with a seed, each rank file's records within
+    each step in a random order (the file's opening record, without a step, stays first)."""
     shutil.copytree(run, into)
+    rng = np.random.default_rng(reorder_seed)
     for path in sorted(into.glob("rank-*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines() if line]
+        if reorder_seed is not None:
+            shuffled = [records[i] for i in rng.permutation(len(records))]
+            records = sorted(shuffled, key=lambda r: -1 if r.get("step") is None else r["step"])
         path.write_text("".join(json.dumps(change(r)) + "\n" for r in records))
     return into
 
@@ -88,10 +94,11 @@ def _rewritten(run: Path, into: Path, change) -> Path:
     tags=st.sampled_from(["renamed", "dropped", "kept"]),
     shift_ns=st.integers(min_value=-(10**15), max_value=10**15),
     drop_bytes=st.booleans(),
+    reorder_seed=st.none() | st.integers(min_value=0, max_value=2**32 - 1),
 )
-def test_the_verdict_does_not_depend_on_names_clocks_or_optional_fields(
+def test_the_verdict_does_not_depend_on_names_clocks_order_or_optional_fields(
     straggler_run: Path, tmp_path_factory: pytest.TempPathFactory, tags: str, shift_ns: int,
-    drop_bytes: bool,
+    drop_bytes: bool, reorder_seed: int | None,
 ) -> None:  # fmt: skip
     expected = _verdict(analyze_path(straggler_run))
     assert expected[1] == [9]
@@ -111,7 +118,8 @@ def test_the_verdict_does_not_depend_on_names_clocks_or_optional_fields(
                 out["bytes"], out["expected_bytes"] = None, None
         return out
 
-    changed = _rewritten(straggler_run, tmp_path_factory.mktemp("changed") / "run", change)
+    changed = _rewritten(straggler_run, tmp_path_factory.mktemp("changed") / "run", change,
+                         reorder_seed)  # fmt: skip
     rule, ranks, cost_s = _verdict(analyze_path(changed))
     assert (rule, ranks) == expected[:2]
     assert cost_s == pytest.approx(expected[2], rel=COST_TOLERANCE)
