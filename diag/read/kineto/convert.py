@@ -21,6 +21,7 @@ import bisect
 import functools
 import math
 import re
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class RankEvents:
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
     params: dict[Any, list[tuple[int, int, Args]]] = field(default_factory=dict)
     param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
-    cpu_ops: list[tuple[Any, int, int]] = field(default_factory=list)  # (tid, t0, t1)
+    cpu_ops: dict[Any, tuple[array, array]] = field(default_factory=dict)  # tid -> t0s, t1s
     gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
@@ -103,12 +104,13 @@ class Scan:
     def __init__(self) -> None:
         self.out = RankEvents()
         self.params: dict[Any, list[tuple[int, int, Args]]] = defaultdict(list)
+        self.labels: dict[str, str] = {}  # one object for each kernel name and category
 
     def add(self, events: Iterable[Kept]) -> None:
         out, params = self.out, self.params
         gpu_name, gpu_category = out.gpu_name, out.gpu_category
         gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
-        cpu_ops, launches = out.cpu_ops, out.launches
+        cpu_ops, launches, labels = out.cpu_ops, out.launches, self.labels
         cpu_first, cpu_last = [], []
         for event in events:
             if event.ph != "X":
@@ -140,8 +142,8 @@ class Scan:
                 tid = None
             args = event.args or NO_ARGS
             if category in GPU_CATEGORIES:
-                gpu_name.append(name)
-                gpu_category.append(category)
+                gpu_name.append(labels.setdefault(name, name))
+                gpu_category.append(labels.setdefault(category, category))
                 gpu_t0.append(t0)
                 gpu_t1.append(t1)
                 correlation = args.correlation
@@ -153,7 +155,11 @@ class Scan:
             cpu_first.append(t0)
             cpu_last.append(t1)
             if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-                cpu_ops.append((tid, t0, t1))  # c10d ops only enqueue
+                ops = cpu_ops.get(tid)  # c10d ops only enqueue
+                if ops is None:
+                    ops = cpu_ops[tid] = (array("q"), array("q"))
+                ops[0].append(t0)
+                ops[1].append(t1)
             elif category in LAUNCH_CATEGORIES:
                 correlation = args.correlation
                 if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
@@ -364,9 +370,8 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     `comm_wait`. One on the step thread itself during which that thread starts nothing else (a
     receive gloo runs in the caller) blocks it: its own interval is the wait."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
-    ops = np.array([(t0, t1) for tid, t0, t1 in rank.cpu_ops if tid == rank.step_tid]).reshape(
-        -1, 2
-    )
+    op_starts, op_ends = rank.cpu_ops.get(rank.step_tid, ((), ()))
+    ops = np.array(list(zip(op_starts, op_ends, strict=True))).reshape(-1, 2)
     gloo = np.array([(t0, t1) for _, t0, t1, _ in rank.gloo], dtype=np.int64).reshape(-1, 2)
     on_step_thread = np.array(
         [rank.step_tid is not None and tid == rank.step_tid for *_, tid in rank.gloo], dtype=bool

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from array import array
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -94,14 +95,15 @@ class DeviceScan:
 
     def __init__(self) -> None:
         self.whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
-        self.cpu_start: list[float] = []
+        self.cpu_start = array("d")
         self.cpu_correlation: list[Any] = []
         self.step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
         self.device: list[tuple[float, float, Any, str, str]] = []  # ts, dur, corr, name, category
+        self.labels: dict[str, str] = {}  # one object for each kernel name and category
 
     def add(self, events: Iterable[Kept]) -> None:
         cpu_start, cpu_correlation = self.cpu_start, self.cpu_correlation
-        step_starts, device = self.step_starts, self.device
+        step_starts, device, labels = self.step_starts, self.device, self.labels
         for event in events:
             ts = event.ts
             if type(ts) is not int:
@@ -127,6 +129,7 @@ class DeviceScan:
             if on_device or name in _SYNC_NAMES:
                 if stream >= 0:
                     kind = str(category)[:MAX_LABEL_CHARS]
+                    kind, name = labels.setdefault(kind, kind), labels.setdefault(name, name)
                     device.append((ts, duration, correlation, name, kind))
                 continue
             cpu_start.append(ts)
@@ -144,7 +147,7 @@ class DeviceScan:
 
 def _measured(
     device: list[tuple[float, float, Any, str, str]],
-    cpu_start: list[float],
+    cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
     whole_us: bool,
@@ -183,7 +186,7 @@ def _measured(
 
 
 def _launches_before_last_step(
-    cpu_start: list[float],
+    cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
     device_correlation: list[Any],
