@@ -23,8 +23,9 @@ it measures:
 Every measurement runs in a fresh Python process (this file with `--child`), so imports,
 caches and the allocator of one never help the next; import time is not counted (what the
 loaders import later, numba for one, is). Ours and HTA alternate, a round of each at a time,
-so both see the same load on a shared machine. Each timing is repeated `--repeats` times (the LARGE folder `--large-repeats` times, to stay near five
-minutes on two cores) and shown as the median and the spread (max / min). diag's cache goes to
+so both see the same load on a shared machine. Each timing is repeated `--repeats` times (the
+LARGE folder `--large-repeats` times, to stay near five minutes on two cores) and shown as the
+median and the spread (max / min). diag's cache goes to
 a temporary `XDG_CACHE_HOME` (the real traces are read-only) or beside the LARGE folder's
 copies; nothing is written to the real traces. A folder HTA cannot load is reported in one line
 and its HTA columns are left empty.
