@@ -23,9 +23,10 @@ SPAN_WINDOW_STEPS = 8
 WINDOW_RECORDS = 1_500_000
 """...and fewer when the window would hold more spans and collectives than this (over all
 ranks), but never fewer than MIN_WINDOW_STEPS: what the replay and the rules that match records
-across ranks read, kept at a size that does not grow with the world. The replay reads at most
-two steps of a run that large (`whatif.attribution.MAX_EVENTS`); late arrival and the Timeline
-read the rest (a 1,024-rank 3D run: 4 steps, 330 records a rank and step)."""
+across ranks read, kept at a size that does not grow with the world. By default the replay
+reads its first chunk (`whatif.chunks`: two steps of a run that large); late arrival and the
+Timeline read the rest (a 1,024-rank 3D run: 4 steps, 330 records a rank and step). Replaying
+every step reads the others from the rank files again (`record_spill.py`)."""
 MIN_WINDOW_STEPS = 3
 """The warm-up step and two analysed steps: the fewest the replay compares."""
 

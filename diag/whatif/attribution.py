@@ -17,7 +17,7 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -65,12 +65,8 @@ def attribute(
     if steps.empty or steps["rank"].nunique() < 2:
         return None
     plan = chunks.plan(run, steps, replay_all)
-    parts = []
-    with chunks.chunk_runs(run, plan.chunks) as run_of:
-        for index, chunk in enumerate(plan.chunks):
-            part = attribute_chunk(run, run_of(index), steps[steps["step"].isin(chunk)], host)
-            if part is not None:
-                parts.append(part)
+    replay = partial(attribute_chunk, host=host)
+    parts = chunks.replayed(run, steps, plan.chunks, replay, plan.chunk_events)
     if not parts:
         return None
     if len(parts) > 1:

@@ -15,6 +15,7 @@ its evidence describes the chunks where it was found, each weighted by its steps
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pandas as pd
 
 from diag.numeric.keys import in_steps, whole_steps
 from diag.read.load import RunData
+from diag.read.parallel import workers
 from diag.read.record_spill import SpilledRecords
 from diag.whatif import timeline as tl
 from diag.whatif.causes import (
@@ -43,6 +45,10 @@ DEFAULT_REPLAY_EVENTS = 1_000_000
 """By default every analysed step whose records are in memory is replayed, in chunks, while
 they are at most this many events (a few seconds); beyond, the first chunk only, and a note
 names `--replay all` (every analysed step, the rank files read again in chunks)."""
+PARALLEL_MAX_CHUNK_EVENTS = 2_000_000
+"""Chunks at most this large are replayed by one worker process per core (each holds its own
+chunk: a 1,024-rank 3D run's two steps, 570k events); larger ones one after the other, so that
+memory holds one (16,384 ranks: 9 M events)."""
 
 
 @dataclass
@@ -51,6 +57,8 @@ class Plan:
 
     chunks: list[np.ndarray]
     notes: list[str]
+    chunk_events: float = 0.0
+    """About how many events the largest chunk replays."""
 
 
 @dataclass
@@ -72,12 +80,14 @@ def plan(run: RunData, steps: pd.DataFrame, replay_all: bool) -> Plan:
     keep = max(2, int(CHUNK_EVENTS / max(per_step * ranks, 1)))
     order = np.sort((steps if replay_all else kept)["step"].unique())
     if len(order) <= keep:
-        return Plan([order], [])
+        return Plan([order], [], per_step * ranks * len(order))
     if replay_all or per_step * ranks * len(order) <= DEFAULT_REPLAY_EVENTS:
-        return Plan(np.array_split(order, len(order) // keep), [])
+        split = np.array_split(order, len(order) // keep)
+        return Plan(split, [], per_step * ranks * len(split[0]))
     analysed = steps["step"].nunique()
     return Plan([order[:keep]], [f"attribution replays the first {keep} of {analysed} analysed "
-                                 "steps (`diag analyze --replay all`: every step)"])  # fmt: skip
+                                 "steps (`diag analyze --replay all`: every step)"],
+                per_step * ranks * keep)  # fmt: skip
 
 
 @contextmanager
@@ -101,6 +111,43 @@ def chunk_runs(run: RunData, chunks: list[np.ndarray]) -> Iterator[Callable[[int
             return dataclasses.replace(run, spans=spans, comms=comms, span_steps=None)
 
         yield run_of
+
+
+Replay = Callable[[RunData, RunData, pd.DataFrame], Part | None]
+"""A chunk's attribution from (the run, the run holding the chunk's records, its steps)."""
+_job: tuple[Replay, RunData, Callable[[int], RunData], pd.DataFrame, list[np.ndarray]] | None
+_job = None
+"""What the forked workers replay (`replayed`): set before they fork, inherited."""
+
+
+def replayed(
+    run: RunData, steps: pd.DataFrame, chunks: list[np.ndarray], replay: Replay, events: float
+) -> list[Part]:
+    """Each chunk's attribution, in order, by `replay`: the first here (its compiled loops
+    loaded before any fork), the others by one forked worker process per core when there are
+    several and each chunk is at most PARALLEL_MAX_CHUNK_EVENTS (`events`: about a chunk's)."""
+    global _job
+    with chunk_runs(run, chunks) as run_of:
+        first = replay(run, run_of(0), steps[steps["step"].isin(chunks[0])])
+        count = min(workers(), len(chunks) - 1)
+        methods = multiprocessing.get_all_start_methods()
+        if count < 2 or events > PARALLEL_MAX_CHUNK_EVENTS or "fork" not in methods:
+            rest = [replay(run, run_of(i), steps[steps["step"].isin(chunks[i])])
+                    for i in range(1, len(chunks))]  # fmt: skip
+        else:
+            _job = (replay, run, run_of, steps, chunks)
+            try:
+                with multiprocessing.get_context("fork").Pool(count) as pool:
+                    rest = pool.map(_replay_in_worker, range(1, len(chunks)), chunksize=1)
+            finally:
+                _job = None
+    return [part for part in [first, *rest] if part is not None]
+
+
+def _replay_in_worker(index: int) -> Part | None:
+    assert _job is not None
+    replay, run, run_of, steps, chunks = _job
+    return replay(run, run_of(index), steps[steps["step"].isin(chunks[index])])
 
 
 def combined(parts: list[Part], notes: list[str]) -> Attribution:

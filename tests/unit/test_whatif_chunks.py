@@ -138,3 +138,13 @@ def test_the_default_replays_a_budget_and_says_so(
                              "(`diag analyze --replay all`: every step)"]  # fmt: skip
     report = analyze_path(run_dir, replay_all=True)
     assert report["attribution"]["steps_replayed"] == steps["step"].nunique()
+
+
+def test_worker_processes_give_what_one_process_gives(
+    run_dir: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = load_any(run_dir)
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    two = _attributed(run)
+    monkeypatch.setenv("DIAG_WORKERS", "1")
+    assert _attributed(run).to_dict() == two.to_dict()
