@@ -5,12 +5,12 @@ written once, as plain Python over numpy arrays that numba compiles unchanged. S
 (the tests, a few ranks) run them as Python: importing numba and loading its compiled code
 costs about 0.4 s, more than such a loop takes.
 
-Compiled code is cached on disk by numba (`cache=True`) in this user's cache folder:
-`$NUMBA_CACHE_DIR` when set, else `$XDG_CACHE_HOME/diag/numba` (default `~/.cache/diag/numba`),
-set here before numba is imported, so the cache works where the package folder is read-only
-and a process loads the loops instead of compiling them. numba's cache entries are pickles: the
-folder is this user's own, written by this user's runs only; nothing of a run directory or a
-trace is compiled or loaded.
+Compiled code is cached on disk by numba (`cache=True`), so a process loads the loops instead of
+compiling them: beside this package (`__pycache__`) when its folder is writable, else in this
+user's cache folder (`$NUMBA_CACHE_DIR` when set, else `$XDG_CACHE_HOME/diag/numba`, default
+`~/.cache/diag/numba`; `use_user_cache_folder`, run when this module is imported, before numba
+is). numba's cache entries are pickles: both folders are this user's own, written by this
+user's runs only; nothing of a run directory or a trace is compiled or loaded.
 """
 
 from __future__ import annotations
@@ -36,7 +36,17 @@ def numba_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diag" / "numba"
 
 
-os.environ.setdefault(CACHE_ENV, str(numba_cache_dir()))  # numba reads it when imported
+def use_user_cache_folder(package: Path = Path(__file__).parents[1]) -> Path | None:
+    """Where numba is to cache the loops when not beside `package` (diag): this user's cache
+    folder, named in $NUMBA_CACHE_DIR (which numba reads when imported), when the package's
+    folder is read-only or $NUMBA_CACHE_DIR is set; None: beside the package."""
+    if not os.environ.get(CACHE_ENV) and os.access(package, os.W_OK):
+        return None
+    os.environ[CACHE_ENV] = str(numba_cache_dir())
+    return Path(os.environ[CACHE_ENV])
+
+
+use_user_cache_folder()
 
 
 _loaded: set[Callable[..., Any]] = set()
@@ -59,11 +69,12 @@ def is_loaded(loop: Callable[..., Any]) -> bool:
 @cache
 def compiled(loop: F) -> F:
     """`loop` compiled by numba (imported here, only when a large timeline needs it), cached in
-    `numba_cache_dir()` (also when numba was imported before this module set the variable)."""
+    `use_user_cache_folder()`'s folder when it named one (also when numba was imported before
+    this module set the variable)."""
     import numba
     from numba.core import config
 
-    if not getattr(config, "CACHE_DIR", None):
-        config.CACHE_DIR = str(numba_cache_dir())  # type: ignore[attr-defined]
+    if os.environ.get(CACHE_ENV) and not getattr(config, "CACHE_DIR", None):
+        config.CACHE_DIR = os.environ[CACHE_ENV]  # type: ignore[attr-defined]
     _loaded.add(loop)
     return cast(F, numba.njit(cache=True)(loop))
