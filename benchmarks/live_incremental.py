@@ -117,8 +117,8 @@ def main() -> None:
     grow(reference, held, manifest, args.reference - 1, args.chunk)
     print(f"{args.ranks} ranks, growing to {points[-1]} steps ({source}); medians of "
           f"{args.probes} steps, each paired with one at step ~{args.reference}")  # fmt: skip
-    print("step | update (take in) | analyse (run + diagnose) | total | paired at "
-          f"~{args.reference} | ratio | peak RSS | re-analysis")  # fmt: skip
+    print(f"step | update (take in) | at ~{args.reference} | ratio | analyse (run + diagnose) | "
+          f"total | at ~{args.reference} | ratio | peak RSS | re-analysis")  # fmt: skip
     for point in points:
         grow(copy, live, manifest, point - args.probes, args.chunk)
         timed: list[tuple[float, float]] = []
@@ -129,15 +129,17 @@ def main() -> None:
         update = statistics.median(t[0] for t in timed)
         analyse = statistics.median(t[1] for t in timed)
         total = statistics.median(sum(t) for t in timed)
+        base_update = statistics.median(t[0] for t in paired)
         base = statistics.median(sum(t) for t in paired)
         whole = ""
         if args.baseline:
             start = time.perf_counter()
             diagnose(load_any(folder))
             whole = f"{time.perf_counter() - start:.2f} s"
-        print(f"{copy.steps:>6} | {update * 1e3:7.1f} ms | {analyse * 1e3:7.1f} ms | "
-              f"{total * 1e3:7.1f} ms | {base * 1e3:7.1f} ms | {total / base:5.2f} | "
-              f"{rss_mib():6.0f} MiB | {whole}", flush=True)  # fmt: skip
+        print(f"{copy.steps:>6} | {update * 1e3:6.1f} ms | {base_update * 1e3:6.1f} ms | "
+              f"{update / base_update:4.2f} | {analyse * 1e3:7.1f} ms | {total * 1e3:7.1f} ms | "
+              f"{base * 1e3:7.1f} ms | {total / base:5.2f} | {rss_mib():6.0f} MiB | {whole}",
+              flush=True)  # fmt: skip
 
 
 def grow(copy: GrowingCopy, live: LiveRun, manifest: schema.Manifest, to: int, chunk: int) -> None:
