@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import gc
 import sys
 import time
 from functools import partial
@@ -96,10 +97,14 @@ def _parse_all(
             print(f"\rdiag: parsed {done}/{total} trace files", end=end, file=sys.stderr,
                   flush=True)  # fmt: skip
 
-    chunks = map_chunks(
-        partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
-        min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
-    )  # fmt: skip
+    gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
+    try:
+        chunks = map_chunks(
+            partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
+            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
+        )  # fmt: skip
+    finally:
+        gc.unfreeze()
     return [trace for chunk in chunks for trace in chunk]
 
 
