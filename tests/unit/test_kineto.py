@@ -354,3 +354,29 @@ def test_a_trace_the_typed_decoder_refuses_is_read_as_plain_json(tmp_path: Path)
     (tmp_path / "rank0.json").write_text(json.dumps(data).replace('"dur": 5', '"dur": NaN', 1))
     run = load_trace_dir(tmp_path)
     assert run.comms["op"].tolist() == ["all_reduce"] and len(run.steps) == 1
+
+
+def _on(tid: int, event: dict[str, Any]) -> dict[str, Any]:
+    return {**event, "tid": tid}
+
+
+def test_a_cpu_traces_step_thread_work_between_operators_is_busy(tmp_path: Path) -> None:
+    """gloo on CPU, one step 0-1000 us on thread 1: operators at 10-100 and 300-400, nothing
+    recorded 100-300 and 400-500 (Python, a sleep: the step's own work), an autograd
+    operator 500-900 inside which the thread awaits a worker's all-reduce 550-850 (waiting,
+    not work), and time before the first operator (a data fetch) left in no record."""
+    events = [
+        _on(1, _x("ProfilerStep#1", "user_annotation", 0, 1000)),
+        _on(1, _x("aten::mm", "cpu_op", 10, 90)),
+        _on(1, _x("aten::mm", "cpu_op", 300, 100)),
+        _on(1, _x("autograd::engine::evaluate_function: MyBackward", "cpu_op", 500, 400)),
+        _on(1, _x("c10d::allreduce_", "cpu_op", 540, 5)),
+        _on(2, _x("gloo:all_reduce", "user_annotation", 550, 300)),
+    ]
+    _write(tmp_path, "rank0.pt.trace.json", _trace(0, world=1, events=events))
+    run = load_trace_dir(tmp_path)
+    busy = run.spans[run.spans["phase"] == "kernel"][["t0", "t1"]].values.tolist()
+    assert busy == [[10_000, 550_000], [850_000, 900_000]]
+    assert run.spans[run.spans["phase"] == "comm_wait"].empty
+    comm = run.comms.iloc[0]
+    assert (comm["t0"], comm["t1"], bool(comm["blocking"])) == (550_000, 850_000, True)

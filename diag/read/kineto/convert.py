@@ -368,7 +368,9 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     `gloo:*` events the collectives. Most run on gloo's worker threads (c10d ops only enqueue
     them): asynchronous, their time not hidden under the step thread's operators is its
     `comm_wait`. One on the step thread itself during which that thread starts nothing else (a
-    receive gloo runs in the caller) blocks it: its own interval is the wait."""
+    receive gloo runs in the caller) blocks it: its own interval is the wait. The thread's
+    time between operators inside the step with nothing in flight is busy too
+    (`work_between_operators`)."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     op_starts, op_ends = rank.cpu_ops.get(rank.step_tid, ((), ()))
     ops = np.array(list(zip(op_starts, op_ends, strict=True))).reshape(-1, 2)
@@ -381,18 +383,28 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     thread_starts = np.sort(np.concatenate([ops[:, 0], gloo[on_step_thread, 0]]))
     after_start = np.searchsorted(thread_starts, gloo[:, 0], side="right")
     before_end = np.searchsorted(thread_starts, gloo[:, 1], side="left")
-    on_step_thread &= before_end <= after_start
+    idle_meanwhile = before_end <= after_start
+    on_step_thread &= idle_meanwhile
+    # so does one on a worker that the step thread awaits inside an operator of its own (a
+    # synchronous `c10d::allreduce_`): the operator's time meanwhile is waiting, not work
+    awaited_in_op = ~on_step_thread & idle_meanwhile & _inside_operators(ops, gloo)
+    on_step_thread |= awaited_in_op
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
-        busy = intervals.merge(intervals.clip(ops, s0, s1))
-        for start, end in busy.tolist():
-            records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
+        operators = intervals.merge(intervals.clip(ops, s0, s1))
+        operators = intervals.difference(operators, gloo[awaited_in_op])
         # A collective is the step's that issued it: the one its worker event starts in (one
         # that runs on past the step's end is cut there, never counted in the next step too).
         starts, ends = gloo[:, 0], np.minimum(gloo[:, 1], s1)
         inside = (starts >= s0) & (starts < s1) & (ends > starts)
         waited = inside & ~on_step_thread
         comm = np.column_stack([starts[waited], ends[waited]])
+        blocked = np.column_stack([starts[inside & ~waited], ends[inside & ~waited]])
+        busy = intervals.merge(
+            np.concatenate([operators, work_between_operators(operators, blocked, comm)])
+        )
+        for start, end in busy.tolist():
+            records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
         for i, start, end in zip(
             np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
             strict=True,
@@ -406,11 +418,34 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
                 "async": not blocking, "blocking": blocking,
             })  # fmt: skip
         # time in a blocking one is its own record's: no asynchronous one's comm_wait too
-        blocked = np.column_stack([starts[inside & ~waited], ends[inside & ~waited]])
         occupied = intervals.merge(np.concatenate([busy, blocked]))
         for start, end in intervals.difference(comm, occupied).tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
+
+
+def _inside_operators(ops: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Per (start, end) event, whether one operator of `ops` (start, end rows) spans it."""
+    if len(ops) == 0 or len(events) == 0:
+        return np.zeros(len(events), dtype=bool)
+    order = np.argsort(ops[:, 0], kind="stable")
+    starts, reach = ops[order, 0], np.maximum.accumulate(ops[order, 1])
+    last_before = np.searchsorted(starts, events[:, 0], side="right") - 1
+    return (last_before >= 0) & (reach[np.maximum(last_before, 0)] >= events[:, 1])
+
+
+def work_between_operators(
+    operators: np.ndarray, blocked: np.ndarray, in_flight: np.ndarray
+) -> np.ndarray:
+    """The step thread's time between its first and last operator of a step in no operator, no
+    collective it blocks in and with no collective in flight: the step's own host-side work
+    (Python between operators, the model's host code, a sleep), which a run's `fwd`/`bwd`
+    spans count as compute. Time before the first operator (a data fetch) and after the last
+    stays in no record, the rank's host time. (start, end) rows."""
+    if len(operators) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    between = np.array([[operators[0, 0], operators[-1, 1]]])
+    return intervals.difference(between, np.concatenate([operators, blocked, in_flight]))
 
 
 def _span(rank: int, step: int, phase: str, t0: Any, t1: Any) -> dict[str, Any]:
