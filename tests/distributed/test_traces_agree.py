@@ -70,16 +70,19 @@ FAULTS_THROUGH_TRACES = {  # name: (trainer, its options, the injection)
 def test_a_fault_names_its_rank_first_in_the_run_and_in_its_traces(
     name: str, tmp_path: Path
 ) -> None:
-    """Every trainer's profiler traces name the rank its run directory names. A sleep between
-    the step thread's operators is that rank's own time on the host: through a CPU trace a
-    sleeping straggler may read as host time (BAL005) where its run directory, whose spans
-    cover the sleep, says compute (BAL001); both blame rank 1 and cost most of the sleep."""
+    """Every trainer's profiler traces give the main finding its run directory gives: the same
+    rank and the same cause. A sleep between the step thread's operators inside the step is the
+    rank's own work there, as the run's spans count it (compute: BAL001, or its stage's
+    PIP003), and a data fetch before the step's first operator its host time (BAL005)."""
     trainer, options, fault = FAULTS_THROUGH_TRACES[name]
     steps = options[options.index("--steps") + 1]
     run = tmp_path / "run"
     diag_run(run, *options, "--inject", fault, "--profile-steps", f"2:{steps}", trainer=trainer)
+    found = {}
     for path in (run, run / "traces"):
         main = _main(analyze_path(path))
         assert main["ranks"] == [1], (path, main["rule"], main["title"])
         assert main["rule"] in ("BAL001", "BAL005", "PIP003"), (path, main["rule"])
         assert main["cost_share"] > 0.1, (path, main)
+        found[path.name] = main["rule"]
+    assert found["traces"] == found["run"], found
