@@ -80,14 +80,17 @@ def plan(run: RunData, steps: pd.DataFrame, replay_all: bool) -> Plan:
     keep = max(2, int(CHUNK_EVENTS / max(per_step * ranks, 1)))
     order = np.sort((steps if replay_all else kept)["step"].unique())
     if len(order) <= keep:
-        return Plan([order], [], per_step * ranks * len(order))
-    if replay_all or per_step * ranks * len(order) <= DEFAULT_REPLAY_EVENTS:
-        split = np.array_split(order, len(order) // keep)
-        return Plan(split, [], per_step * ranks * len(split[0]))
-    analysed = steps["step"].nunique()
-    return Plan([order[:keep]], [f"attribution replays the first {keep} of {analysed} analysed "
-                                 "steps (`diag analyze --replay all`: every step)"],
-                per_step * ranks * keep)  # fmt: skip
+        chosen = [order]
+    elif replay_all or per_step * ranks * len(order) <= DEFAULT_REPLAY_EVENTS:
+        chosen = np.array_split(order, len(order) // keep)
+    else:
+        chosen = [order[:keep]]
+    replayed, analysed = sum(len(c) for c in chosen), steps["step"].nunique()
+    notes = [] if replayed == analysed else [
+        f"attribution replays the first {replayed} of {analysed} analysed steps "
+        "(`diag analyze --replay all`: every step)"
+    ]  # fmt: skip
+    return Plan(chosen, notes, per_step * ranks * len(chosen[0]))
 
 
 @contextmanager
@@ -96,7 +99,7 @@ def chunk_runs(run: RunData, chunks: list[np.ndarray]) -> Iterator[Callable[[int
     `run` with the spans and collectives of chunk i's steps read from its rank files (every
     such chunk written to a scratch folder in one pass on entering, removed on leaving)."""
     below = run.span_steps
-    spilled = [i for i, chunk in enumerate(chunks) if below is not None and chunk[-1] >= below]
+    spilled = [i for i, c in enumerate(chunks) if below is not None and len(c) and c[-1] >= below]
     if not spilled:
         yield lambda _index: run
         return

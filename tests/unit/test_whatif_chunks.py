@@ -117,6 +117,13 @@ def test_records_read_again_from_the_rank_files_give_the_same_attribution(
     assert reduced.span_steps is not None and reduced.span_steps < reduced.steps["step"].max()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     again = _attributed(reduced)
+    window = _attributed(reduced, replay_all=False)  # by default, the steps kept in memory
+    analysed = reduced.steps["step"].nunique() - 1  # the warm-up step is not analysed
+    assert window.steps_replayed == reduced.span_steps - 1 < analysed
+    assert window.notes == [
+        f"attribution replays the first {window.steps_replayed} of "
+        f"{analysed} analysed steps (`diag analyze --replay all`: every step)"
+    ]
     assert again.to_dict() == in_memory.to_dict()
     assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
     # and any chunk may come from the files: a run that keeps 3 steps only
