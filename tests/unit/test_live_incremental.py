@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag import LiveRun, diagnose
+from diag import LiveRun, RunTail, diagnose
 from diag.contract import schema
 from diag.metrics import compute_metrics, reduce_rank_files
 from diag.metrics.common import analysed_steps
@@ -145,6 +145,27 @@ def test_a_window_holds_the_last_steps_as_a_load_of_them(source: Path, tmp_path:
         pd.testing.assert_frame_equal(_sorted(getattr(run, name)), _sorted(getattr(scratch, name)))
     assert compute_metrics(run).summary["steps_analysed"] == 4
     assert len(live._tables["steps"]) <= 2 * 4 * manifest.world_size  # older rows dropped
+
+
+def test_the_watch_window_judges_as_the_records_window_did(source: Path, tmp_path: Path) -> None:
+    """`diag watch` read the window's records again at every step (`RunTail.window`); from the
+    kept tables it finds the same findings at every step, the straggler's onset included."""
+    growing = Growing(source, tmp_path / "run")
+    live = LiveRun(tmp_path / "run", window_steps=6)
+    named = []
+    for _ in range(24):
+        growing.grow(1)
+        manifest = live.manifest()
+        assert manifest is not None
+        last = live.update(manifest)
+        assert last is not None
+        records = RunTail(tmp_path / "run", window_steps=6)
+        records.poll(manifest)
+        expected = diagnose(records.window(manifest, last))[1]
+        found = diagnose(live.run())[1]
+        assert _findings(found) == _findings(expected), last
+        named += [last for rule, ranks, _ in _findings(found) if rule == "BAL001" and 3 in ranks]
+    assert named and min(named) >= 12  # the straggler starts at step 12: never named before
 
 
 def test_a_growing_table_keeps_what_was_read_before() -> None:
