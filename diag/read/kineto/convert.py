@@ -304,8 +304,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     kinds = patterns.classify(rank.gpu_name, rank.gpu_category)
     launched_at = np.array(
         [
-            rank.launches.get(int(c), (None, int(t)))[1]
-            for c, t in zip(correlation, t0, strict=True)
+            rank.launches.get(c, (None, t))[1]
+            for c, t in zip(rank.gpu_correlation, rank.gpu_t0, strict=True)
         ],
         dtype=np.int64,
     )
