@@ -92,6 +92,12 @@ class GrowingTable:
                 self._columns[name] = fresh
             self._start, self._end = 0, kept
 
+    def keep_before(self, step: int) -> None:
+        """Forget the rows of steps `step` on."""
+        if "step" in self._columns:
+            steps = self._columns["step"][self._start : self._end]
+            self._end = self._start + int(np.searchsorted(steps, step, side="left"))
+
     def _capacity(self, rows: int) -> int:
         return max(MIN_CAPACITY, 2 * (self._end + rows))
 

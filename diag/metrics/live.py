@@ -9,13 +9,14 @@ What is kept, per finished step (appended in step order, `GrowingTable`):
   per (rank, step, op, group, tag, group size) (`comm_totals`): what the metrics and the rules
   that need the whole run read (`RunData.rank_steps`, `comm_totals`), exactly as a large run's
   loader reduces every step (diag/metrics/file_reduction.py);
-- the spans and collectives themselves of a window of steps only (`RunData.span_steps`): the
-  run's first steps, as the loader keeps them (the replay, late arrival, COM003 and the Timeline
-  read them), or with `window_steps` the last steps.
+- the spans and collectives themselves (the replay, late arrival, COM003 and the Timeline read
+  them): every one while the rank files are smaller than the loader's REDUCE_SPANS_FROM_BYTES,
+  as `diag analyze` keeps them; past it, those of the run's first steps only
+  (`RunData.span_steps`), as the loader keeps a large run's; with `window_steps`, the last steps'.
 
-`run()` is the RunData a from-scratch load of the same steps gives when the run is large
-(`load_run` with `reduce_rank_files`): the same tables, the same per-step tables, so the same
-findings (tests/unit/test_live_incremental.py). With `window_steps` (`diag watch`) it holds only
+`run()` is the RunData a from-scratch load of the same steps gives (`load_run` with
+`reduce_rank_files`; a small run's per-step tables are those its metrics compute): the same
+tables, the same per-step tables, so the same findings (tests/unit/test_live_incremental.py). With `window_steps` (`diag watch`) it holds only
 the last `window_steps` finished steps, as `RunTail.window` did, and the rows of older steps are
 dropped, so the memory stays that of the window.
 """
@@ -33,12 +34,14 @@ from diag.metrics.common import WARMUP_MIN_STEPS
 from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
 from diag.numeric.keys import KEYS
-from diag.read import record_window
+from diag.read import load, record_window
 from diag.read.growing import RunTail
 from diag.read.load import RunData, frame_of, rank_file_suffix
 
 _KEPT = ("steps", "memory", "experts", "events", "rank_steps", "comm_totals")
 """The RunData tables kept for every finished step (the first four as the records are)."""
+_RECORDS = ("spans", "comms")
+"""The tables kept whole while the run is small, then for a window of steps."""
 
 
 @dataclass
@@ -58,15 +61,15 @@ class LiveRun:
     """Each rank's breakdown of its first step (its warm-up once it has WARMUP_MIN_STEPS)."""
     _first_step: dict[int, int] = field(init=False, default_factory=dict)
     _step_count: dict[int, int] = field(init=False, default_factory=dict)
-    _records: list[tuple[int, pd.DataFrame, pd.DataFrame]] = field(init=False, default_factory=list)
-    """(last step, spans, comms) of the chunks whose records are kept (`span_steps`)."""
     _span_steps: int | None = field(init=False, default=None)
+    """None while every span and collective is kept (a run as small as the loader keeps
+    whole); then the first steps whose records are kept (`RunData.span_steps`)."""
     _manifest: schema.Manifest | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.tail = RunTail(self.folder)
-        self._tables = {name: GrowingTable() for name in _KEPT}
+        self._tables = {name: GrowingTable() for name in (*_KEPT, *_RECORDS)}
 
     def manifest(self) -> schema.Manifest | None:
         """The manifest as it is now; None while it is absent or being written."""
@@ -139,31 +142,35 @@ class LiveRun:
         self._keep_records(chunk)
 
     def _keep_records(self, chunk: RunData) -> None:
-        """Keep the chunk's spans and collectives of the window's steps: below `span_steps`
-        (set from the first chunk as the loader sets it) or, with `window_steps`, the last."""
-        if self.window_steps is not None:
-            last = int(chunk.steps["step"].max()) if len(chunk.steps) else self.last or 0
-            self._records.append((last, chunk.spans, chunk.comms))
-            first = max(0, last - self.window_steps + 1)
-            self._records = [part for part in self._records if part[0] >= first]
-            return
-        if self._span_steps is None:
-            self._span_steps = _window_steps(chunk)
+        """Keep the chunk's spans and collectives: every one while the rank files are
+        smaller than the loader's REDUCE_SPANS_FROM_BYTES (as `diag analyze` keeps them), then
+        those of the first steps only (`span_steps`, set as the loader sets it); with
+        `window_steps`, those of the last steps (`update` drops the older)."""
+        spans, comms = self._tables["spans"], self._tables["comms"]
         below = self._span_steps
-        if len(chunk.steps) and int(chunk.steps["step"].min()) >= below:
+        if below is None:
+            spans.append(_by_step(chunk.spans, ["step", "rank"]))
+            comms.append(_by_step(chunk.comms, ["step", "rank"]))
+            if self.window_steps is None and self._reduced():
+                records, pairs = len(spans) + len(comms), len(self._tables["steps"])
+                self._span_steps = below = _window_steps(chunk.manifest, records, pairs)
+                spans.keep_before(below)
+                comms.keep_before(below)
             return
-        self._records.append((
-            int(chunk.steps["step"].max()) if len(chunk.steps) else 0,
-            chunk.spans[chunk.spans["step"] < below] if len(chunk.spans) else chunk.spans,
-            chunk.comms[chunk.comms["step"] < below] if len(chunk.comms) else chunk.comms,
-        ))  # fmt: skip
+        if len(chunk.steps) and int(chunk.steps["step"].min()) < below:
+            spans.append(_by_step(chunk.spans[chunk.spans["step"] < below], ["step", "rank"]))
+            comms.append(_by_step(chunk.comms[chunk.comms["step"] < below], ["step", "rank"]))
+
+    def _reduced(self) -> bool:
+        """Whether the rank files are as large as the loader reduces (REDUCE_SPANS_FROM_BYTES)."""
+        size = sum(path.stat().st_size for path in self.tail.files())
+        return size >= load.REDUCE_SPANS_FROM_BYTES
 
     def _kept_records(self, first: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The kept spans and collectives of steps `first` on, each one table."""
-        spans = [s[s["step"] >= first] for _, s, _ in self._records if len(s)]
-        comms = [c[c["step"] >= first] for _, _, c in self._records if len(c)]
-        return (_joined(spans, schema.RecordKind.SPAN.value),
-                _joined(comms, schema.RecordKind.COMM.value))  # fmt: skip
+        spans, comms = (self._tables[name].frame(first) for name in _RECORDS)
+        return (_or_empty(spans, schema.RecordKind.SPAN.value),
+                _or_empty(comms, schema.RecordKind.COMM.value))  # fmt: skip
 
     def _rank_steps(self, kept: pd.DataFrame, first: int) -> pd.DataFrame:
         """The breakdown of the analysed steps: the kept rows and each rank's first step,
@@ -190,12 +197,12 @@ def _by_step(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     return frame.sort_values(order, kind="stable").reset_index(drop=True)
 
 
-def _window_steps(chunk: RunData) -> int:
+def _window_steps(manifest: schema.Manifest, records: int, pairs: int) -> int:
     """How many first steps keep their spans and collectives, as the loader decides for a
-    large run (`record_window.window_steps`), from the first chunk's records per rank and step."""
-    pairs = max(len(chunk.steps), 1)
-    per_pair = max((len(chunk.spans) + len(chunk.comms)) / pairs, 1.0)
-    fitting = int(record_window.WINDOW_RECORDS / (per_pair * chunk.manifest.world_size))
+    large run (`record_window.window_steps`), from the spans and collectives kept (`records`)
+    per (rank, step) with a step record (`pairs`)."""
+    per_pair = max(records / max(pairs, 1), 1.0)
+    fitting = int(record_window.WINDOW_RECORDS / (per_pair * manifest.world_size))
     low = min(record_window.SPAN_WINDOW_STEPS, record_window.MIN_WINDOW_STEPS)
     return max(low, min(record_window.SPAN_WINDOW_STEPS, fitting))
 
@@ -204,17 +211,4 @@ def _or_empty(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     """A kept table, or the loader's table of no rows of its kind while none was kept."""
     if len(frame.columns):
         return frame
-    return _joined([], kind)
-
-
-def _joined(frames: list[pd.DataFrame], kind: str) -> pd.DataFrame:
-    """Tables of one kind as one, label columns categorical over all their labels."""
-    frames = [frame for frame in frames if len(frame)]
-    if not frames:
-        return frame_of(kind, {})
-    out = pd.concat(frames, ignore_index=True)
-    for name in frames[0].columns:
-        if all(isinstance(f[name].dtype, pd.CategoricalDtype) for f in frames):
-            labels = pd.concat([f[name].astype(object) for f in frames], ignore_index=True)
-            out[name] = labels.astype("category")  # the categories of every frame, used ones
-    return out
+    return frame_of(kind, {})

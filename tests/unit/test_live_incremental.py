@@ -2,8 +2,8 @@
 step's records are taken in once and become its rows of the per-step tables; after N steps the
 tables are those of a from-scratch load of the same N steps (the loader's reduced form, which a
 large run gets: every step's breakdown and collective totals, records kept for a window of first
-steps) to the bit, and the findings are the same. With a window (`diag watch`) the tables are
-those of the window's steps. The growing tables keep the frames read before them intact.
+steps; of a run as small as the loader keeps whole, every record) to the bit, and the findings
+are the same. With a window (`diag watch`) the tables are those of the window's steps. The growing tables keep the frames read before them intact.
 
 The run is simulated, then re-written step by step as a job writes it (whole lines appended).
 """
@@ -77,11 +77,17 @@ def _findings(report: dict[str, object]) -> list[tuple[object, ...]]:
     return [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in findings]
 
 
-@pytest.mark.parametrize("chunks", [[24], [1] * 24, [3, 1, 5, 2, 9, 4]])
+@pytest.mark.parametrize(
+    ("chunks", "large"),
+    [([24], True), ([1] * 24, True), ([3, 1, 5, 2, 9, 4], True), ([3, 1, 5, 2, 9, 4], False)],
+)
 def test_after_each_step_the_tables_and_findings_are_a_from_scratch_analysis(
-    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[int]
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[int], large: bool
 ) -> None:
-    monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)  # the large run's form, here too
+    """`large`: the rank files count as large (the loader's REDUCE_SPANS_FROM_BYTES set to 0),
+    so both ways keep the records of a window of first steps; else both keep every record."""
+    if large:
+        monkeypatch.setattr(load, "REDUCE_SPANS_FROM_BYTES", 0)
     growing = Growing(source, tmp_path / "run")
     live = LiveRun(tmp_path / "run")
     for size in chunks:
@@ -93,14 +99,20 @@ def test_after_each_step_the_tables_and_findings_are_a_from_scratch_analysis(
             continue
         run = live.run()
         scratch = load.load_run(tmp_path / "run", breakdown=reduce_rank_files)
-        assert run.span_steps == scratch.span_steps
+        assert run.span_steps == scratch.span_steps and (run.span_steps is None) != large
+        measured = compute_metrics(scratch)  # a small run's per-step tables: the metrics'
         for name in ("steps", "memory", "experts", "rank_steps", "comm_totals", "comms"):
+            expected_table = getattr(scratch, name)
+            if expected_table is None:
+                expected_table = getattr(measured, name)
             pd.testing.assert_frame_equal(
-                _sorted(getattr(run, name)), _sorted(getattr(scratch, name)),
+                _sorted(getattr(run, name)), _sorted(expected_table),
                 check_exact=True, obj=f"{name} after {growing.written} steps",
             )  # fmt: skip
-        window = scratch.spans["step"] < scratch.span_steps  # the loader keeps every comm_wait
-        pd.testing.assert_frame_equal(_sorted(run.spans), _sorted(scratch.spans[window]))
+        spans = scratch.spans
+        if large:  # the loader keeps every comm_wait span too
+            spans = spans[spans["step"] < scratch.span_steps]
+        pd.testing.assert_frame_equal(_sorted(run.spans), _sorted(spans), check_exact=True)
         report = diagnose(run)[1]
         expected = diagnose(scratch)[1]
         assert _findings(report) == _findings(expected)
