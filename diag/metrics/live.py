@@ -15,10 +15,11 @@ What is kept, per finished step (appended in step order, `GrowingTable`):
   (`RunData.span_steps`), as the loader keeps a large run's; with `window_steps`, the last steps'.
 
 `run()` is the RunData a from-scratch load of the same steps gives (`load_run` with
-`reduce_rank_files`; a small run's per-step tables are those its metrics compute): the same
-tables, the same per-step tables, so the same findings (tests/unit/test_live_incremental.py). With `window_steps` (`diag watch`) it holds only
-the last `window_steps` finished steps, as `RunTail.window` did, and the rows of older steps are
-dropped, so the memory stays that of the window.
+`reduce_rank_files`; a small run's per-step tables are those its metrics compute): the same tables,
+the same per-step tables, so the same findings (tests/unit/test_live_incremental.py). With
+`window_steps` (`diag watch`) it holds only the last `window_steps` finished steps, as
+`RunTail.window` did, and the rows of older steps are dropped, so the memory stays that of the
+window.
 """
 
 from __future__ import annotations

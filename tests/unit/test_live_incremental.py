@@ -1,9 +1,10 @@
-"""A growing run analysed incrementally (`diag.LiveRun`, diag/metrics/live.py): each finished
-step's records are taken in once and become its rows of the per-step tables; after N steps the
-tables are those of a from-scratch load of the same N steps (the loader's reduced form, which a
-large run gets: every step's breakdown and collective totals, records kept for a window of first
-steps; of a run as small as the loader keeps whole, every record) to the bit, and the findings
-are the same. With a window (`diag watch`) the tables are those of the window's steps. The growing tables keep the frames read before them intact.
+"""A growing run analysed incrementally (`diag.LiveRun`, diag/metrics/live.py): each finished step's
+records are taken in once and become its rows of the per-step tables; after N steps the tables are
+those of a from-scratch load of the same N steps (the loader's reduced form, which a large run gets:
+every step's breakdown and collective totals, records kept for a window of first steps; of a run as
+small as the loader keeps whole, every record) to the bit, and the findings are the same. With a
+window (`diag watch`) the tables are those of the window's steps. The growing tables keep the frames
+read before them intact.
 
 The run is simulated, then re-written step by step as a job writes it (whole lines appended).
 """
