@@ -73,18 +73,20 @@ def map_chunks(
     min_bytes: int | None = None,
     chunk_files: int = MAX_CHUNK_FILES,
     progress: Callable[[int, int], None] | None = None,
+    cluster: bool = True,
 ) -> list[Result]:
     """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
     worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
-    forces the number of processes), or on the Dask cluster of `scheduler_address()`. A
-    chunk holds at most `chunk_files` files, so a worker's memory does not grow with the
-    run; `progress(done, total)` is called as chunks finish."""
+    forces the number of processes), or on the Dask cluster of `scheduler_address()` (unless
+    `cluster` is False: a `parse` that writes this machine's files). A chunk holds at most
+    `chunk_files` files, so a worker's memory does not grow with the run; `progress(done,
+    total)` is called as chunks finish."""
     forced = count is not None
     count = min(count or workers(), len(files))
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
     chunks = [list(files[a:b]) for a, b in chunk_bounds(len(files), count, chunk_files)]
-    address = scheduler_address()
+    address = scheduler_address() if cluster else None
     if address is not None and chunks:
         from diag.read.distributed_scheduler import map_on_cluster  # Dask only when asked for
 

@@ -6,7 +6,8 @@ read the others without holding them, the rank files are parsed once more, by th
 worker processes, and each worker writes the records of each chunk of steps of its rank files
 to a scratch folder (Arrow IPC, only the columns asked for); `chunk(i)` reads chunk i's parts
 back as two tables, the loader's dtypes. The scratch folder goes when the `with` block ends.
-Memory: a worker's rank files (as when loading) and one chunk read back.
+Memory: a worker's rank files (as when loading) and one chunk read back. The workers are this
+machine's processes even when the load used a Dask cluster: the folder is local.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class SpilledRecords:
         files = list(rank_files(self.run.path, self.run.manifest.world_size).items())
         arrow_fast.prepare()  # before the workers fork: they inherit it loaded
         write = partial(_spill, bounds=self.bounds, columns=self.columns, folder=self.folder)
-        self.parts = map_chunks(write, files)
+        self.parts = map_chunks(write, files, cluster=False)  # the folder is this machine's
         return self
 
     def __exit__(
