@@ -134,16 +134,19 @@ def replayed(
         first = replay(run, run_of(0), steps[steps["step"].isin(chunks[0])])
         count = min(workers(), len(chunks) - 1)
         methods = multiprocessing.get_all_start_methods()
-        if count < 2 or events > PARALLEL_MAX_CHUNK_EVENTS or "fork" not in methods:
-            rest = [replay(run, run_of(i), steps[steps["step"].isin(chunks[i])])
-                    for i in range(1, len(chunks))]  # fmt: skip
-        else:
+        rest: list[Part | None] | None = None
+        if count >= 2 and events <= PARALLEL_MAX_CHUNK_EVENTS and "fork" in methods:
             _job = (replay, run, run_of, steps, chunks)
             try:
                 with multiprocessing.get_context("fork").Pool(count) as pool:
                     rest = pool.map(_replay_in_worker, range(1, len(chunks)), chunksize=1)
+            except OSError:  # no processes to be had (limits, a sandbox): here, one by one
+                rest = None
             finally:
                 _job = None
+        if rest is None:
+            rest = [replay(run, run_of(i), steps[steps["step"].isin(chunks[i])])
+                    for i in range(1, len(chunks))]  # fmt: skip
     return [part for part in [first, *rest] if part is not None]
 
 

@@ -5,6 +5,7 @@ files give what the records in memory give, and the budget's default says what i
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import tempfile
@@ -155,3 +156,17 @@ def test_worker_processes_give_what_one_process_gives(
     two = _attributed(run)
     monkeypatch.setenv("DIAG_WORKERS", "1")
     assert _attributed(run).to_dict() == two.to_dict()
+
+
+def test_diag_analyze_replay_all_replays_every_step(run_dir: Path, small_chunks: None) -> None:
+    from click.testing import CliRunner
+
+    from diag.cli.analyze import analyze
+
+    steps, _ = analysed_steps(load_any(run_dir).steps, True)
+    result = CliRunner().invoke(analyze, [str(run_dir), "--replay", "all", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["attribution"]["steps_replayed"] == steps["step"].nunique()
+    straggler = [c for c in report["attribution"]["causes"] if c["ranks"] == [5]]
+    assert straggler and straggler[0]["evidence"]["found_in_steps"] < steps["step"].nunique()
