@@ -23,7 +23,7 @@ from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_NOTES_PER_F
 from diag.contract.schema import RecordKind
 from diag.rankfile import arrow_fast
 from diag.rankfile.arrow_format import SUFFIX
-from diag.rankfile.record_checks import check_values, depth
+from diag.rankfile.record_checks import check_values, depth, float_tokens
 from diag.rankfile.records import Column, Packed, concat, decode_rank_file, pack
 
 STEP_COLUMNS = (
@@ -191,6 +191,7 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
         if kind not in KEPT_COLUMNS:
             continue
         record["rank"] = rank
+        record = float_tokens(record)
         if kind == RecordKind.EVENT.value:
             record = _event_row(record)
         elif kind == RecordKind.STEP.value and _is_nan(record.get("loss")):

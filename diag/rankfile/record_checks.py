@@ -80,6 +80,14 @@ def check_values(record: dict[str, Any]) -> str | None:
     return None
 
 
+def float_tokens(record: dict[str, Any]) -> dict[str, Any]:
+    """A checked experts record with its tokens as floats, as the typed decoder reads them (an
+    integer beyond int64 would make an object column); other records as they are."""
+    if record.get("kind") == RecordKind.EXPERTS.value:
+        record["tokens"] = [float(n) for n in record["tokens"]]
+    return record
+
+
 def depth(value: Any) -> int:
     """How deeply a parsed JSON value nests (a scalar 0, `[1]` 1), without recursion; stops
     counting past MAX_JSON_DEPTH."""
@@ -98,4 +106,7 @@ def is_int(value: Any) -> TypeGuard[int]:
 
 
 def finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A number a float can hold (an integer beyond float's range is not: JSON allows one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return abs(value) < 2**1024 if isinstance(value, int) else math.isfinite(value)

@@ -16,7 +16,7 @@ from typing import Any
 
 from diag.contract import schema
 from diag.contract.schema import RecordKind
-from diag.rankfile.record_checks import check_values
+from diag.rankfile.record_checks import check_values, float_tokens
 from diag.rankfile.tail import FileTail, open_tail
 from diag.read.load import RunData, run_from_records
 
@@ -99,6 +99,7 @@ class RunTail:
         tail.notes.clear()
         for record in new:
             if self._checked(record, tail.path.name):
+                record = float_tokens(record)
                 record["rank"] = rank
                 kind = record["kind"]
                 yield kind, _event_row(record) if kind == RecordKind.EVENT.value else record

@@ -123,6 +123,12 @@ CASES = {
     "run.huge/stage-2**70": usable(rank1_line(record(stage=2**70)), 2, "stage is not an integer"),
     "run.huge/chunk-2**40": usable(rank1_line(record(chunk=2**40)), 2, "chunk is not an integer"),
     "run.huge/layer-2**70": usable(rank1_line(experts(layer=str(2**70))), 2, "layer"),
+    # found by test_fuzz_readers: an integer below int64 made an object column on the
+    # line-by-line path (a record without a kind sends the file there); read as a float
+    "run.huge/tokens-below-int64": usable(
+        rank1_line(experts(f"[{-(2**63) - 1}]") + '\n{"step": 1}'), 2, "kind"
+    ),
+    "run.huge/tokens-10**400": usable(rank1_line(experts(f"[{10**400}]")), 2, "numbers"),
     "run.huge/experts-10**6": usable(
         rank1_line(lambda: experts(json.dumps([1] * 10**6))), 2, "tokens"
     ),
