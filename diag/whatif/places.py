@@ -6,6 +6,7 @@ diag/whatif/attribution.py read them)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -66,13 +67,7 @@ def stage_means(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarra
     the event's pipeline stage (NaN where the rank is alone there)."""
     stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
     codes = group_codes(stages, events["step"].to_numpy(), events["j"].to_numpy())
-
-    def mean_of_stage(values: np.ndarray) -> np.ndarray:
-        grouped = pd.Series(values).groupby(codes)
-        count = grouped.transform("size").to_numpy()
-        return np.where(count < 2, np.nan, grouped.transform("mean").to_numpy())
-
-    return mean_of_stage
+    return partial(_over_group, codes, "mean")
 
 
 def stage_floors(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarray], np.ndarray]:
@@ -83,10 +78,11 @@ def stage_floors(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarr
     stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
     kinds = events["kind"].to_numpy().astype(np.int64)
     codes = group_codes(stages, events["j"].to_numpy(), kinds)
+    return partial(_over_group, codes, "min")
 
-    def floor_of_stage(values: np.ndarray) -> np.ndarray:
-        grouped = pd.Series(values).groupby(codes)
-        count = grouped.transform("size").to_numpy()
-        return np.where(count < 2, np.nan, grouped.transform("min").to_numpy())
 
-    return floor_of_stage
+def _over_group(codes: np.ndarray, statistic: str, values: np.ndarray) -> np.ndarray:
+    """Per element, `statistic` of its group's values (NaN for a group of one)."""
+    grouped = pd.Series(values).groupby(codes)
+    count = grouped.transform("size").to_numpy()
+    return np.where(count < 2, np.nan, grouped.transform(statistic).to_numpy())

@@ -175,7 +175,7 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                     if sent != sent:
                         break
                     done[k] = max(arrival, sent) + transfer[k]
-                    if kind[sender[k]] == LAUNCH:  # a launched send completes with it
+                    if kind[sender[k]] == LAUNCH:  # a launched send: both sides there
                         done[sender[k]] = max(arrival, sent) + transfer[sender[k]]
                 else:  # WAIT
                     ready = arrival

@@ -343,8 +343,9 @@ def _dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarr
     ready = np.full(len(ev), np.iinfo(np.int64).min, dtype=np.int64)
     ready[in_instance] = last_arrival[codes]
     # a launched send that ran until its receive arrived (a GPU's send kernel runs until the
-    # receiver's kernel takes the message) completes with its receive: a wait may wait for it.
-    # One that ended before (a buffered send, gloo's) completed on its own, as measured.
+    # receiver's kernel takes the message) completes once both sides are there, plus its own
+    # rest: a wait may wait for it. One that ended before (a buffered send, gloo's) completed
+    # on its own, as measured.
     receives = np.flatnonzero((kind == Kind.RECV) & (sender >= 0))
     receives = receives[kind[sender[receives]] == Kind.LAUNCH]
     held = e[sender[receives]] + WAIT_SLACK_NS >= a[receives]

@@ -35,8 +35,9 @@ def waits_table(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
     if len(waits):  # the latest arrival over the collectives (and sends) each wait waits for
         awaited = timeline.wait_event
         # a launched send is ready when its receive arrives (the receive's sender is the send)
+        paired = recv[sender[recv] >= 0]
         receive_of = np.full(len(ev), -1, dtype=np.int64)
-        receive_of[sender[recv[sender[recv] >= 0]]] = recv[sender[recv] >= 0]
+        receive_of[sender[paired]] = paired
         awaited_ready = np.where(
             instance[awaited] >= 0,
             last_arrival[np.maximum(instance[awaited], 0)] if len(last_arrival) else np.nan,
