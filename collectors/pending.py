@@ -8,12 +8,14 @@ that thread with a forced unwind inside a destructor, and the process dies with 
 called without an active exception` (SIGABRT): a finished job reported as failed. So every
 callback a collector hands over is counted until its function object is freed, and at exit
 (atexit runs before finalization) the training thread waits, briefly and with the GIL
-released, for the count to reach zero.
+released, for the count to reach zero, then collects garbage: a cycle that holds a DDP model or
+a communication future is freed while the interpreter is whole, not in its teardown.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 import time
 import weakref
@@ -70,6 +72,7 @@ PENDING = PendingCallbacks()
 
 def _drain_at_exit() -> None:
     PENDING.drain()
+    gc.collect()
 
 
 atexit.register(_drain_at_exit)

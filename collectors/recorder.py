@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,7 +76,7 @@ class Recorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.world_size = world_size
-        self.model = model
+        self._model_ref: weakref.ref[torch.nn.Module] | None = None
         self.optimizer = optimizer
         self.device = device or torch.device("cpu")
         self.clock = Clock()
@@ -109,7 +110,7 @@ class Recorder:
         self._manifest: Any = None
         self._layout_keys: set[str] = set()  # the layout fields the user gave (never inferred)
         self._closed = False
-        atexit.register(self._flush_at_exit)
+        _OPEN_RECORDERS.add(self)
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -204,11 +205,20 @@ class Recorder:
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None
     ) -> None:
         """Measure this model's parameters and gradients (and this optimizer's state)."""
-        self.model = model
+        self._model_ref = weakref.ref(model) if model is not None else None
         self.optimizer = optimizer if optimizer is not None else self.optimizer
         self.parts.params = list(model.parameters()) if model is not None else None
         if self.parts.activations is not None and self.parts.params is not None:
             self.parts.activations.exclude(self.parts.params)
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The measured model, held weakly. A DDP model's reducer (C++) holds the recording
+        hook's state, which holds this recorder: a strong reference back would make a cycle no
+        garbage collector can see, and the model would outlive the user's
+        `destroy_process_group()` to be freed in interpreter teardown, where its reducer's
+        destructor can abort a finished job (collectors/pending.py)."""
+        return self._model_ref() if self._model_ref is not None else None
 
     # ----------------------------------------------------------------- groups
     def register_group(self, name: str, group: Any) -> None:
@@ -438,6 +448,7 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        _OPEN_RECORDERS.discard(self)
         # The callbacks handed to communication futures (the tracer's, the DDP hook's) write
         # records and are freed on backend threads: wait for them here, before the writer
         # closes and before the user destroys the process group (collectors/pending.py)
@@ -459,12 +470,22 @@ class Recorder:
             self._manifest.steps_completed = self.steps_completed
             write_manifest(self.run_dir, self._manifest)
 
-    def _flush_at_exit(self) -> None:
-        if not self._closed:
-            self.flush()
-
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close(RunStatus.FAILED.value if exc_type else RunStatus.COMPLETE.value)
+
+
+_OPEN_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+"""Recorders not yet closed; held weakly, so that exit does not keep a recorder (nor what it
+measures) alive past the user's own teardown."""
+
+
+def _flush_open_recorders() -> None:
+    """At exit, flush the records of recorders the job never closed."""
+    for recorder in list(_OPEN_RECORDERS):
+        recorder.flush()
+
+
+atexit.register(_flush_open_recorders)

@@ -70,3 +70,34 @@ def test_the_ddp_hook_hands_over_only_tracked_callbacks(world: None, tmp_path: P
     assert PENDING.handed > handed  # the hook's completion callback went through the count
     assert PENDING.drain(timeout_s=5.0), f"{PENDING.count} callbacks never freed"
     rec.close()
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_recorded_ddp_model_dies_with_the_users_last_reference(
+    world: None, tmp_path: Path, closed: bool
+) -> None:
+    """The reducer holds the hook's state, which holds the recorder: were the recorder (or the
+    exit flush that keeps an unclosed one) to hold the model, the model would outlive the
+    user's `destroy_process_group()` and die in interpreter teardown, where its reducer can
+    abort a finished job. Checked before any destroy, closed or not."""
+    import gc
+    import weakref
+
+    model = DDP(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, model=model, optimizer=opt)
+    register_recording_hook(rec, model)
+    for _ in range(2):
+        with rec.step():
+            loss = model(torch.randn(8, 16)).sum()
+            loss.backward()
+            opt.step()
+    assert rec.model is model
+    if closed:
+        rec.close()
+    alive = weakref.ref(model)
+    del model, opt, loss
+    gc.collect()
+    assert alive() is None, "the recorder kept the DDP model alive"
+    assert rec.model is None
+    rec.close()
