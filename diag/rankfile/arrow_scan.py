@@ -23,6 +23,8 @@ from diag.rankfile.arrow_layout import BOOL, FIXED, LIST, STRING, STRUCT
 
 REJECT = -1
 _compiled = numba.njit(cache=True, boundscheck=True)
+_unchecked = numba.njit(cache=True, boundscheck=False)
+"""For an inner loop that must vectorise (`_copy`): it checks its own ranges first."""
 _ONES = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.int64)
 """Set bits of each byte value."""
 
@@ -231,6 +233,16 @@ def _copy_bits(u8: np.ndarray, at: int, count: int, out: np.ndarray, to: int, do
             out[target + k + 1] |= byte >> (8 - shift)
 
 
+@_unchecked
+def _copy(source: np.ndarray, at: int, target: np.ndarray, to: int, size: int, add: int) -> None:
+    """`size` values of `source` from index `at` to `target` from index `to`, each plus `add`:
+    a loop not bounds-checked by numba (so that it vectorises), its ranges checked here."""
+    if size < 0 or at < 0 or to < 0 or size > len(source) - at or size > len(target) - to:
+        raise IndexError("a copy outside its buffers")
+    for k in range(size):
+        target[to + k] = source[at + k] + add
+
+
 @_compiled
 def concatenate(
     words: np.ndarray,
@@ -270,24 +282,18 @@ def concatenate(
                 _copy_bits(u8, validity, length, out, places[j, 0], done[j])
             data = base + words[buffers + 2 * first + 2]
             if layout == FIXED:
-                to, source = (places[j, 1] >> 3) + done[j], data >> 3
-                for i in range(length):
-                    out_words[to + i] = words[source + i]
+                _copy(words, data >> 3, out_words, (places[j, 1] >> 3) + done[j], length, 0)
             elif layout == BOOL:
                 _copy_bits(u8, data, length, out, places[j, 1], done[j])
             elif layout in (LIST, STRING):
                 first_offset = places[j, 2] + done[j]
                 end = 0
                 if length > 0:
-                    source = data >> 2
-                    for i in range(length):
-                        offsets[first_offset + i] = reached[j] + quads[source + i]
-                    end = quads[source + length]
+                    _copy(quads, data >> 2, offsets, first_offset, length, reached[j])
+                    end = quads[(data >> 2) + length]
                 if layout == STRING:
                     text = base + words[buffers + 2 * first + 4]
-                    to = places[j, 1] + reached[j]
-                    for i in range(end):
-                        out[to + i] = u8[text + i]
+                    _copy(u8, text, out, places[j, 1] + reached[j], end, 0)
                 reached[j] += end
             done[j] += length
     for j in range(node_count):
