@@ -72,7 +72,7 @@ class LiveRuns:
         bad read."""
         try:
             run = live.run()
-            metrics, report = diagnose(run, self.config)
+            metrics, report = diagnose(run, self.config, derived=live.derived())
         except Exception as error:
             self.errors.append(f"{type(error).__name__}: {error}")
             return

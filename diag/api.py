@@ -56,9 +56,11 @@ def diagnose(
     config: Mapping[str, Any] | None = None,
     hta: bool = False,
     replay_all: bool = False,
+    derived: Mapping[str, Any] | None = None,
 ) -> tuple[RunMetrics, dict[str, Any]]:
-    """A loaded run's metrics and its report (the rules' findings in it), profiler traces added."""
-    return _diagnosed(run, find_source(run.path), config, hta, replay_all)
+    """A loaded run's metrics and its report (the rules' findings in it), profiler traces added.
+    `derived`: what the rules would derive from the run, already known (`LiveRun.derived()`)."""
+    return _diagnosed(run, find_source(run.path), config, hta, replay_all, derived)
 
 
 def _diagnosed(
@@ -67,10 +69,11 @@ def _diagnosed(
     config: Mapping[str, Any] | None,
     hta: bool,
     replay_all: bool = False,
+    derived: Mapping[str, Any] | None = None,
 ) -> tuple[RunMetrics, dict[str, Any]]:
     """`diagnose` with the run's source already known (found once, where the run was read)."""
     metrics = compute_metrics(run, replay_all)
-    diagnosis = run_rules(run, metrics, config)
+    diagnosis = run_rules(run, metrics, config, derived)
     return metrics, with_traces(build_report(run, metrics, diagnosis), run, source, hta)
 
 

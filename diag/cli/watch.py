@@ -99,7 +99,7 @@ def watch(
         ended = manifest.status != schema.RunStatus.RUNNING.value
         last = live.update(manifest)  # after reading the status: an ended run's files are complete
         if last is not None:
-            _, report = diagnose(live.run(), config)
+            _, report = diagnose(live.run(), config, derived=live.derived())
             for line in log.update(report["findings"], last):
                 print(line, file=stream, flush=True)
         if ended:

@@ -21,6 +21,7 @@ from diag.metrics.common import (
     in_steps,
     note_orphans,
     note_unrecorded_sync,
+    rank_step_order,
 )
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
@@ -110,7 +111,7 @@ def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
         collectives=collectives(totals, windows),
         comm_totals=totals,
         memory=memory_maxima(run.memory),
-        memory_steps=run.memory.sort_values(KEYS, kind="stable").reset_index(drop=True),
+        memory_steps=run.memory.take(rank_step_order(run.memory)).reset_index(drop=True),
         memory_peak=memory_peak(run.memory),
         experts=expert_load(run.experts, windows),
         device=device_time(run.device_time),

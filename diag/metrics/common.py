@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diag.numeric.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
@@ -19,15 +20,28 @@ WARMUP_MIN_STEPS = 3
 def analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFrame, int]:
     """Step records left after dropping each rank's warm-up step (when the records start at
     the run's start: `warmup`), and the warm-up step count."""
-    steps = steps.sort_values(KEYS, kind="stable")
-    if not warmup:
-        return steps.reset_index(drop=True), 0
-    by_rank = steps.groupby("rank")["step"]
-    warmup = (by_rank.transform("size") >= WARMUP_MIN_STEPS) & (
-        steps["step"] == by_rank.transform("min")
-    )
-    warmup_steps = int(steps.loc[warmup, "step"].nunique())
-    return steps.loc[~warmup].reset_index(drop=True), warmup_steps
+    order = rank_step_order(steps)
+    ranks, numbers = steps["rank"].to_numpy()[order], steps["step"].to_numpy()[order]
+    if not warmup or len(order) == 0:
+        return steps.take(order).reset_index(drop=True), 0
+    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    sizes = np.diff(np.r_[starts, len(ranks)])
+    first = np.repeat(numbers[starts], sizes)  # each row's rank's first (lowest) step
+    dropped = (np.repeat(sizes, sizes) >= WARMUP_MIN_STEPS) & (numbers == first)
+    warmup_steps = len(np.unique(numbers[dropped]))
+    return steps.take(order[~dropped]).reset_index(drop=True), warmup_steps
+
+
+def rank_step_order(frame: pd.DataFrame) -> np.ndarray:
+    """The positions of `frame`'s rows in (rank, step) order, ties in row order: what
+    `sort_values(KEYS, kind="stable")` sorts by, as two stable sorts (step, then rank: a radix
+    sort where the ranks fit 16 bits)."""
+    ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    by_step = np.argsort(steps, kind="stable")
+    ranks = ranks[by_step]
+    if len(ranks) and ranks.min() >= 0 and ranks.max() < 2**16:
+        ranks = ranks.astype(np.uint16)
+    return by_step[np.argsort(ranks, kind="stable")]
 
 
 def ratio(numerator: Any, denominator: Any) -> float | None:
@@ -39,11 +53,7 @@ def ratio(numerator: Any, denominator: Any) -> float | None:
 def note_orphans(run: RunData, skipped: list[str]) -> None:
     if run.steps.empty:
         skipped.append("no step records in any rank file: no step could be analysed")
-    known = pd.MultiIndex.from_frame(run.steps[KEYS])
-    orphans = [
-        frame[KEYS][~pd.MultiIndex.from_frame(frame[KEYS]).isin(known)]
-        for frame in (run.spans, run.comms)
-    ]
+    orphans = [frame[KEYS][~in_steps(frame, run.steps)] for frame in (run.spans, run.comms)]
     lost = pd.concat(orphans)
     if len(lost):
         files = _file_list(lost["rank"], run.rank_file_name)

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.metrics import epochs
 from diag.metrics.comm_totals import comm_totals, empty_totals
 from diag.metrics.common import WARMUP_MIN_STEPS
+from diag.metrics.epochs import epoch_orders
 from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
 from diag.numeric.keys import KEYS
@@ -43,6 +47,8 @@ _KEPT = ("steps", "memory", "experts", "events", "rank_steps", "comm_totals")
 """The RunData tables kept for every finished step (the first four as the records are)."""
 _RECORDS = ("spans", "comms")
 """The tables kept whole while the run is small, then for a window of steps."""
+_ORDERS = "epoch_orders"
+"""Each `epoch` event's order hash (diag/metrics/epochs.py), the hash as a code (`_digests`)."""
 
 
 @dataclass
@@ -66,11 +72,13 @@ class LiveRun:
     """None while every span and collective is kept (a run as small as the loader keeps
     whole); then the first steps whose records are kept (`RunData.span_steps`)."""
     _manifest: schema.Manifest | None = field(init=False, default=None)
+    _digests: dict[str, int] = field(init=False, default_factory=dict)
+    """Each order hash seen (`_ORDERS`), by its code."""
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.tail = RunTail(self.folder)
-        self._tables = {name: GrowingTable() for name in (*_KEPT, *_RECORDS)}
+        self._tables = {name: GrowingTable() for name in (*_KEPT, *_RECORDS, _ORDERS)}
 
     def manifest(self) -> schema.Manifest | None:
         """The manifest as it is now; None while it is absent or being written."""
@@ -117,6 +125,15 @@ class LiveRun:
             span_steps=self._span_steps if self.window_steps is None else None,
         )
 
+    def derived(self) -> dict[str, Any]:
+        """What the rules derive from `run()`'s tables, kept as the steps came (by their names in
+        `RuleContext.derived`, for `diagnose(..., derived=)`): the last order hash of each
+        rank's epochs (PIT001), each step's events read once, not every event after each step."""
+        orders = self._tables[_ORDERS].frame(self._first_shown())
+        if not len(orders.columns):
+            orders = epoch_orders(frame_of(schema.RecordKind.EVENT.value, {}))
+        return {epochs.DERIVED_NAME: epochs.last_orders(orders)}
+
     def _first_shown(self) -> int:
         if self.window_steps is None or self.last is None:
             return 0
@@ -138,8 +155,14 @@ class LiveRun:
         self._tables["rank_steps"].append(_by_step(rest, by_step))
         self._tables["comm_totals"].append(_by_step(comm_totals(chunk.comms), by_step))
         self._tables["steps"].append(_by_step(chunk.steps, by_step))
-        for name in ("memory", "experts", "events"):
+        for name in ("memory", "experts"):
             self._tables[name].append(_by_step(getattr(chunk, name), by_step))
+        events = _by_step(chunk.events, by_step)
+        self._tables["events"].append(events)
+        orders = epoch_orders(events)
+        known = self._digests
+        codes = [known.setdefault(digest, len(known)) for digest in orders["digest"]]
+        self._tables[_ORDERS].append(orders.assign(digest=np.array(codes, dtype=np.int64)))
         self._keep_records(chunk)
 
     def _keep_records(self, chunk: RunData) -> None:

@@ -3,9 +3,11 @@ whose six categories sum highest), docs/metrics.md "Memory"."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.metrics.common import rank_step_order
 
 MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
 
@@ -22,7 +24,16 @@ def memory_peak(memory: pd.DataFrame) -> pd.DataFrame:
     if memory.empty:
         return pd.DataFrame(columns=columns)
     total = memory[list(schema.MEMORY_CATEGORIES)].astype("float64").fillna(0.0).sum(axis=1)
-    frame = pd.DataFrame({"rank": memory["rank"], "step": memory["step"], "peak_bytes": total})
-    frame = frame.sort_values(["rank", "step"], kind="stable")
-    first_highest = frame.groupby("rank", sort=True)["peak_bytes"].idxmax()
-    return frame.loc[first_highest, columns].reset_index(drop=True)
+    order = rank_step_order(memory)  # a rank's rows together, by step
+    ranks, steps = memory["rank"].to_numpy()[order], memory["step"].to_numpy()[order]
+    sums = total.to_numpy()[order]
+    if np.isnan(sums).any():  # (inf - inf): as idxmax skips it
+        frame = pd.DataFrame({"rank": ranks, "step": steps, "peak_bytes": sums})
+        first_highest = frame.groupby("rank", sort=True)["peak_bytes"].idxmax()
+        return frame.loc[first_highest, columns].reset_index(drop=True)
+    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    sizes = np.diff(np.r_[starts, len(ranks)])
+    highest = np.flatnonzero(sums == np.repeat(np.maximum.reduceat(sums, starts), sizes))
+    group = np.repeat(np.arange(len(starts)), sizes)[highest]
+    first = highest[np.r_[True, group[1:] != group[:-1]]]  # each rank's first highest step
+    return pd.DataFrame({"rank": ranks[first], "step": steps[first], "peak_bytes": sums[first]})

@@ -11,7 +11,7 @@ import pandas as pd
 
 from diag.contract import ledger
 from diag.metrics import flops, pipeline
-from diag.metrics.common import KEYS, NS_PER_S, ratio
+from diag.metrics.common import NS_PER_S, rank_step_order, ratio
 from diag.read.load import RunData
 
 
@@ -77,5 +77,7 @@ def _last_loss(steps: pd.DataFrame) -> float | None:
     finite = steps[np.isfinite(steps["loss"])]
     if finite.empty:
         return None
-    last = finite.sort_values(KEYS, kind="stable").groupby("rank")["loss"].last()
+    order = rank_step_order(finite)  # each rank's last finite loss: the last of its rows
+    ranks, losses = finite["rank"].to_numpy()[order], finite["loss"].to_numpy()[order]
+    last = pd.Series(losses[np.r_[ranks[1:] != ranks[:-1], True]])
     return float(last.mean())

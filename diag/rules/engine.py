@@ -165,7 +165,10 @@ class Diagnosis(NamedTuple):
 
 
 def run_rules(
-    run: RunData, metrics: RunMetrics, config: Mapping[str, Any] | None = None
+    run: RunData,
+    metrics: RunMetrics,
+    config: Mapping[str, Any] | None = None,
+    derived: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
     Reads the run and its metrics, changes neither.
@@ -177,10 +180,12 @@ def run_rules(
     None counts as 1), then code. Before the sort, a finding that names the cause of others
     (`explains`) takes the highest severity among them: the cause is the diagnosis, its consequences
     are evidence. `diag.cli.rules.RANKING_ORDER` says the same in one sentence. A rule that raises
-    is reported as a note, never as a crash.
+    is reported as a note, never as a crash. `derived`: values the rules would derive from the
+    run (`RuleContext.derived`), already known to the caller (a growing run keeps them as its
+    steps come: `diag.LiveRun.derived`).
     """
     all_limits = {code: limits_for(rule_, config) for code, rule_ in REGISTRY.items()}
-    ctx = RuleContext(run, metrics, all_limits)
+    ctx = RuleContext(run, metrics, all_limits, dict(derived or {}))
     findings: list[Finding] = []
     notes: list[str] = []
     for code in sorted(REGISTRY):

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diag.metrics.epochs import DERIVED_NAME, epoch_orders, last_orders
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 
@@ -43,27 +44,21 @@ def forgotten_set_epoch(ctx: RuleContext, limits: Mapping[str, float]) -> Iterab
     Evidence:
         Per rank, the epochs seen and the number of distinct order hashes among them.
     """
-    events = _events(ctx, "epoch")
-    per_rank: dict[int, dict[int, str]] = {}
-    for rank, fields in zip(events.get("rank", []), events.get("fields", []), strict=True):
-        epoch, digest = (fields or {}).get("epoch"), (fields or {}).get("order_hash")
-        if isinstance(epoch, int) and digest is not None:
-            per_rank.setdefault(int(rank), {})[epoch] = str(digest)
-    repeated = {
-        rank: epochs
-        for rank, epochs in per_rank.items()
-        if len(epochs) >= limits["min_epochs"] and len(set(epochs.values())) == 1
-    }
+    seen = ctx.derived_once(DERIVED_NAME, lambda: last_orders(epoch_orders(ctx.run.events)))
+    by_rank = seen.groupby("rank", sort=True)["digest"]
+    table = pd.DataFrame({"epochs": by_rank.size(), "orders": by_rank.nunique()})
+    table = table[(table["epochs"] >= limits["min_epochs"]) & (table["orders"] == 1)]
+    repeated = {int(rank): int(count) for rank, count in table["epochs"].items()}
     if not repeated:
         return []
-    epochs = max(len(e) for e in repeated.values())
+    epochs = max(repeated.values())
     return [
         Finding(
             severity="medium",
             title=f"same sample order in all {epochs} epochs: sampler.set_epoch is not called",
             ranks=sorted(repeated),
             evidence={
-                "epochs_per_rank": {r: len(e) for r, e in sorted(repeated.items())},
+                "epochs_per_rank": dict(sorted(repeated.items())),
                 "distinct_orders": 1,
             },
             advice="call sampler.set_epoch(epoch) at the start of every epoch",

@@ -6,7 +6,6 @@ with Sen's confidence bound from the Mann-Kendall variance (Sen 1968, JASA 63:13
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -85,9 +84,19 @@ def _medians_of_runs(x: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndar
     order (runs of equal length, within one)."""
     order = np.argsort(x, kind="stable")
     bounds = np.linspace(0, len(x), points + 1).astype(np.int64)
-    runs = itertools.pairwise(bounds)
-    mid = [(np.median(x[order[a:b]]), np.median(y[order[a:b]])) for a, b in runs]
-    return np.array([m[0] for m in mid]), np.array([m[1] for m in mid])
+    return _run_medians(x[order], bounds), _run_medians(y[order], bounds)
+
+
+def _run_medians(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The median of each run `values[bounds[i]:bounds[i + 1]]` (none empty), by `np.median`
+    over the rows of one array per run length (the runs are of two lengths at most), not one
+    call per run."""
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    medians = np.empty(len(starts))
+    for length in np.unique(lengths):
+        runs = lengths == length
+        medians[runs] = np.median(values[starts[runs][:, None] + np.arange(length)], axis=1)
+    return medians
 
 
 _WALL_PARTS = {"busy_s": "compute", "exposed_comm_s": "exposed communication", "idle_s": "idle"}
@@ -140,36 +149,51 @@ def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
     found: list[Creep] = []
     if memory.empty:
         return found
-    memory = memory.sort_values(["rank", "step"], kind="stable")
+    if not _by_rank_and_step(memory):
+        memory = memory.sort_values(["rank", "step"], kind="stable")
+    all_ranks, all_steps = memory["rank"].to_numpy(np.int64), memory["step"].to_numpy(float)
     for name in (*schema.MEMORY_CATEGORIES, "host_rss"):
         if name not in memory:
             continue
-        series = memory[["rank", "step", name]].dropna()
-        for rank in _creep_candidates(series, name, limits):
-            mine = series[series["rank"] == rank]
-            x, y = mine["step"].to_numpy(float), mine[name].to_numpy(float)
-            slope = theil_sen(x, y, limits["z"], base=float(y[0]))
+        recorded = memory[name].notna().to_numpy()
+        ranks, x = all_ranks[recorded], all_steps[recorded]
+        y = memory[name].to_numpy()[recorded].astype(float)
+        for rank, start, stop in _creep_candidates(ranks, y, limits):
+            slope = theil_sen(x[start:stop], y[start:stop], limits["z"], base=float(y[start]))
             if slope is not None and slope.lower > 0 and slope.growth >= limits["medium"]:
-                found.append(Creep(int(rank), name, float(y[0]), float(y[-1]), slope))
+                found.append(Creep(rank, name, float(y[start]), float(y[stop - 1]), slope))
     return sorted(found, key=lambda c: c.rank)
 
 
-def _creep_candidates(series: pd.DataFrame, name: str, limits: Mapping[str, float]) -> list[int]:
-    """Ranks whose `name` series could creep, by the cheap tests (enough points, a positive
-    first value, rising record to record often enough, not constant), all ranks at once."""
-    by_rank = series.groupby("rank", sort=True)[name]
-    rises = (by_rank.diff() >= 0).groupby(series["rank"]).sum() / (by_rank.size() - 1).clip(lower=1)
-    table = pd.DataFrame({
-        "points": by_rank.size(), "first": by_rank.first(), "rises": rises,
-        "spread": by_rank.max() - by_rank.min(),
-    })  # fmt: skip
+def _by_rank_and_step(frame: pd.DataFrame) -> bool:
+    """Whether the rows are in (rank, step) order already (a stable sort would keep them)."""
+    ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    after = (ranks[1:] > ranks[:-1]) | ((ranks[1:] == ranks[:-1]) & (steps[1:] >= steps[:-1]))
+    return bool(after.all())
+
+
+def _creep_candidates(
+    ranks: np.ndarray, values: np.ndarray, limits: Mapping[str, float]
+) -> list[tuple[int, int, int]]:
+    """The ranks whose series (`values`, the rows of a rank contiguous, ranks ascending) could
+    creep, by the cheap tests (enough points, a positive first value, rising record to record
+    often enough, not constant), all ranks at once: (rank, first row, row after its last)."""
+    if len(ranks) == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    stops = np.r_[starts[1:], len(ranks)]
+    points = stops - starts
+    rising = np.r_[False, values[1:] >= values[:-1]]
+    rising[starts] = False  # a rank's first record rises from nothing
+    rises = np.add.reduceat(rising.astype(np.int64), starts) / np.clip(points - 1, 1, None)
+    spread = np.maximum.reduceat(values, starts) - np.minimum.reduceat(values, starts)
     keep = (
-        (table["points"] >= limits["min_points"])
-        & (table["first"] > 0)
-        & (table["rises"] >= limits["monotonic"])
-        & (table["spread"] > 0)
+        (points >= limits["min_points"])
+        & (values[starts] > 0)
+        & (rises >= limits["monotonic"])
+        & (spread > 0)
     )
-    return [int(r) for r in table.index[keep]]
+    return [(int(ranks[i]), int(i), int(j)) for i, j in zip(starts[keep], stops[keep], strict=True)]
 
 
 def _main_creep(creeps: list[Creep]) -> tuple[Creep, list[int]] | None:
