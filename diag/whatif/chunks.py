@@ -199,16 +199,16 @@ def _causes(parts: list[Part], weights: np.ndarray, replayed_s: float) -> list[C
         pairs = found[(kind, label, ranks, stage, group)]
         cost = sum(c.cost_s * w for c, w in pairs) / total
         share = cost / replayed_s if replayed_s > 0 else 0.0
-        evidence = _evidence(pairs) | {"found_in_steps": int(sum(w for _, w in pairs))}
+        steps = sum(w for _, w in pairs)  # the steps of the chunks where it was found
+        evidence = _evidence(pairs, steps) | {"found_in_steps": int(steps)}
         causes.append(Cause(kind, label, cost, share, list(ranks), stage, group, evidence))
     return sorted(causes, key=lambda c: -c.cost_s)
 
 
-def _evidence(pairs: list[tuple[Cause, float]]) -> dict[str, Any]:
-    """The evidence of the chunks where a cause was found: numbers weighted by their steps,
-    words rebuilt from those numbers."""
+def _evidence(pairs: list[tuple[Cause, float]], weight: float) -> dict[str, Any]:
+    """The evidence of the chunks where a cause was found (`weight`: their steps): numbers
+    weighted by their steps, words rebuilt from those numbers."""
     first = pairs[0][0]
-    weight = sum(w for _, w in pairs)
     evidence: dict[str, Any] = {}
     for name, value in first.evidence.items():
         numeric = isinstance(value, int | float) and not isinstance(value, bool)

@@ -370,7 +370,7 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     `comm_wait`. One on the step thread itself during which that thread starts nothing else (a
     receive gloo runs in the caller) blocks it: its own interval is the wait. The thread's
     time between operators inside the step with nothing in flight is busy too
-    (`work_between_operators`)."""
+    (`_work_between_operators`)."""
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     op_starts, op_ends = rank.cpu_ops.get(rank.step_tid, ((), ()))
     ops = np.array(list(zip(op_starts, op_ends, strict=True))).reshape(-1, 2)
@@ -401,7 +401,7 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
         comm = np.column_stack([starts[waited], ends[waited]])
         blocked = np.column_stack([starts[inside & ~waited], ends[inside & ~waited]])
         busy = intervals.merge(
-            np.concatenate([operators, work_between_operators(operators, blocked, comm)])
+            np.concatenate([operators, _work_between_operators(operators, blocked, comm)])
         )
         for start, end in busy.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.KERNEL.value, start, end))
@@ -434,7 +434,7 @@ def _inside_operators(ops: np.ndarray, events: np.ndarray) -> np.ndarray:
     return (last_before >= 0) & (reach[np.maximum(last_before, 0)] >= events[:, 1])
 
 
-def work_between_operators(
+def _work_between_operators(
     operators: np.ndarray, blocked: np.ndarray, in_flight: np.ndarray
 ) -> np.ndarray:
     """The step thread's time between its first and last operator of a step in no operator, no
