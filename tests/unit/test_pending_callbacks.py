@@ -101,3 +101,19 @@ def test_a_recorded_ddp_model_dies_with_the_users_last_reference(
     assert alive() is None, "the recorder kept the DDP model alive"
     assert rec.model is None
     rec.close()
+
+
+def test_closing_after_the_process_group_is_destroyed(tmp_path: Path) -> None:
+    """The user's order is theirs: the group destroyed first, the recorder closed after, and
+    the run is still complete."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    model = DDP(torch.nn.Linear(16, 4))
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, model=model)
+    register_recording_hook(rec, model)
+    with rec.step():
+        model(torch.randn(8, 16)).sum().backward()
+    dist.destroy_process_group()
+    rec.close()
+    assert (tmp_path / "run" / "rank-00000.arrows").stat().st_size > 0
