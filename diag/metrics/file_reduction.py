@@ -12,7 +12,7 @@ checks should not let one through) is reduced through the tables instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -47,12 +47,13 @@ LABEL_KEYS = ("op", "group", "tag")
 """The collective totals' keys that are labels."""
 
 
-def reduce_rank_files(files: list[RankColumns], warmup: bool = True) -> dict[str, pd.DataFrame]:
+def reduce_rank_files(files: Iterable[RankColumns], warmup: bool = True) -> dict[str, pd.DataFrame]:
     """The `rank_steps` and `comm_totals` of some rank files, in file order (each file one
-    rank); `warmup`: the records start at the run's start, so each rank's first step is
-    its warm-up (`analysed_steps`)."""
-    if not files:  # the loader's call before its workers start: they inherit the compiled loop
-        prepare_union_lengths()
+    rank; taken one at a time, so `files` may read each as it is asked for); `warmup`: the
+    records start at the run's start, so each rank's first step is its warm-up
+    (`analysed_steps`). An empty list: only load the compiled loops."""
+    if isinstance(files, list) and not files:  # the loader's call before its workers start:
+        prepare_union_lengths()  # they inherit the compiled loops
         prepare_comm_totals()
         return {}
     rank_steps: list[dict[str, np.ndarray]] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -110,12 +110,13 @@ class RunData:
         return schema.rank_file_name(rank, self.rank_file_suffix)
 
 
-Breakdown = Callable[[list[dict[str, dict[str, Packed]]], bool], dict[str, pd.DataFrame]]
-"""Per-(rank, step) reductions of some rank files' packed columns (one dict by kind a file;
-the warm-up flag last) by the RunData field they fill: the metrics' time breakdown
-(`rank_steps`) and collective totals (`comm_totals`), which a large run's workers compute
-before keeping a window of spans and collectives. Called with no files, it prepares what
-it needs (the loader does so before starting its workers, which inherit it)."""
+Breakdown = Callable[[Iterable[dict[str, dict[str, Packed]]], bool], dict[str, pd.DataFrame]]
+"""Per-(rank, step) reductions of some rank files' packed columns (one dict by kind a file,
+taken one at a time, in order; the warm-up flag last) by the RunData field they fill: the
+metrics' time breakdown (`rank_steps`) and collective totals (`comm_totals`), which a large
+run's workers compute before keeping a window of spans and collectives. Called with an
+empty list, it prepares what it needs (the loader does so before starting its workers,
+which inherit it)."""
 REDUCED_TABLES = ("rank_steps", "comm_totals")
 
 
@@ -350,29 +351,53 @@ def read_rank_chunk(
 ) -> RankChunk:
     """Parse a few rank files (only the records of the steps in `window` when given); with a
     `breakdown`, reduce their records with it from every span and collective, then keep
-    only the spans and collectives of steps below `keep_below` (`RunData.span_steps`)."""
+    only the spans and collectives of steps below `keep_below` (`RunData.span_steps`).
+
+    The files are read one at a time as the breakdown takes them, and each is cut to what
+    is kept before the next is read, so a worker holds one file's whole columns at a time
+    (their buffers are then reused for the next file, instead of new memory faulted in)."""
     if breakdown is not None:  # a large run: a Dask worker loads the compiled code here
         _prepare_compiled(breakdown)  # (in a local worker, inherited loaded, it costs nothing)
-    parsed = [read_rank_file(rank, path) for rank, path in files]
-    per_file = [part.columns for part in parsed]
-    for part in parsed:
-        part.columns = {}
-    if window is not None:
-        per_file = [{k: record_window.in_window(t, window) for k, t in c.items()} for c in per_file]
+    parsed: list[RankFile] = []
+    kept: list[dict[str, dict[str, Packed]]] = []
+    below = keep_below or record_window.SPAN_WINDOW_STEPS
+    windowed = (RecordKind.SPAN.value, RecordKind.COMM.value)
+
+    def each_file() -> Iterator[dict[str, dict[str, Packed]]]:
+        """Each file's columns, for the breakdown; once it has taken one, what is kept of it."""
+        for rank, path in files:
+            part = read_rank_file(rank, path)
+            columns, part.columns = part.columns, {}
+            parsed.append(part)
+            if window is not None:
+                columns = {k: record_window.in_window(t, window) for k, t in columns.items()}
+            if breakdown is not None:
+                yield columns
+                columns = {
+                    k: record_window.kept_records(columns, k, below) if k in windowed
+                    else _owned(t)
+                    for k, t in columns.items()
+                }  # fmt: skip
+            kept.append(columns)
+
     reduced: dict[str, pd.DataFrame] = {}
-    if breakdown is not None:
-        reduced = breakdown(per_file, window is None or window.start == 0)
-        below = keep_below or record_window.SPAN_WINDOW_STEPS
-        windowed = (RecordKind.SPAN.value, RecordKind.COMM.value)
-        per_file = [
-            c | {kind: record_window.kept_records(c, kind, below) for kind in windowed}
-            for c in per_file
-        ]
+    if breakdown is None:
+        list(each_file())  # yields nothing: reads every file whole
+    else:
+        reduced = breakdown(each_file(), window is None or window.start == 0)
+    assert len(kept) == len(files), "the breakdown takes every file"
     columns = {
-        kind: {name: concat([c[kind][name] for c in per_file]) for name in names}
+        kind: {name: concat([c[kind][name] for c in kept]) for name in names}
         for kind, names in KEPT_COLUMNS.items()
     }
     return RankChunk(parsed, columns, reduced)
+
+
+def _owned(table: dict[str, Packed]) -> dict[str, Packed]:
+    """A file's packed columns without views of its whole buffers (a kind packed straight
+    from them is), so that those are freed as soon as the file is done."""
+    return {name: v.copy() if isinstance(v, np.ndarray) and v.base is not None else v
+            for name, v in table.items()}  # fmt: skip
 
 
 def _concat_reduced(parts: list[pd.DataFrame]) -> pd.DataFrame:
