@@ -20,7 +20,14 @@ def rank_steps_in(ranks: Any, steps: Any, wanted_ranks: Any, wanted_steps: Any) 
     if len(ranks) == 0 or len(wanted_ranks) == 0:
         return np.zeros(len(ranks), dtype=bool)
     width = int(max(steps.max(), wanted_steps.max())) + 1
-    return np.isin(ranks * width + steps, wanted_ranks * width + wanted_steps)
+    keys, wanted = ranks * width + steps, wanted_ranks * width + wanted_steps
+    low = min(int(keys.min()), int(wanted.min()))
+    space = max(int(keys.max()), int(wanted.max())) - low + 1
+    if space > 4 * (len(keys) + len(wanted)) + 1024:  # a sparse key space: by sorting
+        return np.isin(keys, wanted)
+    present = np.zeros(space, dtype=bool)  # else a look-up table of the keys, no sort
+    present[wanted - low] = True
+    return present[keys - low]
 
 
 def whole_steps(steps: pd.DataFrame, span_steps: int | None) -> pd.DataFrame:

@@ -20,7 +20,7 @@ import pytest
 
 from diag import LiveRun, RunTail, diagnose
 from diag.contract import schema
-from diag.metrics import compute_metrics, reduce_rank_files
+from diag.metrics import compute_metrics, epochs, reduce_rank_files
 from diag.metrics.common import analysed_steps
 from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
@@ -78,6 +78,17 @@ def _findings(report: dict[str, object]) -> list[tuple[object, ...]]:
     return [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in findings]
 
 
+def _rounded(value: object) -> object:
+    """`value` with every float to 12 significant digits (nested lists and dicts too)."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(item) for item in value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("chunks", "large"),
     [([24], True), ([1] * 24, True), ([3, 1, 5, 2, 9, 4], True), ([3, 1, 5, 2, 9, 4], False)],
@@ -114,7 +125,7 @@ def test_after_each_step_the_tables_and_findings_are_a_from_scratch_analysis(
         if large:  # the loader keeps every comm_wait span too
             spans = spans[spans["step"] < scratch.span_steps]
         pd.testing.assert_frame_equal(_sorted(run.spans), _sorted(spans), check_exact=True)
-        report = diagnose(run)[1]
+        report = diagnose(run, derived=live.derived())[1]
         expected = diagnose(scratch)[1]
         assert _findings(report) == _findings(expected)
         for key, value in expected["summary"].items():  # sums in another order: to 1e-12
@@ -175,10 +186,50 @@ def test_the_watch_window_judges_as_the_records_window_did(source: Path, tmp_pat
         records = RunTail(tmp_path / "run", window_steps=6)
         records.poll(manifest)
         expected = diagnose(records.window(manifest, last))[1]
-        found = diagnose(live.run())[1]
+        found = diagnose(live.run(), derived=live.derived())[1]
         assert _findings(found) == _findings(expected), last
         named += [last for rule, ranks, _ in _findings(found) if rule == "BAL001" and 3 in ranks]
     assert named and min(named) >= 12  # the straggler starts at step 12: never named before
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_live_diagnosis_after_each_step_is_a_from_scratch_one(
+    tmp_path_factory: pytest.TempPathFactory, window: int | None
+) -> None:
+    """What the live view shows after N steps (`diagnose(run(), derived=derived())`: PIT001 from
+    the epoch orders kept as the steps came) is the from-scratch diagnosis of the same N steps
+    (of the window's, with `window_steps`): every finding with its evidence, the summary and the
+    per-rank table. The run
+    forgets `set_epoch` (PIT001 fires once two epochs are seen) and grows memory (TRD002)."""
+    config = SimConfig(
+        model=ModelSpec(**SMALL), dp=2, tp=2, pp=1, microbatches=2, steps=20,
+        inject=("no-set-epoch", "leak:mb=40"),
+    )  # fmt: skip
+    root = tmp_path_factory.mktemp("forgetful")
+    source = simulate(config, root / "run", format="jsonl").path
+    growing = Growing(source, root / "growing")
+    live = LiveRun(root / "growing", window_steps=window)
+    fired = []
+    for size in [1, 1, 1, 2, 1, 3, 1, 1, 4, 5]:
+        growing.grow(size)
+        manifest = live.manifest()
+        assert manifest is not None
+        last = live.update(manifest)
+        assert last == growing.written - 1
+        run = live.run()
+        steps = range(max(0, last - window + 1), last + 1) if window else None
+        scratch = load.load_run(root / "growing", steps=steps, breakdown=reduce_rank_files)
+        kept = epochs.last_orders(epochs.epoch_orders(run.events))
+        derived = live.derived()[epochs.DERIVED_NAME]
+        assert len(derived) == len(kept)  # the same (rank, epoch)s, the same hashes apart
+        pairs = derived[["rank", "epoch"]].reset_index(drop=True)
+        pd.testing.assert_frame_equal(pairs, kept[["rank", "epoch"]].reset_index(drop=True))
+        report = diagnose(run, derived=live.derived())[1]
+        expected = diagnose(scratch)[1]
+        for part in ("findings", "summary", "ranks"):  # sums in another order: to 12 digits
+            assert _rounded(report[part]) == _rounded(expected[part]), (last, part)
+        fired += [f["rule"] for f in report["findings"] if f["rule"] in ("PIT001", "TRD002")]
+    assert {"PIT001", "TRD002"} <= set(fired)  # PIT001 judged from the kept orders fires
 
 
 def test_a_growing_table_keeps_what_was_read_before() -> None:

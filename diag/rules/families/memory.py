@@ -15,6 +15,7 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import RunMetrics
+from diag.numeric.keys import rank_steps_in
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 
 STATE = ("params", "grads", "optimizer")
@@ -53,7 +54,9 @@ def peaks(metrics: RunMetrics) -> list[Peak]:
     if peak.empty:
         return []
     cats = [c for c in schema.MEMORY_CATEGORIES if c in metrics.memory_steps]
-    records = metrics.memory_steps[["rank", "step", *cats]].merge(peak, on=["rank", "step"])
+    memory = metrics.memory_steps
+    at_peak = rank_steps_in(memory["rank"], memory["step"], peak["rank"], peak["step"])
+    records = memory.loc[at_peak, ["rank", "step", *cats]].merge(peak, on=["rank", "step"])
     held = records[cats].astype("float64").fillna(0.0).sum(axis=1)
     records = records.loc[held.groupby([records["rank"], records["step"]]).idxmax()]
     out = []

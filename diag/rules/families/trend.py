@@ -156,8 +156,9 @@ def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
         if name not in memory:
             continue
         recorded = memory[name].notna().to_numpy()
-        ranks, x = all_ranks[recorded], all_steps[recorded]
-        y = memory[name].to_numpy()[recorded].astype(float)
+        ranks, x, y = all_ranks, all_steps, memory[name].to_numpy(dtype=float, na_value=np.nan)
+        if not recorded.all():
+            ranks, x, y = ranks[recorded], x[recorded], y[recorded]
         for rank, start, stop in _creep_candidates(ranks, y, limits):
             slope = theil_sen(x[start:stop], y[start:stop], limits["z"], base=float(y[start]))
             if slope is not None and slope.lower > 0 and slope.growth >= limits["medium"]:
