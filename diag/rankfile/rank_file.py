@@ -211,7 +211,19 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
             break
         plural = "record" if count == 1 else "records"
         skipped.append(f"{name}: {count} {plural} skipped ({reason})")
-    return RankFile(pack(as_columns(records)), skipped, nan_loss)
+    return RankFile(_packed(records), skipped, nan_loss)
+
+
+def _packed(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Packed]]:
+    """`pack(as_columns(records))`, the kinds without records given one empty table's packed
+    columns made once (packing them cost 0.09 ms a file, most of reading an Arrow rank
+    file's one JSON record, its meta record)."""
+    columns = {kind: dict(table) for kind, table in _NO_RECORDS.items()}
+    for kind, rows in records.items():
+        if rows and kind in KEPT_COLUMNS:
+            table = {name: [row.get(name) for row in rows] for name in KEPT_COLUMNS[kind]}
+            columns[kind] = pack({kind: table})[kind]
+    return columns
 
 
 def _is_nan(value: Any) -> bool:
@@ -233,3 +245,8 @@ def as_columns(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
         kind: {name: [row.get(name) for row in records.get(kind, [])] for name in names}
         for kind, names in KEPT_COLUMNS.items()
     }
+
+
+_NO_RECORDS = pack(as_columns({}))
+"""Every kind's packed columns without rows (`_packed` copies each kind's table, never its
+columns: empty arrays and dictionaries, which nothing changes in place)."""
