@@ -9,6 +9,7 @@ re-import of pandas); results keep the order of the inputs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -95,20 +96,37 @@ def map_chunks(
             progress(len(chunks), len(chunks))
         return on_cluster
     if not parallel:
-        return [parse(chunk) for chunk in chunks]
+        return [_collector_paused(parse, chunk) for chunk in chunks]
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     results: list[Result | None] = [None] * len(chunks)
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
-            pending = {pool.submit(parse, chunk): i for i, chunk in enumerate(chunks)}
+            pending = {
+                pool.submit(_collector_paused, parse, chunk): i for i, chunk in enumerate(chunks)
+            }
             for done, future in enumerate(as_completed(pending), 1):
                 results[pending[future]] = future.result()
                 if progress is not None:
                     progress(done, len(chunks))
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
-        return [parse(chunk) for chunk in chunks]
+        return [_collector_paused(parse, chunk) for chunk in chunks]
     return [result for result in results if result is not None]
+
+
+def _collector_paused(
+    parse: Callable[[list[tuple[int, Path]]], Result], chunk: list[tuple[int, Path]]
+) -> Result:
+    """`parse(chunk)` with the cycle collector off: what a parse allocates (arrays, lists and
+    dicts of records) forms no cycles, and the collections its allocations set off took
+    about 3% of a rank-file worker's time. Back on after it, where it was on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return parse(chunk)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def chunk_bounds(items: int, count: int, most: int) -> list[tuple[int, int]]:
