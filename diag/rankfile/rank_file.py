@@ -221,7 +221,7 @@ def _packed(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Pac
     columns = {kind: dict(table) for kind, table in _NO_RECORDS.items()}
     for kind, rows in records.items():
         if rows and kind in KEPT_COLUMNS:
-            table = {name: [row.get(name) for row in rows] for name in KEPT_COLUMNS[kind]}
+            table: dict[str, Column] = {n: [row.get(n) for row in rows] for n in KEPT_COLUMNS[kind]}
             columns[kind] = pack({kind: table})[kind]
     return columns
 
