@@ -5,6 +5,9 @@ not every event again after every step."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pandas as pd
 
 ORDER_COLUMNS = ["rank", "step", "epoch", "digest"]
@@ -17,20 +20,24 @@ def epoch_orders(events: pd.DataFrame) -> pd.DataFrame:
     `rank, step, epoch` (an integer; True counts as 1) and `digest` (the hash as a string), in
     the events' order."""
     if events.empty or "fields" not in events:
-        return pd.DataFrame({name: pd.Series(dtype="int64") for name in ORDER_COLUMNS[:3]}
-                            | {"digest": pd.Series(dtype=object)})  # fmt: skip
+        events = pd.DataFrame({"rank": [], "step": [], "name": [], "fields": []})
     epochs = events[events["name"] == "epoch"]
-    ranks, steps = epochs["rank"].tolist(), epochs["step"].tolist()
-    rows = [
-        (rank, step, int(epoch), str(digest))
-        for rank, step, fields in zip(ranks, steps, epochs["fields"].tolist(), strict=True)
-        if fields
-        and isinstance(epoch := fields.get("epoch"), int)
-        and (digest := fields.get("order_hash")) is not None
-    ]
-    if not rows:
-        return epoch_orders(events.iloc[:0].drop(columns="fields"))
-    return pd.DataFrame(rows, columns=ORDER_COLUMNS).astype({"rank": "int64", "step": "int64"})
+    fields = [found or {} for found in epochs["fields"].tolist()]
+    numbers = [found.get("epoch") for found in fields]  # (lists of untracked objects: no
+    digests = [found.get("order_hash") for found in fields]  # tuples for the collector)
+    keep = [isinstance(n, int) and d is not None for n, d in zip(numbers, digests, strict=True)]
+    kept: list[Any] = [n for n, k in zip(numbers, keep, strict=True) if k]
+    try:
+        numbered: Any = np.array(kept, dtype=np.int64)  # True counts as 1, as a dict key
+    except OverflowError:  # an epoch beyond int64
+        numbered = pd.Series([int(n) for n in kept], dtype=object)
+    return pd.DataFrame({
+        "rank": epochs["rank"].to_numpy(dtype=np.int64)[keep],
+        "step": epochs["step"].to_numpy(dtype=np.int64)[keep],
+        "epoch": numbered,
+        "digest": pd.Series([str(d) for d, k in zip(digests, keep, strict=True) if k],
+                            dtype=object),
+    })  # fmt: skip
 
 
 def last_orders(orders: pd.DataFrame) -> pd.DataFrame:
