@@ -104,6 +104,7 @@ def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
     tp_rows = tp_vs_ledger(run, totals, windows)
     if tp_rows:
         summary["tp_vs_ledger"] = tp_rows
+    memory_steps = run.memory.take(rank_step_order(run.memory)).reset_index(drop=True)
     return RunMetrics(
         summary=summary,
         ranks=ranks,
@@ -111,8 +112,8 @@ def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
         collectives=collectives(totals, windows),
         comm_totals=totals,
         memory=memory_maxima(run.memory),
-        memory_steps=run.memory.take(rank_step_order(run.memory)).reset_index(drop=True),
-        memory_peak=memory_peak(run.memory),
+        memory_steps=memory_steps,
+        memory_peak=memory_peak(memory_steps),  # (the same rows in its order: no sort)
         experts=expert_load(run.experts, windows),
         device=device_time(run.device_time),
         host_steps=on_host,

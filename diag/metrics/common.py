@@ -35,10 +35,15 @@ def analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFra
 def rank_step_order(frame: pd.DataFrame) -> np.ndarray:
     """The positions of `frame`'s rows in (rank, step) order, ties in row order: what
     `sort_values(KEYS, kind="stable")` sorts by, as two stable sorts (step, then rank: a radix
-    sort where the ranks fit 16 bits)."""
+    sort where the ranks fit 16 bits; none where the rows are in either order already)."""
     ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
-    by_step = np.argsort(steps, kind="stable")
-    ranks = ranks[by_step]
+    same_rank = ranks[1:] == ranks[:-1]
+    if ((ranks[1:] > ranks[:-1]) | (same_rank & (steps[1:] >= steps[:-1]))).all():
+        return np.arange(len(ranks))
+    by_step = np.arange(len(ranks))
+    if not (steps[1:] >= steps[:-1]).all():
+        by_step = np.argsort(steps, kind="stable")
+        ranks = ranks[by_step]
     if len(ranks) and ranks.min() >= 0 and ranks.max() < 2**16:
         ranks = ranks.astype(np.uint16)
     return by_step[np.argsort(ranks, kind="stable")]

@@ -74,7 +74,7 @@ def _hidden(ranks: pd.DataFrame) -> float | None:
 
 
 def _last_loss(steps: pd.DataFrame) -> float | None:
-    finite = steps[np.isfinite(steps["loss"])]
+    finite = steps.loc[np.isfinite(steps["loss"]), ["rank", "step", "loss"]]
     if finite.empty:
         return None
     order = rank_step_order(finite)  # each rank's last finite loss: the last of its rows

@@ -46,6 +46,12 @@ def _group(category: str) -> str:
     return "state" if category in STATE else category
 
 
+def _peaks(ctx: RuleContext) -> list[Peak]:
+    """`peaks` of the run, found once for the rules that read them."""
+    found: list[Peak] = ctx.derived_once("memory_peaks", lambda: peaks(ctx.metrics))
+    return found
+
+
 def peaks(metrics: RunMetrics) -> list[Peak]:
     """Per rank, its peak (`metrics.memory_peak`: the step whose six categories sum highest)
     with the breakdown of that step's record (`metrics.memory_steps`; of a step recorded twice,
@@ -136,7 +142,7 @@ def over_budget(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
     budget = budget_bytes(ctx)
     if not budget:
         return []
-    over = [p for p in peaks(ctx.metrics) if p.total_bytes >= limits["medium"] * budget]
+    over = [p for p in _peaks(ctx) if p.total_bytes >= limits["medium"] * budget]
     if not over:
         return []
     worst = max(over, key=lambda p: p.total_bytes)
@@ -227,7 +233,7 @@ def state_or_activations(ctx: RuleContext, limits: Mapping[str, float]) -> Itera
     budget = budget_bytes(ctx)
     if not budget:
         return []
-    near = [p for p in peaks(ctx.metrics) if p.total_bytes >= limits["near"] * budget]
+    near = [p for p in _peaks(ctx) if p.total_bytes >= limits["near"] * budget]
     if not near:
         return []
     worst = max(near, key=lambda p: p.total_bytes)

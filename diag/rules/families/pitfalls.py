@@ -161,7 +161,7 @@ def nonfinite_loss(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     if steps.empty:
         return []
     finite = np.isfinite(steps["loss"].astype(float))
-    first_finite = steps[finite].groupby("rank")["step"].min()
+    first_finite = steps.loc[finite, ["rank", "step"]].groupby("rank")["step"].min()
     after = steps["step"] > steps["rank"].map(first_finite)  # NaN (no finite loss) -> False
     bad = steps[after & ~finite]  # a loss that was finite, then NaN/inf (not a missing one)
     if len(bad) < limits["min_steps"]:
