@@ -47,7 +47,7 @@ def host_steps(steps: pd.DataFrame) -> pd.DataFrame:
         "descheduled_s": np.minimum(waited, off_cpu),
         "thread_queued_s": np.minimum(_seconds(steps, "runq_ns"), off_cpu),
         "load1": steps["load1"].to_numpy(dtype=np.float64) if "load1" in steps else np.nan,
-    })  # fmt: skip
+    }, copy=False)  # fmt: skip
     if table["descheduled_s"].isna().all() and table["cpu_s"].isna().all():
         return pd.DataFrame(columns=HOST_STEP_COLUMNS)
     return table

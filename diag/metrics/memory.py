@@ -13,7 +13,14 @@ MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
 
 
 def memory_maxima(memory: pd.DataFrame) -> pd.DataFrame:
-    table = memory.groupby("rank")[list(MEMORY_FIELDS)].max()
+    fields = list(MEMORY_FIELDS)
+    floats = all(memory[name].dtype == np.float64 for name in fields if name in memory)
+    ranks = memory["rank"].to_numpy()
+    if len(ranks) and floats and (ranks[1:] >= ranks[:-1]).all():  # a rank's rows together
+        starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+        highest = {name: np.fmax.reduceat(memory[name].to_numpy(), starts) for name in fields}
+        return pd.DataFrame({"rank": ranks[starts], **highest})  # (fmax: NaN only if all are)
+    table = memory.groupby("rank")[fields].max()
     return table.reset_index()[["rank", *MEMORY_FIELDS]]
 
 
