@@ -22,8 +22,9 @@ Growing runs
     bytes appended since the last read; `window` of the last finished steps), for `diag watch`
     and the live dashboard. `LiveRun(folder, window_steps)`: a growing run analysed
     incrementally (`update(manifest)` takes in the newly finished steps once, `run()` is the
-    RunData of them all, or of the last `window_steps`, from the kept per-step tables); what
-    `diag watch` and the live dashboard diagnose.
+    RunData of them all, or of the last `window_steps`, from the kept per-step tables;
+    `derived()` what the rules would derive from them, kept as the steps came); what `diag
+    watch` and the live dashboard diagnose (`diagnose(live.run(), derived=live.derived())`).
 The report contract
     `REPORT_SCHEMA` ("diag.report/1", the report's `schema` field).
 Reading a report as diag shows it
