@@ -121,7 +121,7 @@ def main() -> None:
     print(f"{args.ranks} ranks, growing to {points[-1]} steps ({source}); medians of "
           f"{args.probes} steps, each paired with one at step ~{args.reference}")  # fmt: skip
     print(f"step | update (take in) | at ~{args.reference} | ratio | analyse (run + diagnose) | "
-          f"total | at ~{args.reference} | ratio | peak RSS | re-analysis")  # fmt: skip
+          f"whole step | at ~{args.reference} | ratio | peak RSS | re-analysis")  # fmt: skip
     for point in points:
         grow(copy, live, manifest, point - args.probes, args.chunk)
         timed: list[tuple[float, float]] = []
