@@ -8,7 +8,7 @@ from typing import Any
 
 from diag.contract import schema
 from diag.errors import InputError
-from diag.metrics import RunMetrics, compute_metrics, reduce_rank_files
+from diag.metrics import MEMO_NAME, RunMetrics, compute_metrics, reduce_rank_files
 from diag.outputs.report import build_report, json_safe
 from diag.read import cache
 from diag.read.load import RunData, with_cache_note
@@ -72,7 +72,8 @@ def _diagnosed(
     derived: Mapping[str, Any] | None = None,
 ) -> tuple[RunMetrics, dict[str, Any]]:
     """`diagnose` with the run's source already known (found once, where the run was read)."""
-    metrics = compute_metrics(run, replay_all)
+    memo = (derived or {}).get(MEMO_NAME)  # a live run's replayed chunks
+    metrics = compute_metrics(run, replay_all, memo)
     diagnosis = run_rules(run, metrics, config, derived)
     return metrics, with_traces(build_report(run, metrics, diagnosis), run, source, hta)
 

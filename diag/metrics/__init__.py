@@ -33,9 +33,10 @@ from diag.metrics.time_breakdown import rank_table, time_breakdown
 from diag.numeric.keys import whole_steps
 from diag.read.load import RunData
 from diag.whatif.attribution import Attribution, attribute, attribution_summary, with_waits
+from diag.whatif.chunks import MEMO_NAME, ReplayMemo
 
 __all__ = [
-    "KEYS", "MEMORY_FIELDS", "NS_PER_S", "RunMetrics", "compute_metrics",
+    "KEYS", "MEMORY_FIELDS", "MEMO_NAME", "NS_PER_S", "RunMetrics", "compute_metrics",
     "in_steps", "memory_peak", "reduce_rank_files", "run_comm_totals", "whole_steps",
 ]  # fmt: skip
 
@@ -78,9 +79,12 @@ class RunMetrics:
     skipped: list[str] = field(default_factory=list)
 
 
-def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
+def compute_metrics(
+    run: RunData, replay_all: bool = False, memo: ReplayMemo | None = None
+) -> RunMetrics:
     """Derive the metrics of a loaded run (see docs/metrics.md); `replay_all`: the attribution
-    replays every analysed step (diag/whatif/chunks.py), not only a budget's."""
+    replays every analysed step (diag/whatif/chunks.py), not only a budget's; `memo`: the
+    chunks a growing run replayed before (`LiveRun.derived()`)."""
     skipped: list[str] = []
     windows, warmup_steps = analysed_steps(run.steps, run.starts_at_warmup)
     note_orphans(run, skipped)
@@ -92,7 +96,7 @@ def compute_metrics(run: RunData, replay_all: bool = False) -> RunMetrics:
     on_host = host_steps(windows)
     if not on_host.empty:
         ranks["descheduled_frac"] = ranks["rank"].map(descheduled_by_rank(on_host))
-    attribution = attribute(run, windows, on_host, replay_all)
+    attribution = attribute(run, windows, on_host, replay_all, memo)
     if attribution is not None:
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)

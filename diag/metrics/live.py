@@ -42,6 +42,7 @@ from diag.numeric.keys import KEYS
 from diag.read import load, record_window
 from diag.read.growing import RunTail
 from diag.read.load import RunData, frame_of, rank_file_suffix
+from diag.whatif.chunks import MEMO_NAME, ReplayMemo
 
 _KEPT = ("steps", "memory", "experts", "events", "rank_steps", "comm_totals")
 """The RunData tables kept for every finished step (the first four as the records are)."""
@@ -74,6 +75,8 @@ class LiveRun:
     _manifest: schema.Manifest | None = field(init=False, default=None)
     _digests: dict[str, int] = field(init=False, default_factory=dict)
     """Each order hash seen (`_ORDERS`), by its code."""
+    _memo: ReplayMemo = field(init=False, default_factory=ReplayMemo)
+    """The attribution's chunks replayed so far: a finished chunk is not replayed again."""
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
@@ -132,7 +135,7 @@ class LiveRun:
         orders = self._tables[_ORDERS].frame(self._first_shown())
         if not len(orders.columns):
             orders = epoch_orders(frame_of(schema.RecordKind.EVENT.value, {}))
-        return {epochs.DERIVED_NAME: epochs.last_orders(orders)}
+        return {epochs.DERIVED_NAME: epochs.last_orders(orders), MEMO_NAME: self._memo}
 
     def _first_shown(self) -> int:
         if self.window_steps is None or self.last is None:

@@ -17,6 +17,7 @@ replaced, and the step time each would save (docs/metrics.md, "Attribution").
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property, partial
 from typing import Any
 
@@ -56,24 +57,41 @@ the step is no straggler candidate."""
 
 
 def attribute(
-    run: RunData, steps: pd.DataFrame, host: pd.DataFrame, replay_all: bool = False
+    run: RunData,
+    steps: pd.DataFrame,
+    host: pd.DataFrame,
+    replay_all: bool = False,
+    memo: chunks.ReplayMemo | None = None,
 ) -> Attribution | None:
     """The attribution of the analysed `steps` (`host`: their waiting for a core,
     `diag.metrics.host.host_steps`), replayed in chunks of steps (diag/whatif/chunks.py: by
     default those whose records are in memory, within a budget; `replay_all`: every step);
-    None when there is nothing to replay (fewer than two ranks, no steps)."""
+    None when there is nothing to replay (fewer than two ranks, no steps). `memo`: the chunks
+    a growing run has replayed before, replayed again only when what they read has changed."""
     if steps.empty or steps["rank"].nunique() < 2:
         return None
     plan = chunks.plan(run, steps, replay_all)
     replay = partial(attribute_chunk, host=host)
-    parts = chunks.replayed(run, steps, plan.chunks, replay, plan.chunk_events)
+    if memo is None:
+        found = chunks.replayed(run, steps, plan.chunks, replay, plan.chunk_events)
+    else:
+        keys = memo.keys(run, steps, host, plan.chunks)
+        known = [memo.get(key) for key in keys]
+        todo = [i for i, (hit, _) in enumerate(known) if not hit]
+        fresh = chunks.replayed(
+            run, steps, [plan.chunks[i] for i in todo], replay, plan.chunk_events
+        ) if todo else []  # fmt: skip
+        found = [part for _, part in known]
+        for i, part in zip(todo, fresh, strict=True):
+            memo.put(keys[i], part)
+            found[i] = part
+    parts = [part for part in found if part is not None]
     if not parts:
         return None
     if len(parts) > 1:
         return chunks.combined(parts, plan.notes)
-    attribution = parts[0].attribution
-    attribution.notes = plan.notes + attribution.notes
-    return attribution
+    attribution = parts[0].attribution  # a copy: the memo keeps the chunk's own
+    return dataclasses.replace(attribution, notes=plan.notes + attribution.notes)
 
 
 def attribute_chunk(

@@ -15,6 +15,7 @@ its evidence describes the chunks where it was found, each weighted by its steps
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import multiprocessing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,6 +46,8 @@ DEFAULT_REPLAY_EVENTS = 1_000_000
 """By default every analysed step whose records are in memory is replayed, in chunks, while
 they are at most this many events (a few seconds); beyond, the first chunk only, and a note
 names `--replay all` (every analysed step, the rank files read again in chunks)."""
+MEMO_NAME = "replay_memo"
+"""A growing run's ReplayMemo, by this name in `LiveRun.derived()`."""
 PARALLEL_MAX_CHUNK_EVENTS = 2_000_000
 """Chunks at most this large are replayed by one worker process per core (each holds its own
 chunk: a 1,024-rank 3D run's two steps, 570k events); larger ones one after the other, so that
@@ -82,7 +85,7 @@ def plan(run: RunData, steps: pd.DataFrame, replay_all: bool) -> Plan:
     if len(order) <= keep:
         chosen = [order]
     elif replay_all or per_step * ranks * len(order) <= DEFAULT_REPLAY_EVENTS:
-        chosen = np.array_split(order, len(order) // keep)
+        chosen = _blocks(order, keep)
     else:
         chosen = [order[:keep]]
     replayed, analysed = sum(len(c) for c in chosen), steps["step"].nunique()
@@ -91,6 +94,63 @@ def plan(run: RunData, steps: pd.DataFrame, replay_all: bool) -> Plan:
         "(`diag analyze --replay all`: every step)"
     ]  # fmt: skip
     return Plan(chosen, notes, per_step * ranks * len(chosen[0]))
+
+
+def _blocks(order: np.ndarray, keep: int) -> list[np.ndarray]:
+    """`order` in blocks of `keep` steps from the first, a last block below two steps joined to
+    the one before: a step's chunk does not move as a live run grows, so the live views replay
+    only the chunks that changed (ReplayMemo)."""
+    blocks = [order[at : at + keep] for at in range(0, len(order), keep)]
+    if len(blocks) > 1 and len(blocks[-1]) < 2:
+        blocks[-2:] = [np.concatenate(blocks[-2:])]
+    return blocks
+
+
+class ReplayMemo:
+    """Chunk attributions already made, for a run that grows (`LiveRun`): a chunk's replay
+    depends on its steps' rows and records, their host time and the manifest, none of which a
+    finished step changes, so it is kept under a digest of those and not replayed again."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._parts: dict[bytes, Part | None] = {}
+        self.size = size
+        self.hits = 0
+
+    @staticmethod
+    def keys(
+        run: RunData, steps: pd.DataFrame, host: pd.DataFrame, chunks: list[np.ndarray]
+    ) -> list[bytes]:
+        """For each chunk, a digest of what its attribution is computed from."""
+        manifest = repr(run.manifest).encode()
+        records = [  # per step, in memory (a large run's spilled chunks count none)
+            pd.Series(frame["step"].to_numpy()).value_counts() for frame in (run.spans, run.comms)
+        ]
+        keys = []
+        for chunk in chunks:
+            digest = hashlib.blake2b(np.ascontiguousarray(chunk, dtype=np.int64).tobytes())
+            digest.update(manifest)
+            for frame in (steps, host):
+                rows = frame[frame["step"].isin(chunk)] if "step" in frame.columns else frame
+                for name in rows.columns:
+                    digest.update(str(name).encode())
+                    hashed = pd.util.hash_pandas_object(rows[name], index=False)
+                    digest.update(hashed.to_numpy().tobytes())
+            for counts in records:
+                counted = int(counts.reindex(chunk, fill_value=0).sum())
+                digest.update(counted.to_bytes(8, "little"))
+            keys.append(digest.digest())
+        return keys
+
+    def get(self, key: bytes) -> tuple[bool, Part | None]:
+        if key in self._parts:
+            self.hits += 1
+            return True, self._parts[key]
+        return False, None
+
+    def put(self, key: bytes, part: Part | None) -> None:
+        if len(self._parts) >= self.size:
+            self._parts.pop(next(iter(self._parts)))  # the oldest
+        self._parts[key] = part
 
 
 @contextmanager
@@ -125,10 +185,11 @@ _job = None
 
 def replayed(
     run: RunData, steps: pd.DataFrame, chunks: list[np.ndarray], replay: Replay, events: float
-) -> list[Part]:
-    """Each chunk's attribution, in order, by `replay`: the first here (its compiled loops
-    loaded before any fork), the others by one forked worker process per core when there are
-    several and each chunk is at most PARALLEL_MAX_CHUNK_EVENTS (`events`: about a chunk's)."""
+) -> list[Part | None]:
+    """Each chunk's attribution (None: nothing to replay), in order, by `replay`: the first
+    here (its compiled loops loaded before any fork), the others by one forked worker process
+    per core when there are several and each chunk is at most PARALLEL_MAX_CHUNK_EVENTS
+    (`events`: about a chunk's)."""
     global _job
     with chunk_runs(run, chunks) as run_of:
         first = replay(run, run_of(0), steps[steps["step"].isin(chunks[0])])
@@ -147,7 +208,7 @@ def replayed(
         if rest is None:
             rest = [replay(run, run_of(i), steps[steps["step"].isin(chunks[i])])
                     for i in range(1, len(chunks))]  # fmt: skip
-    return [part for part in [first, *rest] if part is not None]
+    return [first, *rest]
 
 
 def _replay_in_worker(index: int) -> Part | None:

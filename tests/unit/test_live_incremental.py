@@ -25,6 +25,7 @@ from diag.metrics.common import analysed_steps
 from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
 from diag.read import load
+from diag.whatif import chunks
 from simulator import ModelSpec, SimConfig, simulate
 
 SMALL = {"layers": 4, "hidden": 256, "heads": 8, "seq_len": 512, "vocab": 4096}
@@ -269,3 +270,33 @@ def test_a_long_series_trend_is_fitted_on_medians_of_runs() -> None:
     assert 0 < fitted.lower < fitted.per_step
     flat = theil_sen(x, 0.5 + rng.normal(0, 0.01, len(x)), 1.96)
     assert flat is not None and flat.lower <= 0  # no trend: none found
+
+
+def test_a_finished_chunk_is_not_replayed_again(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attribution replays a growing run in chunks of steps that do not move as it grows;
+    the live view replays only the chunks that changed (`ReplayMemo` in `derived()`), and its
+    attribution is the from-scratch one of the same steps."""
+    monkeypatch.setattr(chunks, "CHUNK_EVENTS", 1_500)  # a few steps a chunk
+    growing = Growing(source, tmp_path / "run")
+    live = LiveRun(tmp_path / "run")
+    for size in [9, 1, 1, 4, 1, 8]:
+        growing.grow(size)
+        manifest = live.manifest()
+        assert manifest is not None
+        live.update(manifest)
+        run = live.run()
+        metrics, report = diagnose(run, derived=live.derived())
+        scratch = load.load_run(tmp_path / "run", breakdown=reduce_rank_files)
+        expected_metrics, expected = diagnose(scratch)
+        assert _findings(report) == _findings(expected)
+        for key, value in expected["summary"].items():  # sums in another order: to 1e-9
+            close = pytest.approx(value, rel=1e-9) if isinstance(value, float) else value
+            assert report["summary"][key] == close, key
+        attribution, expected_attribution = metrics.attribution, expected_metrics.attribution
+        assert attribution is not None and expected_attribution is not None
+        assert attribution.to_dict() == expected_attribution.to_dict()  # the replays: exact
+    plan = chunks.plan(run, analysed_steps(run.steps, run.starts_at_warmup)[0], replay_all=False)
+    assert len(plan.chunks) >= 4
+    assert live.derived()[chunks.MEMO_NAME].hits >= 4
