@@ -75,16 +75,7 @@ def attribute(
     if memo is None:
         found = chunks.replayed(run, steps, plan.chunks, replay, plan.chunk_events)
     else:
-        keys = memo.keys(run, steps, host, plan.chunks)
-        known = [memo.get(key) for key in keys]
-        todo = [i for i, (hit, _) in enumerate(known) if not hit]
-        fresh = chunks.replayed(
-            run, steps, [plan.chunks[i] for i in todo], replay, plan.chunk_events
-        ) if todo else []  # fmt: skip
-        found = [part for _, part in known]
-        for i, part in zip(todo, fresh, strict=True):
-            memo.put(keys[i], part)
-            found[i] = part
+        found = memo.replayed(run, steps, host, plan, replay)
     parts = [part for part in found if part is not None]
     if not parts:
         return None

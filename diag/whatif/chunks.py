@@ -141,16 +141,23 @@ class ReplayMemo:
             keys.append(digest.digest())
         return keys
 
-    def get(self, key: bytes) -> tuple[bool, Part | None]:
-        if key in self._parts:
-            self.hits += 1
-            return True, self._parts[key]
-        return False, None
-
-    def put(self, key: bytes, part: Part | None) -> None:
-        if len(self._parts) >= self.size:
-            self._parts.pop(next(iter(self._parts)))  # the oldest
-        self._parts[key] = part
+    def replayed(
+        self, run: RunData, steps: pd.DataFrame, host: pd.DataFrame, plan: Plan, replay: Replay
+    ) -> list[Part | None]:
+        """`replayed` of the plan's chunks (`replay` reads `host`), those replayed before taken
+        from the memo."""
+        keys = self.keys(run, steps, host, plan.chunks)
+        found = {key: self._parts[key] for key in keys if key in self._parts}
+        self.hits += len(found)
+        todo = [i for i, key in enumerate(keys) if key not in found]
+        if todo:
+            fresh = replayed(run, steps, [plan.chunks[i] for i in todo], replay, plan.chunk_events)
+            for i, part in zip(todo, fresh, strict=True):
+                found[keys[i]] = part
+                if len(self._parts) >= self.size:
+                    self._parts.pop(next(iter(self._parts)))  # the oldest
+                self._parts[keys[i]] = part
+        return [found[key] for key in keys]
 
 
 @contextmanager
@@ -192,7 +199,7 @@ def replayed(
     (`events`: about a chunk's)."""
     global _job
     with chunk_runs(run, chunks) as run_of:
-        first = replay(run, run_of(0), steps[steps["step"].isin(chunks[0])])
+        first = _replay_chunk(replay, run, run_of, steps, chunks, 0)
         count = min(workers(), len(chunks) - 1)
         methods = multiprocessing.get_all_start_methods()
         rest: list[Part | None] | None = None
@@ -206,14 +213,25 @@ def replayed(
             finally:
                 _job = None
         if rest is None:
-            rest = [replay(run, run_of(i), steps[steps["step"].isin(chunks[i])])
+            rest = [_replay_chunk(replay, run, run_of, steps, chunks, i)
                     for i in range(1, len(chunks))]  # fmt: skip
     return [first, *rest]
 
 
 def _replay_in_worker(index: int) -> Part | None:
     assert _job is not None
-    replay, run, run_of, steps, chunks = _job
+    return _replay_chunk(*_job, index)
+
+
+def _replay_chunk(
+    replay: Replay,
+    run: RunData,
+    run_of: Callable[[int], RunData],
+    steps: pd.DataFrame,
+    chunks: list[np.ndarray],
+    index: int,
+) -> Part | None:
+    """Chunk `index`'s attribution: `replay` of its records and its steps' rows."""
     return replay(run, run_of(index), steps[steps["step"].isin(chunks[index])])
 
 
