@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from diag.numeric.keys import KEYS, in_steps, rank_steps_in  # noqa: F401 (re-exported)
+from diag.numeric.ordering import run_starts
 from diag.read.load import RunData
 
 NS_PER_S = 1e9
@@ -24,7 +25,7 @@ def analysed_steps(steps: pd.DataFrame, warmup: bool = True) -> tuple[pd.DataFra
     ranks, numbers = steps["rank"].to_numpy()[order], steps["step"].to_numpy()[order]
     if not warmup or len(order) == 0:
         return steps.take(order).reset_index(drop=True), 0
-    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    starts = run_starts(ranks)
     sizes = np.diff(np.r_[starts, len(ranks)])
     first = np.repeat(numbers[starts], sizes)  # each row's rank's first (lowest) step
     dropped = (np.repeat(sizes, sizes) >= WARMUP_MIN_STEPS) & (numbers == first)
@@ -37,8 +38,7 @@ def rank_step_order(frame: pd.DataFrame) -> np.ndarray:
     `sort_values(KEYS, kind="stable")` sorts by, as two stable sorts (step, then rank: a radix
     sort where the ranks fit 16 bits; none where the rows are in either order already)."""
     ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
-    same_rank = ranks[1:] == ranks[:-1]
-    if ((ranks[1:] > ranks[:-1]) | (same_rank & (steps[1:] >= steps[:-1]))).all():
+    if in_rank_step_order(frame):
         return np.arange(len(ranks))
     by_step = np.arange(len(ranks))
     if not (steps[1:] >= steps[:-1]).all():
@@ -47,6 +47,13 @@ def rank_step_order(frame: pd.DataFrame) -> np.ndarray:
     if len(ranks) and ranks.min() >= 0 and ranks.max() < 2**16:
         ranks = ranks.astype(np.uint16)
     return by_step[np.argsort(ranks, kind="stable")]
+
+
+def in_rank_step_order(frame: pd.DataFrame) -> bool:
+    """Whether `frame`'s rows are in (rank, step) order already (a stable sort keeps them)."""
+    ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    after = (ranks[1:] > ranks[:-1]) | ((ranks[1:] == ranks[:-1]) & (steps[1:] >= steps[:-1]))
+    return bool(after.all())
 
 
 def ratio(numerator: Any, denominator: Any) -> float | None:

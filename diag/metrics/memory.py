@@ -8,6 +8,7 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics.common import rank_step_order
+from diag.numeric.ordering import run_starts
 
 MEMORY_FIELDS = (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss")
 
@@ -17,7 +18,7 @@ def memory_maxima(memory: pd.DataFrame) -> pd.DataFrame:
     floats = all(memory[name].dtype == np.float64 for name in fields if name in memory)
     ranks = memory["rank"].to_numpy()
     if len(ranks) and floats and (ranks[1:] >= ranks[:-1]).all():  # a rank's rows together
-        starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+        starts = run_starts(ranks)
         highest = {name: np.fmax.reduceat(memory[name].to_numpy(), starts) for name in fields}
         return pd.DataFrame({"rank": ranks[starts], **highest})  # (fmax: NaN only if all are)
     table = memory.groupby("rank")[fields].max()
@@ -38,7 +39,7 @@ def memory_peak(memory: pd.DataFrame) -> pd.DataFrame:
         frame = pd.DataFrame({"rank": ranks, "step": steps, "peak_bytes": sums})
         first_highest = frame.groupby("rank", sort=True)["peak_bytes"].idxmax()
         return frame.loc[first_highest, columns].reset_index(drop=True)
-    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    starts = run_starts(ranks)
     sizes = np.diff(np.r_[starts, len(ranks)])
     highest = np.flatnonzero(sums == np.repeat(np.maximum.reduceat(sums, starts), sizes))
     group = np.repeat(np.arange(len(starts)), sizes)[highest]

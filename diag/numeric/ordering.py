@@ -76,13 +76,18 @@ def dense_key(*keys: np.ndarray) -> np.ndarray:
     return np.unique(np.column_stack(columns), axis=0, return_inverse=True)[1].reshape(-1)
 
 
+def run_starts(keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal consecutive `keys` starts (the rows of a key together, such as a
+    rank's in rows sorted by rank): the offsets for `np.*.reduceat`."""
+    return np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+
+
 def occurrence(key: np.ndarray, time: np.ndarray | None = None) -> np.ndarray:
     """Per row, how many rows of the same `key` come before it in `time` (ties, or no `time`:
     in row order): pandas' `cumcount` by `key` after a stable sort by `time` (integers)."""
     key = np.asarray(key, dtype=np.int64)
     order = np.argsort(key, kind="stable") if time is None else by_key_then_value(key, time)
-    ordered = key[order]
-    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    starts = run_starts(key[order])
     sizes = np.diff(np.append(starts, len(key)))
     out = np.empty(len(key), dtype=np.int64)
     out[order] = np.arange(len(key)) - np.repeat(starts, sizes)
@@ -108,7 +113,7 @@ def group_medians(
         value_lo, width = int(value.min()), int(value.max()) - int(value.min()) + 1
         combined, key_lo = np.sort(combined), int(key.min())
         key, value = combined // width + key_lo, combined % width + value_lo
-    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    starts = run_starts(key)
     sizes = np.diff(np.append(starts, len(key)))
     low, high = value[starts + (sizes - 1) // 2], value[starts + sizes // 2]
     return key[starts], (low / divisor + high / divisor) / 2

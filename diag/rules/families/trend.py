@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.metrics.common import in_rank_step_order
 from diag.metrics.experts import layer_label
+from diag.numeric.ordering import run_starts
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 from diag.rules.families.host import HOST_DEFAULTS, onset_step
 
@@ -149,7 +151,7 @@ def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
     found: list[Creep] = []
     if memory.empty:
         return found
-    if not _by_rank_and_step(memory):
+    if not in_rank_step_order(memory):
         memory = memory.sort_values(["rank", "step"], kind="stable")
     all_ranks, all_steps = memory["rank"].to_numpy(np.int64), memory["step"].to_numpy(float)
     for name in (*schema.MEMORY_CATEGORIES, "host_rss"):
@@ -166,13 +168,6 @@ def memory_creeps(ctx: RuleContext, limits: Mapping[str, float]) -> list[Creep]:
     return sorted(found, key=lambda c: c.rank)
 
 
-def _by_rank_and_step(frame: pd.DataFrame) -> bool:
-    """Whether the rows are in (rank, step) order already (a stable sort would keep them)."""
-    ranks, steps = frame["rank"].to_numpy(), frame["step"].to_numpy()
-    after = (ranks[1:] > ranks[:-1]) | ((ranks[1:] == ranks[:-1]) & (steps[1:] >= steps[:-1]))
-    return bool(after.all())
-
-
 def _creep_candidates(
     ranks: np.ndarray, values: np.ndarray, limits: Mapping[str, float]
 ) -> list[tuple[int, int, int]]:
@@ -181,7 +176,7 @@ def _creep_candidates(
     often enough, not constant), all ranks at once: (rank, first row, row after its last)."""
     if len(ranks) == 0:
         return []
-    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    starts = run_starts(ranks)
     stops = np.r_[starts[1:], len(ranks)]
     points = stops - starts
     rising = np.r_[False, values[1:] >= values[:-1]]
