@@ -248,14 +248,23 @@ def device_section(report: dict[str, Any]) -> Section:
     """Profiler traces: each rank's device time in HTA's terms, diag's kernel classes."""
     return Section(
         "device time per rank (HTA's definitions; diag's kernel classes)",
-        ["rank", "kernel time s", "idle", "compute", "non-compute", "comm s", "comm under compute"],
+        ["rank", "kernel time s", "idle", "compute", "non-compute", "comm s", "comm under compute",
+         "idle: host/kernel/other wait", "waiting for the host"],
         [
             [str(d["rank"]), num(d["kernel_time_s"]), pct(d["idle_share"]),
              pct(d["compute_share"]), pct(d["non_compute_share"]), num(d["comm_s"]),
-             pct(d["comm_overlap"])]
+             pct(d["comm_overlap"]), _idle_split(d), pct(d.get("device_host_wait_share"))]
             for d in report.get("device") or []
         ],
     )  # fmt: skip
+
+
+def _idle_split(device: dict[str, Any]) -> str:
+    """HTA's split of the idle time (summed over streams) as `99/1/0%`; n/a without it."""
+    shares = [device.get(k) for k in ("host_wait_share", "kernel_wait_share", "other_idle_share")]
+    if any(s is None or s != s for s in shares):  # absent, or NaN: no idle time
+        return "n/a"
+    return "/".join(f"{100 * float(s):.0f}" for s in shares) + "%"
 
 
 _HTA_SHARES = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg")

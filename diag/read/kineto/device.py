@@ -15,6 +15,10 @@ tools can be checked against each other on the same traces:
 Computation and communication are diag's classes (`KernelPatterns`): with `HTA_PATTERNS` the
 numbers are HTA's; with the defaults, custom all-to-all kernels (DeepEP) are communication,
 where HTA counts them as computation.
+
+Over the same kept events: the idle time split by what it waited for (idle.py: host wait,
+kernel wait, other, HTA's `get_idle_time_breakdown`), the CPU calls that starve a device
+(host_calls.py), the median kernel's duration and how many steps the events cover.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
 from diag.read.kineto.convert import MAX_TIME_US
 from diag.read.kineto.events import ABSENT, Kept
+from diag.read.kineto.host_calls import HostCalls, HostCallScan, watched
+from diag.read.kineto.idle import KERNEL_CATEGORIES, NO_IDLE, IdleSplit, idle_split
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 
 HTA_PATTERNS = KernelPatterns(
@@ -58,6 +64,24 @@ class DeviceTime:
     non_compute_us: float
     comm_us: float
     overlap: float | None  # of communication by computation; None without communication
+    # what the idle time waited for (idle.py): summed over streams, as HTA reports them
+    host_wait_us: float = 0.0
+    kernel_wait_us: float = 0.0
+    other_idle_us: float = 0.0
+    device_host_wait_us: float = 0.0  # of the device's own idle time, the host's (the cost)
+    device_gaps: int = 0
+    device_host_gaps: int = 0
+    steps: int = 1  # ProfilerSteps the kept events cover (1: the whole trace)
+    kernels: int = 0  # kernels (category `kernel`) kept
+    kernel_median_us: float | None = None
+    # the CPU's calls over the same steps (host_calls.py)
+    sync_calls: int = 0
+    sync_us: float = 0.0
+    scalar_reads: int = 0
+    launches: int = 0
+    launch_us: float = 0.0
+    graph_launches: int = 0
+    loader_us: float = 0.0
 
     def shares(self) -> dict[str, float]:
         total = self.kernel_time_us or math.nan
@@ -98,8 +122,10 @@ class DeviceScan:
         self.cpu_start = array("d")
         self.cpu_correlation: list[Any] = []
         self.step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
-        self.device: list[tuple[float, float, Any, str, str]] = []  # ts, dur, corr, name, category
+        # ts, dur, corr, name, category, stream
+        self.device: list[tuple[float, float, Any, str, str, float]] = []
         self.labels: dict[str, str] = {}  # one object for each kernel name and category
+        self.host = HostCallScan()
 
     def add(self, events: Iterable[Kept]) -> None:
         cpu_start, cpu_correlation = self.cpu_start, self.cpu_correlation
@@ -130,8 +156,10 @@ class DeviceScan:
                 if stream >= 0:
                     kind = str(category)[:MAX_LABEL_CHARS]
                     kind, name = labels.setdefault(kind, kind), labels.setdefault(name, name)
-                    device.append((ts, duration, correlation, name, kind))
+                    device.append((ts, duration, correlation, name, kind, stream))
                 continue
+            if watched(name):
+                self.host.add(name, ts, duration)
             cpu_start.append(ts)
             cpu_correlation.append(correlation)
             if name.startswith("ProfilerStep") and _STEP.match(name):
@@ -139,14 +167,19 @@ class DeviceScan:
 
     def result(self, patterns: KernelPatterns) -> DeviceTime | None:
         """The device time of the events added; None when none ran on the device."""
-        return _measured(
+        measured = _measured(
             self.device, self.cpu_start, self.cpu_correlation, self.step_starts, self.whole_us,
             patterns,
         )  # fmt: skip
+        if measured is None:
+            return None
+        last = max(self.step_starts.values()) if len(self.step_starts) >= 2 else None
+        calls: HostCalls = self.host.result(last)
+        return dataclasses.replace(measured, **dataclasses.asdict(calls))
 
 
 def _measured(
-    device: list[tuple[float, float, Any, str, str]],
+    device: list[tuple[float, float, Any, str, str, float]],
     cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
@@ -167,6 +200,8 @@ def _measured(
         device = [d for d, n in zip(device, keep, strict=True) for _ in range(n)]
         if not device:
             return None
+    idle = _idle(device, starts, ends, cpu_start, cpu_correlation, step_starts, whole_us)
+    durations = (ends - starts)[np.array([d[4] == "kernel" for d in device], dtype=bool)]
     kinds = patterns.classify([d[3] for d in device], [d[4] for d in device])
     spans = np.column_stack([starts, ends])
     kernel_time = float(ends.max() - starts.min())
@@ -182,7 +217,41 @@ def _measured(
         non_compute_us=busy - compute_us,
         comm_us=comm_us,
         overlap=overlap_us / comm_us if comm_us > 0 else None,
+        **dataclasses.asdict(idle),
+        steps=max(len(step_starts) - 1, 1),
+        kernels=len(durations),
+        kernel_median_us=float(np.median(durations)) if len(durations) else None,
     )
+
+
+def _idle(
+    device: list[tuple[float, float, Any, str, str, float]],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    cpu_start: array,
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    whole_us: bool,
+) -> IdleSplit:
+    """The idle split over the kept kernels, each with the start of the CPU call that launched
+    it: the last CPU event with its correlation id (before the last step, as the kernels kept)."""
+    mine = np.array([d[4] in KERNEL_CATEGORIES for d in device], dtype=bool)
+    if not mine.any():
+        return NO_IDLE
+    cpu = np.array(cpu_start, dtype=float)
+    if not whole_us:
+        cpu = np.ceil(cpu)
+    kept = np.ones(len(cpu), dtype=bool)
+    if len(step_starts) >= 2:
+        last = max(step_starts.values())
+        kept = cpu < (last if whole_us else math.ceil(last))
+    launch_of: dict[Any, float] = {}
+    for correlation, start, ok in zip(cpu_correlation, cpu.tolist(), kept.tolist(), strict=True):
+        if ok and correlation != -1:
+            launch_of[correlation] = start
+    launched = np.array([launch_of.get(d[2], math.nan) for d in device], dtype=float)
+    streams = np.array([d[5] for d in device], dtype=float)
+    return idle_split(streams[mine], starts[mine], ends[mine], launched[mine])
 
 
 def _launches_before_last_step(

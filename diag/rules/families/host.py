@@ -1,16 +1,18 @@
 """Host rules: time a rank was runnable but not running (waiting for a core) is the host's, not the
 training's (diag/metrics/host.py). Pattern 3: the speedup is below theory because the ranks share
-cores, with each other or with other work on the machine."""
+cores, with each other or with other work on the machine (HST001); or because the GPU waits for
+its CPU to launch work (HST002, profiler traces: diag/metrics/device_time.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.outputs.units import ranks_phrase
+from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import straggler_ranks
 
 HOST_RULE = "HST001"
@@ -164,3 +166,193 @@ def onset_step(steps: pd.DataFrame, ranks: list[int], limits: Mapping[str, float
     if not np.isfinite(gain[best]) or after[best] < limits["low_share"]:
         return None
     return int(share.index[at[best]])
+
+
+STARVED_RULE = "HST002"
+STARVED_THRESHOLDS = {
+    "low": Threshold(0.05, "fraction", "share of the device's time idle waiting for its host: low"),
+    "medium": Threshold(0.10, "fraction", "share waiting for the host: medium"),
+    "high": Threshold(0.25, "fraction", "share waiting for the host: high"),
+    "small_kernel_launches": Threshold(
+        2.0,
+        "ratio",
+        "a median kernel at most this many times its launch's CPU time (or 10 us) is small: "
+        "the CPU cannot launch kernels as fast as the GPU runs them",
+    ),
+    "many_kernels": Threshold(50, "kernels", "kernels per step from which small ones add up"),
+    "explains_share": Threshold(
+        0.10, "fraction", "share of the host wait a cause must explain to be named"
+    ),
+}
+SMALL_KERNEL_US = 10.0
+"""A kernel this short is small whatever its launch costs (a launch takes ~5-10 us of CPU)."""
+
+
+@rule(STARVED_RULE, "host.gpu_starved", pattern=3, thresholds=STARVED_THRESHOLDS)
+def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """The GPU is starved by its host: it sits idle waiting for the CPU to launch work.
+
+    Symptom:
+        In a profiler trace, the device is idle between kernels that its CPU thread launched
+        only after the previous kernel had ended (HTA's "host wait"): the GPU ran dry and
+        waited. Idle time is large, compute small, and more GPUs or a faster GPU would not
+        make the step shorter.
+    Likely cause:
+        Read from the trace, in order of the time it explains: the data loader's wait for the
+        next batch (`enumerate(DataLoader)` events); many small kernels, each shorter than
+        the CPU takes to launch it (the median kernel against the mean `cudaLaunchKernel`),
+        so the CPU cannot keep up; synchronising calls in the step (`cudaStreamSynchronize`,
+        `cudaDeviceSynchronize`, `.item()` as `aten::item` / `aten::_local_scalar_dense`),
+        each of which drains the GPU's queue before the CPU launches again; else the CPU's
+        own work between launches (Python, host-side code).
+    Fix:
+        For small kernels and launch overhead: capture the step in CUDA graphs
+        (`torch.compile(mode="reduce-overhead")`, `torch.cuda.graphs`), fuse kernels with
+        `torch.compile`, raise the (micro-)batch size so each kernel does more. For
+        synchronising calls: no `.item()`, `float(t)`, `print` of GPU tensors or
+        `torch.cuda.synchronize()` in the step; keep metrics on the GPU and read them every N
+        steps; `non_blocking=True` copies. For the loader: more `num_workers`,
+        `pin_memory=True`, `prefetch_factor`.
+    Evidence:
+        Per rank, from its trace: the share of the device's time idle with the host to blame
+        (the gaps between the device's busy runs, every stream together, whose next kernel
+        was launched after the gap began), HTA's split of the idle time summed over streams
+        (host wait, kernel wait, other), the step with and without that wait (its cost), the
+        kernels per step and their median duration, the launches' mean CPU time, the
+        synchronising calls and `.item()` reads per step, the data loader's wait. Profiler
+        traces only: a run directory records no kernels.
+    """
+    table = ctx.metrics.device
+    if table.empty or "device_host_wait_share" not in table:
+        return []
+    starved = table[table["device_host_wait_share"] >= limits["low"]]
+    if starved.empty:
+        return []
+    ranks = sorted(int(r) for r in starved["rank"])
+    typical = starved.median(numeric_only=True)
+    cost_s = float(typical["host_wait_per_step_s"])
+    step_s = float(typical["step_s"])
+    share = float(typical["device_host_wait_share"])
+    severity = grade(share, limits) or "low"
+    causes = _starving_causes(typical, limits)
+    fixes = list(dict.fromkeys(c.fix for c in causes))
+    evidence: dict[str, Any] = {
+        "ranks": ranks,
+        "ranks_measured": len(table),
+        "host_wait_share_of_device_time": share,
+        "host_wait_share_by_rank": {
+            int(r): float(v)
+            for r, v in zip(starved["rank"], starved["device_host_wait_share"], strict=True)
+        },
+        "idle_share": float(typical["idle_share"]),
+        "hta_idle_split": {
+            "host_wait": _or_none(typical["host_wait_share"]),
+            "kernel_wait": _or_none(typical["kernel_wait_share"]),
+            "other": _or_none(typical["other_idle_share"]),
+        },
+        "step_s": step_s,
+        "step_without_host_wait_s": step_s - cost_s,
+        "host_wait_per_step_s": cost_s,
+        "kernels_per_step": _or_none(typical["kernels_per_step"]),
+        "kernel_median_us": _or_none(typical["kernel_median_us"]),
+        "launch_mean_us": _or_none(typical["launch_mean_us"]),
+        "sync_calls_per_step": _or_none(typical["sync_calls_per_step"]),
+        "scalar_reads_per_step": _or_none(typical["scalar_reads_per_step"]),
+        "loader_per_step_s": _or_none(typical["loader_per_step_s"]),
+        "host_gaps_per_step": _or_none(typical["host_gaps_per_step"]),
+        "likely_causes": [c.name for c in causes],
+        "causes_shown": [c.shows for c in causes],
+        "counterfactual": "the device never waits for its host: each step without the idle "
+        "gaps its host left (the median over the named ranks)",
+    }
+    everyone = len(ranks) == ctx.run.manifest.world_size and len(ranks) > 1
+    where = "every rank" if everyone else ranks_phrase(ranks)
+    title = (
+        f"GPU starved by its host on {where}: idle {share:.0%} of its time waiting for the CPU "
+        f"to launch work; the step would be {_ms(step_s - cost_s)} instead of {_ms(step_s)} "
+        f"(likely: {causes[0].name})"
+    )
+    measured = ctx.metrics.attribution.measured_step_s if ctx.metrics.attribution else 0.0
+    return [
+        Finding(
+            severity=severity,
+            title=title,
+            ranks=ranks,
+            evidence=evidence,
+            advice="; ".join(fixes),
+            margin=share / limits["high"],
+            # a GPU that waits for its CPU makes every collective and every gap look like
+            # the device's: exposed communication and uneven device time follow from it
+            explains=["COM001", "BAL004"],
+            cost_s=cost_s,
+            cost_share=cost_s / (measured if measured > 0 else step_s) if step_s > 0 else None,
+        )
+    ]
+
+
+class _Cause(NamedTuple):
+    explains_s: float  # of the host wait per step
+    name: str
+    shows: str  # what the trace shows
+    fix: str
+
+
+_GRAPHS_FIX = (
+    "CUDA graphs (torch.compile(mode='reduce-overhead'), torch.cuda.graphs) or torch.compile "
+    "to fuse kernels; a larger (micro-)batch per kernel"
+)
+_SYNC_FIX = (
+    "fewer syncs: no .item()/float()/print of GPU tensors or torch.cuda.synchronize() in the "
+    "step (read metrics every N steps), non_blocking copies"
+)
+_LOADER_FIX = "more DataLoader workers (num_workers), pin_memory=True, a larger prefetch_factor"
+_CPU_FIX = (
+    "profile the CPU side of the step; torch.compile or CUDA graphs take Python off the launch path"
+)
+
+
+def _starving_causes(typical: pd.Series, limits: Mapping[str, float]) -> list[_Cause]:
+    """The likely causes, the one that explains the most of the host wait first. What each
+    explains, per step: the loader's wait; the CPU's time launching kernels when they are
+    small (it cannot launch faster than they run); one host gap (the mean) per synchronising
+    call; the rest is the CPU's own work. Causes below `explains_share` are not named."""
+    wait_s = _num(typical["host_wait_per_step_s"])
+    gaps = _num(typical["host_gaps_per_step"])
+    mean_gap_s = wait_s / gaps if gaps > 0 else 0.0
+    found: list[_Cause] = []
+    loader_s = _num(typical["loader_per_step_s"])
+    if loader_s > 0:
+        shows = f"the training thread waits {_ms(loader_s)} a step for its next batch"
+        found.append(_Cause(loader_s, "a data-loader wait", shows, _LOADER_FIX))
+    median_us, launch_us = _num(typical["kernel_median_us"]), _num(typical["launch_mean_us"])
+    per_step = _num(typical["kernels_per_step"])
+    small = median_us <= max(limits["small_kernel_launches"] * launch_us, SMALL_KERNEL_US)
+    if small and per_step >= limits["many_kernels"]:
+        shows = (f"{per_step:.0f} kernels a step, the median {median_us:.0f} us against "
+                 f"{launch_us:.1f} us of CPU to launch each")  # fmt: skip
+        launching_s = _num(typical["launch_per_step_s"])
+        found.append(_Cause(launching_s, "many small kernels", shows, _GRAPHS_FIX))
+    syncs = _num(typical["sync_calls_per_step"])
+    if syncs >= 1:
+        reads = _num(typical["scalar_reads_per_step"])
+        of_which = f" ({reads:.0f} of them .item() reads)" if reads >= 1 else ""
+        shows = (f"{syncs:.0f} synchronising calls a step{of_which}: each drains the GPU's "
+                 "queue before the CPU launches again")  # fmt: skip
+        found.append(_Cause(min(syncs, gaps) * mean_gap_s, "synchronising calls", shows, _SYNC_FIX))
+    rest_s = wait_s - sum(c.explains_s for c in found)
+    shows = "the CPU thread is busy between launches (Python, host-side code)"
+    found.append(_Cause(rest_s, "the CPU's own work between launches", shows, _CPU_FIX))
+    named = [c for c in found if c.explains_s >= limits["explains_share"] * wait_s]
+    return sorted(named or found[-1:], key=lambda c: -c.explains_s)
+
+
+def _num(value: Any) -> float:
+    return 0.0 if value is None or pd.isna(value) else float(value)
+
+
+def _or_none(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

@@ -1,0 +1,85 @@
+"""What the CPU did that keeps a GPU waiting for its host, tallied from a trace's CPU events:
+the likely causes HST002 names (diag/rules/families/host.py).
+
+- synchronising calls: the CUDA runtime's `cudaStreamSynchronize`, `cudaDeviceSynchronize`,
+  `cudaEventSynchronize`, the synchronous `cudaMemcpy`, and PyTorch's `aten::item` /
+  `aten::_local_scalar_dense` (`.item()`, `float(tensor)`, a Python `if` on a GPU tensor): the
+  CPU stops until the GPU has drained, then the GPU waits while the CPU launches again;
+- kernel launches (`cudaLaunchKernel`, `cuLaunchKernel`, `cudaLaunchKernelExC`, and their ROCm
+  names): their count and time; CUDA graph launches (`cudaGraphLaunch`) counted apart;
+- the data loader: `enumerate(DataLoader)#...__next__`, the time the training thread waited
+  for its next batch.
+Only calls that start before `last_start` (the last ProfilerStep's start, which the device time
+leaves out) count, so the tallies cover the same steps as the idle time.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+})  # fmt: skip
+SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+"""`.item()`: the outer op and the one that copies the value to the CPU (counted once: item)."""
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+    "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel",
+})  # fmt: skip
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
+LOADER_PREFIX = "enumerate(DataLoader)"
+WATCHED = SYNC_CALLS | SCALAR_READS | LAUNCH_CALLS | GRAPH_LAUNCHES
+
+
+def watched(name: str) -> bool:
+    """Whether a CPU event of this name is tallied (the scan's cheap test)."""
+    return name in WATCHED or name.startswith(LOADER_PREFIX)
+
+
+@dataclass(frozen=True)
+class HostCalls:
+    sync_calls: int  # CUDA synchronising calls and .item() reads
+    sync_us: float  # their time on the CPU (an .item() and the sync inside it counted once)
+    scalar_reads: int  # of the synchronising calls, .item() reads
+    launches: int  # kernel launches
+    launch_us: float  # their time on the CPU
+    graph_launches: int  # CUDA graph launches
+    loader_us: float  # waiting for the data loader's next batch
+
+
+class HostCallScan:
+    """The watched calls of one trace, gathered as its events are read."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, str]] = []  # start, duration, name
+
+    def add(self, name: str, ts: float, duration: float) -> None:
+        self.calls.append((ts, duration, name))
+
+    def result(self, last_start: float | None) -> HostCalls:
+        kept = [c for c in self.calls if last_start is None or c[0] < last_start]
+        syncs = [(ts, ts + d) for ts, d, n in kept if n in SYNC_CALLS]
+        items = [(ts, ts + d) for ts, d, n in kept if n == "aten::item"]
+        reads = sorted(
+            items or [(ts, ts + d) for ts, d, n in kept if n == "aten::_local_scalar_dense"]
+        )
+        # a sync inside an .item() is that read's own wait: counted once, as the read
+        inside = [s for s in syncs if not _within(s, reads)]
+        launches = [d for _, d, n in kept if n in LAUNCH_CALLS]
+        return HostCalls(
+            sync_calls=len(inside) + len(reads),
+            sync_us=float(sum(b - a for a, b in inside) + sum(b - a for a, b in reads)),
+            scalar_reads=len(reads),
+            launches=len(launches),
+            launch_us=float(sum(launches)),
+            graph_launches=sum(1 for _, _, n in kept if n in GRAPH_LAUNCHES),
+            loader_us=float(sum(d for _, d, n in kept if n.startswith(LOADER_PREFIX))),
+        )
+
+
+def _within(call: tuple[float, float], spans: list[tuple[float, float]]) -> bool:
+    """Whether `call` lies inside one of `spans` (sorted by start; they do not nest)."""
+    i = bisect.bisect_right(spans, (call[0], float("inf"))) - 1
+    return i >= 0 and spans[i][1] >= call[1]

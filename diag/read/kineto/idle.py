@@ -1,0 +1,92 @@
+"""The device's idle time split by what it waited for, as HTA defines it
+(`get_idle_time_breakdown`), and the same split over the whole device.
+
+On each stream, the kernels (Kineto categories `kernel`, `gpu_memcpy`, `gpu_memset`) in start
+order; the gap before each one (its start minus the previous kernel's end on that stream) is
+- host wait when the CPU launched the kernel (its runtime call's start, matched by correlation
+  id) after the previous kernel had ended: the stream ran dry because the CPU had not yet
+  enqueued the next kernel;
+- kernel wait when it is not host wait and shorter than `KERNEL_WAIT_BELOW_US` (30 us, HTA's
+  default `consecutive_kernel_delay`, in the trace's microseconds): the cost of launching
+  back-to-back kernels;
+- other otherwise (a kernel waiting on an event, another stream, a collective's peers).
+Per rank the three are summed over the streams (HTA reports each stream; its shares are these
+sums' shares). A stream's gaps overlap other streams' work, so these sums exceed the device's
+own idle time; they say what the idle was, not how long the device was idle.
+
+The device-level split (`device_host_wait_us`) reads the gaps of the union of every stream's
+kernels instead, each judged by the kernel that ends it: launched after the gap began, the
+whole device waited for its host. That is the time a step loses to the host, the cost of the
+finding (diag/rules/families/host.py, HST002).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KERNEL_CATEGORIES = frozenset(
+    {"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events"}
+)
+"""The device events HTA's idle breakdown reads (synchronisation events are left out)."""
+KERNEL_WAIT_BELOW_US = 30.0
+"""HTA's `consecutive_kernel_delay` default: a gap below it, not host wait, is launch overhead."""
+
+
+@dataclass(frozen=True)
+class IdleSplit:
+    host_wait_us: float  # summed over streams (HTA's host_wait)
+    kernel_wait_us: float  # summed over streams (HTA's kernel_wait)
+    other_idle_us: float  # summed over streams (HTA's other)
+    device_host_wait_us: float  # gaps in every stream's work that the host left (the cost)
+    device_gaps: int  # gaps in every stream's work
+    device_host_gaps: int  # of those, the host's
+
+
+NO_IDLE = IdleSplit(0.0, 0.0, 0.0, 0.0, 0, 0)
+
+
+def idle_split(
+    stream: np.ndarray, start: np.ndarray, end: np.ndarray, launched: np.ndarray
+) -> IdleSplit:
+    """The split over kernels given as arrays: stream id, start, end and the start of the CPU
+    call that launched each (NaN: none in the trace, never host wait), in microseconds."""
+    if len(start) == 0:
+        return NO_IDLE
+    totals = np.zeros(3)
+    order = np.lexsort((start, stream))  # by stream, then start
+    s, t0, t1, cpu = stream[order], start[order], end[order], launched[order]
+    same = s[1:] == s[:-1]  # a gap only between two kernels of one stream
+    gap = (t0[1:] - t1[:-1])[same]
+    host = (cpu[1:] > t1[:-1])[same]  # NaN compares False: no launch, no host wait
+    kernel = ~host & (gap < KERNEL_WAIT_BELOW_US)
+    totals[0] = gap[host].sum()
+    totals[1] = gap[kernel].sum()
+    totals[2] = gap[~host & ~kernel].sum()
+    host_us, gaps, host_gaps = _device_gaps(start, end, launched)
+    return IdleSplit(
+        host_wait_us=float(totals[0]),
+        kernel_wait_us=float(totals[1]),
+        other_idle_us=float(totals[2]),
+        device_host_wait_us=host_us,
+        device_gaps=gaps,
+        device_host_gaps=host_gaps,
+    )
+
+
+def _device_gaps(
+    start: np.ndarray, end: np.ndarray, launched: np.ndarray
+) -> tuple[float, int, int]:
+    """The time, count and host-caused count of the gaps between the device's busy runs (every
+    stream together): a gap is the host's when the first kernel after it was launched after the
+    gap began (of kernels starting together, the one launched first)."""
+    order = np.lexsort((launched, start))
+    t0, t1, cpu = start[order], end[order], launched[order]
+    reach = np.maximum.accumulate(t1)
+    opens = np.flatnonzero(t0[1:] > reach[:-1]) + 1  # kernels that end a gap
+    if len(opens) == 0:
+        return 0.0, 0, 0
+    gap_start = reach[opens - 1]
+    host = cpu[opens] > gap_start
+    return float((t0[opens] - gap_start)[host].sum()), len(opens), int(host.sum())
