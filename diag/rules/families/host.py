@@ -180,6 +180,11 @@ STARVED_THRESHOLDS = {
         "the CPU cannot launch kernels as fast as the GPU runs them",
     ),
     "many_kernels": Threshold(50, "kernels", "kernels per step from which small ones add up"),
+    "gaps_before_kernels": Threshold(
+        0.5,
+        "fraction",
+        "share of the small kernels preceded by a host gap from which they are the bottleneck",
+    ),
     "explains_share": Threshold(
         0.10, "fraction", "share of the host wait a cause must explain to be named"
     ),
@@ -230,9 +235,13 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         return []
     ranks = sorted(int(r) for r in starved["rank"])
     typical = starved.median(numeric_only=True)
-    cost_s = float(typical["host_wait_per_step_s"])
-    step_s = float(typical["step_s"])
     share = float(typical["device_host_wait_share"])
+    # the step as the report measures it (each step's device window) where the replay has
+    # one, else the device's time per profiled step; the host's share of the device's time
+    # is its share of the step
+    measured = ctx.metrics.attribution.measured_step_s if ctx.metrics.attribution else 0.0
+    step_s = measured if measured > 0 else float(typical["step_s"])
+    cost_s = share * step_s
     severity = grade(share, limits) or "low"
     causes = _starving_causes(typical, limits)
     fixes = list(dict.fromkeys(c.fix for c in causes))
@@ -252,7 +261,8 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         },
         "step_s": step_s,
         "step_without_host_wait_s": step_s - cost_s,
-        "host_wait_per_step_s": cost_s,
+        "device_time_per_step_s": float(typical["step_s"]),
+        "host_wait_per_step_s": float(typical["host_wait_per_step_s"]),
         "kernels_per_step": _or_none(typical["kernels_per_step"]),
         "kernel_median_us": _or_none(typical["kernel_median_us"]),
         "launch_mean_us": _or_none(typical["launch_mean_us"]),
@@ -272,7 +282,6 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         f"to launch work; the step would be {_ms(step_s - cost_s)} instead of {_ms(step_s)} "
         f"(likely: {causes[0].name})"
     )
-    measured = ctx.metrics.attribution.measured_step_s if ctx.metrics.attribution else 0.0
     return [
         Finding(
             severity=severity,
@@ -283,11 +292,18 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
             margin=share / limits["high"],
             # a GPU that waits for its CPU makes every collective and every gap look like
             # the device's: exposed communication and uneven device time follow from it
-            explains=["COM001", "BAL004"],
+            explains=["COM001", "BAL004", *_explained_stragglers(ctx, ranks)],
             cost_s=cost_s,
-            cost_share=cost_s / (measured if measured > 0 else step_s) if step_s > 0 else None,
+            cost_share=share,
         )
     ]
+
+
+def _explained_stragglers(ctx: RuleContext, starved: list[int]) -> list[str]:
+    """BAL001 and BAL003 when every rank they blame is one whose GPU waits for its host: the
+    rank is slow because its CPU cannot feed its GPU, and that is the diagnosis."""
+    stragglers = straggler_ranks(ctx)
+    return ["BAL001", "BAL003"] if stragglers and set(stragglers) <= set(starved) else []
 
 
 class _Cause(NamedTuple):
@@ -324,14 +340,6 @@ def _starving_causes(typical: pd.Series, limits: Mapping[str, float]) -> list[_C
     if loader_s > 0:
         shows = f"the training thread waits {_ms(loader_s)} a step for its next batch"
         found.append(_Cause(loader_s, "a data-loader wait", shows, _LOADER_FIX))
-    median_us, launch_us = _num(typical["kernel_median_us"]), _num(typical["launch_mean_us"])
-    per_step = _num(typical["kernels_per_step"])
-    small = median_us <= max(limits["small_kernel_launches"] * launch_us, SMALL_KERNEL_US)
-    if small and per_step >= limits["many_kernels"]:
-        shows = (f"{per_step:.0f} kernels a step, the median {median_us:.0f} us against "
-                 f"{launch_us:.1f} us of CPU to launch each")  # fmt: skip
-        launching_s = _num(typical["launch_per_step_s"])
-        found.append(_Cause(launching_s, "many small kernels", shows, _GRAPHS_FIX))
     syncs = _num(typical["sync_calls_per_step"])
     if syncs >= 1:
         reads = _num(typical["scalar_reads_per_step"])
@@ -339,6 +347,20 @@ def _starving_causes(typical: pd.Series, limits: Mapping[str, float]) -> list[_C
         shows = (f"{syncs:.0f} synchronising calls a step{of_which}: each drains the GPU's "
                  "queue before the CPU launches again")  # fmt: skip
         found.append(_Cause(min(syncs, gaps) * mean_gap_s, "synchronising calls", shows, _SYNC_FIX))
+    median_us, launch_us = _num(typical["kernel_median_us"]), _num(typical["launch_mean_us"])
+    per_step = _num(typical["kernels_per_step"])
+    small = median_us <= max(limits["small_kernel_launches"] * launch_us, SMALL_KERNEL_US)
+    if small and per_step >= limits["many_kernels"]:
+        # a host gap before most kernels: the CPU issues them slower than the GPU runs them,
+        # and that explains whatever the loader and the syncs do not; else at least the
+        # CPU's time in the launches themselves
+        everywhere = gaps >= limits["gaps_before_kernels"] * per_step
+        rest_s = wait_s - sum(c.explains_s for c in found)
+        explains_s = max(rest_s if everywhere else 0.0, _num(typical["launch_per_step_s"]))
+        shows = (f"{per_step:.0f} kernels a step, the median {median_us:.0f} us, "
+                 f"{launch_us:.1f} us of CPU to launch each; a host gap before "
+                 f"{gaps / per_step:.0%} of them")  # fmt: skip
+        found.append(_Cause(explains_s, "many small kernels", shows, _GRAPHS_FIX))
     rest_s = wait_s - sum(c.explains_s for c in found)
     shows = "the CPU thread is busy between launches (Python, host-side code)"
     found.append(_Cause(rest_s, "the CPU's own work between launches", shows, _CPU_FIX))
