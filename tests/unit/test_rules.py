@@ -9,6 +9,7 @@ import pytest
 from rule_cases import RuleCase, all_cases
 
 from diag.metrics import compute_metrics
+from diag.read.kineto import is_trace_dir, load_trace_dir
 from diag.read.load import load_run
 from diag.rules import REGISTRY, run_rules
 from diag.rules.engine import DOC_SECTIONS
@@ -20,7 +21,8 @@ CASES = all_cases()
     "case", CASES, ids=lambda c: f"{c.code}-{'fires' if c.triggers else 'quiet'}"
 )
 def test_rule_case(case: RuleCase, runs) -> None:
-    run = load_run(case.build(runs))
+    path = case.build(runs)
+    run = load_trace_dir(path) if is_trace_dir(path) else load_run(path)  # profiler traces too
     metrics = compute_metrics(run)
     judgement = run_rules(run, metrics)
     assert not judgement.notes, f"{case.code}: a rule could not judge: {judgement.notes}"
