@@ -261,10 +261,9 @@ def device_section(report: dict[str, Any]) -> Section:
 
 def _idle_split(device: dict[str, Any]) -> str:
     """HTA's split of the idle time (summed over streams) as `99/1/0%`; n/a without it."""
-    shares = [device.get(k) for k in ("host_wait_share", "kernel_wait_share", "other_idle_share")]
-    if any(s is None or s != s for s in shares):  # absent, or NaN: no idle time
-        return "n/a"
-    return "/".join(f"{100 * float(s):.0f}" for s in shares) + "%"
+    found = [device.get(k) for k in ("host_wait_share", "kernel_wait_share", "other_idle_share")]
+    shares = [float(s) for s in found if s is not None and s == s]  # NaN: no idle time
+    return "/".join(f"{100 * s:.0f}" for s in shares) + "%" if len(shares) == 3 else "n/a"
 
 
 _HTA_SHARES = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg")

@@ -58,7 +58,8 @@ def _compare(folder: Path, theirs: dict[str, Any]) -> pd.DataFrame:
         return ours
     temporal = theirs["temporal"].set_index("rank")
     assert sorted(ours["rank"]) == sorted(temporal.index)
-    idle = theirs["idle"].groupby(["rank", "idle_category"])["idle_time"].sum().unstack(fill_value=0)
+    by_category = theirs["idle"].groupby(["rank", "idle_category"])["idle_time"].sum()
+    idle = by_category.unstack(fill_value=0)
     for row in ours.itertuples(index=False):
         hta = temporal.loc[row.rank]
         kernel = hta["kernel_time(us)"]

@@ -28,7 +28,7 @@ from typing import Any
 BASE_US = 4_458_676_416_788.066  # a real trace's clock (hta-nccl-world2)
 PID, DEVICE, COMPUTE_STREAM, NCCL_STREAM = 2910249, 0, 7, 20
 MAIN_TID = 2910249
-ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>"
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1"
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 
@@ -80,9 +80,9 @@ class _Rank:
         c = self.correlation
         self.cpu(runtime, at, launch_us, cat="cuda_runtime", correlation=c)
         begin = start if start is not None else max(at + launch_us + 2.0, self.gpu_free)
+        args = {"device": DEVICE, "stream": stream, "correlation": c}
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": DEVICE, "tid": stream,
-                            "ts": round(begin, 3), "dur": round(dur, 3),
-                            "args": {"device": DEVICE, "stream": stream, "correlation": c}})  # fmt: skip
+                            "ts": round(begin, 3), "dur": round(dur, 3), "args": args})  # fmt: skip
         return begin + dur
 
     def item(self, waits_for: float = 0.0) -> None:
@@ -110,7 +110,7 @@ def write_job(folder: Path, shape: Shape) -> Path:
         launches = []
         for r in ranks:
             cpu = shape.cpu_us[r.rank]
-            r.cpu(f"enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", r.t,
+            r.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", r.t,
                   shape.loader_us, cat="user_annotation")  # fmt: skip
             r.t += shape.loader_us + 2.0
             for op in range(shape.ops):
@@ -142,9 +142,9 @@ def write_job(folder: Path, shape: Shape) -> Path:
             r.t = max(ends) + 30.0
     folder.mkdir(parents=True, exist_ok=True)
     for r in ranks:
-        info = {"backend": "nccl", "rank": r.rank, "world_size": world,
-                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": world,
-                               "backend_config": "cuda:nccl", "ranks": list(range(world))}]}  # fmt: skip
+        group = {"pg_name": "0", "pg_desc": "default_pg", "pg_size": world,
+                 "backend_config": "cuda:nccl", "ranks": list(range(world))}  # fmt: skip
+        info = {"backend": "nccl", "rank": r.rank, "world_size": world, "pg_config": [group]}
         trace = {"schemaVersion": 1, "distributedInfo": info,
                  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
                  "traceEvents": sorted(r.events, key=lambda e: e["ts"]),
