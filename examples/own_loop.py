@@ -64,12 +64,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--slow-loader-ms", type=float, default=0.0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--backend", default=None, help="gloo on CPU, nccl on CUDA by default")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":  # ranks beyond the GPUs share them (gloo only: NCCL refuses)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
     torch.manual_seed(0)
-    model = DDP(ResidualMLP())
+    net = ResidualMLP().to(device)
+    model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     teacher = torch.randn(32, 1)
 
@@ -78,6 +86,7 @@ def main() -> None:
 
     loader = batches(args.steps, args.batch, teacher, args.slow_loader_ms)
     for x, y in rec.iterate(loader):  # diag
+        x, y = x.to(device), y.to(device)
         with rec.step(tokens=args.batch) as step:  # diag
             with rec.span("fwd"):  # diag
                 loss = nn.functional.mse_loss(model(x), y)

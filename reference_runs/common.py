@@ -243,14 +243,21 @@ class DistEnv:
     backend: str
 
 
+BACKEND_ENV = "DIAG_BACKEND"
+"""Overrides the process group's backend: `gloo` lets ranks share a GPU (NCCL refuses two ranks
+on one device), with CUDA tensors (benchmarks/gpu_check.py)."""
+
+
 def init_distributed() -> DistEnv:
-    """NCCL and one GPU per rank when GPUs are present, otherwise gloo on CPU."""
+    """NCCL and one GPU per rank when GPUs are present, otherwise gloo on CPU. More ranks than
+    GPUs share them (rank i on GPU i mod count), which only a backend other than NCCL allows
+    ($DIAG_BACKEND=gloo)."""
     torch.set_num_threads(1)  # several ranks share this machine's cores
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = os.environ.get(BACKEND_ENV) or "nccl"
     else:
         device = torch.device("cpu")
         backend = "gloo"
