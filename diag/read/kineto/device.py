@@ -38,7 +38,7 @@ from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
 from diag.read.kineto.convert import MAX_TIME_US
 from diag.read.kineto.events import ABSENT, Kept
-from diag.read.kineto.host_calls import HostCalls, HostCallScan, watched
+from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED, HostCalls, HostCallScan
 from diag.read.kineto.idle import KERNEL_CATEGORIES, NO_IDLE, IdleSplit, idle_split
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 
@@ -158,7 +158,7 @@ class DeviceScan:
                     kind, name = labels.setdefault(kind, kind), labels.setdefault(name, name)
                     device.append((ts, duration, correlation, name, kind, stream))
                 continue
-            if watched(name):
+            if name in WATCHED or name.startswith(LOADER_PREFIX):  # host_calls.watched, inline
                 self.host.add(name, ts, duration)
             cpu_start.append(ts)
             cpu_correlation.append(correlation)

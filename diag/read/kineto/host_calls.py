@@ -56,6 +56,7 @@ class HostCallScan:
         self.calls: list[tuple[float, float, str]] = []  # start, duration, name
 
     def add(self, name: str, ts: float, duration: float) -> None:
+        """One watched call (`watched(name)`), as the scan meets it."""
         self.calls.append((ts, duration, name))
 
     def result(self, last_start: float | None) -> HostCalls:
