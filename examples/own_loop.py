@@ -10,7 +10,8 @@ process issues (here: a loss all-reduce for logging); `register_recording_hook` 
 gradient all-reduces, which happen inside DDP where no Python function can see them (and names
 DDP's group `dp`: the layout is dp=2 without saying so); `rec.iterate` records each batch fetch
 as its step's `data` span (`--slow-loader-ms M` makes rank 1's loader slow: the main finding
-then names rank 1).
+then names rank 1). `--device cuda` runs it on GPUs (NCCL; `--backend gloo` lets more ranks
+than GPUs share them, as benchmarks/gpu_check.py does).
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     teacher = torch.randn(32, 1)
 
-    rec = Recorder.from_env(args.out, model=model, optimizer=optimizer, trace_collectives=True)
+    rec = Recorder.from_env(
+        args.out, model=model, optimizer=optimizer, trace_collectives=True, device=device
+    )  # on a GPU, `device` turns on CUDA-event timing, the allocator's figures and pynvml
     register_recording_hook(rec, model)  # diag
 
     loader = batches(args.steps, args.batch, teacher, args.slow_loader_ms)
