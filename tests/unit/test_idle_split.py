@@ -160,3 +160,33 @@ def test_real_traces_host_bound_where_hta_says_the_idle_is_host_wait() -> None:
     deepseek = REAL_TRACES / "deepseek-v3-train-ep64"
     if deepseek.is_dir():
         assert "HST002" not in [f["rule"] for f in analyze_path(deepseek)["findings"]]
+
+
+def _typical(**figures: float) -> pd.Series:
+    """A rank's device figures (diag/metrics/device_time.py) for a 10 ms step that waits
+    5 ms for its host in 200 gaps, 400 kernels of 40 us launched in 5 us each."""
+    base = {"host_wait_per_step_s": 0.005, "host_gaps_per_step": 200, "loader_per_step_s": 0.0,
+            "sync_calls_per_step": 0.0, "scalar_reads_per_step": 0.0, "kernel_median_us": 40.0,
+            "launch_mean_us": 5.0, "kernels_per_step": 400, "launch_per_step_s": 0.002}  # fmt: skip
+    return pd.Series({**base, **figures})
+
+
+@pytest.mark.parametrize(
+    ("figures", "first"),
+    [
+        ({}, "the CPU's own work between launches"),
+        ({"loader_per_step_s": 0.004}, "a data-loader wait"),
+        ({"sync_calls_per_step": 150, "scalar_reads_per_step": 100}, "synchronising calls"),
+        ({"kernel_median_us": 6.0, "host_gaps_per_step": 380}, "many small kernels"),
+        ({"launch_mean_us": 60.0, "host_gaps_per_step": 380}, "slow kernel launches"),
+    ],
+)
+def test_the_likely_cause_is_the_one_that_explains_most_of_the_host_wait(
+    figures: dict[str, float], first: str
+) -> None:
+    from diag.rules.families.host import STARVED_THRESHOLDS, starving_causes
+
+    limits = {key: t.default for key, t in STARVED_THRESHOLDS.items()}
+    causes = starving_causes(_typical(**figures), limits)
+    assert causes[0].name == first, causes
+    assert all(c.explains_s >= 0.1 * 0.005 for c in causes)  # none named below 10% of the wait

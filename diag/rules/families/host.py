@@ -185,6 +185,9 @@ STARVED_THRESHOLDS = {
         "fraction",
         "share of the small kernels preceded by a host gap from which they are the bottleneck",
     ),
+    "slow_launch_us": Threshold(
+        20.0, "us", "mean CPU time of a kernel launch from which the launches themselves are slow"
+    ),
     "explains_share": Threshold(
         0.10, "fraction", "share of the host wait a cause must explain to be named"
     ),
@@ -206,15 +209,18 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         Read from the trace, in order of the time it explains: the data loader's wait for the
         next batch (`enumerate(DataLoader)` events); many small kernels, each shorter than
         the CPU takes to launch it (the median kernel against the mean `cudaLaunchKernel`),
-        so the CPU cannot keep up; synchronising calls in the step (`cudaStreamSynchronize`,
-        `cudaDeviceSynchronize`, `.item()` as `aten::item` / `aten::_local_scalar_dense`),
+        so the CPU cannot keep up; slow launches themselves (tens of us each:
+        `CUDA_LAUNCH_BLOCKING=1`, a tool hooking launches, a contended core); synchronising
+        calls in the step (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, `.item()` as
+        `aten::item` / `aten::_local_scalar_dense`),
         each of which drains the GPU's queue before the CPU launches again; else the CPU's
         own work between launches (Python, host-side code).
     Fix:
         For small kernels and launch overhead: capture the step in CUDA graphs
         (`torch.compile(mode="reduce-overhead")`, `torch.cuda.graphs`), fuse kernels with
-        `torch.compile`, raise the (micro-)batch size so each kernel does more. For
-        synchronising calls: no `.item()`, `float(t)`, `print` of GPU tensors or
+        `torch.compile`, raise the (micro-)batch size so each kernel does more. For slow
+        launches: unset `CUDA_LAUNCH_BLOCKING`, detach what hooks the launches, give the rank
+        its cores. For synchronising calls: no `.item()`, `float(t)`, `print` of GPU tensors or
         `torch.cuda.synchronize()` in the step; keep metrics on the GPU and read them every N
         steps; `non_blocking=True` copies. For the loader: more `num_workers`,
         `pin_memory=True`, `prefetch_factor`.
@@ -243,7 +249,7 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
     step_s = measured if measured > 0 else float(typical["step_s"])
     cost_s = share * step_s
     severity = grade(share, limits) or "low"
-    causes = _starving_causes(typical, limits)
+    causes = starving_causes(typical, limits)
     fixes = list(dict.fromkeys(c.fix for c in causes))
     evidence: dict[str, Any] = {
         "ranks": ranks,
@@ -306,7 +312,7 @@ def _explained_stragglers(ctx: RuleContext, starved: list[int]) -> list[str]:
     return ["BAL001", "BAL003"] if stragglers and set(stragglers) <= set(starved) else []
 
 
-class _Cause(NamedTuple):
+class StarvingCause(NamedTuple):
     explains_s: float  # of the host wait per step
     name: str
     shows: str  # what the trace shows
@@ -322,48 +328,62 @@ _SYNC_FIX = (
     "step (read metrics every N steps), non_blocking copies"
 )
 _LOADER_FIX = "more DataLoader workers (num_workers), pin_memory=True, a larger prefetch_factor"
+_LAUNCH_FIX = (
+    "unset CUDA_LAUNCH_BLOCKING, detach debuggers or tools that hook kernel launches, give the "
+    "rank its own cores (HST001); fewer launches with CUDA graphs or torch.compile"
+)
 _CPU_FIX = (
     "profile the CPU side of the step; torch.compile or CUDA graphs take Python off the launch path"
 )
 
 
-def _starving_causes(typical: pd.Series, limits: Mapping[str, float]) -> list[_Cause]:
+def starving_causes(typical: pd.Series, limits: Mapping[str, float]) -> list[StarvingCause]:
     """The likely causes, the one that explains the most of the host wait first. What each
-    explains, per step: the loader's wait; the CPU's time launching kernels when they are
-    small (it cannot launch faster than they run); one host gap (the mean) per synchronising
-    call; the rest is the CPU's own work. Causes below `explains_share` are not named."""
+    explains, per step: the loader's wait; one host gap (the mean) per synchronising call;
+    for small kernels or slow launches, the rest when a host gap precedes most kernels (the
+    CPU issues them slower than the GPU runs them), else the CPU's time in the launches; the
+    rest is the CPU's own work. Causes below `explains_share` are not named."""
     wait_s = _num(typical["host_wait_per_step_s"])
     gaps = _num(typical["host_gaps_per_step"])
     mean_gap_s = wait_s / gaps if gaps > 0 else 0.0
-    found: list[_Cause] = []
+    found: list[StarvingCause] = []
     loader_s = _num(typical["loader_per_step_s"])
     if loader_s > 0:
         shows = f"the training thread waits {_ms(loader_s)} a step for its next batch"
-        found.append(_Cause(loader_s, "a data-loader wait", shows, _LOADER_FIX))
+        found.append(StarvingCause(loader_s, "a data-loader wait", shows, _LOADER_FIX))
     syncs = _num(typical["sync_calls_per_step"])
     if syncs >= 1:
         reads = _num(typical["scalar_reads_per_step"])
         of_which = f" ({reads:.0f} of them .item() reads)" if reads >= 1 else ""
         shows = (f"{syncs:.0f} synchronising calls a step{of_which}: each drains the GPU's "
                  "queue before the CPU launches again")  # fmt: skip
-        found.append(_Cause(min(syncs, gaps) * mean_gap_s, "synchronising calls", shows, _SYNC_FIX))
+        found.append(
+            StarvingCause(min(syncs, gaps) * mean_gap_s, "synchronising calls", shows, _SYNC_FIX)
+        )
     median_us, launch_us = _num(typical["kernel_median_us"]), _num(typical["launch_mean_us"])
     per_step = _num(typical["kernels_per_step"])
     small = median_us <= max(limits["small_kernel_launches"] * launch_us, SMALL_KERNEL_US)
-    if small and per_step >= limits["many_kernels"]:
+    slow = launch_us >= limits["slow_launch_us"]
+    if slow or (small and per_step >= limits["many_kernels"]):
         # a host gap before most kernels: the CPU issues them slower than the GPU runs them,
         # and that explains whatever the loader and the syncs do not; else at least the
         # CPU's time in the launches themselves
         everywhere = gaps >= limits["gaps_before_kernels"] * per_step
         rest_s = wait_s - sum(c.explains_s for c in found)
         explains_s = max(rest_s if everywhere else 0.0, _num(typical["launch_per_step_s"]))
-        shows = (f"{per_step:.0f} kernels a step, the median {median_us:.0f} us, "
-                 f"{launch_us:.1f} us of CPU to launch each; a host gap before "
-                 f"{gaps / per_step:.0%} of them")  # fmt: skip
-        found.append(_Cause(explains_s, "many small kernels", shows, _GRAPHS_FIX))
+        share = f"; a host gap before {gaps / per_step:.0%} of them" if per_step else ""
+        if slow:  # then every kernel is "small": the launch path is what is wrong
+            shows = (f"each kernel launch takes {launch_us:.0f} us of CPU (a few us is usual: "
+                     "CUDA_LAUNCH_BLOCKING=1, a tool hooking launches, a contended core)"
+                     f"{share}")  # fmt: skip
+            found.append(StarvingCause(explains_s, "slow kernel launches", shows, _LAUNCH_FIX))
+        else:
+            shows = (f"{per_step:.0f} kernels a step, the median {median_us:.0f} us, "
+                     f"{launch_us:.1f} us of CPU to launch each{share}")  # fmt: skip
+            found.append(StarvingCause(explains_s, "many small kernels", shows, _GRAPHS_FIX))
     rest_s = wait_s - sum(c.explains_s for c in found)
     shows = "the CPU thread is busy between launches (Python, host-side code)"
-    found.append(_Cause(rest_s, "the CPU's own work between launches", shows, _CPU_FIX))
+    found.append(StarvingCause(rest_s, "the CPU's own work between launches", shows, _CPU_FIX))
     named = [c for c in found if c.explains_s >= limits["explains_share"] * wait_s]
     return sorted(named or found[-1:], key=lambda c: -c.explains_s)
 
