@@ -297,8 +297,12 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
             advice="; ".join(fixes),
             margin=share / limits["high"],
             # a GPU that waits for its CPU makes every collective and every gap look like
-            # the device's: exposed communication and uneven device time follow from it
-            explains=["COM001", "BAL004", *_explained_stragglers(ctx, ranks)],
+            # the device's: exposed communication and uneven device time follow from it. Only
+            # a high finding claims them: a little host wait beside a communication-bound job
+            # must not take the communication's severity and the first place
+            explains=["COM001", "BAL004", *_explained_stragglers(ctx, ranks)]
+            if severity == "high"
+            else [],
             cost_s=cost_s,
             cost_share=share,
         )
