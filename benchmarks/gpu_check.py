@@ -31,6 +31,7 @@ import io
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -309,20 +310,22 @@ def _torchrun(check: Check, name: str, args: list[str], nproc: int, env: dict[st
         "OMP_NUM_THREADS": "1",
         **env,
     }
+    if not check.cuda:  # a dry run on a GPU machine stays on CPU too
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
     t0 = time.monotonic()
+    # its own process group: on a timeout torchrun and every rank it started go (a rank left
+    # behind would hold the GPU for the steps after)
+    proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True,
-                              timeout=timeout_s, cwd=ROOT)  # fmt: skip
-        code, log = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as err:
-        code = 124
-        log = f"{_text(err.stdout)}{_text(err.stderr)}\ntimed out after {timeout_s:.0f} s"
+        log, _ = proc.communicate(timeout=timeout_s)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        code, log = 124, f"{log}\ntimed out after {timeout_s:.0f} s"
     (check.out / "logs" / f"{name}.log").write_text(log)
     return code, log, time.monotonic() - t0
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
 
 
 # --- what the collectors wrote ----------------------------------------------------------------
@@ -386,9 +389,14 @@ def analyze(check: Check, job: str) -> tuple[str, str, dict]:
         (reports / f"{job}-traces.json").write_text(json.dumps(of_traces, indent=1, default=str))
         figures["traces"] = _main(of_traces)
         figures["beside_hta"] = _beside_hta(of_traces)
+    beside = figures.get("beside_hta", {})
     line = (f"run dir: {figures['run']}; traces: {figures.get('traces', 'none')}; "
-            f"{figures.get('beside_hta', {}).get('line', 'HTA not run')}")  # fmt: skip
-    return "PASS", line, figures
+            f"{beside.get('line', 'HTA not run')}")  # fmt: skip
+    # diag's breakdown and idle split must equal HTA's to a point where HTA ran
+    worst = max(
+        beside.get("worst_points", 0.0), beside.get("idle_split", {}).get("worst_points", 0.0)
+    )
+    return ("PASS" if worst <= 1.0 else "FAIL"), line, figures
 
 
 def _main(report: dict[str, Any]) -> str:

@@ -44,3 +44,25 @@ def test_the_dry_run_skips_cuda_and_runs_the_rest(tmp_path: Path) -> None:
         assert (out / evidence).is_file(), evidence
     lines = (out / "summary.txt").read_text().splitlines()
     assert lines[0].startswith("gpu_check (dry run)") and len(lines) == 1 + len(status)
+
+
+REAL_NCCL = ROOT.parent / "shared" / "real-traces" / "hta-nccl-world2"
+
+
+@pytest.mark.skipif(not REAL_NCCL.is_dir(), reason="../shared/real-traces is absent")
+def test_htas_figures_beside_diags_on_a_real_gpu_trace() -> None:
+    """What the check's analysis step reports on a GPU job's traces, here on a real one: diag's
+    temporal breakdown and idle split within a point of HTA's."""
+    pytest.importorskip("hta")
+    import importlib.util
+
+    from diag.api import analyze_path
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up there
+    spec.loader.exec_module(gpu_check)
+    beside = gpu_check._beside_hta(analyze_path(REAL_NCCL, hta=True))
+    assert beside["worst_points"] <= 1.0 and beside["idle_split"]["worst_points"] <= 1.0, beside
+    assert beside["idle_split"]["hta"][0] > 99  # host wait, as HTA splits it
