@@ -56,15 +56,17 @@ def _plan_violations(
     """`--plan FILE`: the run against the plan for its own layout (diag/plan/verdict.py)."""
     import json
 
+    from diag.contract.files import read_regular
     from diag.plan.verdict import DEFAULT_PLAN_TOLERANCE, check_against_plan
 
     tol = DEFAULT_PLAN_TOLERANCE if tolerance is None else tolerance
     if tol < 0:
         raise click.UsageError(f"--plan-tolerance must be >= 0, got {tol}")
     try:
-        with open(plan_path, encoding="utf-8") as handle:
-            plan = json.loads(handle.read(MAX_PLAN_BYTES + 1) or "null")
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting too deep
+        plan = json.loads(read_regular(plan_path, MAX_PLAN_BYTES).decode("utf-8") or "null")
+    except OSError as err:  # a FIFO, a device, over the bound
+        raise InputError(plan_path, f"cannot read the plan ({err.strerror or err})") from None
+    except (ValueError, RecursionError) as err:  # RecursionError: nesting too deep
         raise InputError(plan_path, f"cannot read the plan ({str(err)[:200]})") from None
     if not isinstance(plan, dict) or plan.get("schema") != "diag.plan/1":
         raise InputError(plan_path, "not a diag.plan/1 document (diag plan --format json)")

@@ -17,7 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from diag.contract.limits import MAX_INTEGER, MAX_WORLD_SIZE
+from diag.contract.files import read_regular
+from diag.contract.limits import MAX_INTEGER, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE
 
 RUN_SCHEMA = "diag.run/1"
 REPORT_SCHEMA = "diag.report/1"
@@ -320,7 +321,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
     """Read and validate manifest.json; raises OSError, UnicodeDecodeError, or SchemaError
     naming the reason."""
     path = Path(run_dir) / MANIFEST_FILE
-    text = path.read_text()
+    text = read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

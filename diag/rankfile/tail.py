@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from diag.contract import schema
-from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
+from diag.contract.files import NotReadable, open_regular
+from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_RANK_FILE_BYTES
 from diag.rankfile import arrow_format
 from diag.rankfile.arrow_messages import body_length
 from diag.rankfile.record_checks import depth
@@ -45,9 +46,14 @@ class FileTail:
 
     def _read(self) -> bytes | None:
         try:
-            with self.path.open("rb") as fh:
+            with open_regular(self.path, MAX_RANK_FILE_BYTES) as fh:
                 fh.seek(self.offset)
                 return fh.read(READ_MAX_BYTES)
+        except NotReadable as err:  # a FIFO, a device, over its bound: noted once
+            note = f"{self.path.name}: cannot read ({err.strerror}), not analysed"
+            if note not in self.notes:
+                self.notes.append(note)
+            return None
         except OSError:
             return None  # not created yet, or being replaced: the next poll reads it
 
