@@ -76,7 +76,7 @@ def open_regular(
                 "kind may be",
             )
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=0)  # type: ignore[return-value]
+        return os.fdopen(fd, "rb", buffering=0)
     except BaseException:
         os.close(fd)
         raise

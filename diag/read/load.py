@@ -167,6 +167,8 @@ def load_run(
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
+    if run.steps.empty:
+        raise InputError(run_dir, _no_steps(steps, skipped))
     run = dataclasses.replace(
         run,
         rank_file_suffix=rank_file_suffix(list(rank_files.values())),
@@ -179,6 +181,21 @@ def load_run(
         run, rank_steps=reduced["rank_steps"], comm_totals=reduced["comm_totals"],
         span_steps=keep_below,
     )  # fmt: skip
+
+
+def _no_steps(steps: range | None, skipped: list[str]) -> str:
+    """Why a run directory has nothing to analyse: no step record was read, and the first
+    notes that say what was wrong with its rank files."""
+    window = "" if steps is None else " in the steps asked for (--steps)"
+    notes = [note for note in skipped if "--steps" not in note]
+    problems = notes[:NO_STEPS_NOTES]
+    more = len(notes) - len(problems)
+    said = "; ".join(problems) + (f"; {more} more notes" if more > 0 and problems else "")
+    return f"no rank has a usable step record{window}" + (f" ({said})" if said else "")
+
+
+NO_STEPS_NOTES = 3
+"""Notes on the rank files quoted in the error of a run without a usable step."""
 
 
 def with_cache_note(run: RunData, note: str | None) -> RunData:
