@@ -201,7 +201,9 @@ NO_STEPS_NOTES = 3
 def with_cache_note(run: RunData, note: str | None) -> RunData:
     """The run with why a cache entry beside it was not used (`cache_notes`), when there is a
     reason; the run itself when not."""
-    return run if not note else dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
+    if not note or note in run.cache_notes:  # the tables' and the report's lookups say it once
+        return run
+    return dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
 
 
 @contextmanager
