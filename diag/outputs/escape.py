@@ -19,7 +19,9 @@ _UNSAFE = re.compile(
     "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"  # bidi marks, line separators
     "\ud800-\udfff]"  # lone surrogates: not encodable as UTF-8
 )
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[|~])")
+"""Backslash-escaped in Markdown text: emphasis, code, a link's or an image's opening bracket
+(a `]` without one opens nothing), a table cell's bar, strikethrough."""
 
 
 def _shown(match: re.Match[str]) -> str:
@@ -42,7 +44,7 @@ def terminal_lines(lines: list[str]) -> str:
 def markdown(text: object) -> str:
     """Inline Markdown text (a list item, a table cell, a title): escaped for a terminal, HTML's
     `<` and `&` as entities (no raw HTML), and Markdown's emphasis, code, link and table
-    characters backslash-escaped."""
+    characters backslash-escaped (`\\[PP001, ...]`)."""
     return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(terminal(text), quote=False))
 
 

@@ -109,7 +109,7 @@ def test_missing_ranks_are_counted_in_the_headline_and_said_under_it(runs: RunWr
     ]
 
 
-# --- names per output format ------------------------------------------------------------------------
+# --- names per output format ----------------------------------------------------------------------
 
 FORGED = "\nFORGED: all ranks healthy"
 ESCAPES = "\x1b[2J\x1b]8;;http://x\x07link\x1b]8;;\x07\x9b31m\u202e"
@@ -157,7 +157,7 @@ def test_a_newline_in_a_file_name_stays_in_the_one_line_error(tmp_path: Path) ->
     assert reason.startswith("not valid JSON")
 
 
-# --- lone surrogates ----------------------------------------------------------------------------------
+# --- lone surrogates ------------------------------------------------------------------------------
 
 
 def test_a_lone_surrogate_in_a_label_skips_the_record(runs: RunWriter) -> None:
@@ -187,7 +187,7 @@ def test_a_lone_surrogate_in_a_host_name_is_replaced(runs: RunWriter) -> None:
     assert report["ranks"][1]["host"] == "h\ufffdx"
 
 
-# --- special files where every command reads ---------------------------------------------------------
+# --- special files where every command reads ------------------------------------------------------
 
 
 @pytest.mark.timeout(TIME_LIMIT_S * 4)
@@ -223,7 +223,7 @@ def test_a_fifo_hangs_no_command(runs: RunWriter, tmp_path: Path) -> None:
         )
 
 
-# --- config files ----------------------------------------------------------------------------------
+# --- config files ---------------------------------------------------------------------------------
 
 DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 
@@ -251,7 +251,7 @@ def test_a_deeply_nested_config_is_one_line(runs: RunWriter, tmp_path: Path) -> 
     )
 
 
-# --- what diag writes -------------------------------------------------------------------------------
+# --- what diag writes -----------------------------------------------------------------------------
 
 
 def test_convert_never_writes_through_a_planted_link_or_opens_a_fifo(
