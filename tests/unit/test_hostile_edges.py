@@ -309,3 +309,14 @@ def test_hta_is_handed_only_the_traces_diag_accepted(tmp_path: Path) -> None:
     assert len(notes) == 1
     assert notes[0].startswith(f"{bomb}: refused: inflates past 64 MiB")
     assert notes[0].endswith("; not handed to HTA")
+
+
+def test_a_followed_rank_file_that_is_a_device_is_noted_once(tmp_path: Path) -> None:
+    from diag.rankfile.tail import JsonlTail
+
+    (tmp_path / "rank-00000.jsonl").symlink_to("/dev/zero")
+    tail = JsonlTail(tmp_path / "rank-00000.jsonl")
+    assert tail.read_new() == [] and tail.read_new() == []
+    assert tail.notes == [
+        "rank-00000.jsonl: cannot read (a character device, not a regular file), not analysed"
+    ]
