@@ -320,3 +320,19 @@ def test_a_followed_rank_file_that_is_a_device_is_noted_once(tmp_path: Path) -> 
     assert tail.notes == [
         "rank-00000.jsonl: cannot read (a character device, not a regular file), not analysed"
     ]
+
+
+@pytest.mark.timeout(TIME_LIMIT_S)
+def test_the_dashboard_loads_a_run_beside_a_fifo(runs: RunWriter) -> None:
+    from dashboard.data import load_runs
+    from diag.errors import InputError
+
+    run = good_run(runs)
+    (run / "rank-00001.jsonl").unlink()
+    os.mkfifo(run / "rank-00001.jsonl")
+    (loaded,) = load_runs([run])
+    assert loaded.report["summary"]["ranks_analysed"] == 1
+    (run / "manifest.json").unlink()
+    os.mkfifo(run / "manifest.json")
+    with pytest.raises(InputError, match="a FIFO, not a regular file"):
+        load_runs([run])
