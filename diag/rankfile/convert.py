@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from diag.contract import schema
-from diag.contract.files import read_regular
-from diag.contract.limits import MAX_JSON_DEPTH, MAX_RANK_FILE_BYTES
+from diag.contract.files import open_regular, read_regular
+from diag.contract.limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, MAX_RANK_FILE_BYTES
 from diag.errors import InputError
 from diag.rankfile import arrow_format
 from diag.rankfile.rank_file import bounded_lines
@@ -31,8 +31,13 @@ TARGETS = {"arrow": arrow_format.SUFFIX, "jsonl": ".jsonl"}
 def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
     """Convert every rank file of `run_dir` not yet in format `to`; the number converted and
     notes on what was skipped. InputError when the folder is not a run directory."""
-    if not (run_dir / schema.MANIFEST_FILE).is_file():
+    manifest = run_dir / schema.MANIFEST_FILE
+    if not manifest.exists():
         raise InputError(run_dir, "not a run directory (no manifest.json)")
+    try:  # a FIFO, a device or a folder there is said as such
+        open_regular(manifest, MAX_MANIFEST_BYTES).close()
+    except OSError as err:
+        raise InputError(manifest, f"cannot read ({err.strerror or err})") from None
     suffix = TARGETS[to]
     try:
         files = sorted(p for p in run_dir.iterdir() if schema.RANK_FILE_RE.match(p.name))

@@ -215,7 +215,8 @@ def test_a_fifo_hangs_no_command(runs: RunWriter, tmp_path: Path) -> None:
     (run / "manifest.json").unlink()
     os.mkfifo(run / "manifest.json")
     for command in (["analyze", run], ["export", run, "--perfetto", tmp_path / "t.json"],
-                    ["check", run, "--max-comm-share", "1"]):  # fmt: skip
+                    ["check", run, "--max-comm-share", "1"], ["convert", run, "--to", "jsonl"],
+                    ["compare", run, run]):  # fmt: skip
         result = as_process(*command)
         assert result.returncode == 2, command
         assert one_error_line(result.stderr, run / "manifest.json") == (
