@@ -94,6 +94,11 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
             pack(as_columns({})),
             [f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"],
         )
+    except MemoryError:  # within the bound, but more than this machine has free
+        return RankFile(
+            pack(as_columns({})),
+            [f"{file.name}: not enough memory to read it, rank {rank} not analysed"],
+        )
     if not data or data.isspace():
         return RankFile(pack(as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
     if file.name.endswith(SUFFIX):
