@@ -339,7 +339,7 @@ def render_text(report: dict[str, Any]) -> str:
     if report.get("summary", {}).get("step_time_line"):
         lines.append(report["summary"]["step_time_line"])
     if notes := input_notes(report):
-        lines += ["input (not analysed, and why):", *(f"  - {note}" for note in notes)]
+        lines += ["input problems:", *(f"  - {note}" for note in notes)]
     lines += finding_lines(report)
     for section in sections(report):
         rows = section.rows
@@ -363,7 +363,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# diag report: {_md(report['run'].get('run_id') or '')}", "",
              markdown_code(headline(report))]  # fmt: skip
     if notes := input_notes(report):
-        lines += ["", "Input not analysed, and why:", "", *(f"- {_md(note)}" for note in notes)]
+        lines += ["", "Input problems:", "", *(f"- {_md(note)}" for note in notes)]
     if report["findings"]:
         lines += ["", "## Findings", ""]
         for finding in report["findings"]:

@@ -104,7 +104,7 @@ def test_missing_rank_file(runs) -> None:
         "test-run  1 of 2 ranks (dp=2; rank 1 not analysed: see input)  2 steps"
     )
     assert lines[1:3] == [
-        "input (not analysed, and why):",
+        "input problems:",
         "  - rank-00001.jsonl: missing (rank 1 of 2 not analysed)",
     ]
 

@@ -98,12 +98,12 @@ def test_missing_ranks_are_counted_in_the_headline_and_said_under_it(runs: RunWr
         "test-run  3 of 4 ranks (dp=4; rank 2 not analysed: see input)  2 steps"
     )
     assert lines[1:3] == [
-        "input (not analysed, and why):",
+        "input problems:",
         "  - rank-00002.jsonl: missing (rank 2 of 4 not analysed)",
     ]
     markdown = cli("analyze", run, "--format", "markdown").stdout.splitlines()
     assert markdown[4:7] == [
-        "Input not analysed, and why:",
+        "Input problems:",
         "",
         "- rank-00002.jsonl: missing (rank 2 of 4 not analysed)",
     ]
