@@ -46,8 +46,8 @@ def analyze_path(
     run = with_cache_note(source.load(folder, options), found.note)
     _, report = _diagnosed(run, source, config, hta, replay_all)
     if key is not None:
-        kept = [note for note in report["skipped"] if note not in run.cache_notes]
-        cache.write_report(folder, key, {**report, "skipped": kept})
+        stored = {k: v for k, v in report.items() if k != "cache_notes"}  # this read's notes
+        cache.write_report(folder, key, stored)
     return report
 
 

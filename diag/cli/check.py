@@ -22,6 +22,7 @@ from diag.outputs.compare import (
     metric_value,
     regressions,
 )
+from diag.outputs.escape import terminal
 
 EXIT_VIOLATED = 1
 
@@ -56,15 +57,17 @@ def _plan_violations(
     """`--plan FILE`: the run against the plan for its own layout (diag/plan/verdict.py)."""
     import json
 
+    from diag.contract.files import read_regular
     from diag.plan.verdict import DEFAULT_PLAN_TOLERANCE, check_against_plan
 
     tol = DEFAULT_PLAN_TOLERANCE if tolerance is None else tolerance
     if tol < 0:
         raise click.UsageError(f"--plan-tolerance must be >= 0, got {tol}")
     try:
-        with open(plan_path, encoding="utf-8") as handle:
-            plan = json.loads(handle.read(MAX_PLAN_BYTES + 1) or "null")
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting too deep
+        plan = json.loads(read_regular(plan_path, MAX_PLAN_BYTES).decode("utf-8") or "null")
+    except OSError as err:  # a FIFO, a device, over the bound
+        raise InputError(plan_path, f"cannot read the plan ({err.strerror or err})") from None
+    except (ValueError, RecursionError) as err:  # RecursionError: nesting too deep
         raise InputError(plan_path, f"cannot read the plan ({str(err)[:200]})") from None
     if not isinstance(plan, dict) or plan.get("schema") != "diag.plan/1":
         raise InputError(plan_path, "not a diag.plan/1 document (diag plan --format json)")
@@ -76,6 +79,12 @@ def _plan_violations(
         raise InputError(plan_path, problem)
     return violations
 
+
+NOTHING_TO_CHECK = (
+    "nothing to check: give a limit (--max-comm-share, --max-exposed-comm-share, --max-bubble, "
+    "or a [check] table in --config or ./pyproject.toml's [tool.diag]), --baseline RUN or "
+    "--plan FILE"
+)
 
 MAX_PLAN_BYTES = 16 * 2**20
 """A plan file larger than this is refused (a plan of every layout is a few MiB)."""
@@ -158,6 +167,8 @@ def check(
             raise click.UsageError("--tolerance needs --baseline RUN")
         if tol < 0:
             raise click.UsageError(f"--tolerance must be >= 0, got {tol}")
+        if not settings and baseline is None and plan_path is None:
+            raise InputError(path, NOTHING_TO_CHECK)  # "0 checks hold" would pass any run
         report = analyze_path(path, thresholds)
         violations, notes = check_limits(report, settings)
         if baseline is not None:
@@ -168,10 +179,10 @@ def check(
     except InputError as error:
         fail(error)
     for note in notes:
-        click.echo(f"diag check: note: {note}", err=True)
+        click.echo(terminal(f"diag check: note: {note}"), err=True)
     for line in violations:
-        click.echo(line)
+        click.echo(terminal(line))
     if violations:
         raise SystemExit(EXIT_VIOLATED)
     checked = len(settings) + (len(BASELINE_METRICS) if baseline else 0) + (1 if plan_path else 0)
-    click.echo(f"ok: {path}: {checked} checks hold")
+    click.echo(terminal(f"ok: {path}: {checked} checks hold"))

@@ -9,6 +9,7 @@ import click
 
 from diag.cli.options import fail
 from diag.errors import InputError
+from diag.outputs.escape import terminal
 from diag.rankfile.convert import TARGETS, convert_run
 
 
@@ -27,5 +28,5 @@ def convert(run_dir: Path, to: str) -> None:
     except OSError as err:
         fail(InputError(run_dir, f"cannot write ({err.strerror or err})"))
     for note in notes:
-        click.echo(f"diag: note: {note}", err=True)
-    click.echo(f"converted {converted} rank files of {run_dir} to {to}")
+        click.echo(terminal(f"diag: note: {note}"), err=True)
+    click.echo(terminal(f"converted {converted} rank files of {run_dir} to {to}"))

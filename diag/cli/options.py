@@ -11,13 +11,14 @@ import click
 
 from diag.contract import schema
 from diag.errors import InputError
+from diag.outputs.escape import terminal
 
 EXIT_INPUT = 2
 
 
 def fail(error: InputError) -> NoReturn:
     """Print `diag: error: PATH: reason` on stderr and exit 2."""
-    click.echo(f"diag: error: {error}", err=True)
+    click.echo(terminal(f"diag: error: {error}"), err=True)  # one line, whatever the names hold
     raise SystemExit(EXIT_INPUT)
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from diag.cli.options import EXIT_INPUT, fail, parse_layout
+from diag.contract.files import read_regular
+from diag.contract.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 from diag.errors import InputError
 from diag.read.load import OPEN_END
 from diag.rules import check_config
@@ -26,10 +28,10 @@ __all__ = [
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """Parse a TOML config file (rule thresholds); raises InputError if missing or invalid."""
+    """Parse a TOML config file (rule thresholds); raises InputError if missing or invalid,
+    too large or nested deeper than thresholds are (diag/contract/limits.py)."""
     try:
-        with open(path, "rb") as stream:
-            return tomllib.load(stream)
+        config = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise InputError(path, "no such file or directory") from None
     except IsADirectoryError:
@@ -38,6 +40,23 @@ def read_config(path: str) -> dict[str, Any]:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise InputError(path, f"not valid TOML ({err})") from None
+    except RecursionError:
+        raise InputError(path, "not valid TOML (nested too deeply to parse)") from None
+    if nesting(config) > MAX_CONFIG_DEPTH:
+        raise InputError(path, f"nested deeper than {MAX_CONFIG_DEPTH} levels (thresholds are two)")
+    return config
+
+
+def nesting(value: Any) -> int:
+    """How deeply tables and arrays nest in a parsed file, counted without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level + 1)
+            pending.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def project_config(config: str | None) -> tuple[str | None, dict[str, Any]]:

@@ -33,6 +33,7 @@ from diag.cli.shell import fail, project_config, rule_thresholds
 from diag.contract import schema
 from diag.errors import InputError
 from diag.metrics.live import LiveRun
+from diag.outputs.escape import terminal
 from diag.outputs.report_lines import finding_head
 
 GONE_AFTER = 2
@@ -101,7 +102,7 @@ def watch(
         if last is not None:
             _, report = diagnose(live.run(), config, derived=live.derived())
             for line in log.update(report["findings"], last):
-                print(line, file=stream, flush=True)
+                print(terminal(line), file=stream, flush=True)
         if ended:
             print(f"diag watch: run {manifest.status} after step {live.last}", file=stream,
                   flush=True)  # fmt: skip

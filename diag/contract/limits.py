@@ -58,3 +58,30 @@ MAX_LAUNCHES_PER_KERNEL = 16
 """CPU events sharing one device event's correlation id that count it again (HTA's join of the
 two on the id): real traces have one; each repeat is a row of the device-time arrays, so
 without a bound n launches and n kernels on one id make n**2 rows."""
+
+# --- files ----------------------------------------------------------------------------------------
+# Every input file is opened by diag/contract/files.py: regular files only (a FIFO, a device or a
+# socket is refused), never read past its bound whatever its size says.
+MAX_MANIFEST_BYTES = 64 * 2**20
+"""manifest.json: a few KiB; one that lists MAX_WORLD_SIZE ranks with a host each is under
+64 MiB. The parsed JSON holds about ten times its text."""
+MAX_RANK_FILE_BYTES = 2 * 2**30
+"""A rank file, read whole: the largest the benchmarks write (16,384 ranks of 1,000 steps) are
+about 0.25 MiB, and a rank that writes a few KiB a step for a million steps stays under it. It
+is read once into memory; the records kept of it are a fraction of its size."""
+MAX_TRACE_EVENT_BYTES = 64 * 2**20
+"""One event of a profiler trace, or the text before its events (its metadata): Kineto's are
+under a KiB and a few KiB. Text held as it streams past this without an event's end is not a
+trace diag reads as a stream."""
+MAX_TRACE_FILE_BYTES = 32 * 2**30
+"""A profiler trace file on disk: a few profiled steps of a large model write MiB to a few GiB.
+It is read as a stream; the bound keeps a sparse file of zeros from taking minutes."""
+MAX_WHOLE_TRACE_BYTES = 256 * 2**20
+"""A trace read whole (not as a stream: a shape the streaming reader does not take, or no
+msgspec), inflated: the standard parser holds several times a trace's text as Python
+objects. Real traces stream, whatever their size."""
+MAX_CONFIG_BYTES = 2**20
+"""A configuration file (`--config`, the `[tool.diag]` table of pyproject.toml): a few
+hundred bytes of thresholds."""
+MAX_CONFIG_DEPTH = 32
+"""Nesting of a configuration file's tables and arrays: thresholds are two levels deep."""

@@ -17,7 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from diag.contract.limits import MAX_INTEGER, MAX_WORLD_SIZE
+from diag.contract.files import read_regular
+from diag.contract.limits import MAX_INTEGER, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE
 
 RUN_SCHEMA = "diag.run/1"
 REPORT_SCHEMA = "diag.report/1"
@@ -320,7 +321,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
     """Read and validate manifest.json; raises OSError, UnicodeDecodeError, or SchemaError
     naming the reason."""
     path = Path(run_dir) / MANIFEST_FILE
-    text = path.read_text()
+    text = read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -329,7 +330,26 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
         raise SchemaError("not valid JSON (nested too deeply to parse)") from None
     except ValueError:  # an integer of more digits than Python converts
         raise SchemaError("not valid JSON (a number too long to convert)") from None
+    if _SURROGATE_ESCAPE.search(text):
+        data = without_lone_surrogates(data)
     return Manifest.from_dict(data)
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A code point JSON's `\\uD800` escapes can name but no Unicode text holds: it cannot be
+written as UTF-8 (pyarrow, a terminal), so what reads input replaces or refuses it."""
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def without_lone_surrogates(data: Any) -> Any:
+    """Parsed JSON with each lone surrogate of its strings replaced by U+FFFD (shown as such:
+    a host name stays recognisable). Nesting too deep to copy is returned as it is (the
+    schema refuses it)."""
+    try:
+        text = json.dumps(data, ensure_ascii=False)
+    except (RecursionError, ValueError):
+        return data
+    return json.loads(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
 
 
 def check_record(record: Any) -> str | None:

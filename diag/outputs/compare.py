@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from diag.outputs.escape import terminal_lines
 from diag.outputs.report_lines import PATTERN_NAMES
 from diag.outputs.units import aligned, format_metric, num, pct, si, size
 
@@ -233,4 +234,4 @@ def render_compare_text(result: dict[str, Any]) -> str:
                 f" ({reg['change']:+.1%})"
             )
     lines += ["", result["verdict"]]
-    return "\n".join(lines) + "\n"
+    return terminal_lines(lines) + "\n"  # run names are the input's

@@ -19,8 +19,9 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
+from diag.outputs.escape import markdown, markdown_code, terminal_lines
 from diag.outputs.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
-from diag.outputs.report_lines import finding_head, headline, ms
+from diag.outputs.report_lines import cache_notes, finding_head, headline, input_notes, ms
 from diag.outputs.sparkline import rank_steps_line
 from diag.outputs.units import aligned, mib, num, pct, size
 from diag.read.load import RunData
@@ -54,7 +55,9 @@ def build_report(
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
         "findings": list(findings),
-        "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped, *notes],
+        "skipped": [*run.skipped, *metrics.skipped, *notes],
+        # why a cache entry beside the data was not used: this read's, apart from the input's
+        **({"cache_notes": list(run.cache_notes)} if run.cache_notes else {}),
     }
     return json_safe(report)
 
@@ -337,10 +340,14 @@ def _stage_section(report: dict[str, Any]) -> Section:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """Plain text for a terminal: headline, findings, tables, then what was skipped."""
+    """Plain text for a terminal: headline, what of the input was not analysed, findings,
+    tables, then the cache notes that matter. Every line is escaped for a terminal (names are
+    the input's: diag/outputs/escape.py)."""
     lines = [headline(report)]
     if report.get("summary", {}).get("step_time_line"):
         lines.append(report["summary"]["step_time_line"])
+    if notes := input_notes(report):
+        lines += ["input problems:", *(f"  - {note}" for note in notes)]
     lines += finding_lines(report)
     for section in sections(report):
         rows = section.rows
@@ -354,15 +361,17 @@ def render_text(report: dict[str, Any]) -> str:
             "host: not checked (the records carry no CPU time: a profiler trace, or "
             "a run recorded before diag measured it), so waiting for a core reads as work",
         ]
-    if report["skipped"]:
-        lines += ["", "skipped:", *(f"  - {note}" for note in report["skipped"])]
-    return "\n".join(lines) + "\n"
+    if cached := cache_notes(report):
+        lines += ["", "cache:", *(f"  - {note}" for note in cached)]
+    return terminal_lines(lines) + "\n"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     """GitHub-flavoured Markdown (for CI summaries and pull requests)."""
     lines = [f"# diag report: {_md(report['run'].get('run_id') or '')}", "",
-             f"`{headline(report)}`"]  # fmt: skip
+             markdown_code(headline(report))]  # fmt: skip
+    if notes := input_notes(report):
+        lines += ["", "Input problems:", "", *(f"- {_md(note)}" for note in notes)]
     if report["findings"]:
         lines += ["", "## Findings", ""]
         for finding in report["findings"]:
@@ -374,13 +383,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(_md(h) for h in section.header) + " |")
         lines.append("|" + "---|" * len(section.header))
         lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in section.rows]
-    if report["skipped"]:
-        lines += ["", "## Skipped", "", *(f"- {_md(note)}" for note in report["skipped"])]
+    if cached := cache_notes(report):
+        lines += ["", "## Cache", "", *(f"- {_md(note)}" for note in cached)]
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
-    return html.escape(str(text), quote=False).replace("|", "\\|")
+def _md(text: object) -> str:
+    return markdown(text)
 
 
 _CSS = (

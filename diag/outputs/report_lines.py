@@ -35,7 +35,7 @@ def headline(report: dict[str, Any]) -> str:
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
     parts = [
         run.get("run_id") or "(unnamed run)",
-        f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
+        _ranks(report, " ".join(dims) or "dp=1"),
         _steps_analysed(summary),
         f"mean step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
@@ -55,6 +55,38 @@ def headline(report: dict[str, Any]) -> str:
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
+
+
+def _ranks(report: dict[str, Any], layout: str) -> str:
+    """`4 ranks (dp=4)`; `3 of 4 ranks (dp=4; rank 2 not analysed: see input)` when ranks of
+    the world have no rows (their files are missing or unreadable: the input notes say why)."""
+    world = report["run"].get("world_size")
+    analysed = {row.get("rank") for row in report.get("ranks") or []}
+    if not isinstance(world, int) or not analysed or len(analysed) >= world:
+        return f"{world} ranks ({layout})"
+    missing = [rank for rank in range(world) if rank not in analysed]
+    return (
+        f"{len(analysed)} of {world} ranks ({layout}; {ranks_phrase(missing)} not analysed: "
+        "see input)"
+    )
+
+
+def input_notes(report: dict[str, Any]) -> list[str]:
+    """What of the input was not analysed and why (the report's `skipped`), said under the
+    headline."""
+    return [str(note) for note in report.get("skipped") or []]
+
+
+def cache_notes(report: dict[str, Any]) -> list[str]:
+    """The cache notes worth a reader's attention: why an entry could not be trusted or the
+    cache was not used (a signature that does not verify, a linked cache folder); not an entry
+    left stale by a change of the data or of diag, which was rebuilt as it should be."""
+    return [str(note) for note in report.get("cache_notes") or [] if not _only_stale(str(note))]
+
+
+def _only_stale(note: str) -> bool:
+    parts = note.removesuffix(" - ignored, rebuilt").split("; ")
+    return all(": stale (" in part for part in parts)
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from diag.contract import schema
-from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
+from diag.contract.files import open_regular, read_regular
+from diag.contract.limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, MAX_RANK_FILE_BYTES
 from diag.errors import InputError
 from diag.rankfile import arrow_format
+from diag.rankfile.rank_file import bounded_lines
 from diag.rankfile.record_checks import depth
 
 TARGETS = {"arrow": arrow_format.SUFFIX, "jsonl": ".jsonl"}
@@ -28,8 +31,13 @@ TARGETS = {"arrow": arrow_format.SUFFIX, "jsonl": ".jsonl"}
 def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
     """Convert every rank file of `run_dir` not yet in format `to`; the number converted and
     notes on what was skipped. InputError when the folder is not a run directory."""
-    if not (run_dir / schema.MANIFEST_FILE).is_file():
+    manifest = run_dir / schema.MANIFEST_FILE
+    if not manifest.exists():
         raise InputError(run_dir, "not a run directory (no manifest.json)")
+    try:  # a FIFO, a device or a folder there is said as such
+        open_regular(manifest, MAX_MANIFEST_BYTES).close()
+    except OSError as err:
+        raise InputError(manifest, f"cannot read ({err.strerror or err})") from None
     suffix = TARGETS[to]
     try:
         files = sorted(p for p in run_dir.iterdir() if schema.RANK_FILE_RE.match(p.name))
@@ -42,14 +50,25 @@ def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
             continue
         target = path.with_suffix(suffix)
         try:
-            data = path.read_bytes()
+            data = read_regular(path, MAX_RANK_FILE_BYTES)
         except OSError as err:
             notes.append(f"{path.name}: cannot read ({err.strerror or err}), not converted")
             continue
         records = _arrow_records(data, path.name, notes) if path.suffix == arrow_format.SUFFIX \
             else _jsonl_records(data, path.name, notes)  # fmt: skip
-        temporary = target.with_name(f".{target.name}.tmp")
-        with open(temporary, "wb") as stream:
+        _write_new(target, records, to)
+        path.unlink()
+        converted += 1
+    return converted, notes
+
+
+def _write_new(target: Path, records: list[dict[str, Any]], to: str) -> None:
+    """The records written in format `to` to a temporary file of a fresh name beside `target`
+    (created exclusively: a link or a FIFO planted under any name is never opened), renamed
+    onto `target` (a rename replaces a link there, never writes through it)."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as stream:
             if to == "arrow":
                 stream.write(arrow_format.stream_header())
                 for batch in _by_step(records):
@@ -59,9 +78,9 @@ def convert_run(run_dir: Path, to: str) -> tuple[int, list[str]]:
                 for record in records:
                     stream.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
         os.replace(temporary, target)
-        path.unlink()
-        converted += 1
-    return converted, notes
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def rank_file(run_dir: Path, rank: int) -> Path | None:
@@ -76,7 +95,7 @@ def rank_file(run_dir: Path, rank: int) -> Path | None:
 def rank_records(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """Every readable record of one rank file, either format, as dicts (an Arrow file's typed
     fields all present, null where the record had none); what was skipped goes to `notes`."""
-    data, found = path.read_bytes(), [] if notes is None else notes
+    data, found = read_regular(path, MAX_RANK_FILE_BYTES), [] if notes is None else notes
     if path.suffix == arrow_format.SUFFIX:
         return _arrow_records(data, path.name, found)
     return _jsonl_records(data, path.name, found)
@@ -84,11 +103,11 @@ def rank_records(path: Path, notes: list[str] | None = None) -> list[dict[str, A
 
 def _jsonl_records(data: bytes, name: str, notes: list[str]) -> list[dict[str, Any]]:
     records, bad = [], 0
-    for line in data.split(b"\n"):
-        if not line.strip():
+    for _, line in bounded_lines(data):
+        if line is not None and not line.strip():
             continue
         try:
-            record = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
+            record = None if line is None else json.loads(line)
         except (ValueError, RecursionError):
             record = None
         if not isinstance(record, dict) or depth(record) > MAX_JSON_DEPTH:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from diag.contract import schema
-from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_NOTES_PER_FILE
+from diag.contract.files import read_regular
+from diag.contract.limits import (
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    MAX_NOTES_PER_FILE,
+    MAX_RANK_FILE_BYTES,
+)
 from diag.contract.schema import RecordKind
 from diag.rankfile import arrow_fast
 from diag.rankfile.arrow_format import SUFFIX
@@ -81,11 +88,16 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
     """Parse one rank file: the typed fast path (`diag.rankfile.records`) when every line allows it,
     otherwise line by line, noting what is skipped and why."""
     try:
-        data = file.read_bytes()
+        data = read_regular(file, MAX_RANK_FILE_BYTES)
     except OSError as err:
         return RankFile(
             pack(as_columns({})),
             [f"{file.name}: cannot read ({err.strerror or err}), rank {rank} not analysed"],
+        )
+    except MemoryError:  # within the bound, but more than this machine has free
+        return RankFile(
+            pack(as_columns({})),
+            [f"{file.name}: not enough memory to read it, rank {rank} not analysed"],
         )
     if not data or data.isspace():
         return RankFile(pack(as_columns({})), [f"{file.name}: empty, rank {rank} not analysed"])
@@ -169,11 +181,11 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
     bad_lines: dict[str, list[int]] = defaultdict(list)  # reason -> line numbers
     rejected: Counter[str] = Counter()
     nan_loss = 0
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_BYTES:
+    for lineno, line in bounded_lines(data):
+        if line is None:
             bad_lines[_TOO_LONG].append(lineno)
+            continue
+        if not line.strip():
             continue
         try:
             record = json.loads(line)
@@ -212,6 +224,19 @@ def _read_lines(data: bytes, rank: int, name: str) -> RankFile:
         plural = "record" if count == 1 else "records"
         skipped.append(f"{name}: {count} {plural} skipped ({reason})")
     return RankFile(_packed(records), skipped, nan_loss)
+
+
+def bounded_lines(data: bytes) -> Iterator[tuple[int, bytes | None]]:
+    """Each line of `data` with its number, None for one longer than MAX_LINE_BYTES: a line is
+    copied out only when it is short enough to parse (splitting the file whole would copy it
+    all, a 2 GiB line included)."""
+    start, lineno = 0, 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        lineno += 1
+        yield lineno, data[start:end] if end - start <= MAX_LINE_BYTES else None
+        start = end + 1
 
 
 def _packed(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Packed]]:

@@ -77,7 +77,25 @@ def check_values(record: dict[str, Any]) -> str | None:
             return f"experts record whose tokens has more than {MAX_EXPERTS} entries"
     if kind == RecordKind.EVENT.value and depth(record) > MAX_JSON_DEPTH:
         return f"event record nested deeper than {MAX_JSON_DEPTH} levels"
+    if _has_lone_surrogate(record):
+        return f"{kind} record with a string that is not Unicode text (a lone surrogate)"
     return None
+
+
+def _has_lone_surrogate(record: dict[str, Any]) -> bool:
+    """Whether a key or string anywhere in the record (depth already bounded) holds a lone
+    surrogate (JSON's `\\ud800`): it cannot be encoded as UTF-8 for pyarrow or a terminal."""
+    pending: list[Any] = [record]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and schema.LONE_SURROGATE.search(value):
+                return True
+        elif isinstance(value, dict):
+            pending += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            pending += value
+    return False
 
 
 def float_tokens(record: dict[str, Any]) -> dict[str, Any]:

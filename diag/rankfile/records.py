@@ -11,7 +11,7 @@ same tables; the fast one is several times quicker and holds no per-record dicts
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from itertools import compress
 from typing import Annotated, Any, NamedTuple
 
@@ -112,7 +112,7 @@ class EventRecord(_Record, tag=RecordKind.EVENT.value):
 AnyRecord = (
     MetaRecord | StepRecord | SpanRecord | CommRecord | MemRecord | ExpertsRecord | EventRecord
 )
-_DECODER = msgspec.json.Decoder(list[AnyRecord])
+_LINE_DECODER = msgspec.json.Decoder(AnyRecord)
 _STRUCTS: dict[str, type[_Record]] = {
     RecordKind.STEP.value: StepRecord,
     RecordKind.SPAN.value: SpanRecord,
@@ -135,14 +135,11 @@ class Decoded(msgspec.Struct):
 
 
 def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decoded | None:
-    """Decode a whole rank file; None when any line needs the line-by-line path."""
-    body = data.strip()
-    if b"\n\n" in body:  # blank lines: join the others
-        body = b",".join(line for line in body.split(b"\n") if line.strip())
-    else:
-        body = body.replace(b"\n", b",")
+    """Decode a whole rank file; None when any line needs the line-by-line path. The file is
+    decoded line by line in place (msgspec's `decode_lines`, blank lines skipped): no copy of
+    its text is made, the event lines aside."""
     try:
-        records = _DECODER.decode(b"[" + body + b"]")
+        records = _LINE_DECODER.decode_lines(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     by_type: dict[type[_Record], list[Any]] = defaultdict(list)
@@ -150,8 +147,8 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
         by_type[type(record)].append(record)
     event_lines = []
     if by_type[EventRecord]:
-        lines = [line for line in data.split(b"\n") if line.strip()]
-        event_lines = [lines[i] for i, r in enumerate(records) if type(r) is EventRecord]
+        events = {i for i, r in enumerate(records) if type(r) is EventRecord}
+        event_lines = [line for i, line in enumerate(_lines_with_text(data)) if i in events]
     reversed_times: dict[str, int] = {}
     out: dict[str, dict[str, Column]] = {}
     for kind, cls in _STRUCTS.items():
@@ -167,6 +164,17 @@ def decode_rank_file(data: bytes, columns: dict[str, tuple[str, ...]]) -> Decode
             name: by_field[_ATTRIBUTE.get(name, name)] for name in columns[kind] if name != "rank"
         }
     return Decoded(out, event_lines, reversed_times)
+
+
+def _lines_with_text(data: bytes) -> Iterator[bytes]:
+    """The lines that are not blank, in order (each one's record, as decode_lines counts)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if not data[start:end].isspace() and end > start:
+            yield data[start:end]
+        start = end + 1
 
 
 INT_COLUMNS = frozenset({"rank", "step", "t0", "t1"})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.contract import schema
+from diag.contract.files import NotReadable, open_regular
 from diag.contract.limits import MAX_JSON_DEPTH, MAX_LINE_BYTES
 from diag.rankfile import arrow_format
 from diag.rankfile.arrow_messages import body_length
@@ -31,6 +32,10 @@ from diag.rankfile.record_checks import depth
 
 READ_MAX_BYTES = 64 * 2**20
 """Bytes read from one rank file per poll at most."""
+TAIL_MAX_FILE_BYTES = 2**62
+"""A followed file is read READ_MAX_BYTES a poll, never whole: its size is not bounded (a long
+run's file may pass MAX_RANK_FILE_BYTES, the bound on a file read whole); only what it is
+(a regular file, not a FIFO or a device) is checked."""
 _CONTINUATION = b"\xff\xff\xff\xff"
 _PREFIX = 8  # the continuation marker and the metadata length (int32)
 
@@ -45,9 +50,14 @@ class FileTail:
 
     def _read(self) -> bytes | None:
         try:
-            with self.path.open("rb") as fh:
+            with open_regular(self.path, TAIL_MAX_FILE_BYTES) as fh:
                 fh.seek(self.offset)
                 return fh.read(READ_MAX_BYTES)
+        except NotReadable as err:  # a FIFO, a device, over its bound: noted once
+            note = f"{self.path.name}: cannot read ({err.strerror}), not analysed"
+            if note not in self.notes:
+                self.notes.append(note)
+            return None
         except OSError:
             return None  # not created yet, or being replaced: the next poll reads it
 

@@ -38,6 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from diag.contract import schema
+from diag.contract.files import read_regular
 from diag.read import background
 from diag.read.load import RunData
 
@@ -196,7 +197,13 @@ def _places(folder: Path) -> list[Path]:
         writable = bool(folder.stat().st_mode & stat.S_IWUSR)
     except OSError:
         writable = False
-    return [folder / CACHE_DIR, user] if writable else [user]
+    return [folder / CACHE_DIR, user] if writable and not linked_cache(folder) else [user]
+
+
+def linked_cache(folder: Path) -> bool:
+    """Whether the folder's `.diag-cache` is a symbolic link: never followed (it would put
+    the cache, and what is read from it, wherever the link points); the user's cache is used."""
+    return (folder / CACHE_DIR).is_symlink()
 
 
 def _secret() -> bytes | None:
@@ -223,7 +230,7 @@ def _secret() -> bytes | None:
         if not private or status.st_uid != os.getuid():
             return None  # a secret others can read or replace protects nothing
         try:
-            key = path.read_bytes()
+            key = read_regular(path, 4096, follow_links=False)
         except OSError:
             return None
         return key if len(key) >= SECRET_BYTES else None
@@ -256,12 +263,9 @@ def _read_signed(file: Path, secret: bytes) -> tuple[dict[str, Any] | None, str 
     """An entry's body when its MAC verifies under this user's secret, else why not; (None,
     None) when there is no entry. The body is parsed only after the MAC verified."""
     try:
-        if file.is_symlink() or not file.is_file():
-            return None, None if not file.exists() else f"{file}: not a regular file"
-        size = file.stat().st_size
-        if size > MAX_HEADER_BYTES:
-            return None, f"{file}: {size} bytes, larger than any cache entry"
-        data = file.read_bytes()
+        data = read_regular(file, MAX_HEADER_BYTES, follow_links=False)
+    except FileNotFoundError:
+        return None, None
     except OSError as err:
         return None, f"{file}: cannot read ({err.strerror or err})"
     first, _, text = data.partition(b"\n")
@@ -285,7 +289,7 @@ def _lookup(
     secret = _secret()
     if secret is None:
         return Lookup()
-    notes: list[str] = []
+    notes = [note] if (note := link_note(folder)) else []
     for place in _places(folder):
         try:
             body, note = _read_signed(place / f"{name}.json", secret)
@@ -300,6 +304,13 @@ def _lookup(
     if not notes:
         return Lookup()
     return Lookup(note="; ".join(notes) + " - ignored, rebuilt")
+
+
+def link_note(folder: Path) -> str | None:
+    """The note for a `.diag-cache` that is a symbolic link (treated as absent), if it is."""
+    if not linked_cache(folder):
+        return None
+    return f"{folder / CACHE_DIR}: a symbolic link, not followed (the user's cache is used)"
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -395,7 +406,7 @@ def _decode_run(folder: Path, place: Path, body: dict[str, Any]) -> RunData:
 def _read_table(place: Path, described: dict[str, Any]) -> pd.DataFrame:
     """One table, after its size and digest are checked against the signed header."""
     file = place / str(described["file"])
-    if file.parent != place or file.is_symlink():
+    if file.parent != place or not stat.S_ISREG(file.lstat().st_mode):  # no link, no FIFO
         raise ValueError(f"{file.name}: not a table file of this entry")
     with pa.memory_map(str(file)) as source:
         buffer = source.read_buffer()

@@ -167,6 +167,8 @@ def load_run(
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
+    if run.steps.empty:
+        raise InputError(run_dir, _no_steps(steps, skipped))
     run = dataclasses.replace(
         run,
         rank_file_suffix=rank_file_suffix(list(rank_files.values())),
@@ -181,10 +183,27 @@ def load_run(
     )  # fmt: skip
 
 
+def _no_steps(steps: range | None, skipped: list[str]) -> str:
+    """Why a run directory has nothing to analyse: no step record was read, and the first
+    notes that say what was wrong with its rank files."""
+    window = "" if steps is None else " in the steps asked for (--steps)"
+    notes = [note for note in skipped if "--steps" not in note]
+    problems = notes[:NO_STEPS_NOTES]
+    more = len(notes) - len(problems)
+    said = "; ".join(problems) + (f"; {more} more notes" if more > 0 and problems else "")
+    return f"no rank has a usable step record{window}" + (f" ({said})" if said else "")
+
+
+NO_STEPS_NOTES = 3
+"""Notes on the rank files quoted in the error of a run without a usable step."""
+
+
 def with_cache_note(run: RunData, note: str | None) -> RunData:
     """The run with why a cache entry beside it was not used (`cache_notes`), when there is a
     reason; the run itself when not."""
-    return run if not note else dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
+    if not note or note in run.cache_notes:  # the tables' and the report's lookups say it once
+        return run
+    return dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
 
 
 @contextmanager

@@ -98,8 +98,15 @@ def test_missing_rank_file(runs) -> None:
     run_dir = runs.write({0: runs.simple_rank()}, runs.manifest(2))
     result = analyze(str(run_dir))
     assert result.exit_code == 0, result.output
-    assert "rank-00001.jsonl: missing (rank 1 of 2 not analysed)" in result.stdout
-    assert result.stdout.startswith("test-run  2 ranks (dp=2)  2 steps")
+    # the headline counts the ranks analysed, and the reason is right under it (issue 42)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "test-run  1 of 2 ranks (dp=2; rank 1 not analysed: see input)  2 steps"
+    )
+    assert lines[1:3] == [
+        "input problems:",
+        "  - rank-00001.jsonl: missing (rank 1 of 2 not analysed)",
+    ]
 
 
 def test_nan_times(runs) -> None:

@@ -107,7 +107,7 @@ def test_hostile_pickle_beside_a_trace_folder_does_not_run(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert not marker.exists()
     report = json.loads(result.stdout)
-    assert any("not a diag cache entry" in note for note in report["skipped"])
+    assert any("not a diag cache entry" in note for note in report["cache_notes"])
     # the entries were rebuilt as signed data: the next analysis uses them, without a note
     again = analyze_path(folder)
     assert not any("cache" in note for note in again["skipped"])
@@ -145,7 +145,7 @@ def test_forged_report_is_ignored_and_said(tmp_path: Path) -> None:
     entry.write_bytes(header + b"\n" + json.dumps(forged).encode())  # the old signature
     again = analyze_path(folder)
     assert again["findings"] == honest["findings"]
-    assert any("signature does not verify" in note for note in again["skipped"])
+    assert any("signature does not verify" in note for note in again["cache_notes"])
 
 
 def test_an_entry_written_by_another_user_is_not_read(

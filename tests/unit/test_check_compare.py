@@ -93,7 +93,7 @@ def test_check_limits_from_config(runs, tmp_path: Path) -> None:
 
 def test_check_unusable_input_exits_2_with_one_line(runs, tmp_path: Path) -> None:
     run = dp_run(runs, "ok")
-    for args, path in [((tmp_path / "nope",), tmp_path / "nope"),
+    for args, path in [((tmp_path / "nope", "--max-comm-share", "0.5"), tmp_path / "nope"),
                        ((run, "--baseline", tmp_path / "gone"), tmp_path / "gone")]:  # fmt: skip
         result = cli("check", *args)
         assert result.exit_code == 2, result.output

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from diag.contract.limits import MAX_LABEL_CHARS, MAX_WORLD_SIZE
+from diag.contract.files import open_regular
+from diag.contract.limits import (
+    MAX_LABEL_CHARS,
+    MAX_TRACE_EVENT_BYTES,
+    MAX_TRACE_FILE_BYTES,
+    MAX_WHOLE_TRACE_BYTES,
+    MAX_WORLD_SIZE,
+)
 from diag.contract.names import WORLD
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
@@ -92,10 +99,10 @@ def step_folders(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _looks_like_trace(path: Path) -> bool:
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            head = fh.read(4096)
+        with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
+            text = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            head = text.read(4096).decode("utf-8", errors="ignore")
     except (OSError, UnicodeDecodeError, EOFError, zlib.error):
         return False
     return "traceEvents" in head or '"schemaVersion"' in head or '"distributedInfo"' in head
@@ -119,12 +126,7 @@ def _read_whole(
 ) -> tuple[T, list[str]]:
     """The file read and parsed whole: by `decoder` (msgspec) when it accepts it, else by the
     standard parser, each JSON object made an event by `event`."""
-    try:
-        raw = _inflate(path) if path.name.endswith(".gz") else path.read_bytes()
-    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-        raise InputError(path, f"truncated or corrupt gzip ({err})") from None
-    except OSError as err:
-        raise InputError(path, f"cannot read ({err.strerror or err})") from None
+    raw = _inflate(path)
     if decoder is not None:
         try:
             return decoder.decode(raw), []
@@ -157,12 +159,20 @@ def _read_whole(
 
 
 def _inflate(path: Path) -> bytearray:
-    """A compressed trace inflated a chunk at a time, refused as soon as it passes
-    GZIP_MAX_RATIO times its size on disk (or GZIP_MIN_INFLATED_BYTES): a gzip bomb is never
-    inflated into memory."""
+    """A trace's text, inflated a chunk at a time when compressed (within diag/contract/limits.py's
+    bound on gzip: a gzip bomb is never inflated into memory), refused as soon as it passes
+    MAX_WHOLE_TRACE_BYTES: read whole, the parsed events hold several times their text."""
     out = bytearray()
     for chunk in inflated(path):
         out += chunk
+        if len(out) > MAX_WHOLE_TRACE_BYTES:
+            raise InputError(
+                path,
+                f"over the {MAX_WHOLE_TRACE_BYTES // 2**20} MiB a trace read whole may be (it "
+                f"does not read as a stream: an event or the text before the events over "
+                f"{MAX_TRACE_EVENT_BYTES // 2**20} MiB, or a shape the streaming reader does not "
+                "take)",
+            )
     return out
 
 

@@ -14,13 +14,19 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from diag.contract.limits import MAX_WHOLE_TRACE_BYTES
+from diag.errors import InputError
+from diag.read.kineto.files import trace_files
 from diag.read.kineto.kernels import DEFAULT_COMM_PATTERNS
+from diag.read.kineto.stream import inflated
 
 HTA_BLIND_SPOT = (
     "HTA counts only NCCL kernels as communication: custom all-to-all kernels (DeepEP "
@@ -31,11 +37,43 @@ HTA_BLIND_SPOT = (
 def hta_analyses(folder: str | Path) -> dict[str, Any]:
     """HTA's tables for the folder (records), with `errors` naming what could not be run."""
     out: dict[str, Any] = {"errors": {}, "notes": []}
-    try:
-        analysis = _quietly(_trace_analysis, Path(folder))
-    except Exception as err:  # HTA raises plain exceptions on traces it cannot read
-        out["errors"]["load"] = _one_line(err)
+    accepted, out["notes"] = accepted_traces(Path(folder))
+    if not accepted:
+        out["errors"]["load"] = "no trace file diag accepted to hand to HTA"
         return out
+    with tempfile.TemporaryDirectory(prefix="diag-hta-") as private:
+        for path in accepted:  # a fresh private folder: HTA sees these files and no others
+            os.symlink(path.resolve(), Path(private, path.name))
+        try:
+            analysis = _quietly(_trace_analysis, Path(private))
+        except Exception as err:  # HTA raises plain exceptions on traces it cannot read
+            out["errors"]["load"] = _one_line(err)
+            return out
+        return _tables(analysis, out)
+
+
+def accepted_traces(folder: Path) -> tuple[list[Path], list[str]]:
+    """The folder's trace files HTA may be handed, and a note for each left out: regular files
+    that inflate within diag's bound on gzip (stream.inflated) and to at most
+    MAX_WHOLE_TRACE_BYTES, since HTA reads each whole (its parser holds several times that)."""
+    accepted, notes = [], []
+    for path in trace_files(folder):
+        try:
+            inflated_bytes = 0
+            for chunk in inflated(path):
+                inflated_bytes += len(chunk)
+                if inflated_bytes > MAX_WHOLE_TRACE_BYTES:
+                    mib = MAX_WHOLE_TRACE_BYTES // 2**20
+                    raise InputError(path, f"over {mib} MiB of text (HTA reads a trace whole)")
+        except InputError as err:
+            notes.append(f"{err}; not handed to HTA")
+            continue
+        accepted.append(path)
+    return accepted, notes
+
+
+def _tables(analysis: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """HTA's tables of a loaded analysis, added to `out`."""
     steps = _call(out, "profiler_steps", analysis.get_profiler_steps)
     tables = {
         "temporal_breakdown": lambda: analysis.get_temporal_breakdown(visualize=False),

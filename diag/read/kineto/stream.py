@@ -15,14 +15,22 @@ the error as before. The inflating keeps diag/contract/limits.py's bound on gzip
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from diag.contract.limits import GZIP_MAX_RATIO, GZIP_MIN_INFLATED_BYTES
+from diag.contract.files import open_regular
+from diag.contract.limits import (
+    GZIP_MAX_RATIO,
+    GZIP_MIN_INFLATED_BYTES,
+    MAX_TRACE_EVENT_BYTES,
+    MAX_TRACE_FILE_BYTES,
+)
 from diag.errors import InputError
 from diag.read.kineto.events import (
     BATCH_DECODER,
@@ -72,6 +80,9 @@ def stream_events(path: Path, take: Callable[[list[Kept]], None]) -> KeptTrace:
     for chunk in inflated(path):
         chunk_start = start + len(buffer)
         buffer += chunk
+        if len(buffer) - max(cut - start, 0) > MAX_TRACE_EVENT_BYTES:  # held, not handed on
+            what = "the text before the events" if cut < 0 else "an event"
+            raise NotStreamable(f"{what} over {MAX_TRACE_EVENT_BYTES // 2**20} MiB")
         if cut < 0:  # still in the metadata before the events: lexed
             at, char, depth = lexer.brackets(chunk, chunk_start)
             opened = _events_array(buffer, start, at, char, depth)
@@ -175,28 +186,33 @@ def inflated(path: Path) -> Iterator[bytes]:
     """The file's text a chunk at a time; a compressed one refused as soon as it passes
     GZIP_MAX_RATIO times its size on disk (or GZIP_MIN_INFLATED_BYTES)."""
     try:
-        if not path.name.endswith(".gz"):
-            with path.open("rb") as fh:
-                while chunk := fh.read(CHUNK_BYTES):
+        with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
+            if not path.name.endswith(".gz"):
+                while chunk := raw.read(CHUNK_BYTES):
                     yield chunk
-            return
-        size = path.stat().st_size
-        limit = max(GZIP_MIN_INFLATED_BYTES, GZIP_MAX_RATIO * size)
-        total = 0
-        with gzip.open(path, "rb") as fh:
-            while chunk := fh.read(CHUNK_BYTES):
-                total += len(chunk)
-                if total > limit:
-                    raise InputError(
-                        path,
-                        f"refused: inflates past {limit // 2**20} MiB, over {GZIP_MAX_RATIO} "
-                        f"times its {size / 2**20:.1f} MiB on disk (a gzip bomb?)",
-                    )
-                yield chunk
+                return
+            yield from _inflated_gzip(path, raw)
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise InputError(path, f"truncated or corrupt gzip ({err})") from None
     except OSError as err:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
+
+
+def _inflated_gzip(path: Path, raw: BinaryIO) -> Iterator[bytes]:
+    """The opened compressed file inflated a chunk at a time, within its bound."""
+    size = os.fstat(raw.fileno()).st_size
+    limit = max(GZIP_MIN_INFLATED_BYTES, GZIP_MAX_RATIO * size)
+    total = 0
+    with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            total += len(chunk)
+            if total > limit:
+                raise InputError(
+                    path,
+                    f"refused: inflates past {limit // 2**20} MiB, over {GZIP_MAX_RATIO} "
+                    f"times its {size / 2**20:.1f} MiB on disk (a gzip bomb?)",
+                )
+            yield chunk
 
 
 class _Lexer:
