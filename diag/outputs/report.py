@@ -19,6 +19,12 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
+from diag.outputs.failure_report import (
+    STOPPED_HEADER,
+    failure_fields,
+    stopped_rows,
+    stopped_title,
+)
 from diag.outputs.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
 from diag.outputs.report_lines import finding_head, headline, ms
 from diag.outputs.sparkline import rank_steps_line
@@ -55,6 +61,7 @@ def build_report(
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
         "findings": list(findings),
         "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped, *notes],
+        **failure_fields(metrics),  # a run that did not finish: where each rank stopped
     }
     return json_safe(report)
 
@@ -234,7 +241,8 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    tables = (attribution_section(report), ranks, stages, collectives, tensor_parallel,
+    stopped = Section(stopped_title(report), STOPPED_HEADER, stopped_rows(report))
+    tables = (stopped, attribution_section(report), ranks, stages, collectives, tensor_parallel,
               device_section(report), memory, experts, window)  # fmt: skip
     return [s for s in (*tables, *hta_sections(report)) if s.rows]
 
