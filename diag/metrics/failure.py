@@ -548,16 +548,18 @@ def _status(
     never_closed = all(c is None for c in closed.values())
     hang = [s for s in state.stuck if s.missing or _longest(s) >= window_s]
     stalls = [r for r, i in ranks.items() if i.stall is not None and not _progress_after(i)]
+    if state.lost:
+        return "failed", (f"{_ranks(state.lost)}: records stop with no exception and no "
+                          "close while others went on")  # fmt: skip
+    if state.desync:
+        d = state.desync[0]
+        return "hung" if hang else "failed", (
+            f"desync: rank {d['rank']}, {d['class']} at #{d['seq']} of {d['group']}"
+        )
     if hang:
         s = hang[0]
         who = f"{_ranks(s.missing)} never joined" if s.missing else "no rank completed"
         return "hung", f"{who} {s.label()}" + ("" if s.step is None else f" (step {s.step})")
-    if state.desync:
-        d = state.desync[0]
-        return "failed", f"rank {d['rank']}: {d['class']} at #{d['seq']} of {d['group']}"
-    if state.lost:
-        return "failed", (f"{_ranks(state.lost)}: records stop with no exception and no "
-                          "close while others went on")  # fmt: skip
     if stalls:
         return "hung", f"{_ranks(stalls)} made no progress (stall event)"
     if signalled:

@@ -198,6 +198,7 @@ def lost_rank(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             ranks=[rank],
             evidence=_where_evidence(w),
             advice="check the node's logs at that time (OOM killer, preemption)",
+            explains=[HANG],
         )
 
 
