@@ -36,6 +36,11 @@ MAX_OPEN_PER_RANK = 256
 """Open collectives kept per rank (a flush writes the few in flight; more is corrupt input)."""
 DESYNC_TAIL = 256
 """Completed collectives compared per rank and group, from the end (a desync shows last)."""
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "sendrecv"})
+"""Point-to-point ops: a send pairs with a receive, so their op and place differ by design."""
+SAME_SIZE_OPS = frozenset({"all_reduce", "allreduce", "broadcast", "reduce", "barrier"})
+"""Collectives whose every member passes the same size; the others (all-to-all, uneven
+gathers and scatters) may legitimately differ, and are compared by op and dtype only."""
 OPEN_EVENTS = frozenset({"span_open", "comm_issued", "step_open"})
 LIFE_EVENTS = frozenset({"heartbeat", "stall", "exception", "signal", "rank_closed"})
 
@@ -108,6 +113,9 @@ class RunState:
     stuck: list[Stuck] = field(default_factory=list)
     desync: list[dict[str, Any]] = field(default_factory=list)
     crashed: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: list[dict[str, Any]] = field(default_factory=list)
+    """Exceptions raised while waiting in a collective another rank never joined or joined
+    differently (the process group's timeout): consequences, not the cause."""
     lost: list[int] = field(default_factory=list)
     failed_step: int | None = None
     flight_recorder: list[Stuck] = field(default_factory=list)
@@ -167,9 +175,18 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
         *_completed_desync(run),
         *_fr_desync(run),
     ]  # fmt: skip
+    # an exception raised while waiting in a collective another rank never joined (or
+    # joined with another op or size) is the timeout that follows, not the cause
+    blocked = {r for s in stuck if s.missing or s.mismatched for r in s.waiting}
+    blocked -= {m["rank"] for s in stuck for m in s.mismatched}
     state.crashed = [
-        {"rank": r, **e} for r, info in ranks.items() if (e := info.exception) is not None
-    ]
+        {"rank": r, **e} for r, info in ranks.items()
+        if (e := info.exception) is not None and r not in blocked
+    ]  # fmt: skip
+    state.timed_out = [
+        {"rank": r, **e} for r, info in ranks.items()
+        if (e := info.exception) is not None and r in blocked
+    ]  # fmt: skip
     end_ns = max((r.last_alive_ns for r in ranks.values() if r.last_alive_ns), default=None)
     state.lost = _lost(ranks, stuck, end_ns, window_s)
     state.ranks = [_where(r, info, stuck, state.lost, end_ns) for r, info in ranks.items()]
@@ -345,10 +362,11 @@ def _stuck(
         longest = max((s for s in waited.values() if s is not None), default=None)
         if longest is not None and longest < window_s and not missing:
             continue  # in flight for less than a few steps: a live job's ordinary state
-        common = max({(w.op, w.bytes, w.dtype) for w in waiting},
-                     key=lambda k: sum((w.op, w.bytes, w.dtype) == k for w in waiting))  # fmt: skip
-        mismatched = [_mismatch(w, common) for w in waiting if (w.op, w.bytes, w.dtype) != common]
-        first = next(w for w in waiting if (w.op, w.bytes, w.dtype) == common)
+        keys = [_signature(w.op, w.bytes, w.dtype) for w in waiting]
+        common = max(set(keys), key=keys.count)
+        mismatched = [_mismatch(w, common) for w, k in zip(waiting, keys, strict=True)
+                      if k != common]  # fmt: skip
+        first = next(w for w, k in zip(waiting, keys, strict=True) if k == common)
         found.append(Stuck(group, seq, first.op, first.bytes, first.dtype,
                            min((w.step for w in waiting if w.step is not None), default=None),
                            sorted(present), missing, members, waited, mismatched,
@@ -367,8 +385,18 @@ def _longest(stuck: Stuck) -> float:
     return max((s for s in stuck.waited_s.values() if s is not None), default=0.0)
 
 
-def _mismatch(one: Issued, common: tuple[str, int | None, str | None]) -> dict[str, Any]:
-    kind = "type" if one.op != common[0] else "size" if one.bytes != common[1] else "dtype"
+def _signature(op: Any, size: Any, dtype: Any) -> tuple[Any, Any, Any]:
+    """What must match across the ranks of one collective: op, dtype and, where every member
+    passes the same size, the size; nothing for point-to-point ops (a send meets a receive)."""
+    name = str(op)
+    if name in P2P_OPS:
+        return ("p2p", None, None)
+    return (name, size if name in SAME_SIZE_OPS else None, dtype)
+
+
+def _mismatch(one: Issued, common: tuple[Any, Any, Any]) -> dict[str, Any]:
+    mine = _signature(one.op, one.bytes, one.dtype)
+    kind = "type" if mine[0] != common[0] else "size" if mine[1] != common[1] else "dtype"
     return {"class": f"{kind} mismatch", "rank": one.rank, "op": one.op, "bytes": one.bytes,
             "dtype": one.dtype, "expected": {"op": common[0], "bytes": common[1],
                                               "dtype": common[2]}}  # fmt: skip
@@ -401,9 +429,13 @@ def _completed_desync(run: RunData) -> list[dict[str, Any]]:
                 continue
             common = min(len(r) for r in rows if r is not None)
             start = max(0, common - DESYNC_TAIL)
-            keys = [list(zip(r["op"].astype(str)[start:common], r["bytes"][start:common],
-                             r["dtype"].astype(str)[start:common], strict=True))
-                    for r in rows if r is not None]  # fmt: skip
+            keys = [
+                [_signature(*k) for k in zip(r["op"].astype(str).iloc[start:common],
+                                             r["bytes"].iloc[start:common],
+                                             r["dtype"].astype(str).iloc[start:common],
+                                             strict=True)]
+                for r in rows if r is not None
+            ]  # fmt: skip
             for k in range(common - start):
                 at = [key[k] for key in keys]
                 if len(set(at)) > 1:
@@ -434,8 +466,9 @@ def _fr_desync(run: RunData) -> list[dict[str, Any]]:
     if table is None or table.empty:
         return []
     found: list[dict[str, Any]] = []
+    table = table[~table["p2p"].astype(bool)]
     for (group, seq), rows in table.groupby(["group", "seq"], sort=True):
-        keys = list(zip(rows["op"], rows["sizes"], rows["dtype"], strict=True))
+        keys = [_signature(*k) for k in zip(rows["op"], rows["sizes"], rows["dtype"], strict=True)]
         if len(set(keys)) < 2:
             continue
         common = max(set(keys), key=keys.count)
@@ -457,15 +490,14 @@ def _lost(
 ) -> list[int]:
     """Ranks whose records stop (no exception, no close) while others went on or waited for
     longer than the window: killed, or their node lost."""
-    if end_ns is None:
-        return []
+    if end_ns is None or not any(i.heartbeat_s or i.closed or i.stall for i in ranks.values()):
+        return []  # no rank writes signs of life (older collectors, traces): silence means nothing
     waiting = {r for s in stuck for r in s.waiting}
     lost = []
     for rank, info in ranks.items():
-        if info.exception or info.closed or rank in waiting:
-            continue
-        last = info.last_alive_ns
-        if last is None or (end_ns - last) / NS_PER_S > window_s:
+        if info.exception or info.closed or rank in waiting or info.last_alive_ns is None:
+            continue  # a rank with no record at all is noted by the loader (its file missing)
+        if (end_ns - info.last_alive_ns) / NS_PER_S > window_s:
             lost.append(rank)
     others_alive = any(
         info.last_alive_ns is not None and r not in lost for r, info in ranks.items()
@@ -505,8 +537,14 @@ def _where(
         if end_ns is not None and info.last_alive_ns is not None
         else None
     )
+    timed_out = (
+        info.exception is not None
+        and bool(waiting)
+        and any(s.missing or s.mismatched for s in waiting)
+    )
     state = (
-        "crashed" if info.exception is not None
+        "timed out" if timed_out
+        else "crashed" if info.exception is not None
         else "completed" if info.closed == "complete"
         else "failed" if info.closed == "failed"
         else "silent" if rank in lost
@@ -539,8 +577,6 @@ def _status(
         return "failed", (f"rank {first['rank']} raised {first.get('type')} at step "
                           f"{first.get('step')}")  # fmt: skip
     failed_close = [r for r, c in closed.items() if c == "failed"]
-    if failed_close:
-        return "failed", f"rank {failed_close[0]} closed with status failed"
     if ranks and all(c == "complete" for c in closed.values()):
         return "completed", "every rank closed complete"
     signalled = [r for r, i in ranks.items() if i.signal]
@@ -562,13 +598,15 @@ def _status(
         return "hung", f"{who} {s.label()}" + ("" if s.step is None else f" (step {s.step})")
     if stalls:
         return "hung", f"{_ranks(stalls)} made no progress (stall event)"
+    if failed_close:
+        return "failed", f"rank {failed_close[0]} closed with status failed"
     if signalled:
         return "failed", f"rank {signalled[0]} received {ranks[signalled[0]].signal}"
+    manifest_status = run.manifest.status
+    if never_closed and manifest_status == "complete":  # a run written before rank_closed
+        return "completed", "the manifest says complete and nothing was left open"
     if arriving:
         return "running", "records still arrive"
-    manifest_status = run.manifest.status
-    if never_closed and manifest_status == "complete":
-        return "completed", "the manifest says complete and nothing was left open"
     if manifest_status == "failed":
         return "failed", "the manifest says failed (no record says where)"
     if not run.file_mtimes_s and run.flight_recorder is not None:
@@ -595,7 +633,11 @@ def _keys(frame: pd.DataFrame, columns: Iterable[str]) -> set[tuple]:
     columns = list(columns)
     if frame.empty or any(c not in frame for c in columns):
         return set()
-    values = [frame[c].astype(str if c in ("phase", "group") else "int64") for c in columns]
+    values = [
+        frame[c].astype(str) if c in ("phase", "group")
+        else pd.to_numeric(frame[c], errors="coerce").fillna(0).astype("int64")  # mb: null = 0
+        for c in columns
+    ]  # fmt: skip
     return {tuple(_key_value(v) for v in row) for row in zip(*values, strict=True)}
 
 
