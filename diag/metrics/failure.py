@@ -172,7 +172,9 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     state.desync = [
         *({"class": m["class"], "group": s.group, "seq": s.seq, "step": s.step, **m}
           for s in stuck for m in s.mismatched),
-        *_completed_desync(run),
+        # the completed collectives are compared only when the job shows trouble: a profiler
+        # trace's window or a finished run may pair them in another order without harm
+        *(_completed_desync(run) if _troubled(run, ranks, stuck) else []),
         *_fr_desync(run),
     ]  # fmt: skip
     # an exception raised while waiting in a collective another rank never joined (or
@@ -408,6 +410,15 @@ def _waited_s(one: Issued, ranks: dict[int, _Rank]) -> float | None:
     if one.t0_ns is None or alive is None or alive < one.t0_ns:
         return None
     return (alive - one.t0_ns) / NS_PER_S
+
+
+def _troubled(run: RunData, ranks: dict[int, _Rank], stuck: list[Stuck]) -> bool:
+    """Whether the records show the job in trouble: a collective stuck, an exception or a
+    stall, or a run that neither closed every rank nor says it completed."""
+    if stuck or any(i.exception or i.stall for i in ranks.values()):
+        return True
+    closed = all(i.closed == "complete" for i in ranks.values())
+    return not closed and run.manifest.status != "complete"
 
 
 def _completed_desync(run: RunData) -> list[dict[str, Any]]:
