@@ -121,6 +121,9 @@ class RunState:
     flight_recorder: list[Stuck] = field(default_factory=list)
     """The stuck collectives the Flight Recorder dumps show on their own (a second witness)."""
     notes: list[str] = field(default_factory=list)
+    suspect: bool = True
+    """For an undecidable run: whether its records look like a failure (they stop without a
+    close) rather than simply not saying (Flight Recorder dumps alone that agree)."""
 
     @property
     def failed(self) -> bool:
@@ -149,6 +152,8 @@ class _Rank:
     signal: str | None = None
     heartbeat_s: float = 0.0
     done: dict[str, int] = field(default_factory=dict)  # completed collectives per group
+    done_ops: dict[str, list[tuple[Any, Any, Any]]] = field(default_factory=dict)
+    """The last DESYNC_TAIL completed collectives per group: (op, bytes, dtype) in order."""
 
 
 def run_state(run: RunData, now_s: float | None = None) -> RunState:
@@ -164,8 +169,11 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     window_s = WINDOW_STEPS * median_s + WINDOW_FLOOR_S + heartbeat_s
     from_records = [i for r in ranks.values() for i in r.issued]
     fr_issued, fr_done = _flight_recorder(run)
-    stuck = _stuck(from_records, ranks, run, {}, window_s)
-    fr_stuck = _stuck(fr_issued, ranks, run, fr_done, window_s) if fr_issued else []
+    # while records arrive, a collective in flight for less than the window is ordinary;
+    # once they stopped, whatever was left open never completed
+    live_s = window_s if _arriving(run, now, window_s) else 0.0
+    stuck = _stuck(from_records, ranks, run, {}, live_s)
+    fr_stuck = _stuck(fr_issued, ranks, run, fr_done, live_s) if fr_issued else []
     if not from_records and fr_stuck:  # the records hold no open state: the dumps speak
         stuck = fr_stuck
     state = RunState("running", "", median_s, window_s, stuck=stuck, flight_recorder=fr_stuck)
@@ -180,7 +188,6 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     # an exception raised while waiting in a collective another rank never joined (or
     # joined with another op or size) is the timeout that follows, not the cause
     blocked = {r for s in stuck if s.missing or s.mismatched for r in s.waiting}
-    blocked -= {m["rank"] for s in stuck for m in s.mismatched}
     state.crashed = [
         {"rank": r, **e} for r, info in ranks.items()
         if (e := info.exception) is not None and r not in blocked
@@ -226,10 +233,15 @@ def _progress(run: RunData, ranks: dict[int, _Rank]) -> None:
             if int(rank) in ranks:
                 ranks[int(rank)].last_span = (int(step), str(phase))
     if not run.comms.empty:
-        counts = run.comms.groupby(["rank", "group"], observed=True).size()
-        for (rank, group), count in counts.items():
+        ordered = run.comms.sort_values(["rank", "t0"], kind="stable")
+        for (rank, group), rows in ordered.groupby(["rank", "group"], observed=True):
             if int(rank) in ranks:
-                ranks[int(rank)].done[str(group)] = int(count)
+                info = ranks[int(rank)]
+                info.done[str(group)] = len(rows)
+                tail = rows.tail(DESYNC_TAIL)
+                info.done_ops[str(group)] = list(zip(
+                    tail["op"].astype(str), tail["bytes"], tail["dtype"].astype(str),
+                    strict=True))  # fmt: skip
     for info in ranks.values():
         info.last_alive_ns = info.last_progress_ns
 
@@ -306,21 +318,35 @@ def _issued(rank: int, step: int, fields: dict[str, Any]) -> Issued | None:
 
 
 def _flight_recorder(run: RunData) -> tuple[list[Issued], dict[tuple[int, str], int]]:
-    """The dumps' open entries as collectives in flight, and each rank's last completed
-    sequence number per group."""
+    """What the dumps say is in flight, as PyTorch's `fr_trace` reads them: per group, the
+    first sequence number some members issued and others never reached (the members behind
+    never joined it; gloo retires an entry that timed out, so an issued entry counts whatever
+    its state), plus every entry still open; and each rank's last sequence number per group.
+    A group's members are its `pg_config` ranks, or the ranks whose dumps hold it."""
     table = run.flight_recorder
     if table is None or table.empty:
         return [], {}
+    dumped = {int(r) for r in table["rank"].unique()}  # a rank without a dump: unknown
+    table = table[~table["p2p"].astype(bool)]
     done: dict[tuple[int, str], int] = {}
     issued: list[Issued] = []
-    closed = table[~table["open"].astype(bool)]
-    for (rank, group), seq in closed.groupby(["rank", "group"])["seq"].max().items():
-        done[(int(rank), str(group))] = int(seq)
-    for row in table[table["open"].astype(bool)].head(MAX_OPEN_PER_RANK * 64).itertuples():
-        members = row.members if isinstance(row.members, tuple) else None
-        issued.append(Issued(int(row.rank), str(row.group), int(row.seq), str(row.op),
-                             _int(row.bytes), _text(row.dtype), None, _int(row.t_created_ns),
-                             members, "flight recorder"))  # fmt: skip
+    for group, rows in table.groupby("group", sort=True):
+        last = rows.groupby("rank")["seq"].max()
+        known = next((m for m in rows["members"] if isinstance(m, tuple) and m), None)
+        members = tuple(sorted(known or {int(r) for r in last.index}))
+        for rank, seq in last.items():
+            done[(int(rank), str(group))] = int(seq)
+        behind = [m for m in members if m in dumped and int(last.get(m, 0)) < int(last.max())]
+        if behind:
+            first = min(int(last.get(m, 0)) for m in behind) + 1
+            at = rows[rows["seq"] == first]
+        else:
+            at = rows[rows["open"].astype(bool)]
+        for row in at.head(MAX_OPEN_PER_RANK * 64).itertuples():
+            issued.append(Issued(int(row.rank), str(group), int(row.seq), str(row.op),
+                                 _int(row.bytes), _text(row.dtype), None,
+                                 _int(row.t_created_ns), members, "flight recorder"))  # fmt: skip
+            done[(int(row.rank), str(group))] = int(row.seq) - 1  # in it, not past it
     return issued, done
 
 
@@ -360,20 +386,45 @@ def _stuck(
             m for m in (members or [])
             if m not in present and _done(ranks, done, m, group) < seq
         ]  # fmt: skip
+        # members that completed this sequence number did so with their own op: a rank that
+        # broadcast where the others all-reduce passed through, and left them waiting
         waited = {w.rank: _waited_s(w, ranks) for w in waiting}
         longest = max((s for s in waited.values() if s is not None), default=None)
-        if longest is not None and longest < window_s and not missing:
+        if longest is not None and longest < window_s and not missing and window_s > 0:
             continue  # in flight for less than a few steps: a live job's ordinary state
         keys = [_signature(w.op, w.bytes, w.dtype) for w in waiting]
-        common = max(set(keys), key=keys.count)
+        # the most common signature; a tie (two ranks) goes to the one the group's earlier
+        # collectives had: the odd op out is the one this group does not usually issue
+        history = [_signature(*k) for w in waiting
+                   for k in ranks[w.rank].done_ops.get(group, []) if w.rank in ranks]  # fmt: skip
+        common = max(sorted(set(keys), key=str), key=lambda k: (keys.count(k), history.count(k)))
+        # members that completed this number did so with their own op (a rank that broadcast
+        # where the others all-reduce went on, and left them waiting): the odd ones out
+        passed = [p for m in (members or []) if m not in present and not done
+                  and (p := _passed(ranks, m, group, seq)) is not None
+                  and _signature(p.op, p.bytes, p.dtype) != common]  # fmt: skip
         mismatched = [_mismatch(w, common) for w, k in zip(waiting, keys, strict=True)
-                      if k != common]  # fmt: skip
+                      if k != common] + [_mismatch(p, common) for p in passed]  # fmt: skip
         first = next(w for w, k in zip(waiting, keys, strict=True) if k == common)
         found.append(Stuck(group, seq, first.op, first.bytes, first.dtype,
                            min((w.step for w in waiting if w.step is not None), default=None),
                            sorted(present), missing, members, waited, mismatched,
                            first.source))  # fmt: skip
     return sorted(found, key=lambda s: (-len(s.missing), -_longest(s), s.group, s.seq))
+
+
+def _passed(ranks: dict[int, _Rank], rank: int, group: str, seq: int) -> Issued | None:
+    """The collective `rank` completed as number `seq` of `group`, when its records keep it."""
+    info = ranks.get(rank)
+    if info is None:
+        return None
+    kept = info.done_ops.get(group, [])
+    index = seq - 1 - (info.done.get(group, 0) - len(kept))
+    if not 0 <= index < len(kept):
+        return None
+    op, size, dtype = kept[index]
+    return Issued(rank, group, seq, op, _int(size) if pd.notna(size) else None, dtype, None,
+                  None, None, "completed")  # fmt: skip
 
 
 def _done(ranks: dict[int, _Rank], done: dict[tuple[int, str], int], rank: int, group: str) -> int:
@@ -621,7 +672,13 @@ def _status(
     if manifest_status == "failed":
         return "failed", "the manifest says failed (no record says where)"
     if not run.file_mtimes_s and run.flight_recorder is not None:
-        return "undecidable", "Flight Recorder dumps alone, with no collective left open"
+        dumped = set(run.flight_recorder["rank"].unique()) if len(run.flight_recorder) else set()
+        absent = sorted(set(ranks) - {int(r) for r in dumped})
+        if absent:
+            return "undecidable", (f"Flight Recorder dumps alone, nothing left open, and "
+                                   f"{_ranks(absent)} left no dump")  # fmt: skip
+        state.suspect = False  # the dumps agree: no failure shown (nor a completion)
+        return "undecidable", "Flight Recorder dumps alone agree: nothing left open on any rank"
     last = [i.last_step for i in ranks.values() if i.last_step is not None]
     where = f"at step {max(last)}" if last else "before any step"
     return "undecidable", (f"the records stop {where} with nothing open, no exception and no "

@@ -219,7 +219,7 @@ def undecidable(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         The status reason: where the records stop and what is missing to decide.
     """
     state = _state(ctx)
-    if state is None or state.status != "undecidable":
+    if state is None or state.status != "undecidable" or not state.suspect:
         return
     yield Finding(severity="medium", title=f"did not complete, cause undecidable: {state.reason}",
                   evidence={"reason": state.reason},
