@@ -115,7 +115,7 @@ def watch(
             _, report = diagnose(live.run(), config, derived=live.derived())
             for line in log.update(report["findings"], last):
                 print(line, file=stream, flush=True)
-        alive = liveness(live.tail.activity, manifest.world_size, clock())
+        alive = liveness(live.tail.activity, manifest.world_size, clock(), interval_s)
         for line in silence_lines(alive, named):
             print(line, file=stream, flush=True)
         if alive.dead is not None and not ended:

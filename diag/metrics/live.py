@@ -126,6 +126,7 @@ class LiveRun:
             comm_totals=tables["comm_totals"] if len(tables["comm_totals"]) else empty_totals(),
             starts_at_warmup=first == 0,
             rank_file_suffix=rank_file_suffix(self.tail.files()),
+            file_mtimes_s=_mtimes(self.tail),
             span_steps=self._span_steps if self.window_steps is None else None,
         )
 
@@ -240,11 +241,15 @@ class Liveness:
     dead: str | None = None
 
 
-def liveness(activity: dict[int, Activity], world_size: int, now_s: float) -> Liveness:
+def liveness(
+    activity: dict[int, Activity], world_size: int, now_s: float, poll_s: float = 0.0
+) -> Liveness:
     """Name the ranks whose progress stopped for 3 median steps + 5 s while others' records
     or heartbeats go on (or whose stall event or exception arrived), unless they wait in a
     collective (then another rank holds them); say the job died when every rank closed with a
-    failure or raised, or no rank wrote for long (docs/cli.md, "watch")."""
+    failure or raised, or no rank wrote for long (docs/cli.md, "watch"). `poll_s`: how often
+    the caller looks; a rank is named that much before the window ends, so that the name comes
+    within it."""
     walls = [w for a in activity.values() for w in a.step_walls_ns if w > 0]
     median_s = float(np.median(walls)) / 1e9 if walls else 1.0
     found = Liveness(WINDOW_STEPS * median_s + WINDOW_FLOOR_S)
@@ -270,7 +275,7 @@ def liveness(activity: dict[int, Activity], world_size: int, now_s: float) -> Li
         others = recent - {rank}
         if act.stall is not None:
             found.silent.append({"rank": rank, "reason": "stall event", "for_s": idle, **where})
-        elif idle is not None and idle >= found.window_s and others:
+        elif idle is not None and idle >= max(found.window_s - poll_s, median_s) and others:
             found.silent.append({"rank": rank, "reason": "no progress", "for_s": idle, **where})
     found.dead = _dead(activity, world_size, now_s, found.window_s)
     return found
@@ -312,6 +317,17 @@ def _dead(
     ):
         return f"no record from any rank for {now_s - last:.1f} s"
     return None
+
+
+def _mtimes(tail: RunTail) -> dict[int, float]:
+    """Each rank file's modification time: whether records still arrive (the status)."""
+    found = {}
+    for rank, path in tail.rank_files().items():
+        try:
+            found[rank] = path.stat().st_mtime
+        except OSError:
+            continue
+    return found
 
 
 def _by_step(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:

@@ -92,7 +92,7 @@ def looks_like_dump(path: Path) -> bool:
             head = handle.read(4096)
     except OSError:
         return False
-    if head[:1] == b"\x80":  # a pickle of protocol 2 or later
+    if head[:1] == b"\x80":  # a pickle of protocol 2 or later (refused if it is not plain)
         return True
     text = head.decode("utf-8", "replace")
     return text.lstrip().startswith("{") and any(
@@ -123,7 +123,7 @@ def read_dump(path: Path) -> dict[str, Any]:
     if size > MAX_FR_DUMP_BYTES:
         raise ValueError(f"{size:,} bytes, above the limit of {MAX_FR_DUMP_BYTES:,}: not read")
     data = path.read_bytes()
-    if data[:1] == b"\x80":
+    if data.lstrip()[:1] != b"{":  # not JSON: a pickle of any protocol, read without globals
         try:
             value = load_plain(data, MAX_FR_DUMP_BYTES, MAX_FR_OBJECTS, MAX_FR_DEPTH)
         except RefusedPickle as err:
@@ -132,7 +132,7 @@ def read_dump(path: Path) -> dict[str, Any]:
         try:
             value = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError("not valid JSON nor a pickle: not a Flight Recorder dump") from None
+            raise ValueError("not valid JSON: not a Flight Recorder dump") from None
         except (RecursionError, ValueError):
             raise ValueError("JSON nested too deeply or a number too long: not read") from None
         try:

@@ -45,11 +45,13 @@ class Activity:
     exception: dict[str, Any] | None = None
     closed: str | None = None
     heartbeat_s: float | None = None
+    skew_s: float | None = None
+    """The reader's clock minus the rank's, at the record read soonest (`_progress`)."""
 
     def take(self, kind: str, record: dict[str, Any], now_s: float) -> None:
         self.last_record_s = now_s
         if kind in PROGRESS_KINDS:
-            self.last_progress_s = now_s
+            self._progress(record, now_s)
             self.stall = None  # progress ends a stall episode
         if kind == RecordKind.STEP.value:
             self.last_step = max(self.last_step or 0, int(record["step"]))
@@ -61,6 +63,20 @@ class Activity:
             self._completed(record)
         elif kind == RecordKind.EVENT.value:
             self._event(record)
+
+    def _progress(self, record: dict[str, Any], now_s: float) -> None:
+        """When the rank progressed: its record's end on the reader's clock. The rank's clock
+        and the reader's differ by a constant (and the read's lag): the smallest difference
+        seen (`skew_s`, the record read soonest after it was written) maps one to the other,
+        so a batch of records read late still dates the progress when it happened."""
+        end = record.get("t1", record.get("t0"))
+        if not isinstance(end, int) or isinstance(end, bool):
+            self.last_progress_s = now_s
+            return
+        seen = now_s - end / 1e9
+        self.skew_s = seen if self.skew_s is None else min(self.skew_s, seen)
+        at = end / 1e9 + self.skew_s
+        self.last_progress_s = at if self.last_progress_s is None else max(self.last_progress_s, at)
 
     def _completed(self, record: dict[str, Any]) -> None:
         group, seq = str(record.get("group")), record.get("seq")
@@ -164,6 +180,10 @@ class RunTail:
     def files(self) -> list[Path]:
         """The rank files found so far."""
         return [tail.path for tail in self._tails.values()]
+
+    def rank_files(self) -> dict[int, Path]:
+        """The rank files found so far, by rank."""
+        return {rank: tail.path for rank, tail in self._tails.items()}
 
     def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(kind, record) of the records appended to the rank's file since the last read."""

@@ -63,8 +63,13 @@ def main(run: str, mode: str, rank: int, world: int) -> None:
 
     # a long timeout while the ranks start (torch imports slowly on a loaded machine), a short
     # one on the group the steps use: the survivors of a hang fail fast
-    dist.init_process_group("gloo", init_method=f"file://{run}/.store", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{run}/.store",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
     records = Records(run, rank)
     state = {"step": 0}
@@ -88,24 +93,41 @@ def main(run: str, mode: str, rank: int, world: int) -> None:
             if mode == "desync" and rank == 1 and step == FAIL_STEP:
                 op = "broadcast"  # a branch only this rank takes: another collective
             seq += 1
-            issued = {"op": op, "group": "world", "group_size": world, "seq": seq,
-                      "bytes": tensor.numel() * 4, "dtype": "float32", "t0": t1,
-                      "group_ranks": list(range(world))}
+            issued = {
+                "op": op,
+                "group": "world",
+                "group_size": world,
+                "seq": seq,
+                "bytes": tensor.numel() * 4,
+                "dtype": "float32",
+                "t0": t1,
+                "group_ranks": list(range(world)),
+            }
             records.event(step, "comm_issued", **issued)
             if op == "broadcast":
                 dist.broadcast(tensor, src=1, group=group)
             else:
                 dist.all_reduce(tensor, group=group)
             t2 = time.time_ns()
-            records.write(kind="comm", step=step, t0=t1, t1=t2, **{
-                k: v for k, v in issued.items() if k != "t0"})
+            records.write(
+                kind="comm",
+                step=step,
+                t0=t1,
+                t1=t2,
+                **{k: v for k, v in issued.items() if k != "t0"},
+            )
             records.write(kind="step", step=step, t0=t0, t1=t2, tokens=8, loss=1.0)
         else:
             records.event(STEPS - 1, "rank_closed", t_ns=time.time_ns(), status="complete")
     except RuntimeError as err:  # the process group's timeout: what the survivors see
-        records.event(state["step"], "exception", t_ns=time.time_ns(), type="RuntimeError",
-                      message=str(err)[:2000],
-                      frames=[{"file": __file__, "line": 0, "function": "main"}])
+        records.event(
+            state["step"],
+            "exception",
+            t_ns=time.time_ns(),
+            type="RuntimeError",
+            message=str(err)[:2000],
+            frames=[{"file": __file__, "line": 0, "function": "main"}],
+        )
         records.event(state["step"], "rank_closed", t_ns=time.time_ns(), status="failed")
     stop.set()
     dump_fr(run, rank)
