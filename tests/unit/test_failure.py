@@ -177,7 +177,7 @@ def test_hostile_pickles_are_bounded(tmp_path: Path) -> None:
     shared: list[Any] = []
     for _ in range(40):
         shared = [shared, shared]
-    with pytest.raises(RefusedPickle, match="values|deeper"):
+    with pytest.raises(RefusedPickle, match=r"values|deeper"):
         load_plain(pickle.dumps(shared), 2**20, MAX_FR_OBJECTS, MAX_FR_DEPTH)
     with pytest.raises(RefusedPickle, match="above the limit"):
         load_plain(b"\x80\x04" + b"N" * 100, 10, MAX_FR_OBJECTS, MAX_FR_DEPTH)
@@ -197,7 +197,8 @@ def test_a_plain_pickled_dump_reads_like_its_json(tmp_path: Path) -> None:
                          "p2p_seq_id": 0, "is_p2p": False, "profiling_name": "gloo:all_reduce",
                          "input_sizes": [[8]], "input_dtypes": ["Float"], "state": "scheduled",
                          "retired": False, "time_created_ns": 5,
-                         "frames": [{"name": "step", "filename": "train.py", "line": 3}]}]}  # fmt: skip
+                         "frames": [{"name": "step", "filename": "train.py",
+                                     "line": 3}]}]}  # fmt: skip
     (tmp_path / "rank-00000.pkl").write_bytes(pickle.dumps(dump, 4))
     assert read_dump(tmp_path / "rank-00000.pkl")["entries"][0]["collective_seq_id"] == 1
 

@@ -39,7 +39,8 @@ def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
             rows += [runs.span(step, "fwd", t, t + 40), runs.span(step, "bwd", t + 40, t + 80),
                      runs.comm(step, t + 80, t + 90, group_size=ranks, bytes=BYTES,
                                dtype="float32", seq=step + 1),
-                     runs.span(step, "opt", t + 90, t + 99), runs.step(step, t, t + 99)]  # fmt: skip
+                     runs.span(step, "opt", t + 90, t + 99),
+                     runs.step(step, t, t + 99)]  # fmt: skip
     return records
 
 
