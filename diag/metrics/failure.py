@@ -529,11 +529,19 @@ def _fr_desync(run: RunData) -> list[dict[str, Any]]:
         return []
     found: list[dict[str, Any]] = []
     table = table[~table["p2p"].astype(bool)]
+    signatures = [
+        _signature(*k) for k in zip(table["op"], table["sizes"], table["dtype"], strict=True)
+    ]
+    history = {  # per group, how often each signature occurs: a tie goes to the usual one
+        group: [signatures[i] for i in rows]
+        for group, rows in table.reset_index(drop=True).groupby("group").indices.items()
+    }
     for (group, seq), rows in table.groupby(["group", "seq"], sort=True):
         keys = [_signature(*k) for k in zip(rows["op"], rows["sizes"], rows["dtype"], strict=True)]
         if len(set(keys)) < 2:
             continue
-        common = max(set(keys), key=keys.count)
+        usual = history.get(group, [])
+        common = max(sorted(set(keys), key=str), key=lambda k: (keys.count(k), usual.count(k)))
         for rank, key in zip(rows["rank"], keys, strict=True):
             if key != common:
                 kind = "type" if key[0] != common[0] else "size" if key[1] != common[1] else "dtype"
