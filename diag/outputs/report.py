@@ -379,6 +379,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _html_table(section: Section) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in section.rows
+    )
+    return f"<h2>{esc(section.title)}</h2><table><tr>{head}</tr>{body}</table>"
+
+
 def _md(text: str) -> str:
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
@@ -416,9 +425,13 @@ def render_html(
             for f in report["findings"]
         )
         parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
+    tables = sections(report)
+    # a run that did not finish: where each rank stopped before the charts of its speed
+    first = [t for t in tables if t.header is STOPPED_HEADER]
     if drawn:
-        parts += chart_markup(charts)
-    for section in sections(report):
+        parts += [_html_table(t) for t in first] + chart_markup(charts)
+        tables = [t for t in tables if t.header is not STOPPED_HEADER]
+    for section in tables:
         head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
         body = "".join(
             "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"

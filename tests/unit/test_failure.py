@@ -280,3 +280,26 @@ class _Timed(io.StringIO):
         if text.strip():
             self.lines.append((time.monotonic(), text.strip()))
         return super().write(text)
+
+
+def test_the_html_report_and_the_dashboard_open_with_the_stuck_collective(tmp_path: Path) -> None:
+    from conftest import RunWriter
+
+    from dashboard.data import LoadedRun
+    from dashboard.html_report import plotly_js_gzip, report_charts
+    from dashboard.pages import overview
+    from diag.api import diagnose, load_any
+    from diag.outputs.html_charts import Chart
+
+    path = failure_run(RunWriter(tmp_path), "hang")
+    _age(path, OLD_S)
+    run = load_any(path)
+    metrics, report = diagnose(run)
+    charts = report_charts(run, metrics, report)
+    assert charts[0][0] == "the collective the job stopped in"
+    page = render_html(report, [Chart(s, f) for s, f in charts], plotly_js_gzip())
+    assert page.index("where each rank stopped") < page.index("where the step goes")
+    assert "stuck: all_reduce #7 of dp, step 6" in page
+    div = str(overview.layout(LoadedRun("hang", run, metrics, report), []))
+    assert div.index("HUNG: rank 2 never joined") < div.index("findings")
+    assert "overview-stopped" in div and "overview-stuck" in div
