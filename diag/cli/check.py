@@ -51,6 +51,16 @@ def check_limits(
     return violations, notes
 
 
+def unfinished(report: Mapping[str, Any]) -> str | None:
+    """One line when the run did not complete (its status from its records: failed, hung,
+    running, undecidable; docs/cli.md): a check fails on it whatever its limits."""
+    summary = report.get("summary") or {}
+    status = summary.get("status")
+    if status in (None, "completed"):
+        return None
+    return f"run {status}, not completed: {summary.get('status_reason') or 'no reason given'}"
+
+
 def _plan_violations(
     report: Mapping[str, Any], plan_path: str, tolerance: float | None
 ) -> list[str]:
@@ -141,7 +151,8 @@ def check(
     plan_path: str | None = None,
     plan_tolerance: float | None = None,
 ) -> None:
-    """Gate CI on the run PATH: exit 1 with one line per violated limit or regressed metric.
+    """Gate CI on the run PATH: exit 1 with one line per violated limit or regressed metric,
+    and on a run that did not complete (failed, hung, running, undecidable) whatever its limits.
 
     Limits are upper bounds on fractions of the step (0.3 = 30%). With --baseline RUN, a step
     time or throughput worse than the baseline's by more than --tolerance is a regression.
@@ -167,10 +178,13 @@ def check(
             raise click.UsageError("--tolerance needs --baseline RUN")
         if tol < 0:
             raise click.UsageError(f"--tolerance must be >= 0, got {tol}")
-        if not settings and baseline is None and plan_path is None:
-            raise InputError(path, NOTHING_TO_CHECK)  # "0 checks hold" would pass any run
         report = analyze_path(path, thresholds)
         violations, notes = check_limits(report, settings)
+        if (why := unfinished(report)) is not None:  # issue 40: a dead job never passes
+            violations.insert(0, why)
+        elif not settings and baseline is None and plan_path is None:
+            # a finished run and nothing else to hold it to: "0 checks hold" would pass any run
+            raise InputError(path, NOTHING_TO_CHECK)
         if baseline is not None:
             before = analyze_path(baseline, thresholds)
             violations += [r.line() for r in regressions(before, report, tol)]

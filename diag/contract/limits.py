@@ -85,3 +85,15 @@ MAX_CONFIG_BYTES = 2**20
 hundred bytes of thresholds."""
 MAX_CONFIG_DEPTH = 32
 """Nesting of a configuration file's tables and arrays: thresholds are two levels deep."""
+# --- PyTorch Flight Recorder dumps ----------------------------------------------------------------
+MAX_FR_DUMP_BYTES = 64 * 2**20
+"""A Flight Recorder dump file (JSON or pickle): PyTorch keeps 2,000 entries by default
+(TORCH_FR_BUFFER_SIZE), a few MiB with their stacks. A larger file is refused, unread."""
+MAX_FR_ENTRIES = 2**18
+"""Entries of one dump: a hundred times the default ring buffer."""
+MAX_FR_OBJECTS = 2**23
+"""Values (containers and scalars, a shared one counted each time it is reached) walked in one
+dump: a pickle may reference one list from many places, so its walk, unlike its file, can grow
+exponentially with nesting; a dump past this is refused."""
+MAX_FR_DEPTH = 16
+"""Nesting of a dump: PyTorch's is five levels deep (entries, an entry, its sizes, a size)."""

@@ -105,6 +105,14 @@ class RunData:
     not grow with the run's length; `rank_steps` and `comm_totals` cover every step. None:
     every record."""
 
+    file_mtimes_s: dict[int, float] = field(default_factory=dict)
+    """Each rank file's modification time (s, the wall clock) when it was read: whether
+    records still arrive (`diag.metrics.failure`). Empty where there are no rank files."""
+    flight_recorder: pd.DataFrame | None = None
+    """PyTorch Flight Recorder entries (`diag.read.flight_recorder.FR_COLUMNS`), one row per
+    entry of each rank's dump, read beside the run (RUN/flight-recorder/) or alone; None when
+    there are none."""
+
     def rank_file_name(self, rank: int) -> str:
         """The file a rank's records come from, as notes name it."""
         return schema.rank_file_name(rank, self.rank_file_suffix)
@@ -173,6 +181,7 @@ def load_run(
         run,
         rank_file_suffix=rank_file_suffix(list(rank_files.values())),
         starts_at_warmup=steps is None or steps.start == 0,
+        file_mtimes_s=_mtimes(rank_files),
     )
     if reduce is None:
         return run
@@ -196,6 +205,17 @@ def _no_steps(steps: range | None, skipped: list[str]) -> str:
 
 NO_STEPS_NOTES = 3
 """Notes on the rank files quoted in the error of a run without a usable step."""
+
+
+def _mtimes(rank_files: dict[int, Path]) -> dict[int, float]:
+    """Each rank file's modification time (whether records still arrive: the run's status)."""
+    found = {}
+    for rank, path in rank_files.items():
+        try:
+            found[rank] = path.stat().st_mtime
+        except OSError:
+            continue
+    return found
 
 
 def with_cache_note(run: RunData, note: str | None) -> RunData:
@@ -243,6 +263,14 @@ def _run_from_columns(
         events=tables[RecordKind.EVENT.value],
         skipped=skipped,
     )
+
+
+def empty_run(manifest: Manifest, path: Path, skipped: list[str]) -> RunData:
+    """A run of no records (what a Flight Recorder folder alone holds of the tables)."""
+    return _run_from_columns(
+        manifest, path, {kind: {n: [] for n in names} for kind, names in KEPT_COLUMNS.items()},
+        skipped,
+    )  # fmt: skip
 
 
 def _load_manifest(run_dir: Path) -> Manifest:
