@@ -125,11 +125,12 @@ def test_check_fails_on_a_run_that_did_not_complete(tmp_path: Path) -> None:
     writer = RunWriter(tmp_path)
     for kind in ("hang", "crash", "lost"):
         path = failure_run(writer, kind, name=kind)
-        result = CliRunner().invoke(main, ["check", str(path), "--max-comm-share", "1"])
-        assert result.exit_code == 1, result.output
-        assert result.output.splitlines()[0].startswith("run "), result.output
+        for limits in (["--max-comm-share", "1"], []):  # whatever its limits, none included
+            result = CliRunner().invoke(main, ["check", str(path), *limits])
+            assert result.exit_code == 1, result.output
+            assert result.output.splitlines()[0].startswith("run "), result.output
     done = failure_run(writer, "completed", name="completed")
-    result = CliRunner().invoke(main, ["check", str(done)])
+    result = CliRunner().invoke(main, ["check", str(done), "--max-comm-share", "1"])
     assert result.exit_code == 0, result.output
 
 
