@@ -33,6 +33,11 @@ Reading a report as diag shows it
     `device_section(report)` and `hta_sections(report)` (the profiler tables as `Section`s:
     title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
     `diag compare` computes).
+What the designed pages lead with (diag/outputs/verdict.py)
+    `verdicts(report)` (each finding as a `Verdict`: severity, what, who, cost, fix, catalogue),
+    `singled_out_ranks(report)` (the ranks a finding singles out: the blamed marks),
+    `summary_items(report)` (the headline as labelled facts), `run_status`, `did_not_finish`,
+    `failure_rows` (where each rank stopped), `attribution_words` (the what-if in a sentence).
 
 Anything else in diag's modules is internal and may move. `diag.contract` (the run directory
 format, shared with the collectors) may be imported directly for its constants.
@@ -56,6 +61,16 @@ if TYPE_CHECKING:
     from diag.outputs.report import Section, device_section, hta_sections
     from diag.outputs.report_lines import PATTERN_NAMES
     from diag.outputs.units import format_metric, rank_list
+    from diag.outputs.verdict import (
+        Verdict,
+        attribution_words,
+        did_not_finish,
+        failure_rows,
+        run_status,
+        singled_out_ranks,
+        summary_items,
+        verdicts,
+    )
     from diag.read.growing import RunTail
     from diag.read.load import RunData
 
@@ -79,6 +94,14 @@ _HOME = {
     "compare_reports": "diag.outputs.compare",
     "RunTail": "diag.read.growing",
     "LiveRun": "diag.metrics.live",
+    "Verdict": "diag.outputs.verdict",
+    "attribution_words": "diag.outputs.verdict",
+    "did_not_finish": "diag.outputs.verdict",
+    "failure_rows": "diag.outputs.verdict",
+    "run_status": "diag.outputs.verdict",
+    "singled_out_ranks": "diag.outputs.verdict",
+    "summary_items": "diag.outputs.verdict",
+    "verdicts": "diag.outputs.verdict",
 }
 """Each public name and the module that defines it."""
 
@@ -91,15 +114,23 @@ __all__ = [
     "RunMetrics",
     "RunTail",
     "Section",
+    "Verdict",
     "analyze_path",
+    "attribution_words",
     "compare_reports",
     "compute_metrics",
     "device_section",
     "diagnose",
+    "did_not_finish",
+    "failure_rows",
     "format_metric",
     "hta_sections",
     "load_any",
     "rank_list",
+    "run_status",
+    "singled_out_ranks",
+    "summary_items",
+    "verdicts",
 ]
 
 
