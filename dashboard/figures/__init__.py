@@ -16,12 +16,13 @@ from dashboard.figures.experts import drop_rate_over_steps, expert_heatmap
 from dashboard.figures.groups import group_bars, step_heatmap
 from dashboard.figures.memory import memory_by_rank, memory_over_steps
 from dashboard.figures.overview import step_waterfall
-from dashboard.figures.ranks import busy_histogram, busy_per_rank, rank_breakdown
+from dashboard.figures.ranks import RANK_BARS_MAX, busy_histogram, busy_per_rank, rank_breakdown
 from dashboard.figures.steps import step_time_over_steps
 from dashboard.figures.timeline import timeline
 
 __all__ = [
     "MIB",
+    "RANK_BARS_MAX",
     "bus_bandwidth",
     "busy_histogram",
     "busy_per_rank",
