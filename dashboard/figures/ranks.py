@@ -124,7 +124,8 @@ def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure
     )  # fmt: skip
     fig = apply_layout(fig, "busy time per step across ranks (ms)", bargap=0.05)
     fig.update_layout(margin={"t": 50 + 16 * min(len(lines), ANNOTATION_ROWS)})
-    fig.update_xaxes(title="busy ms per step", rangemode="tozero")
+    # both axes from zero: the x labels stand off, or its "0" sits on the y axis's
+    fig.update_xaxes(title="busy ms per step", rangemode="tozero", ticklabelstandoff=10)
     fig.update_yaxes(title="ranks")
     return fig
 
