@@ -134,7 +134,7 @@ def summary_items(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("recorded by", f"{trainer or 'unknown'}{f' on {source}' if source else ''}"),
         ("mean step", _step(summary)),
         ("throughput", f"{si(summary.get('tokens_per_s'))} tokens/s"),
-        ("MFU", _mfu(summary)),
+        ("MFU", _mfu(run, summary)),
         ("communication", f"{pct(summary.get('comm_share'))} of the step, "
                           f"{pct(summary.get('exposed_comm_share'))} exposed"),
     ]  # fmt: skip
@@ -155,14 +155,15 @@ def _step(summary: dict[str, Any]) -> str:
     return f"{ms(step_s)}{span} ({count} step{'s' if count != 1 else ''})"
 
 
-def _mfu(summary: dict[str, Any]) -> str:
-    """`23% (225 TFLOP/s a GPU)`, the TFLOP/s alone without a peak, else n/a."""
+def _mfu(run: dict[str, Any], summary: dict[str, Any]) -> str:
+    """`23% (225 TFLOP/s a GPU)`; the TFLOP/s alone on a device of unknown peak; `n/a` on a CPU
+    run or when the model is unknown (as the text headline says it)."""
     tflops = summary.get("model_tflops_per_gpu")
     if summary.get("mfu") is not None:
         return f"{pct(summary['mfu'])} ({num(tflops)} TFLOP/s a GPU)"
-    if summary.get("peak_tflops_per_gpu") is None and tflops:
-        return f"n/a (no peak known; {num(tflops)} TFLOP/s a device)"
-    return "n/a"
+    if tflops is not None and run.get("device_type") not in (None, "cpu"):
+        return f"n/a (no peak known; {num(tflops)} TFLOP/s a GPU)"
+    return "n/a (a CPU run)" if run.get("device_type") == "cpu" else "n/a"
 
 
 SMALL_CAUSE_SHARE = 0.005
