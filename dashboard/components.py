@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import GROUPINGS, LoadedRun, pick, pick_group, pick_grouping, rank_groups
 from dashboard.figures import plain
-from diag import Verdict, format_metric
+from diag import Verdict
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 
@@ -28,17 +28,6 @@ def graph(figure: go.Figure, graph_id: str) -> dcc.Graph:
 
 def page(title: str, *children: Any) -> html.Div:
     return html.Div([html.H2(title), *children], className="page")
-
-
-def tiles(items: Sequence[tuple[str, str]]) -> html.Div:
-    """Headline numbers: (label, value) pairs."""
-    return html.Div(
-        [
-            html.Div([html.Div(value, className="tile-value"), html.Div(label)], className="tile")
-            for label, value in items
-        ],
-        className="tiles",
-    )
 
 
 def finding_card(finding: Verdict, first: bool) -> html.Article:
@@ -89,16 +78,6 @@ def facts(items: Sequence[tuple[str, str]]) -> html.Div:
         ],
         className="facts", id="overview-facts",
     )  # fmt: skip
-
-
-def finding_cost(finding: dict[str, Any]) -> str:
-    """What a finding costs the step, as the text report says it: `costs 23% of the step
-    (20.7 ms)`; empty for a finding without a time cost (`cost_s` None or absent)."""
-    cost_s = finding.get("cost_s")
-    if cost_s is None:
-        return ""
-    share = finding.get("cost_share")
-    return f"costs {format_metric('cost_share', share)} of the step ({cost_s * 1e3:.1f} ms)"
 
 
 def table(frame: pd.DataFrame, table_id: str) -> html.Table:
