@@ -119,6 +119,16 @@ def failure_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     for row in rows]  # fmt: skip
 
 
+RECORDERS = {
+    "kineto": "PyTorch profiler traces",
+    "custom": "diag's collectors in a training loop",
+    "lightning": "diag's Lightning callback",
+    "hf": "diag's Hugging Face Trainer callback",
+}
+"""What wrote a run, by the manifest's `trainer` (diag.contract.schema.TRAINERS)."""
+REFERENCE_TRAINERS = frozenset({"dp", "tp", "pp", "ep", "zero3"})
+
+
 def summary_items(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The headline as (label, value) facts: the ranks, the layout and where the run came from,
     the step in the user's terms, throughput, MFU, communication, the bubble, the status."""
@@ -128,12 +138,16 @@ def summary_items(report: dict[str, Any]) -> list[tuple[str, str]]:
     layout = run.get("layout") or {}
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
     source = ", ".join(str(v) for v in (run.get("device_type"), run.get("backend")) if v)
-    trainer = run.get("trainer")
+    trainer = str(run.get("trainer") or "")
+    recorder = RECORDERS.get(trainer) or trainer or "unknown"
+    if trainer in REFERENCE_TRAINERS:
+        recorder = f"the {trainer} reference trainer"
+    tokens_per_s = summary.get("tokens_per_s")
     items = [
         ("ranks", f"{ranks} ({' '.join(dims) or 'dp=1'})"),
-        ("recorded by", f"{trainer or 'unknown'}{f' on {source}' if source else ''}"),
+        ("recorded by", f"{recorder}{f' on {source}' if source else ''}"),
         ("mean step", _step(summary)),
-        ("throughput", f"{si(summary.get('tokens_per_s'))} tokens/s"),
+        ("throughput", "n/a" if tokens_per_s is None else f"{si(tokens_per_s)} tokens/s"),
         ("MFU", _mfu(run, summary)),
         ("communication", f"{pct(summary.get('comm_share'))} of the step, "
                           f"{pct(summary.get('exposed_comm_share'))} exposed"),

@@ -77,7 +77,7 @@ def test_a_card_says_what_who_cost_fix_and_the_catalogue_after() -> None:
 def test_the_run_facts_read_as_a_summary() -> None:
     facts = dict(summary_items(_report([])))
     assert facts["ranks"] == "4 (dp=4)"
-    assert facts["recorded by"] == "dp on cuda, nccl"
+    assert facts["recorded by"] == "the dp reference trainer on cuda, nccl"
     assert facts["mean step"] == "315.4 ms over steps 1-7 (7 steps)"
     assert facts["MFU"] == "41% (405 TFLOP/s a GPU)"
     assert facts["status"] == "complete"
