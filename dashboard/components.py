@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import GROUPINGS, LoadedRun, pick, pick_group, pick_grouping, rank_groups
 from dashboard.figures import plain
-from diag import PATTERN_NAMES, format_metric, rank_list
+from diag import Verdict
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 
@@ -30,48 +30,54 @@ def page(title: str, *children: Any) -> html.Div:
     return html.Div([html.H2(title), *children], className="page")
 
 
-def tiles(items: Sequence[tuple[str, str]]) -> html.Div:
-    """Headline numbers: (label, value) pairs."""
+def finding_card(finding: Verdict, first: bool) -> html.Article:
+    """A finding as a card (`diag.verdicts`): its severity in words on a badge and as the card's
+    colour, what is wrong, who (marked when the finding singles ranks out), what it costs, why,
+    the fix, and the catalogue's rule and pattern in a smaller line (with a tooltip)."""
+    rows = [("who", finding.who, "who blamed" if finding.singled_out else "who"),
+            ("cost", finding.cost, "cost"), ("why", finding.why, "why"),
+            ("fix", finding.fix, "fix")]  # fmt: skip
+    facts: list[Any] = []
+    for name, text, cls in rows:
+        if text:
+            facts += [html.Dt(name), html.Dd(text, className=cls)]
+    return html.Article(
+        [
+            html.Div(
+                [
+                    html.Span(finding.severity_text, className="sev"),
+                    html.Span(finding.what, className="what"),
+                ]
+            ),
+            html.Dl(facts),
+            html.Div(
+                finding.catalogue,
+                className="catalogue",
+                title="the rule and the collapse pattern of the catalogue (docs/rules.md)",
+            ),
+        ],
+        className=f"finding card {finding.severity}" + (" main" if first else ""),
+    )
+
+
+def healthy_card() -> html.Article:
+    return html.Article(
+        [html.Span("OK", className="sev"),
+         html.Span("No finding: nothing in this run crosses a rule's threshold", className="what")],
+        className="finding card ok",
+    )  # fmt: skip
+
+
+def facts(items: Sequence[tuple[str, str]]) -> html.Div:
+    """The headline as labelled facts (`diag.summary_items`)."""
     return html.Div(
         [
-            html.Div([html.Div(value, className="tile-value"), html.Div(label)], className="tile")
+            html.Div([html.Div(label, className="label"), html.Div(value, className="value")],
+                     className="fact")
             for label, value in items
         ],
-        className="tiles",
-    )
-
-
-def finding_card(finding: dict[str, Any], first: bool) -> html.Div:
-    pattern = finding.get("pattern")
-    where = f"pattern {pattern}, {PATTERN_NAMES[pattern]}" if pattern else "pitfall"
-    ranks = finding.get("ranks") or []
-    head = [
-        html.Span(finding["severity"].upper(), className=f"severity {finding['severity']}"),
-        html.Span(f" {finding['rule']} ", className="rule"),
-        html.Span(where, className="pattern"),
-    ]
-    cost = finding_cost(finding)
-    if cost:
-        head.append(html.Span(f"  {cost}", className="cost"))
-    body = [html.Div(finding["title"], className="finding-title")]
-    if ranks:
-        body.append(html.Div(f"ranks: {rank_list(ranks)}", className="blamed"))
-    if finding.get("advice"):
-        body.append(html.Div(f"advice: {finding['advice']}", className="advice"))
-    return html.Div(
-        [html.Div(head, className="finding-head"), *body],
-        className="finding main" if first else "finding",
-    )
-
-
-def finding_cost(finding: dict[str, Any]) -> str:
-    """What a finding costs the step, as the text report says it: `costs 23% of the step
-    (20.7 ms)`; empty for a finding without a time cost (`cost_s` None or absent)."""
-    cost_s = finding.get("cost_s")
-    if cost_s is None:
-        return ""
-    share = finding.get("cost_share")
-    return f"costs {format_metric('cost_share', share)} of the step ({cost_s * 1e3:.1f} ms)"
+        className="facts", id="overview-facts",
+    )  # fmt: skip
 
 
 def table(frame: pd.DataFrame, table_id: str) -> html.Table:

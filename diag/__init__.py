@@ -34,6 +34,11 @@ Reading a report as diag shows it
     title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
     `diag compare` computes), `stopped_rows(report)` and `STOPPED_HEADER` (the "where each
     rank stopped" table of a run that did not finish).
+What the designed pages lead with (diag/outputs/verdict.py)
+    `verdicts(report)` (each finding as a `Verdict`: severity, what, who, cost, fix, catalogue),
+    `singled_out_ranks(report)` (the ranks a finding singles out: the blamed marks),
+    `summary_items(report)` (the headline as labelled facts), `run_status`, `did_not_finish`,
+    `failure_rows` (where each rank stopped), `attribution_words` (the what-if in a sentence).
 
 Anything else in diag's modules is internal and may move. `diag.contract` (the run directory
 format, shared with the collectors) may be imported directly for its constants.
@@ -58,6 +63,16 @@ if TYPE_CHECKING:
     from diag.outputs.report import Section, device_section, hta_sections
     from diag.outputs.report_lines import PATTERN_NAMES
     from diag.outputs.units import format_metric, rank_list
+    from diag.outputs.verdict import (
+        Verdict,
+        attribution_words,
+        did_not_finish,
+        failure_rows,
+        run_status,
+        singled_out_ranks,
+        summary_items,
+        verdicts,
+    )
     from diag.read.growing import RunTail
     from diag.read.load import RunData
 
@@ -83,6 +98,14 @@ _HOME = {
     "LiveRun": "diag.metrics.live",
     "STOPPED_HEADER": "diag.outputs.failure_report",
     "stopped_rows": "diag.outputs.failure_report",
+    "Verdict": "diag.outputs.verdict",
+    "attribution_words": "diag.outputs.verdict",
+    "did_not_finish": "diag.outputs.verdict",
+    "failure_rows": "diag.outputs.verdict",
+    "run_status": "diag.outputs.verdict",
+    "singled_out_ranks": "diag.outputs.verdict",
+    "summary_items": "diag.outputs.verdict",
+    "verdicts": "diag.outputs.verdict",
 }
 """Each public name and the module that defines it."""
 
@@ -96,16 +119,24 @@ __all__ = [
     "RunMetrics",
     "RunTail",
     "Section",
+    "Verdict",
     "analyze_path",
+    "attribution_words",
     "compare_reports",
     "compute_metrics",
     "device_section",
     "diagnose",
+    "did_not_finish",
+    "failure_rows",
     "format_metric",
     "hta_sections",
     "load_any",
     "rank_list",
+    "run_status",
+    "singled_out_ranks",
     "stopped_rows",
+    "summary_items",
+    "verdicts",
 ]
 
 

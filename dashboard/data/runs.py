@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from diag import RunData, RunMetrics, diagnose, load_any
+from diag import RunData, RunMetrics, diagnose, load_any, singled_out_ranks
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,12 @@ class LoadedRun:
 
     @property
     def blamed_ranks(self) -> list[int]:
-        """Ranks named by a finding, of any severity, first finding first (findings come
-        ordered by severity, then cost). A low finding's ranks count too: severity grades what
-        the finding costs the step, and the ranks it names are still the ones the diagnosis
-        points at (a straggler costs little where communication dominates the step)."""
-        ranks: list[int] = []
-        for finding in self.report["findings"]:
-            ranks += [r for r in finding.get("ranks") or [] if r not in ranks]
-        return ranks
+        """The ranks a finding singles out (`diag.singled_out_ranks`), of any severity, first
+        finding first (findings come ordered by severity, then cost): a rank named by a
+        job-wide finding only (the host finding naming every rank) is not blamed. A low
+        finding's ranks count too: severity grades what the finding costs the step, and the
+        ranks it names are still the ones the diagnosis points at."""
+        return singled_out_ranks(self.report)
 
     @property
     def peak_bytes(self) -> float | None:

@@ -9,7 +9,7 @@ the figures of groups of ranks that three pages share in `groups`, and what ever
 
 from __future__ import annotations
 
-from dashboard.figures.base import MIB, plain, rank_label, rank_labels, wrapped
+from dashboard.figures.base import MIB, plain, rank_color, rank_label, rank_labels, wrapped
 from dashboard.figures.communication import bus_bandwidth, bytes_vs_expected, comm_share_over_steps
 from dashboard.figures.compare import compare_runs
 from dashboard.figures.experts import drop_rate_over_steps, expert_heatmap
@@ -17,14 +17,16 @@ from dashboard.figures.failure import stuck_collective
 from dashboard.figures.groups import group_bars, step_heatmap
 from dashboard.figures.memory import memory_by_rank, memory_over_steps
 from dashboard.figures.overview import step_waterfall
-from dashboard.figures.ranks import busy_histogram, rank_breakdown
+from dashboard.figures.ranks import RANK_BARS_MAX, busy_histogram, busy_per_rank, rank_breakdown
 from dashboard.figures.steps import step_time_over_steps
 from dashboard.figures.timeline import timeline
 
 __all__ = [
     "MIB",
+    "RANK_BARS_MAX",
     "bus_bandwidth",
     "busy_histogram",
+    "busy_per_rank",
     "bytes_vs_expected",
     "comm_share_over_steps",
     "compare_runs",
@@ -35,6 +37,7 @@ __all__ = [
     "memory_over_steps",
     "plain",
     "rank_breakdown",
+    "rank_color",
     "rank_label",
     "rank_labels",
     "step_heatmap",

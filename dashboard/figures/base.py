@@ -1,4 +1,4 @@
-"""What every figure shares: the plotly layout, labels, MiB, the blame colour.
+"""What every figure shares: the plotly layout, labels, MiB, the blame colour, the rank colours.
 
 Plotly renders a subset of HTML inside text (`<b>`, `<a href>`, `<br>`); names that come from
 traces and manifests (phases, ops, groups, hosts) go through `plain()` so they show as typed.
@@ -48,6 +48,17 @@ def step_axis(fig: go.Figure, steps: Sequence[int] | pd.Series) -> None:
         fig.update_xaxes(range=[first - 0.5, last + 0.5])
         if last - first <= STEP_TICKS_MAX:
             fig.update_xaxes(dtick=1, tick0=first)
+
+
+RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#72B7B2", "#9D755D", "#EECA3B",
+               "#FF9DA6", "#2F4B7C", "#8CD17D")  # fmt: skip
+"""The rank palette (Tableau 10 without its red, kept for blame): rank r gets colour r mod 10."""
+
+
+def rank_color(rank: int) -> str:
+    """A rank's colour, from its number only: the same rank has the same colour in every chart,
+    page and report of any run, whichever ranks are blamed or drawn."""
+    return RANK_COLORS[int(rank) % len(RANK_COLORS)]
 
 
 def rank_label(rank: int, blamed: Sequence[int] = ()) -> str:

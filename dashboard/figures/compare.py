@@ -5,13 +5,16 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.figures.base import apply_layout, plain
+from dashboard.figures.base import apply_layout, wrapped
 
 
 def compare_runs(rows: pd.DataFrame) -> go.Figure:
     """Runs side by side: throughput (bars) and exposed communication share (markers)."""
+    # run names are long (and hostile): wrapped in lines of a few words, upright, so that
+    # neighbours never overlap however many runs there are
     labels = [
-        plain(f"{run} ({layout})") for run, layout in zip(rows["run"], rows["layout"], strict=True)
+        wrapped(f"{run} ({layout})", 16)
+        for run, layout in zip(rows["run"], rows["layout"], strict=True)
     ]
     fig = go.Figure([
         go.Bar(x=labels, y=rows["tokens_per_s"], name="tokens/s", marker_color="#4C78A8"),
@@ -27,4 +30,5 @@ def compare_runs(rows: pd.DataFrame) -> go.Figure:
         yaxis2={"title": "exposed comm", "overlaying": "y", "side": "right", "tickformat": ".0%",
                 "range": [0, 1]},
     )  # fmt: skip
+    fig.update_xaxes(tickangle=0, automargin=True)
     return fig

@@ -84,6 +84,12 @@ def group_bars(
     ])  # fmt: skip
     budget_line(fig, budget_bytes)
     fig = apply_layout(fig, title, bargap=0.15)
-    fig.update_xaxes(type="category")
+    # many groups: upright labels would collide and plotly's slanted ones overlap in their
+    # boxes, so they stand vertical (each as wide as a line of text)
+    fig.update_xaxes(type="category", tickangle=-90 if len(stats) > UPRIGHT_GROUPS_MAX else 0)
     fig.update_yaxes(title=plain(unit), rangemode="tozero")
     return fig
+
+
+UPRIGHT_GROUPS_MAX = 8
+"""Up to this many groups the group bars' labels are upright."""

@@ -7,57 +7,82 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dashboard.figures.base import apply_layout, plain, wrapped
+from dashboard.figures.base import apply_layout, wrapped
 
 COST_COLOR = "#E45756"
-OVERLAP_COLOR = "#54A24B"
+IDEAL_COLOR = "#C9D3DD"
 STEP_COLOR = "#4C78A8"
+MEASURED = "measured step (replayed)"
+IDEAL = "ideal step"
 
 
 def step_waterfall(attribution: Mapping[str, Any]) -> go.Figure:
-    """Where the step goes, from a report's `attribution` (diag.whatif, as
-    `diag.outputs.report.attribution_section` writes it in text): the ideal step (every imbalance
-    and transfer removed) as the first bar, each cause with a cost on top of it (largest first), the
-    rest (not attributed; negative: the causes overlap, removing them one by one counts some time
-    twice), and the measured step (replayed) as the total. ms per step; the hover adds the share of
-    the step."""
+    """Where the step goes, from a report's `attribution` (diag.whatif): one horizontal bar per
+    row, read top to bottom: the measured step (replayed), the ideal step (every imbalance and
+    transfer removed), then each cause with a cost (largest first) measured alone: the ideal
+    step plus what removing only that cause saves, the cause's part in red and labelled with its
+    ms and share. The causes overlap, so their parts need not add up to the gap: the page says
+    so in words (`diag.attribution_words`) rather than with a negative bar. ms per step, the
+    axis from zero."""
     measured_s, ideal_s = attribution["replayed_step_s"], attribution["ideal_step_s"]
-    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
-    rest_s = measured_s - ideal_s - sum(c["cost_s"] for c in causes)
-    names = ["ideal step", *(str(c["label"]) for c in causes),
-             "overlap of the causes" if rest_s < 0 else "not attributed",
-             "measured step (replayed)"]  # fmt: skip
-    values_s = [ideal_s, *(c["cost_s"] for c in causes), rest_s, measured_s]
-    shares = [ideal_s / measured_s if measured_s else None, *(c["cost_share"] for c in causes),
-              rest_s / measured_s if measured_s else None, 1.0]  # fmt: skip
-    labels = _unique_labels([wrapped(name) for name in names])
-    ends = (0, len(values_s) - 1)  # the ideal and the measured step: sizes, not changes
-    text = [f"{1e3 * v:.1f}" if i in ends else f"{1e3 * v:+.1f}" for i, v in enumerate(values_s)]
-    fig = go.Figure(
-        go.Waterfall(
-            x=labels,
-            y=[1e3 * v for v in values_s],  # the total's value is the sum plotly draws anyway
-            measure=["absolute", *["relative"] * (len(causes) + 1), "total"],
-            text=text,
-            textposition="outside",
-            customdata=[plain(_share_text(share)) for share in shares],
-            hovertemplate="%{x}<br>%{y:.1f} ms per step, %{customdata}<extra></extra>",
-            increasing={"marker": {"color": COST_COLOR}},
-            decreasing={"marker": {"color": OVERLAP_COLOR}},
-            totals={"marker": {"color": STEP_COLOR}},
-            connector={"line": {"color": "#BBBBBB", "dash": "dot"}},
-            showlegend=False,
+    causes = drawn_causes(attribution)
+    names = _unique_labels([MEASURED, IDEAL, *(wrapped(c["label"], 34) for c in causes)])
+    costs_ms = [1e3 * c["cost_s"] for c in causes]
+    shares = [_share_text(c["cost_share"]) for c in causes]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            y=names[:1], x=[1e3 * measured_s], orientation="h", name="measured step",
+            marker_color=STEP_COLOR, text=[f"{1e3 * measured_s:.1f} ms"],
+            textposition="outside", cliponaxis=False, showlegend=False,
+            hovertemplate="measured step (replayed): %{x:.1f} ms<extra></extra>",
         )
-    )
+    )  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            y=names[1:], x=[1e3 * ideal_s] * (len(causes) + 1), orientation="h",
+            name="ideal step", marker_color=IDEAL_COLOR, showlegend=False,
+            text=[f"{1e3 * ideal_s:.1f} ms", *[""] * len(causes)], textposition="inside",
+            insidetextanchor="end",
+            hovertemplate="ideal step: %{x:.1f} ms<extra></extra>",
+        )
+    )  # fmt: skip
+    if causes:
+        fig.add_trace(
+            go.Bar(
+                y=names[2:], x=costs_ms, orientation="h", name="cost of the cause alone",
+                marker_color=COST_COLOR, showlegend=False,
+                text=[f"+{v:.1f} ms ({_share_text(c['cost_share'], of='')})"
+                      for v, c in zip(costs_ms, causes, strict=True)],
+                textposition="outside", cliponaxis=False, customdata=shares,
+                hovertemplate="%{y}<br>+%{x:.1f} ms per step, %{customdata}<extra></extra>",
+            )
+        )  # fmt: skip
     title = (
         f"where the step goes (what-if replay of {attribution['steps_replayed']} steps, replay "
         f"error {_share_text(attribution['replay_error'], of='')})"
     )
-    fig = apply_layout(fig, title, height=460)
-    fig.update_layout(margin={"b": 110})  # room for the wrapped cause labels
-    fig.update_xaxes(type="category", tickangle=0)
-    fig.update_yaxes(title="ms per step", rangemode="tozero")
+    # the labels outside the bars need room right of the longest: two fifths more axis
+    longest = max([measured_s, *(ideal_s + c["cost_s"] for c in causes)])
+    fig = apply_layout(fig, title, height=140 + 46 * len(names), barmode="stack")
+    fig.update_layout(margin={"l": 20, "r": 30, "t": 50, "b": 50}, bargap=0.3)
+    fig.update_xaxes(title="ms per step", range=[0, 1.4e3 * longest])
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=names[::-1],
+                     automargin=True)  # fmt: skip
     return fig
+
+
+MIN_COST_SHARE_DRAWN = 0.005
+"""Causes costing less than this share of the step are left out of the chart (the words say how
+many): a row of `+0.0 ms` is noise to a reader."""
+
+
+def drawn_causes(attribution: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The causes the chart draws: those costing at least MIN_COST_SHARE_DRAWN of the step."""
+    return [
+        c for c in attribution["causes"]
+        if c["cost_s"] > 0 and (c.get("cost_share") or 0) >= MIN_COST_SHARE_DRAWN
+    ]  # fmt: skip
 
 
 def _share_text(share: float | None, of: str = " of the step") -> str:

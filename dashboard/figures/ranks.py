@@ -1,4 +1,5 @@
-"""The Ranks page's figures: each rank's split of the step, and the spread of busy time."""
+"""The Ranks page's figures: each rank's split of the step, and its busy time (a bar per rank,
+or the distribution over many ranks)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.figures.base import BLAME_COLOR, apply_layout, plain, rank_labels
+from dashboard.figures.base import BLAME_COLOR, apply_layout, plain, rank_color, rank_labels
 
 MIN_SHARE_DRAWN = 0.005
 """A part of the per-rank time split below this share of the step on every rank is left out of
@@ -69,8 +70,39 @@ def _time_split(ranks: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
     return [p for p in parts if p[0] != "exposed: other" or (other > MIN_SHARE_DRAWN).any()]
 
 
+RANK_BARS_MAX = 48
+"""Up to this many ranks the busy time is a bar per rank; above it, its distribution."""
+
+
+def busy_per_rank(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
+    """Each rank's busy time per step: a bar per rank (in the rank's colour, blamed ranks
+    outlined and named with a `!`) up to RANK_BARS_MAX ranks, else the distribution over the
+    ranks (`busy_histogram`). ms from zero."""
+    if len(ranks) > RANK_BARS_MAX:
+        return busy_histogram(ranks, blamed)
+    busy_ms = 1e3 * ranks["busy_s"] / ranks["steps"].clip(lower=1)
+    marked = ranks["rank"].isin(list(blamed))
+    fig = go.Figure(
+        go.Bar(
+            x=rank_labels(ranks["rank"], blamed), y=busy_ms, name="busy",
+            marker={"color": [rank_color(int(r)) for r in ranks["rank"]],
+                    "line": {"width": np.where(marked, 3, 0).tolist(), "color": BLAME_COLOR}},
+            hovertemplate="%{x}: %{y:.1f} ms busy per step<extra></extra>",
+        )
+    )  # fmt: skip
+    fig = apply_layout(fig, "busy time per step of each rank (ms)", bargap=0.3)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title="busy ms per step", rangemode="tozero")
+    return fig
+
+
+ANNOTATION_ROWS = 3
+"""Heights the blamed ranks' labels cycle through in the histogram, so near lines' labels do not
+sit on each other."""
+
+
 def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure:
-    """Histogram of per-rank busy time per step; blamed ranks marked on the axis."""
+    """Histogram of per-rank busy time per step (from zero ms); blamed ranks marked by lines."""
     busy_ms = 1e3 * ranks["busy_s"] / ranks["steps"].clip(lower=1)
     fig = go.Figure(go.Histogram(x=busy_ms, name="ranks", marker_color="#4C78A8"))
     marked = ranks["rank"].isin(list(blamed)).to_numpy()
@@ -86,11 +118,14 @@ def busy_histogram(ranks: pd.DataFrame, blamed: Sequence[int] = ()) -> go.Figure
                  "y1": 1, "line": {"color": BLAME_COLOR, "dash": "dash"}}
                 for x in lines],
         annotations=[{"xref": "x", "yref": "paper", "x": x, "y": 1, "showarrow": False,
-                      "yanchor": "bottom", "text": _ranks_label(members)}
-                     for x, members in lines.items()],
+                      "yanchor": "bottom", "yshift": 16 * (i % ANNOTATION_ROWS),
+                      "text": _ranks_label(members)}
+                     for i, (x, members) in enumerate(sorted(lines.items()))],
     )  # fmt: skip
     fig = apply_layout(fig, "busy time per step across ranks (ms)", bargap=0.05)
-    fig.update_xaxes(title="busy ms per step")
+    fig.update_layout(margin={"t": 50 + 16 * min(len(lines), ANNOTATION_ROWS)})
+    # both axes from zero: the x labels stand off, or its "0" sits on the y axis's
+    fig.update_xaxes(title="busy ms per step", rangemode="tozero", ticklabelstandoff=10)
     fig.update_yaxes(title="ranks")
     return fig
 

@@ -12,17 +12,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.data.step_times import StepMarks, StepTimes
-from dashboard.figures.base import BLAME_COLOR, apply_layout, plain, rank_label, step_axis
+from dashboard.figures.base import apply_layout, plain, rank_color, rank_label, step_axis
 
 MS_PER_S = 1e3
 MEDIAN_COLOR = "#222222"
 BAND_COLOR = "rgba(76, 120, 168, 0.28)"
-OTHER_COLORS = ("#4C78A8", "#72B7B2", "#54A24B", "#9D9D9D", "#88A0C4", "#B0B0B0", "#7F9F7F",
-                "#A8C3D9")  # fmt: skip
-"""The other ranks' lines (up to data.STEP_LINES_MAX ranks, every rank is drawn)."""
-BLAMED_COLORS = (BLAME_COLOR, "#FF7F0E", "#9467BD", "#8C564B", "#E377C2", "#BCBD22", "#17BECF",
-                 "#7F7F7F")  # fmt: skip
-"""The blamed ranks' lines, the first blamed rank (the main finding's) in the blame colour."""
 ONSET_COLORS = ("#F58518", "#B279A2", "#72B7B2")
 TREND_COLOR = "#E45756"
 
@@ -31,8 +25,8 @@ def step_time_over_steps(
     times: StepTimes, title: str = "step time over the analysed steps (wall, ms)"
 ) -> go.Figure:
     """`times.spread` (data.step_spread) as the median over the ranks and, where `times.lines`
-    lacks some rank, the min-max band; every rank of `times.lines` as its own line (blamed ranks
-    bold in the blame colours and named with a `!`, the others thin and muted); the findings'
+    lacks some rank, the min-max band; every rank of `times.lines` as its own line in the rank's
+    colour (blamed ranks bold and named with a `!`, the others thin); the findings'
     `times.marks` as a shaded band (in the legend) from each onset step to the last step, and a
     dashed line for each trend. ms; the hover names the slowest rank of each step."""
     spread, lines = times.spread, times.lines
@@ -80,18 +74,12 @@ def _band(fig: go.Figure, spread: pd.DataFrame) -> None:
 
 
 def _rank_lines(fig: go.Figure, lines: pd.DataFrame, blamed: Sequence[int]) -> None:
-    """One line per rank of `lines`: blamed ranks bold, in the blame colours; the others thin,
-    in muted colours."""
-    order = {rank: i for i, rank in enumerate(blamed)}
-    others = 0
+    """One line per rank of `lines` in the rank's own colour (base.rank_color: the same in
+    every report); blamed ranks bold, named with a `!`, the others thin."""
     for rank, mine in lines.groupby("rank", sort=True):
         rank = int(rank)
-        is_blamed = rank in order
-        if is_blamed:
-            color, width = BLAMED_COLORS[order[rank] % len(BLAMED_COLORS)], 3.0
-        else:
-            color, width = OTHER_COLORS[others % len(OTHER_COLORS)], 1.5
-            others += 1
+        is_blamed = rank in blamed
+        color, width = rank_color(rank), 3.0 if is_blamed else 1.5
         fig.add_trace(
             go.Scatter(
                 x=mine["step"], y=mine["wall_s"] * MS_PER_S, mode="lines+markers",

@@ -1,6 +1,9 @@
-"""Overview: the headline numbers, the diagnosis (findings ranked, main one on top, each with
-what it costs the step), where the step goes (the what-if replay's waterfall), and the step time
-over the steps (the findings' steps and ranks marked)."""
+"""Overview: the run's status (and, for a job that did not finish, where each rank stopped), the
+verdict (the findings as cards coloured by severity, the main one on top, each with who, what it
+costs and the fix), the run's facts (ranks, layout and where it came from, the step, MFU,
+status), then the evidence: where the step goes (the what-if replay, each cause measured alone
+against the ideal step, the overlap said in words) and the step time over the steps (the
+findings' steps and ranks marked)."""
 
 from __future__ import annotations
 
@@ -11,71 +14,74 @@ import pandas as pd
 from dash import html
 
 from dashboard import figures
-from dashboard.components import finding_card, graph, no_data, page, table, tiles
+from dashboard.components import facts, finding_card, graph, healthy_card, no_data, page, table
 from dashboard.data import LoadedRun, step_times
-from diag import STOPPED_HEADER, device_section, format_metric, hta_sections, stopped_rows
+from diag import (
+    attribution_words,
+    device_section,
+    did_not_finish,
+    failure_rows,
+    format_metric,
+    hta_sections,
+    run_status,
+    summary_items,
+    verdicts,
+)
 
 PATH = "/"
 TITLE = "Overview"
 
 
 def headline(loaded: LoadedRun) -> list[tuple[str, str]]:
-    summary, fmt = loaded.report["summary"], format_metric
-    step_s = summary.get("step_time_s")
-    items = [
-        ("step time", "n/a" if step_s is None else f"{step_s * 1e3:.1f} ms"),
-        ("tokens/s", fmt("tokens_per_s", summary.get("tokens_per_s"))),
-        ("comm share (exposed)",
-         f"{fmt('comm_share', summary.get('comm_share'))} "
-         f"({fmt('exposed_comm_share', summary.get('exposed_comm_share'))})"),
-    ]  # fmt: skip
-    if summary.get("bubble_fraction") is not None:
-        items.append(
-            ("bubble vs theory",
-             f"{fmt('bubble_fraction', summary['bubble_fraction'])} vs "
-             f"{fmt('bubble_fraction', summary.get('bubble_theory'))}")
-        )  # fmt: skip
+    """The run's facts (`diag.summary_items`) and its memory peak, before the status."""
+    items = summary_items(loaded.report)
+    fmt = format_metric
     peak = loaded.peak_bytes  # the peak the memory rules hold against the budget
     if peak is not None:
         budget = loaded.budget_bytes
-        items.append(
+        items.insert(
+            len(items) - 1,
             ("memory peak vs budget" if budget else "memory peak (measured categories)",
              f"{fmt('peak_bytes', peak)} / {fmt('budget_bytes', budget)}" if budget
-             else fmt("peak_bytes", peak))
+             else fmt("peak_bytes", peak)),
         )  # fmt: skip
-    items.append(
-        ("ranks x steps", f"{summary.get('ranks_analysed')} x {summary.get('steps_analysed')}")
-    )
     return items
 
 
-def where_it_stopped(loaded: LoadedRun) -> list[Any]:
-    """A run that did not finish opens with it: its status and why, the per-rank "where it
-    stopped" table and the collective it stopped in; nothing for a finished or running run."""
+def status(loaded: LoadedRun) -> list[Any]:
+    """The slot at the top: the run's status, and for a job that did not finish an alert and
+    where each rank stopped (`diag.failure_rows`)."""
     report = loaded.report
-    rows = stopped_rows(report)
-    if not rows:
-        return []
-    summary = report["summary"]
-    parts: list[Any] = [
-        html.Div(f"{str(summary.get('status')).upper()}: {summary.get('status_reason')}",
-                 className="failure-status", id="overview-status"),
-        html.H3("where each rank stopped"),
-        table(pd.DataFrame(rows, columns=STOPPED_HEADER), "overview-stopped"),
-    ]  # fmt: skip
+    failed = did_not_finish(report)
+    badge = html.Span(
+        f"status: {run_status(report)}", id="run-status",
+        className="status failed" if failed else "status",
+    )  # fmt: skip
+    header, rows = failure_rows(report)
+    out: list[Any] = [badge]
+    if failed or rows:
+        out.append(html.Div(
+            [html.Strong("The job did not finish"),
+             f" (status {run_status(report)}): the findings below are of the steps before it "
+             "stopped."], className="alert", id="failure",
+        ))  # fmt: skip
+    if rows:
+        out += [html.H3("where each rank stopped"),
+                table(pd.DataFrame(rows, columns=header), "overview-stopped")]  # fmt: skip
     stuck = figures.stuck_collective(report)
-    if stuck is not None:
-        parts.append(graph(stuck, "overview-stuck"))
-    return parts
+    if stuck is not None:  # the collective the ranks were left waiting in
+        out.append(graph(stuck, "overview-stuck"))
+    return out
 
 
 def where_the_step_goes(loaded: LoadedRun) -> list[Any]:
-    """The waterfall of the run's attribution, or a note when it has none."""
+    """The chart of the run's attribution and its words, or a note when it has none."""
     attribution = loaded.report.get("attribution")
     if not attribution or not attribution.get("replayed_step_s"):
         return [no_data("where the step goes: no attribution (the what-if replay needs two or "
                         "more ranks with analysed steps)")]  # fmt: skip
-    return [graph(figures.step_waterfall(attribution), "overview-waterfall")]
+    return [graph(figures.step_waterfall(attribution), "overview-waterfall"),
+            html.P(attribution_words(attribution), className="chart-note")]  # fmt: skip
 
 
 def step_time(loaded: LoadedRun) -> list[Any]:
@@ -87,12 +93,8 @@ def step_time(loaded: LoadedRun) -> list[Any]:
 
 
 def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
-    findings = loaded.report["findings"]
-    diagnosis = (
-        [finding_card(f, first=i == 0) for i, f in enumerate(findings)]
-        if findings
-        else [no_data("no findings: nothing in this run crosses a rule's threshold")]
-    )
+    found = verdicts(loaded.report)
+    diagnosis = [finding_card(v, first=i == 0) for i, v in enumerate(found)] or [healthy_card()]
     skipped = loaded.report["skipped"]
     notes = (
         [html.H3("skipped"), html.Ul([html.Li(note) for note in skipped], className="skipped")]
@@ -106,10 +108,11 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
     ]
     return page(
         f"{TITLE}: {loaded.name}",
-        *where_it_stopped(loaded),
-        tiles(headline(loaded)),
+        html.Div(status(loaded), className="status-slot"),
         html.H3("findings"),
-        html.Div(diagnosis, className="findings"),
+        html.Div(diagnosis, className="findings cards"),
+        html.H3("the run"),
+        facts(headline(loaded)),
         html.H3("where the step goes"),
         *where_the_step_goes(loaded),
         html.H3("step time over steps"),

@@ -1,6 +1,7 @@
 """Ranks: busy / exposed comm / idle per rank (the exposed part split into arrival skew and
-transfer when the run has an attribution) and the histogram of busy time; the ranks the findings
-blame are marked (`!` in labels, red outlines and lines).
+transfer when the run has an attribution) and each rank's busy time (a bar per rank, the
+distribution above figures.RANK_BARS_MAX ranks); the ranks a finding singles out are marked (`!`
+in labels, red outlines and lines), not every rank a job-wide finding names.
 
 Up to `PER_RANK_MAX` ranks every rank is drawn. Above it the ranks are grouped (by host,
 pipeline stage, DP replica or blocks of consecutive ranks): a group x step heatmap (the slowest
@@ -71,7 +72,7 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
 def body(loaded: LoadedRun, by: str) -> list[Any]:
     """Everything under the grouping selector, for grouping `by`."""
     ranks, blamed = loaded.metrics.ranks, loaded.blamed_ranks
-    histogram = graph(figures.busy_histogram(ranks, blamed), "ranks-histogram")
+    histogram = graph(figures.busy_per_rank(ranks, blamed), "ranks-busy")
     if by == "none":
         return [graph(figures.rank_breakdown(ranks, blamed), "ranks-breakdown"), histogram,
                 _table(loaded, ranks)]  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -68,13 +68,15 @@ _LOADER = """
 CHART_CSS = ".chart{width:100%;max-width:1200px;min-height:320px;margin:.5em 0 1.5em}"
 
 
-def chart_markup(charts: Sequence[Chart]) -> list[str]:
+def chart_markup(charts: Sequence[Chart], notes: Mapping[str, str] | None = None) -> list[str]:
     """The page body's chart parts, in order: a heading where the section changes, then per
-    chart an empty `div` and the inert JSON that the loader draws into it."""
+    chart an empty `div` and the inert JSON that the loader draws into it; after a section's
+    charts, its note from `notes` (by section) as a paragraph."""
     parts: list[str] = []
     section = None
     for index, chart in enumerate(charts):
         if chart.section != section:
+            parts += _note(section, notes)
             section = chart.section
             parts.append(f"<h2>{html.escape(section)}</h2>")
         target = f"diag-chart-{index}"
@@ -83,7 +85,12 @@ def chart_markup(charts: Sequence[Chart]) -> list[str]:
             f'<script type="application/json" class="diag-figure" data-target="{target}">'
             f"{inert_json(chart.figure_json)}</script>"
         )
-    return parts
+    return parts + _note(section, notes)
+
+
+def _note(section: str | None, notes: Mapping[str, str] | None) -> list[str]:
+    text = (notes or {}).get(section or "")
+    return [f'<p class="chart-note">{html.escape(text)}</p>'] if text else []
 
 
 def loader_markup(plotly_js_gzip: bytes) -> str:

@@ -8,7 +8,6 @@ strings), so they always show the same numbers.
 from __future__ import annotations
 
 import dataclasses
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
+from diag.outputs import html_page
 from diag.outputs.escape import markdown, markdown_code, terminal_lines
 from diag.outputs.failure_report import (
     STOPPED_HEADER,
@@ -26,7 +26,7 @@ from diag.outputs.failure_report import (
     stopped_rows,
     stopped_title,
 )
-from diag.outputs.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
+from diag.outputs.html_charts import Chart
 from diag.outputs.report_lines import cache_notes, finding_head, headline, input_notes, ms
 from diag.outputs.sparkline import rank_steps_line
 from diag.outputs.units import aligned, mib, num, pct, size
@@ -400,65 +400,12 @@ def _md(text: object) -> str:
     return markdown(text)
 
 
-def _html_table(section: Section) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in section.rows
-    )
-    return f"<h2>{esc(section.title)}</h2><table><tr>{head}</tr>{body}</table>"
-
-
-_CSS = (
-    "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
-    "code{font-size:1.05em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-    "th,td{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
-    "th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
-)
-
-
 def render_html(
     report: dict[str, Any], charts: Sequence[Chart] = (), plotly_js_gzip: bytes | None = None
 ) -> str:
-    """One self-contained HTML page; every string is escaped. Without charts: inline CSS and no
-    script. With `charts` (the dashboard's figures, `dashboard/html_report.py`) and plotly.js
-    (gzip-compressed), the charts follow the findings and plotly.js is inlined once
+    """One self-contained HTML page (diag/outputs/html_page.py: status, the findings as cards,
+    the run's facts, charts, tables, notes); every string is escaped. Without charts: inline CSS
+    and no script. With `charts` (the dashboard's figures, `dashboard/html_report.py`) and
+    plotly.js (gzip-compressed), the charts follow the facts and plotly.js is inlined once
     (diag/outputs/html_charts.py); it opens offline."""
-    esc = html.escape
-    title = esc(f"diag report: {report['run'].get('run_id') or ''}")
-    drawn = bool(charts) and plotly_js_gzip is not None
-    parts = [
-        "<!doctype html>",
-        f'<html lang="en"><head><meta charset="utf-8"><title>{title}</title>',
-        f"<style>{_CSS}{CHART_CSS if drawn else ''}</style></head><body>",
-        f"<h1>{title}</h1>",
-        f"<p><code>{esc(headline(report))}</code></p>",
-    ]
-    if report["findings"]:
-        items = "".join(
-            f"<li>{esc(finding_head(f))}"
-            + (f"<br>advice: {esc(f['advice'])}" if f.get("advice") else "")
-            + "</li>"
-            for f in report["findings"]
-        )
-        parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
-    tables = sections(report)
-    # a run that did not finish: where each rank stopped before the charts of its speed
-    first = [t for t in tables if t.header is STOPPED_HEADER]
-    if drawn:
-        parts += [_html_table(t) for t in first] + chart_markup(charts)
-        tables = [t for t in tables if t.header is not STOPPED_HEADER]
-    for section in tables:
-        head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
-            for row in section.rows
-        )
-        parts.append(f"<h2>{esc(section.title)}</h2><table><tr>{head}</tr>{body}</table>")
-    if report["skipped"]:
-        items = "".join(f"<li>{esc(note)}</li>" for note in report["skipped"])
-        parts.append(f"<h2>Skipped</h2><ul>{items}</ul>")
-    if drawn and plotly_js_gzip is not None:
-        parts.append(loader_markup(plotly_js_gzip))
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return html_page.page(report, sections(report), charts, plotly_js_gzip)

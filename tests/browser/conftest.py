@@ -5,6 +5,7 @@ them). Without them the tests skip here and fail under CI (CI=true)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import threading
@@ -17,6 +18,7 @@ from werkzeug.serving import make_server
 
 from benchmarks.synthetic_run import write_synthetic_run
 from dashboard.app import create_app
+from dashboard.data import LoadedRun, load_runs
 from tests.conftest import copy_with_names
 from tests.distributed.conftest import diag_run
 
@@ -68,10 +70,29 @@ def large_dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield url
 
 
+JOB_WIDE = "dp-job-wide"
+"""The DP straggler run with one more finding that names every rank (a host finding, as a
+machine with fewer cores than ranks gets): the pages must still blame rank 1 only."""
+HOST_FINDING = {
+    "rule": "HST001", "pattern": 3, "severity": "low",
+    "title": "host vm: ranks wait for a core 48% of the step (2 ranks on 1 core)",
+    "ranks": [0, 1], "evidence": {}, "advice": "run fewer ranks per host", "margin": None,
+    "explains": [], "cost_s": 0.05, "cost_share": 0.2,
+}  # fmt: skip
+
+
 @pytest.fixture(scope="session")
-def dashboard_url(reference_runs: list[Path]) -> Iterator[str]:
+def job_wide_run(reference_runs: list[Path]) -> LoadedRun:
+    """`JOB_WIDE`: the straggler run as loaded, its report given `HOST_FINDING` after its own."""
+    (loaded,) = load_runs([reference_runs[0]])
+    report = {**loaded.report, "findings": [*loaded.report["findings"], HOST_FINDING]}
+    return dataclasses.replace(loaded, name=JOB_WIDE, report=report)
+
+
+@pytest.fixture(scope="session")
+def dashboard_url(reference_runs: list[Path], job_wide_run: LoadedRun) -> Iterator[str]:
     _need_browser()
-    with _serving(create_app(reference_runs)) as url:
+    with _serving(create_app([*reference_runs, job_wide_run])) as url:
         yield url
 
 

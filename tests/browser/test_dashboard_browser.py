@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dashboard.app import PAGES
-from tests.browser.conftest import HOSTILE, REAL_TRACE
+from tests.browser.conftest import HOSTILE, JOB_WIDE, REAL_TRACE
 
 pytestmark = pytest.mark.browser
 
@@ -102,8 +102,12 @@ def _select_run(driver: Any, name: str, min_graphs: int = 0) -> None:
     if name in current:
         return
     driver.find_element(By.CSS_SELECTOR, "#run-select").click()
-    options = driver.find_elements(By.XPATH, f"//*[@role='option'][contains(., '{name}')]")
-    assert options, f"no run {name} in the selector"
+    deadline = time.monotonic() + 5  # the menu opens a moment after the click under load
+    while not (
+        options := driver.find_elements(By.XPATH, f"//*[@role='option'][contains(., '{name}')]")
+    ):
+        assert time.monotonic() < deadline, f"no run {name} in the selector"
+        time.sleep(0.1)
     options[0].click()
     time.sleep(0.2)
     _wait_rendered(driver, min_graphs)
@@ -142,6 +146,10 @@ def test_every_page_renders_without_console_errors(
             assert browser.find_elements(By.CSS_SELECTOR, ".no-data"), (path, run)
         name = "overview" if path == "/" else path.strip("/")
         browser.save_screenshot(str(shots / f"{name}-{run}.png"))
+        if min_graphs:  # no two text labels of any chart of any page overlap, wide or narrow
+            _, overlaps = label_overlaps(browser, "#page .js-plotly-plot")
+            assert overlaps == [], (path, run, overlaps)
+            assert _overlaps_at(browser, 800) == [], (path, run, "800 px")
         if path == "/":
             assert browser.find_elements(By.CSS_SELECTOR, "#overview-step-time .main-svg"), run
         assert not _console_errors(browser), (path, run, _console_errors(browser))
@@ -157,7 +165,8 @@ def test_the_first_finding_is_on_top_and_names_the_straggler(
     _select_run(browser, "dp-straggler")
     first = browser.find_elements(By.CSS_SELECTOR, ".finding")[0]
     assert "main" in first.get_attribute("class")
-    assert "BAL001" in first.text and "ranks: 1" in first.text
+    assert "BAL001" in first.text
+    assert first.find_element(By.CSS_SELECTOR, ".who.blamed").text == "rank 1"
 
 
 def test_overview_draws_where_the_step_goes(browser: Any, dashboard_url: str) -> None:
@@ -167,14 +176,15 @@ def test_overview_draws_where_the_step_goes(browser: Any, dashboard_url: str) ->
     _wait_rendered(browser, 1)
     _select_run(browser, "dp-straggler", 1)
     _wait_rendered(browser, 1)
-    waterfall = browser.find_element(By.CSS_SELECTOR, "#overview-waterfall")
-    bars = waterfall.find_elements(By.CSS_SELECTOR, ".waterfalllayer .point")
-    # the ideal step, the straggler and at least one more cause, the rest, the measured step
-    assert len(bars) >= 5, len(bars)
-    ticks = [t.text for t in waterfall.find_elements(By.CSS_SELECTOR, ".xtick text")]
-    assert ticks[0] == "ideal step" and ticks[-1] == "measured step (replayed)", ticks
-    assert any("rank 1" in t for t in ticks), ticks
-    assert "where the step goes" in waterfall.text
+    chart = browser.find_element(By.CSS_SELECTOR, "#overview-waterfall")
+    rows = [t.text for t in chart.find_elements(By.CSS_SELECTOR, ".ytick text")]
+    # top to bottom: the measured step, the ideal step, the straggler and at least one more cause
+    assert rows[-2:] == ["ideal step", "measured step (replayed)"], rows  # ticks bottom first
+    assert len(rows) >= 4 and any("rank 1" in t for t in rows), rows
+    assert not any("overlap" in t for t in rows), rows  # said in words, not drawn
+    assert "where the step goes" in chart.text
+    note = browser.find_element(By.CSS_SELECTOR, "#page .chart-note").text
+    assert note.startswith("The ideal step") and "measured alone" in note
     costs = browser.find_elements(By.CSS_SELECTOR, ".finding .cost")
     assert costs and "of the step (" in costs[0].text
     assert not _console_errors(browser)
@@ -244,3 +254,83 @@ def test_a_profiler_trace_folder_is_served_like_a_run(browser: Any, dashboard_ur
         _wait_rendered(browser, graphs)
         assert len(browser.find_elements(By.CSS_SELECTOR, "#page .js-plotly-plot")) >= graphs
     assert not _console_errors(browser)
+
+
+SEVERITY_WORDS = {"high": "HIGH", "medium": "MEDIUM", "low": "LOW", "ok": "OK"}
+
+
+def severity_shown(cards: list[Any]) -> list[tuple[str, str]]:
+    """Per finding card: its severity class and the word its badge shows, checking the badge is
+    drawn (visible, of some size) in a colour other than its background."""
+    from selenium.webdriver.common.by import By
+
+    shown = []
+    for card in cards:
+        (severity,) = set(card.get_attribute("class").split()) & set(SEVERITY_WORDS)
+        badge = card.find_element(By.CSS_SELECTOR, ".sev")
+        assert badge.is_displayed() and badge.size["width"] > 10, card.text
+        assert badge.value_of_css_property("color") != badge.value_of_css_property(
+            "background-color"
+        )
+        shown.append((severity, badge.text))
+    return shown
+
+
+def test_every_finding_card_says_its_severity_in_words(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(dashboard_url + "/")
+    _wait_rendered(browser)
+    seen = 0
+    for run in ("dp-straggler", "ep-skew", JOB_WIDE):
+        _select_run(browser, run, 1)
+        cards = browser.find_elements(By.CSS_SELECTOR, "#page .finding.card")
+        assert cards, run
+        for severity, word in severity_shown(cards):
+            assert word == SEVERITY_WORDS[severity], (run, severity, word)
+            seen += 1
+    assert seen >= 4
+
+
+MARKED_JS = """
+const marked = new Set();
+for (const text of document.querySelectorAll('#page .js-plotly-plot text')) {
+  const found = text.textContent.match(/rank (\\d+) !/);
+  if (found) marked.add(Number(found[1]));
+}
+return Array.from(marked).sort();
+"""
+"""The ranks that some chart of the page labels as blamed (`rank N !`)."""
+
+
+def test_only_the_ranks_a_finding_singles_out_are_marked(browser: Any, dashboard_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for path, graphs in (("/", 2), ("/ranks", 2), ("/timeline", 1)):
+        browser.get(dashboard_url + path)
+        _wait_rendered(browser)
+        _select_run(browser, JOB_WIDE, graphs)
+        _wait_rendered(browser, graphs)
+        assert browser.execute_script(MARKED_JS) == [1], path  # not 0: the host names both
+        if path == "/":
+            blamed = browser.find_elements(By.CSS_SELECTOR, ".who.blamed")
+            assert {b.text for b in blamed} == {"rank 1"}
+            whole = [w.text for w in browser.find_elements(By.CSS_SELECTOR, ".who")]
+            assert "ranks 0-1 (every rank: the whole job)" in whole
+        if path == "/ranks":
+            note = browser.find_element(By.CSS_SELECTOR, "#page .blamed").text
+            assert note == "blamed by the findings: 1"
+    assert not _console_errors(browser)
+
+
+def _overlaps_at(driver: Any, width: int) -> list[str]:
+    """The page's overlapping chart labels once the window is `width` px wide (plotly redraws
+    responsive graphs on the resize; no reload), the window back to 1400 px after."""
+    driver.set_window_size(width, 1000)
+    try:
+        time.sleep(0.4)  # plotly's responsive relayout
+        _wait_rendered(driver)
+        return label_overlaps(driver, "#page .js-plotly-plot")[1]
+    finally:
+        driver.set_window_size(1400, 1000)
+        time.sleep(0.2)

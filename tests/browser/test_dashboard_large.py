@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_dashboard_browser import RENDER_TIMEOUT_S, _console_errors
+from tests.browser.test_dashboard_browser import RENDER_TIMEOUT_S, _console_errors, label_overlaps
 
 pytestmark = pytest.mark.browser
 
@@ -129,4 +129,16 @@ def test_memory_page_shows_hosts(browser: Any, large_dashboard_url: str) -> None
     _until(lambda: "ranks 0-31" in block_rows(), "the memory page did not regroup by blocks")
     _wait_rendered(browser, 4)
     assert not any(row.startswith("node") for row in block_rows())
+    assert not _console_errors(browser)
+
+
+def test_no_labels_overlap_on_any_page_of_a_large_run(
+    browser: Any, large_dashboard_url: str
+) -> None:
+    for path, graphs in (("/", 2), ("/ranks", 4), ("/timeline", 2), ("/communication", 2),
+                         ("/memory", 4)):  # fmt: skip
+        browser.get(large_dashboard_url + path)
+        _wait_rendered(browser, graphs)
+        drawn, overlaps = label_overlaps(browser, "#page .js-plotly-plot")
+        assert drawn >= graphs and overlaps == [], (path, overlaps)
     assert not _console_errors(browser)

@@ -30,6 +30,7 @@ from dashboard.data import (
     pick,
     timeline_window,
 )
+from diag import attribution_words
 from diag.errors import InputError
 from tests.conftest import copy_with_names
 
@@ -91,47 +92,49 @@ def straggler(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return load_runs([run])[0]
 
 
-def test_waterfall_goes_from_the_ideal_to_the_measured_step(straggler: Any) -> None:
+def test_waterfall_measures_each_cause_alone_against_the_ideal_step(straggler: Any) -> None:
     attribution = straggler.report["attribution"]
     fig = figures.step_waterfall(attribution)
-    (bars,) = fig.data
-    assert isinstance(bars, go.Waterfall)
-    measure = list(bars.measure)
-    assert measure[0] == "absolute" and measure[-1] == "total"
-    assert set(measure[1:-1]) == {"relative"}
-    y = list(bars.y)
-    assert y[0] == pytest.approx(1e3 * attribution["ideal_step_s"])  # the first bar: ideal step
-    assert sum(y[:-1]) == pytest.approx(1e3 * attribution["replayed_step_s"])  # they add up
-    assert y[-1] == pytest.approx(1e3 * attribution["replayed_step_s"])
-    # one bar per cause with a cost, largest first, then the rest (not attributed / overlap)
-    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
-    assert len(y) == len(causes) + 3
-    assert y[1:-2] == pytest.approx([1e3 * c["cost_s"] for c in causes])
-    assert "rank 1" in bars.x[1] and "23% of the step" in bars.customdata[1]
-    assert bars.x[-2] in ("not attributed", "overlap of the causes")
+    measured, ideal, costs = fig.data
+    assert all(isinstance(t, go.Bar) and t.orientation == "h" for t in fig.data)
+    assert fig.layout.barmode == "stack"
+    # rows top to bottom: the measured step, the ideal step, each cause on the ideal step
+    causes = [c for c in attribution["causes"] if c["cost_share"] >= 0.005]
+    rows = list(fig.layout.yaxis.categoryarray)[::-1]
+    assert rows[:2] == ["measured step (replayed)", "ideal step"] and len(rows) == 2 + len(causes)
+    assert list(measured.x) == pytest.approx([1e3 * attribution["replayed_step_s"]])
+    assert list(ideal.x) == pytest.approx([1e3 * attribution["ideal_step_s"]] * (len(rows) - 1))
+    assert list(costs.x) == pytest.approx([1e3 * c["cost_s"] for c in causes])
+    assert "rank 1" in costs.y[0] and "(23%)" in costs.text[0]
+    assert fig.layout.xaxis.range[0] == 0  # a quantity: from zero
+    # no bar for the overlap: the words say it
+    assert not any("overlap" in str(y) for t in fig.data for y in t.y)
 
 
-def test_waterfall_shows_an_overlap_of_the_causes_as_a_negative_bar() -> None:
+def test_the_overlap_of_the_causes_is_said_in_words_not_drawn() -> None:
     attribution = {
         "replayed_step_s": 0.1, "ideal_step_s": 0.05, "steps_replayed": 3, "replay_error": 0.01,
         "causes": [
             {"label": "a", "cost_s": 0.04, "cost_share": 0.4},
             {"label": "b <b>", "cost_s": 0.03, "cost_share": 0.3},
-            {"label": "c", "cost_s": 0.0, "cost_share": 0.0},  # no cost: no bar
+            {"label": "c", "cost_s": 0.0002, "cost_share": 0.002},  # too small to draw
+            {"label": "d", "cost_s": 0.0, "cost_share": 0.0},  # no cost: no bar
         ],
     }  # fmt: skip
-    (bars,) = figures.step_waterfall(attribution).data
-    assert list(bars.x) == ["ideal step", "a", "b &lt;b&gt;", "overlap of the causes",
-                            "measured step (replayed)"]  # fmt: skip
-    assert list(bars.y)[3] == pytest.approx(-20.0) and sum(list(bars.y)[:-1]) == pytest.approx(100)
+    fig = figures.step_waterfall(attribution)
+    assert list(fig.data[2].y) == ["a", "b &lt;b&gt;"]
+    words = attribution_words(attribution)
+    assert "Together the causes add to 70.2 ms, 20.2 ms more than the gap: they overlap" in words
+    assert "1 cause costing under 0.5% of the step is not drawn" in words
 
 
 def test_overview_shows_the_waterfall_and_what_findings_cost(straggler: Any) -> None:
     page = PAGES[0].layout(straggler, [straggler])
     waterfall, step_time = _graphs(page)
     assert waterfall.id == "overview-waterfall" and step_time.id == "overview-step-time"
-    assert isinstance(waterfall.figure.data[0], go.Waterfall)
+    assert isinstance(waterfall.figure.data[0], go.Bar)
     assert "rank 1 !" in {t.name for t in step_time.figure.data}  # the straggler's own line
+    assert any(t.startswith("The ideal step") for t in _texts(page))  # the overlap in words
     texts = " ".join(_texts(page))
     cost = straggler.report["findings"][0]
     assert cost["rule"] == "BAL001" and cost["cost_s"] is not None
@@ -229,6 +232,31 @@ def test_rank_breakdown_stacks_to_one_and_marks_the_blamed() -> None:
     assert list(fig.data[0].marker.line.width) == [3, 0]
     hist = figures.busy_histogram(ranks, blamed=[0])
     assert any("rank 0" in (a.text or "") for a in hist.layout.annotations)
+
+
+def test_busy_time_is_a_bar_per_rank_up_to_a_few_dozen_ranks_then_a_distribution() -> None:
+    def ranks(count: int) -> pd.DataFrame:
+        return pd.DataFrame({"rank": range(count), "busy_s": [0.5] * count, "steps": [5] * count})
+
+    bars = figures.busy_per_rank(ranks(4), blamed=[2])
+    (trace,) = bars.data
+    assert isinstance(trace, go.Bar)
+    assert list(trace.x) == ["rank 0", "rank 1", "rank 2 !", "rank 3"]
+    assert list(trace.y) == pytest.approx([100.0] * 4)
+    assert list(trace.marker.line.width) == [0, 0, 3, 0]  # the blamed rank outlined
+    assert list(trace.marker.color) == [figures.rank_color(r) for r in range(4)]
+    assert bars.layout.yaxis.rangemode == "tozero"
+    many = figures.busy_per_rank(ranks(figures.RANK_BARS_MAX + 1), blamed=[1, 2, 3])
+    assert isinstance(many.data[0], go.Histogram)
+    assert many.layout.xaxis.rangemode == "tozero"
+    # near blamed lines: their labels at different heights
+    assert len({a.yshift for a in many.layout.annotations}) == 1  # one value, one line here
+
+
+def test_a_rank_has_its_colour_whatever_else_is_drawn() -> None:
+    assert figures.rank_color(3) == figures.rank_color(3)
+    assert len({figures.rank_color(r) for r in range(10)}) == 10  # neighbours differ
+    assert figures.rank_color(13) == figures.rank_color(3)
 
 
 def test_bytes_vs_expected_derives_expected_per_step_from_the_ratio() -> None:

@@ -226,7 +226,7 @@ def test_ranks_page_aggregates_and_drills_into_the_blamed_host(large: LoadedRun)
     page = ranks.layout(large, [large])
     shown = _graphs(page)
     assert set(shown) == {
-        "ranks-heatmap", "ranks-groups", "ranks-breakdown", "ranks-histogram"
+        "ranks-heatmap", "ranks-groups", "ranks-breakdown", "ranks-busy"
     }  # fmt: skip
     (heatmap,) = shown["ranks-heatmap"].data
     assert isinstance(heatmap, go.Heatmap) and np.shape(heatmap.z) == (128, 3)

@@ -58,7 +58,9 @@ def test_a_small_run_draws_every_rank_the_blamed_bold_and_named() -> None:
     names = [t.name for t in fig.data]
     assert names == ["median over ranks", "rank 0", "rank 1 !", "rank 2", "rank 3"]  # no band
     straggler = fig.data[2]
-    assert straggler.line.color == figures.base.BLAME_COLOR and straggler.line.width == 3
+    # each rank in its own colour (from its number only), the blamed bold
+    assert [t.line.color for t in fig.data[1:]] == [figures.rank_color(r) for r in range(4)]
+    assert straggler.line.width == 3 and {t.line.width for t in fig.data[1:]} == {1.5, 3}
     slow_ms = 1e3 * rank_steps.loc[rank_steps["rank"] == 1, "wall_s"]
     assert list(straggler.y) == pytest.approx(slow_ms.tolist())
     assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.range == (0.5, 6.5)
@@ -77,7 +79,7 @@ def test_a_large_run_draws_the_band_the_median_and_only_the_blamed_ranks() -> No
     assert band_min.name == "min-max over the 1024 ranks" and band_min.fill == "tonexty"
     assert list(band_max.customdata) == [700] * 5  # the hover names the slowest rank
     assert [t.name for t in fig.data[3:]] == [f"rank {r} !" for r in sorted(drawn)]
-    assert fig.data[-1].line.color == figures.base.BLAME_COLOR  # the first blamed rank's colour
+    assert [t.line.color for t in fig.data[3:]] == [figures.rank_color(r) for r in sorted(drawn)]
     assert len(fig.to_json()) < 50_000  # lines of the blamed ranks, never of 1,024 ranks
 
 
