@@ -53,7 +53,12 @@ from collectors.null import NullContext, NullRecorder
 from collectors.parts import RecorderParts
 from collectors.pending import PENDING
 from collectors.safety import guarded, report_once
-from collectors.watchdog import Watchdog, WatchdogConfig, watchdog_enabled
+from collectors.watchdog import (
+    Watchdog,
+    WatchdogConfig,
+    dump_flight_recorder,
+    watchdog_enabled,
+)
 from collectors.writer import RankFormat, open_rank_writer
 from diag.contract.names import WORLD
 from diag.contract.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
@@ -385,15 +390,18 @@ class Recorder:
         dtype: str | None = None,
         expected_bytes: int | None = None,
         tag: str | None = None,
+        peer: int | None = None,
         **fields: Any,
     ) -> CollectiveContext | NullContext:
         """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`.
 
-        Extra keyword `fields` (e.g. `layer=3`) are written into the comm record as they are.
+        `peer`: the other rank (global) of a send or recv. Extra keyword `fields` (e.g.
+        `layer=3`) are written into the comm record as they are.
         """
         event = CommEvent(
             op=op, group=group, bytes=nbytes, dtype=dtype, t0=0, t1=0, is_async=False,
             blocking=True, expected_bytes=expected_bytes, tag=tag, fields=fields or None,
+            peer=peer,
         )  # fmt: skip
         return CollectiveContext(self, event)
 
@@ -563,7 +571,12 @@ class Recorder:
         if self._closed or mark == self._recorded_exception:
             return
         self._recorded_exception = mark
-        self.event("exception", t_ns=self.clock.now(), **exception_fields(exc, tb))
+        fields = exception_fields(exc, tb)
+        if dist.is_available() and dist.is_initialized():
+            # the collectives' state as PyTorch saw it when this rank failed (a peer lost
+            # mid-collective ends the survivors with an error here, before any stall)
+            fields["fr_file"], fields["fr_error"] = dump_flight_recorder(self.run_dir, self.rank)
+        self.event("exception", t_ns=self.clock.now(), **fields)
         self.flush()
 
     def record_signal(self, signum: int) -> None:

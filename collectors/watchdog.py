@@ -135,11 +135,14 @@ def dump_flight_recorder(run_dir: Path, rank: int) -> tuple[str | None, str | No
     except Exception as err:
         return None, f"_dump_fr_trace_json failed: {err!r}"[:500]
     folder = run_dir / FR_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
     name = f"rank-{rank:05d}.json"
-    partial = folder / f".{name}.partial"
-    partial.write_text(text if isinstance(text, str) else text.decode("utf-8"))
-    os.replace(partial, folder / name)  # a reader never sees half a dump
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{name}.partial"
+        partial.write_text(text if isinstance(text, str) else text.decode("utf-8"))
+        os.replace(partial, folder / name)  # a reader never sees half a dump
+    except OSError as err:  # a full disk, a read-only run directory
+        return None, f"writing the dump failed: {err!r}"[:500]
     return f"{FR_FOLDER}/{name}", None
 
 
@@ -198,10 +201,7 @@ class Watchdog:
         self, target: Watched, now: int, idle_s: float, threshold_s: float
     ) -> dict[str, Any]:
         stack = main_stack(target.main_thread_id)
-        try:
-            fr_file, fr_error = dump_flight_recorder(target.run_dir, target.rank)
-        except Exception as err:  # a full disk, a read-only run directory
-            fr_file, fr_error = None, f"writing the dump failed: {err!r}"[:500]
+        fr_file, fr_error = dump_flight_recorder(target.run_dir, target.rank)
         return {
             "kind": "event",
             "step": target.inflight.step_index,
