@@ -82,10 +82,10 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def last_flush(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """The `name` events of the rank's last flush that wrote any (the open state is written
-    again at every flush: the last one is the state now)."""
-    found = events(recs, name)
-    return [r for r in found if r.get("t0") == found[-1].get("t0")] if found else []
+    """The `name` events of the watchdog's last flush (its heartbeat or stall, then the open
+    state: written again at every flush, the last one is the state now)."""
+    marks = [i for i, r in enumerate(recs) if r.get("name") in ("heartbeat", "stall")]
+    return events(recs[marks[-1] :], name) if marks else []
 
 
 def test_while_it_hangs_the_rank_files_say_where_each_rank_is(hang: dict[str, Any]) -> None:
@@ -167,16 +167,16 @@ def test_a_crash_records_the_exception_before_the_process_dies(crash: dict[str, 
 
 
 def test_a_reference_trainer_injects_a_hang(tmp_path: Path) -> None:
-    """`diag run tp --inject hang:rank=1,step=2` on 2 ranks: rank 1 stalls in its forward,
+    """`diag run tp --inject hang:rank=1,step=1` on 2 ranks: rank 1 stalls in its forward,
     inside the injection; rank 0 waits in a tp collective; the short timeout ends the job."""
     run = tmp_path / "run"
-    env = {**os.environ, **ENV, "DIAG_PG_TIMEOUT_S": "8"}
-    command = [sys.executable, "-m", "diag", "run", "tp", "--nproc=2", "--steps", "4",
-               "--out", str(run), "--inject", "hang:rank=1,step=2"]  # fmt: skip
+    env = {**os.environ, **ENV, "DIAG_PG_TIMEOUT_S": "6"}
+    command = [sys.executable, "-m", "diag", "run", "tp", "--nproc=2", "--steps", "3",
+               "--out", str(run), "--inject", "hang:rank=1,step=1"]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode != 0
     (stall,) = events(records(run, 1), "stall")
-    assert stall["step"] == 2
+    assert stall["step"] == 1
     assert stall["stack"][-1]["function"] == "apply_failure"
     waiting = events(records(run, 0), "comm_issued")
-    assert waiting and waiting[-1]["step"] == 2 and waiting[-1]["group"] == "tp"
+    assert waiting and waiting[-1]["step"] == 1 and waiting[-1]["group"] == "tp"
