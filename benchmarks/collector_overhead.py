@@ -7,7 +7,9 @@ Launches itself under torchrun. Every rank builds three identical DDP-wrapped GP
 same data) and trains them in the loop shape of reference_runs/dp.py (spans data/fwd/bwd/opt,
 step tokens, `loss.item()`):
 
-    on     a `Recorder` with collective tracing, activation tracking and the recording DDP hook
+    on     a `Recorder` with collective tracing, activation tracking, the recording DDP hook and
+           its watchdog thread (collectors/watchdog.py: in-flight state, heartbeats every
+           `--heartbeat-s`, stall checks twice a second at most)
     off    plain DDP (no hook) driven through a `NullRecorder` (collectors switched off)
     plain  plain DDP with no recorder calls at all
 
@@ -15,7 +17,8 @@ After a warm-up, they run in interleaved blocks of `--block` steps, in the order
 on-off-plain, plain-off-on, ... so that machine noise (other processes, frequency changes) hits
 every variant alike. A step's time is the slowest rank's (`perf_counter` around the whole
 step). Rank 0 prints the medians and `collector overhead (on/off step time): X.XXX` (the goal is
-<= 1.01); `off/plain` is the cost of the switched-off recorder's no-op contexts. With
+<= 1.01), and `on/plain`, the collectors with their watchdog against the uninstrumented loop;
+`off/plain` is the cost of the switched-off recorder's no-op contexts. With
 `--format both` (the default) the whole measurement runs once per rank-file format (Arrow IPC
 stream, JSON lines), one torchrun job each.
 
@@ -56,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory of the 'on' variant (kept)")
+    p.add_argument("--heartbeat-s", type=float, default=None,
+                   help="the watchdog's heartbeat, s (default: the recorder's)")  # fmt: skip
     p.add_argument("--format", choices=("both", "arrow", "jsonl"), default="both",
                    help="rank-file format of the 'on' variant (both: one job each)")  # fmt: skip
     args = p.parse_args(argv)
@@ -171,6 +176,8 @@ def rank_main(args: argparse.Namespace) -> None:
                 track_activations=True,
                 device=env.device,
                 format="jsonl" if args.format == "jsonl" else "arrow",
+                watchdog=True,
+                heartbeat_s=args.heartbeat_s,
             )
             assert isinstance(rec, Recorder)
             rec.register_group("dp", None)
@@ -258,6 +265,8 @@ def report(args: argparse.Namespace, world: int, per_rank: list[dict[str, list[f
     print(f"on/off per round (median of {len(rounds)}): {statistics.median(rounds):.3f}")
     print(f"'on' recorded on rank 0: {count_records(args.out)}")
     print(f"disabled recorder vs plain code (off/plain): {median['off'] / median['plain']:.3f}")
+    print(f"collectors with watchdog vs uninstrumented (on/plain): "
+          f"{median['on'] / median['plain']:.3f}")  # fmt: skip
     print(f"collector overhead (on/off step time): {median['on'] / median['off']:.3f}")
 
 

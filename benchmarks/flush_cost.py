@@ -7,9 +7,9 @@ bytes; what the collectors did before).
     python benchmarks/flush_cost.py [--repeat 300] [--records dp|pp]
 
 `dp`: one DP step as reference_runs/dp.py records it (spans data/fwd/bwd/opt, the gradient
-all-reduce, the step, the memory sample: 7 records); `pp`: 4 micro-batches of fwd/bwd with a
-send and a recv each (20 records). Prints the thread's CPU time a flush, the best of 15
-rounds, in ms.
+all-reduce with its `seq`, the step, the memory sample: 7 records); `pp`: 4 micro-batches of
+fwd/bwd with a send and a recv each (20 records). Prints the thread's CPU time a flush, the
+best of 15 rounds, in ms.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def dp_step(step: int) -> list[dict[str, Any]]:
     comm = {"kind": "comm", "step": step, "op": "all_reduce", "group": "dp", "group_size": 2,
             "bytes": 3_800_000, "dtype": "float32", "t0": t + 25_000_000, "t1": t + 29_000_000,
             "expected_bytes": 3_800_000, "tag": "grads", "async": True,
-            "blocking": False}  # fmt: skip
+            "blocking": False, "seq": step + 1}  # fmt: skip
     record = {"kind": "step", "step": step, "t0": t, "t1": t + 40_000_000, "tokens": 256,
               "loss": 6.25}  # fmt: skip
     mem = {"kind": "mem", "step": step, "params": 4194304, "grads": 4194304,
@@ -56,7 +56,8 @@ def pp_step(step: int) -> list[dict[str, Any]]:
             out.append({"kind": "comm", "step": step, "op": op, "group": "pp",
                         "group_size": 2, "bytes": 65536, "dtype": "float32", "t0": t0 + 900_000,
                         "t1": t0 + 950_000, "expected_bytes": 65536, "tag": "activations",
-                        "async": False, "blocking": True, "mb": mb, "peer": 0})  # fmt: skip
+                        "async": False, "blocking": True, "mb": mb, "peer": 0,
+                        "seq": 8 * step + len(out) // 2 + 1})  # fmt: skip
     return [*out, *dp_step(step)[3:]]
 
 

@@ -39,6 +39,8 @@ class CommEvent:
     expected_bytes: int | None = None
     tag: str | None = None
     fields: dict[str, Any] | None = None  # extra record fields, e.g. `layer` of a TP collective
+    peer: int | None = None  # the other rank (global) of a send or recv
+    seq: int | None = None  # its order among this rank's collectives on its group (the recorder's)
 
 
 def _nbytes(t: Any) -> int:
@@ -78,6 +80,21 @@ TRACED_COLLECTIVES: dict[str, tuple[str, str, Callable[[Any], int]]] = {
     "barrier": ("barrier", "group", lambda _: 0),
 }
 _ALWAYS_ASYNC = {"isend", "irecv"}
+_PEER_ARGS = {"send": ("dst", "group_dst"), "isend": ("dst", "group_dst"),
+              "recv": ("src", "group_src"), "irecv": ("src", "group_src")}  # fmt: skip
+"""The argument naming the other rank of a point-to-point op: global, or within the group."""
+
+
+def _peer(name: str, bound: dict[str, Any]) -> int | None:
+    """The global rank of a send's destination or a recv's source (None: any source)."""
+    args = _PEER_ARGS.get(name)
+    if args is None:
+        return None
+    peer, group_peer = bound.get(args[0]), bound.get(args[1])
+    if peer is None and group_peer is not None:
+        group: Any = bound.get("group") or dist.group.WORLD
+        return int(dist.get_global_rank(group, group_peer))
+    return None if peer is None else int(peer)
 
 
 class _Context(threading.local):
@@ -99,7 +116,16 @@ class TracedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         t0 = self._now()
-        result = self._work.wait(*args, **kwargs)
+        try:
+            result = self._work.wait(*args, **kwargs)
+        except Exception as err:
+            # the error is the collective's (a peer that never joined, a timeout): say so, or
+            # the traceback's last frame, this wrapper, reads as the collector's fault
+            err.add_note(
+                "diag: raised by the collective's own wait() (e.g. a peer that never "
+                "joined it, or died); the collectors' tracer only passes it on"
+            )
+            raise
         try:
             self._on_wait(t0, self._now())
         except Exception as err:
@@ -121,8 +147,10 @@ class CollectiveTracer:
         on_wait: Callable[[int, int], None],
         now: Callable[[], int],
         before_launch: Callable[[Any], None] | None = None,
+        on_issue: Callable[[CommEvent], None] | None = None,
     ) -> None:
         self._on_event = on_event
+        self._on_issue = on_issue  # told each collective as it is issued (the in-flight state)
         self._on_wait = on_wait
         self._now = now
         self._before_launch = before_launch
@@ -176,6 +204,7 @@ class CollectiveTracer:
                     blocking=False,
                     expected_bytes=context.expected_bytes,
                     tag=context.tag,
+                    peer=_peer(name, bound),
                 )
                 if self._before_launch is not None:
                     self._before_launch(event)
@@ -185,6 +214,8 @@ class CollectiveTracer:
             context.depth += 1
             try:
                 event.t0 = self._now()
+                if self._on_issue is not None:
+                    self._on_issue(event)  # guarded by the recorder
                 result = original(*args, **kwargs)
             finally:
                 context.depth -= 1

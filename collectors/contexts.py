@@ -51,11 +51,20 @@ class StepContext:
         self._t0 = rec.clock.now()
         if rec.parts.fetch_t0 is not None:  # the batch came from `rec.iterate`: it began there
             self._t0, rec.parts.fetch_t0 = min(rec.parts.fetch_t0, self._t0), None
+        inflight = rec.inflight  # the step is open: the watchdog watches it
+        inflight.step_index, inflight.step_t0 = rec.step_index, self._t0
+        inflight.progress_ns = max(inflight.progress_ns, self._t0)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         t1 = self.rec.clock.now()
         host = self.rec.parts.host.read()  # before the step's own bookkeeping below
+        inflight = self.rec.inflight
+        inflight.step_t0, inflight.progress_ns = None, t1
+        if exc is None:
+            inflight.step_ns.append(t1 - self._t0)
+        elif not isinstance(exc, torch.OutOfMemoryError):  # an OOM has its own event
+            self.rec.record_exception(exc, tb)  # before the step's flush: the process may die
         try:
             self._finish(t1, exc, host)
         except Exception as err:
@@ -144,11 +153,15 @@ class SpanContext:
                 self._event = rec.parts.cuda_timer.start()
         except Exception as err:
             report_once("Recorder.span enter", err)
-        self.record["t0"] = rec.clock.now()
+        self.record["t0"] = t0 = rec.clock.now()
+        rec.inflight.spans[id(self)] = self.record  # open: the watchdog's flushes write it
+        rec.inflight.progress_ns = max(rec.inflight.progress_ns, t0)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.record["t1"] = self.rec.clock.now()
+        self.record["t1"] = t1 = self.rec.clock.now()
+        self.rec.inflight.spans.pop(id(self), None)
+        self.rec.inflight.progress_ns = t1
         self.rec.phase = self._outer_phase
         try:
             if self._event is not None and self.rec.parts.cuda_timer is not None:
@@ -180,6 +193,7 @@ class CollectiveContext:
     def __enter__(self) -> CollectiveContext:
         context.depth += 1
         self.event.t0 = self.rec.clock.now()
+        self.rec.comm_issued(self.event)
         return self
 
     def __exit__(self, *exc: Any) -> None:

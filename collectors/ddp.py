@@ -111,6 +111,7 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
         tag=state.tag,
     )
     state.launched(event.t0)
+    rec.comm_issued(event)  # in flight until done: a rank stuck in it says so (guarded)
     context.depth += 1  # the tracer, if installed, must not record this call a second time
     try:
         work = state._original_all_reduce(buffer, group=group, async_op=True)
@@ -118,12 +119,26 @@ def recording_allreduce_hook(state: DDPHookState, bucket: Any) -> torch.futures.
         context.depth -= 1
 
     def done(fut: torch.futures.Future) -> torch.Tensor:
+        try:
+            value = fut.value()[0]
+        except Exception as err:
+            raise RuntimeError(_failed_collective(rec, event, err)) from None
         event.t1 = rec.clock.now()
         state.completed(event.t1)
         rec.record_comm_event(event)
-        return fut.value()[0]
+        return value
 
     return work.get_future().then(PENDING.track(done))
+
+
+def _failed_collective(rec: Recorder, event: CommEvent, err: BaseException) -> str:
+    """The error of a bucket's all-reduce that did not complete, naming the collective: DDP
+    raises it from backward with this callback's frame last, which alone would make the
+    collectors look guilty. The collective stays in the rank's in-flight state (comm_issued)."""
+    return (f"{err}\n[diag] DDP's gradient all-reduce did not complete: {event.op} #{event.seq} "
+            f"of group {rec.group_name(event.group)!r} ({event.bytes} bytes, step "
+            f"{rec.step_index}). The error is the collective's (a peer that never joined it, "
+            "or died); the collectors' DDP hook only passes it on.")  # fmt: skip
 
 
 def recording_wrapper_hook(state: DDPHookState, bucket: Any) -> torch.futures.Future:

@@ -14,6 +14,7 @@ from collectors.clock import Clock
 from collectors.comm import CommEvent
 from collectors.device import CudaSpanTimer, NvmlSampler
 from collectors.host import HostSampler
+from collectors.inflight import InFlight
 from collectors.memory import SavedTensorTracker
 from collectors.writer import RankWriter
 
@@ -52,6 +53,7 @@ class StepOwner(Protocol):
     device: torch.device
     clock: Clock
     phase: str | None
+    inflight: InFlight
 
     def event(self, name: str, **fields: Any) -> None: ...
 
@@ -62,3 +64,7 @@ class StepOwner(Protocol):
     def check_memory_budget(self, memory: dict[str, Any]) -> None: ...
 
     def record_comm_event(self, e: CommEvent) -> None: ...
+
+    def comm_issued(self, e: CommEvent) -> None: ...
+
+    def record_exception(self, exc: BaseException, tb: Any) -> None: ...

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -35,7 +38,10 @@ from collectors.clock import Clock
 from collectors.comm import CollectiveTracer, CommEvent
 from collectors.contexts import CollectiveContext, SpanContext, StepContext, TagContext
 from collectors.device import CudaSpanTimer, NvmlSampler
+from collectors.exits import exception_fields
+from collectors.exits import install as install_exit_hooks
 from collectors.host import HostSampler
+from collectors.inflight import InFlight
 from collectors.manifest import (
     DataParallel,
     build_manifest,
@@ -47,6 +53,12 @@ from collectors.null import NullContext, NullRecorder
 from collectors.parts import RecorderParts
 from collectors.pending import PENDING
 from collectors.safety import guarded, report_once
+from collectors.watchdog import (
+    Watchdog,
+    WatchdogConfig,
+    dump_flight_recorder,
+    watchdog_enabled,
+)
 from collectors.writer import RankFormat, open_rank_writer
 from diag.contract.names import WORLD
 from diag.contract.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
@@ -71,7 +83,15 @@ class Recorder:
         activation_every: int = 10,
         memory_budget_bytes: int | None = None,
         format: RankFormat | None = None,
+        watchdog: bool | None = None,
+        stall_factor: float | None = None,
+        stall_floor_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> None:
+        # PyTorch's Flight Recorder (the stall evidence, collectors/watchdog.py) keeps entries
+        # only with a buffer; torch 2.13 has one by default, older ones read this when their
+        # first process group is made. The user's own value wins.
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -110,7 +130,19 @@ class Recorder:
         self._manifest: Any = None
         self._layout_keys: set[str] = set()  # the layout fields the user gave (never inferred)
         self._closed = False
+        # What is open now (the step, spans, issued collectives) and the last progress: the
+        # watchdog reads it, every flush writes it (collectors/inflight.py).
+        self.inflight = InFlight()
+        self.main_thread_id = threading.get_ident()  # the training thread: a stall keeps its stack
+        self._seq: dict[int, int] = {}  # group key -> collectives issued on it so far
+        self._group_info: dict[int, tuple[int, list[int] | None]] = {}  # key -> size, ranks
+        self._announced: set[int] = set()  # groups whose ranks a comm record gave already
         _OPEN_RECORDERS.add(self)
+        install_exit_hooks(_record_uncaught, _flush_on_signal)
+        self._watchdog: Watchdog | None = None
+        if watchdog_enabled(watchdog):
+            config = WatchdogConfig.resolve(stall_factor, stall_floor_s, heartbeat_s)
+            self._watchdog = Watchdog(self, config).start()
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -132,6 +164,10 @@ class Recorder:
         device: torch.device | None = None,
         enabled: bool = True,
         format: RankFormat | None = None,
+        watchdog: bool | None = None,
+        stall_factor: float | None = None,
+        stall_floor_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> Recorder | NullRecorder:
         """Build the recorder of this rank from torchrun's environment (RANK, WORLD_SIZE, ...).
 
@@ -140,6 +176,8 @@ class Recorder:
         `layout` ({"dp": 4, "tp": 2, ...}, the manifest's fields) is what the analysis holds the
         run against; without it, registering DDP or FSDP2 sets `dp` (and FSDP2's ZeRO stage)
         from the wrapper's group, and every other dimension is 1.
+        The watchdog's knobs (`watchdog`, `stall_factor`, `stall_floor_s`, `heartbeat_s`; None:
+        the environment's DIAG_WATCHDOG, DIAG_STALL_FACTOR, ...) are collectors/watchdog.py's.
         """
         if not enabled or os.environ.get("DIAG_COLLECTORS", "1") == "0":
             return NullRecorder()
@@ -157,6 +195,10 @@ class Recorder:
             activation_every=activation_every,
             memory_budget_bytes=(hardware or {}).get("device_memory_bytes"),
             format=format,
+            watchdog=watchdog,
+            stall_factor=stall_factor,
+            stall_floor_s=stall_floor_s,
+            heartbeat_s=heartbeat_s,
         )
         gpus_per_node = (hardware or {}).get("gpus_per_node")
         physical_host = socket.gethostname()
@@ -273,11 +315,13 @@ class Recorder:
         """
         batches = iter(loader)
         while True:
-            t0 = self.clock.now()
+            t0 = self.inflight.fetch_t0 = self.clock.now()
             try:
                 batch = next(batches)
             except StopIteration:
+                self.inflight.fetch_t0 = None
                 return
+            self.inflight.fetch_t0 = None
             self._record_fetch(t0, self.clock.now())
             yield batch
 
@@ -301,6 +345,7 @@ class Recorder:
     @guarded()
     def record_span_interval(self, phase: str, t0: int, t1: int, **fields: Any) -> None:
         """A span measured elsewhere (e.g. the DDP hook's wait interval)."""
+        self.inflight.progress_ns = max(self.inflight.progress_ns, t1)
         self.parts.writer.write(
             {
                 "kind": "span",
@@ -327,8 +372,9 @@ class Recorder:
         """Record every torch.distributed collective this process issues from now on."""
         if self._tracer is None:
             self._tracer = CollectiveTracer(
-                self.record_comm_event, self._record_wait, self.clock.now, before_launch
-            )
+                self.record_comm_event, self._record_wait, self.clock.now, before_launch,
+                on_issue=self.comm_issued,
+            )  # fmt: skip
             self._tracer.install()
 
     def tagged(self, tag: str | None, expected_bytes: int | None = None) -> TagContext:
@@ -344,39 +390,83 @@ class Recorder:
         dtype: str | None = None,
         expected_bytes: int | None = None,
         tag: str | None = None,
+        peer: int | None = None,
         **fields: Any,
     ) -> CollectiveContext | NullContext:
         """Time a blocking collective by hand: `with rec.collective("all_reduce", n, tp_pg):`.
 
-        Extra keyword `fields` (e.g. `layer=3`) are written into the comm record as they are.
+        `peer`: the other rank (global) of a send or recv. Extra keyword `fields` (e.g.
+        `layer=3`) are written into the comm record as they are.
         """
         event = CommEvent(
             op=op, group=group, bytes=nbytes, dtype=dtype, t0=0, t1=0, is_async=False,
             blocking=True, expected_bytes=expected_bytes, tag=tag, fields=fields or None,
+            peer=peer,
         )  # fmt: skip
         return CollectiveContext(self, event)
 
+    def _group(self, group: Any) -> tuple[int, int, list[int] | None]:
+        """(key, size, global ranks or None) of a process group; the key counts its `seq`."""
+        world = getattr(dist.GroupMember, "WORLD", None)
+        key = -1 if group is None or group is world else id(group)
+        info = self._group_info.get(key)
+        if info is None:
+            if dist.is_initialized():
+                pg = world if key == -1 else group
+                info = (dist.get_world_size(pg), list(dist.get_process_group_ranks(pg)))
+            else:
+                info = (1, None)
+            self._group_info[key] = info
+        return key, info[0], info[1]
+
+    def _assign_seq(self, e: CommEvent, key: int) -> None:
+        if e.seq is None:
+            e.seq = self._seq[key] = self._seq.get(key, 0) + 1
+
+    @guarded()
+    def comm_issued(self, e: CommEvent) -> None:
+        """A collective issued (called before it is launched): it gets its `seq` and stays in
+        the in-flight state until `record_comm_event` records it completed."""
+        key, size, ranks = self._group(e.group)
+        self._assign_seq(e, key)
+        fields: dict[str, Any] = {
+            "op": e.op, "group": self.group_name(e.group), "group_size": size,
+            "group_ranks": ranks, "seq": e.seq, "bytes": e.bytes, "dtype": e.dtype, "tag": e.tag,
+        }  # fmt: skip
+        if e.peer is not None:
+            fields["peer"] = e.peer
+        self.inflight.comms[id(e)] = (self.step_index, e, fields)
+        self.inflight.progress_ns = max(self.inflight.progress_ns, e.t0)
+
     @guarded()
     def record_comm_event(self, e: CommEvent) -> None:
-        group_size = dist.get_world_size(e.group) if dist.is_initialized() else 1
-        self.parts.writer.write(
-            {
-                **(e.fields or {}),
-                "kind": "comm",
-                "step": self.step_index,
-                "op": e.op,
-                "group": self.group_name(e.group),
-                "group_size": group_size,
-                "bytes": e.bytes,
-                "dtype": e.dtype,
-                "t0": e.t0,
-                "t1": e.t1,
-                "expected_bytes": e.expected_bytes,
-                "tag": e.tag,
-                "async": e.is_async,
-                "blocking": e.blocking,
-            }
-        )
+        key, group_size, ranks = self._group(e.group)
+        self._assign_seq(e, key)
+        self.inflight.comms.pop(id(e), None)
+        self.inflight.progress_ns = max(self.inflight.progress_ns, e.t1)
+        record = {
+            **(e.fields or {}),
+            "kind": "comm",
+            "step": self.step_index,
+            "op": e.op,
+            "group": self.group_name(e.group),
+            "group_size": group_size,
+            "bytes": e.bytes,
+            "dtype": e.dtype,
+            "t0": e.t0,
+            "t1": e.t1,
+            "expected_bytes": e.expected_bytes,
+            "tag": e.tag,
+            "async": e.is_async,
+            "blocking": e.blocking,
+            "seq": e.seq,
+        }
+        if e.peer is not None:
+            record["peer"] = e.peer
+        if key not in self._announced:  # the group's members, on its first record
+            self._announced.add(key)
+            record["group_ranks"] = ranks
+        self.parts.writer.write(record)
 
     def _record_wait(self, t0: int, t1: int) -> None:
         self.record_span_interval("comm_wait", t0, t1, source="work_wait")
@@ -441,7 +531,61 @@ class Recorder:
         if self.parts.cuda_timer is not None:
             for record in self.parts.cuda_timer.resolve():
                 self.parts.writer.write(record)
+        self._write_open_state()
         self.parts.writer.flush()
+        self.inflight.flushed_ns = self.clock.now()
+
+    def _write_open_state(self) -> None:
+        """What is still open (step, spans, issued collectives), before each flush."""
+        if self.inflight.any_open():
+            for record in self.inflight.open_records():
+                self.parts.writer.write(record)
+
+    def flush_from_thread(self, records: list[dict[str, Any]], timeout_s: float) -> bool:
+        """Write `records` and the open state, and flush, from a thread that is not the
+        training thread (the watchdog, the SIGTERM flush): the flush gives up after
+        `timeout_s` if a training-thread flush holds the file (the records go out with the
+        next one). Never raises."""
+        try:
+            for record in records:
+                self.parts.writer.write(record)
+            self._write_open_state()
+            done = self.parts.writer.flush(timeout_s=timeout_s)
+            if done:
+                self.inflight.flushed_ns = self.clock.now()
+            return done
+        except Exception as err:
+            report_once("Recorder.flush_from_thread", err)
+            return False
+
+    _recorded_exception: tuple[int, str] | None = None
+
+    @guarded()
+    def record_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
+        """An `exception` event (type, message, last frames) for an exception leaving the
+        training loop, flushed at once: the process may be about to die. Once per exception
+        (the step context and sys.excepthook both see it)."""
+        if isinstance(exc, (SystemExit, GeneratorExit)):
+            return
+        mark = (id(exc), type(exc).__qualname__)
+        if self._closed or mark == self._recorded_exception:
+            return
+        self._recorded_exception = mark
+        fields = exception_fields(exc, tb)
+        if dist.is_available() and dist.is_initialized():
+            # the collectives' state as PyTorch saw it when this rank failed (a peer lost
+            # mid-collective ends the survivors with an error here, before any stall)
+            fields["fr_file"], fields["fr_error"] = dump_flight_recorder(self.run_dir, self.rank)
+        self.event("exception", t_ns=self.clock.now(), **fields)
+        self.flush()
+
+    def record_signal(self, signum: int) -> None:
+        """A `signal` event, flushed (from the SIGTERM helper thread: collectors/exits.py)."""
+        if self._closed:
+            return
+        event = {"kind": "event", "step": self.step_index, "name": "signal",
+                 "t_ns": self.clock.now(), "signal": signal.Signals(signum).name}  # fmt: skip
+        self.flush_from_thread([event], timeout_s=1.0)
 
     @guarded()
     def close(self, status: str = RunStatus.COMPLETE.value) -> None:
@@ -449,6 +593,9 @@ class Recorder:
             return
         self._closed = True
         _OPEN_RECORDERS.discard(self)
+        self.inflight.closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         # The callbacks handed to communication futures (the tracer's, the DDP hook's) write
         # records and are freed on backend threads: wait for them here, before the writer
         # closes and before the user destroys the process group (collectors/pending.py)
@@ -463,6 +610,9 @@ class Recorder:
         if self.parts.cuda_timer is not None:
             for record in self.parts.cuda_timer.resolve(wait=True):
                 self.parts.writer.write(record)
+        self._write_open_state()  # whatever never completed (a failed run's last collective)
+        self.event("rank_closed", t_ns=self.clock.now(),
+                   status="failed" if status == RunStatus.FAILED.value else "complete")  # fmt: skip
         self.parts.writer.close()
         self.parts.host.close()
         if self._manifest is not None:
@@ -473,7 +623,9 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None:
+            self.record_exception(exc, tb)
         self.close(RunStatus.FAILED.value if exc_type else RunStatus.COMPLETE.value)
 
 
@@ -489,3 +641,14 @@ def _flush_open_recorders() -> None:
 
 
 atexit.register(_flush_open_recorders)
+
+
+def _record_uncaught(exc: BaseException, tb: TracebackType | None) -> None:
+    """sys.excepthook's part: the exception that ends the process, in every open recorder."""
+    for recorder in list(_OPEN_RECORDERS):
+        recorder.record_exception(exc, tb)
+
+
+def _flush_on_signal(signum: int) -> None:
+    for recorder in list(_OPEN_RECORDERS):
+        recorder.record_signal(signum)

@@ -25,7 +25,12 @@ class RankWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held only to append or swap the pending list
+        # Held while a flush writes: the watchdog thread flushes too (collectors/watchdog.py),
+        # and two flushes must reach the file whole and in order. The watchdog only tries it
+        # for a moment (`flush(timeout_s=...)`), so the training thread never waits on a
+        # watchdog stuck in a write for longer than that write.
+        self._io_lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
         # A new run replaces an older rank file of the same name (never mixes two runs).
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
@@ -46,21 +51,31 @@ class RankWriter:
         with self._lock:
             self._pending.append(record)
 
-    def flush(self) -> None:
-        with self._lock:
-            records, self._pending = self._pending, []
-        if not records or self._file.closed:
-            return
-        # one write() per flush: a kill leaves whole flushes (an Arrow batch is one message)
-        self._file.write(self._encode(records))
-        self._file.flush()
+    def flush(self, timeout_s: float = -1) -> bool:
+        """Write the pending records out; False (nothing written) when another flush held the
+        file for more than `timeout_s` (-1: wait as long as it takes)."""
+        if not self._io_lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            with self._lock:
+                records, self._pending = self._pending, []
+            if not records or self._file.closed:
+                return True
+            # one write() per flush: a kill leaves whole flushes (an Arrow batch is one message)
+            self._file.write(self._encode(records))
+            self._file.flush()
+            return True
+        finally:
+            self._io_lock.release()
 
     def close(self) -> None:
         if self._file.closed:
             return
         self.flush()
-        self._file.write(self._trailer())
-        self._file.close()
+        with self._io_lock:
+            if not self._file.closed:
+                self._file.write(self._trailer())
+                self._file.close()
 
 
 class ArrowRankWriter(RankWriter):

@@ -173,6 +173,7 @@ def accumulated_step(
                     inputs, targets = next(batches)
                 with gradient_sync(mb == cfg.grad_accum - 1):
                     with rec.span("fwd", mb=mb):
+                        faults.apply_failure(step_index, rec)  # hang, crash, desync, kill
                         faults.apply_compute_delay(step_index)
                         _, loss = forward(inputs, targets)
                         if leak is not None:
@@ -216,10 +217,13 @@ def start(trainer: str, plan: Plan, argv: list[str] | None) -> Setup:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     say = os.environ.get("RANK", "0") == "0"
     topology = checked_plan(plan, cfg, world_size, f"reference_runs.{trainer}", say)
-    env = init_distributed()
-    groups = build_groups(topology, env.rank)
-    stage = topology.coords(env.rank)["pp"]
-    faults = FaultPlan.from_specs(cfg.inject, env.rank, stage=stage, seed=cfg.seed)
+    rank = int(os.environ.get("RANK", "0"))
+    stage = topology.coords(rank)["pp"]
+    faults = FaultPlan.from_specs(cfg.inject, rank, stage=stage, seed=cfg.seed)
+    timeout_s = faults.pg_timeout_s()  # short under a failure injection: the job ends in seconds
+    timeout = _dt.timedelta(seconds=timeout_s) if timeout_s is not None else None
+    env = init_distributed(timeout)
+    groups = build_groups(topology, env.rank, timeout)
     torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its part
     return Setup(cfg, env, topology, groups, faults)
 
@@ -248,7 +252,7 @@ BACKEND_ENV = "DIAG_BACKEND"
 on one device), with CUDA tensors (benchmarks/gpu_check.py)."""
 
 
-def init_distributed() -> DistEnv:
+def init_distributed(timeout: _dt.timedelta | None = None) -> DistEnv:
     """NCCL and one GPU per rank when GPUs are present, otherwise gloo on CPU. More ranks than
     GPUs share them (rank i on GPU i mod count), which only a backend other than NCCL allows
     ($DIAG_BACKEND=gloo)."""
@@ -261,11 +265,13 @@ def init_distributed() -> DistEnv:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=timeout)
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
-def build_groups(topology: Topology, rank: int) -> dict[str, Any]:
+def build_groups(
+    topology: Topology, rank: int, timeout: _dt.timedelta | None = None
+) -> dict[str, Any]:
     """This rank's process group for each axis of size > 1 (`dist.group.WORLD` for the whole
     world). Every rank creates every group, in the same order, as new_group requires."""
     mine: dict[str, Any] = {}
@@ -276,7 +282,7 @@ def build_groups(topology: Topology, rank: int) -> dict[str, Any]:
             mine[axis] = dist.group.WORLD
             continue
         for ranks in topology.groups(axis):
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
                 mine[axis] = group
     return mine

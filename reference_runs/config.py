@@ -201,7 +201,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--inject", type=_injection, action="append", default=[], metavar="SPEC",
         help="fault injection, repeatable (straggler:rank=R,ms=M, slow-comm:ms=M[,group=G], "
         "skew:frac=F[,expert=E], skew-growth:per_step=G, leak:mb=X, slowdown:ms=M[,rank=R], "
-        "no-set-epoch)",
+        "no-set-epoch, stage-slow:stage=S,ms=M, jitter:ms=M, loader-stall:rank=R,ms=M; a job "
+        "that fails: hang|crash|desync|kill:rank=R,step=S)",
     )  # fmt: skip
     run.add_argument("--no-collectors", action="store_true", help="run uninstrumented")
     return parser

@@ -147,6 +147,7 @@ def build(setup: Setup) -> Loop:
                 with rec.span("data", mb=mb):
                     inputs, targets = next(batches)
                 with rec.span("fwd", mb=mb):
+                    faults.apply_failure(step_index, rec)  # hang, crash, desync, kill
                     faults.apply_compute_delay(step_index)
                     _, loss = model(inputs, targets)
                     aux = torch.stack([layer.aux_loss for layer in layers]).sum()

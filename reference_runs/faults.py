@@ -8,14 +8,33 @@ where it must; `Leak` retains the tensors of `leak:mb=X`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from diag.contract import injections as inj
-from diag.contract.injections import Injection, Skew, SkewGrowth, parse_injection
+from diag.contract.injections import (
+    Crash,
+    Desync,
+    Hang,
+    Injection,
+    Kill,
+    Skew,
+    SkewGrowth,
+    parse_injection,
+)
+
+PG_TIMEOUT_ENV = "DIAG_PG_TIMEOUT_S"
+"""The process groups' timeout in seconds (the trainers' `init_process_group` and
+`new_group`); unset: torch's default, or FAILURE_PG_TIMEOUT_S under a failure injection."""
+FAILURE_PG_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +48,8 @@ class FaultPlan:
     seed: int = 0  # the run's seed, which the `jitter` draws depend on
     _jittered: set[int] = field(default_factory=set, compare=False, repr=False)
     """Steps whose `jitter` delay was slept already (once per step, at its first compute)."""
+    _failed: set[int] = field(default_factory=set, compare=False, repr=False)
+    """Steps whose failure injection ran already (a desync issues its collective once)."""
 
     @classmethod
     def from_specs(
@@ -90,6 +111,49 @@ class FaultPlan:
             delay_s += self.jitter_s(step)
         if delay_s > 0:
             time.sleep(delay_s)
+
+    def pg_timeout_s(self) -> float | None:
+        """The process groups' timeout: DIAG_PG_TIMEOUT_S, else FAILURE_PG_TIMEOUT_S when an
+        injection ends the job (so it ends in seconds, not torch's 30 minutes), else None."""
+        raw = os.environ.get(PG_TIMEOUT_ENV, "").strip()
+        if raw:
+            value = float(raw)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"{PG_TIMEOUT_ENV}={raw!r} must be a number of seconds > 0")
+            return value
+        return FAILURE_PG_TIMEOUT_S if inj.ends_job(self.injections) else None
+
+    def apply_failure(self, step: int, rec: Any = None) -> None:
+        """The hang, crash, desync or kill this rank must perform at `step`, once, before its
+        first forward of the step (call it inside the `fwd` span, before the compute delay).
+        A desync's extra collective is recorded through `rec` (a Recorder) when given."""
+        failure = inj.failure_at(self.injections, self.rank, step)
+        if failure is None or step in self._failed:
+            return
+        self._failed.add(step)
+        where = f"rank {self.rank} at step {step}"
+        if isinstance(failure, Hang):
+            while True:  # never returns: the others wait for it until their timeout
+                time.sleep(3600)
+        if isinstance(failure, Crash):
+            raise RuntimeError(f"injected crash: {where}")
+        if isinstance(failure, Kill):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if isinstance(failure, Desync):
+            extra = torch.zeros(1)  # gloo and the CPU: a collective no other rank issues
+            if torch.cuda.is_available() and dist.get_backend() == "nccl":
+                extra = extra.cuda()
+            recorded = (
+                rec.collective("all_reduce", 4, None, dtype="float32", tag="inject.desync")
+                if rec is not None
+                else contextlib.nullcontext()
+            )
+            with recorded:
+                if rec is not None:
+                    # gloo aborts a rank whose collective's size differs from its peers' (NCCL
+                    # would hang): its record as issued must be on disk before it is launched
+                    rec.flush()
+                dist.all_reduce(extra)
 
     def apply_loader_stall(self) -> None:
         """Sleep the `loader-stall` of this rank; call it before the step's `rec.step` opens."""

@@ -113,6 +113,7 @@ class Pipeline:
             if action.kind == "fwd":
                 x = None if k == 0 else self.comms.recv_forward(k, action.mb).requires_grad_()
                 with self.rec.span("fwd", **span):
+                    self.faults.apply_failure(step_index, self.rec)
                     self.faults.apply_compute_delay(step_index)
                     if self.leak is not None and action.mb == 0 and action.chunk == 0:
                         self.leak.step()

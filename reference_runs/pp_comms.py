@@ -73,6 +73,7 @@ class PipeComms:
             dtype="float32",
             expected_bytes=self.expected_bytes,
             tag=kind,
+            peer=src,
         ):
             if self.delay_s:
                 time.sleep(self.delay_s)
@@ -90,12 +91,13 @@ class PipeComms:
     # ---------------------------------------------------------------- sends (async)
     def _send(self, tensor: torch.Tensor, dst: int, tag: int, kind: str) -> None:
         payload = tensor.detach().contiguous()
-        t0 = self.now()
-        work = dist.isend(payload, dst, group=self.group, tag=tag)
         event = CommEvent(
-            op="send", group=self.group, bytes=self.nbytes, dtype="float32", t0=t0, t1=0,
-            is_async=True, blocking=False, expected_bytes=self.expected_bytes, tag=kind,
+            op="send", group=self.group, bytes=self.nbytes, dtype="float32", t0=self.now(),
+            t1=0, is_async=True, blocking=False, expected_bytes=self.expected_bytes, tag=kind,
+            peer=dst,
         )  # fmt: skip
+        self.rec.comm_issued(event)  # in flight until it completes: a stuck send says so
+        work = dist.isend(payload, dst, group=self.group, tag=tag)
         waiter = self._waiters.get(dst)
         if waiter is None:
             waiter = self._waiters[dst] = ThreadPoolExecutor(1, thread_name_prefix=f"pp-send{dst}")

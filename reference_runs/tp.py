@@ -239,6 +239,7 @@ def build(setup: Setup) -> Loop:
                 # DDP all-reduces the gradients once, in the last micro-batch's backward
                 with contextlib.nullcontext() if mb == num_mb - 1 else no_sync():
                     with rec.span("fwd", mb=mb):
+                        faults.apply_failure(step_index, rec)  # hang, crash, desync, kill
                         faults.apply_compute_delay(step_index)
                         _, loss = forward(inputs, targets)
                         if leak is not None and mb == 0:  # X MiB a step

@@ -94,6 +94,9 @@ def parse_faults(
     skew: Skew | None = None
     growth: SkewGrowth | None = None
     for spec, injection in zip(specs, parsed, strict=True):
+        if isinstance(injection, inj.Hang | inj.Crash | inj.Desync | inj.Kill):
+            raise ValueError(f"bad injection {spec!r}: the simulator does not model a job that "
+                             "fails; run a reference trainer (diag run) to inject it")  # fmt: skip
         rank = getattr(injection, "rank", None)
         if rank is not None and not 0 <= rank < world:
             raise ValueError(f"bad injection {spec!r}: rank {rank} is not in 0..{world - 1}")

@@ -15,6 +15,18 @@ docs/trainers.md).
                                       uniform [0, M] ms more (per seed, rank and step)
     loader-stall:rank=R,ms=M          rank R sleeps M ms fetching data before each step,
                                       outside the recorded step
+    hang:rank=R,step=S                rank R sleeps forever before its forward of step S (a
+                                      deadlock, a stuck loader): the others wait in its
+                                      next collective until the process group times out
+    crash:rank=R,step=S               rank R raises before its forward of step S
+    desync:rank=R,step=S              rank R issues one collective the others do not (a
+                                      1-element all-reduce on the world group) before its
+                                      forward of step S: the collectives' order desynchronises
+    kill:rank=R,step=S                rank R SIGKILLs itself before its forward of step S (no
+                                      exception, no flush: a lost node)
+
+The last four end the job: the reference trainers then use a short process-group timeout
+(DIAG_PG_TIMEOUT_S, default 30 s with one of them). The simulator does not model them.
 
 `parse_injection` turns one spec into a typed frozen dataclass; the functions below say what a
 list of them asks of one rank, one group or one step. The reference trainers
@@ -100,9 +112,44 @@ class LoaderStall:
     ms: float  # sleep before each step, milliseconds
 
 
+@dataclass(frozen=True)
+class Hang:
+    """A rank that stops taking part: it sleeps forever before its forward of `step`."""
+
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A rank that raises before its forward of `step`."""
+
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Desync:
+    """A rank that issues one collective the others do not, before its forward of `step`."""
+
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A rank that SIGKILLs itself before its forward of `step`."""
+
+    rank: int
+    step: int
+
+
+Failure = Hang | Crash | Desync | Kill
+"""The injections that end the job."""
+
 Injection = (
     Straggler | SlowComm | Skew | SkewGrowth | MemoryLeak | Slowdown | NoSetEpoch | StageSlow
-    | Jitter | LoaderStall
+    | Jitter | LoaderStall | Hang | Crash | Desync | Kill
 )  # fmt: skip
 
 
@@ -155,6 +202,10 @@ _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
     "stage-slow": (StageSlow, {"stage": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
     "jitter": (Jitter, {"ms": (_nonneg_float, True)}),
     "loader-stall": (LoaderStall, {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True)}),
+    "hang": (Hang, {"rank": (_nonneg_int, True), "step": (_nonneg_int, True)}),
+    "crash": (Crash, {"rank": (_nonneg_int, True), "step": (_nonneg_int, True)}),
+    "desync": (Desync, {"rank": (_nonneg_int, True), "step": (_nonneg_int, True)}),
+    "kill": (Kill, {"rank": (_nonneg_int, True), "step": (_nonneg_int, True)}),
 }
 
 
@@ -285,3 +336,16 @@ def skew_at(
     if growth is not None:
         frac += growth.per_step * step
     return (skew.expert if skew is not None else 0), min(frac, 1.0)
+
+
+def failure_at(injections: Sequence[Injection], rank: int, step: int) -> Failure | None:
+    """The failure `rank` must perform before its forward of `step` (the first given), if any."""
+    for i in injections:
+        if isinstance(i, (Hang, Crash, Desync, Kill)) and i.rank == rank and i.step == step:
+            return i
+    return None
+
+
+def ends_job(injections: Sequence[Injection]) -> bool:
+    """Whether some injection ends the job (a hang, crash, desync or kill)."""
+    return any(isinstance(i, (Hang, Crash, Desync, Kill)) for i in injections)

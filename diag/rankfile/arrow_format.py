@@ -134,9 +134,14 @@ def _fits(value: Any, kind: pa.DataType) -> bool:
     return cls is list and all(type(v) is float or type(v) is int for v in value)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+"""One encoder for every call: `json.dumps` with options builds a new one each time, which is
+most of the cost of a record's few free fields (a comm record's `seq`)."""
+
+
 def json_text(value: Any) -> str:
     # default=str: a collector must never fail on a field it cannot encode (JSONL: the same)
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return _JSON.encode(value)
 
 
 def encode_batch(records: Iterable[Mapping[str, Any]]) -> bytes:

@@ -6,15 +6,18 @@
 The block expects a script around it that defines `net` (whose forward returns the loss),
 `loader`, `torch` and `DDP`; this is that script: a small regression MLP on synthetic batches.
 `--slow-rank R --slow-ms M` makes rank R's loader sleep M ms per batch (a slow data loader);
-`--replace OLD NEW` edits the block first. The run directory is `runs/my-job` under the working
-directory, as the block says. `--then-broken` runs the block a second time in `broken/`, with
-the issue's bug (the forward through `net`, not the DDP wrapper) and parameter checksums on, all
-loaders fast (one launch for both: starting torch costs more than either run).
+`--replace OLD NEW` edits the block first. `--fail hang|crash --fail-rank R --fail-step S`
+makes rank R's forward of step S sleep forever or raise (`--pg-timeout-s` then ends the job).
+The run directory is `runs/my-job` under the working directory, as the block says.
+`--then-broken` runs the block a second time in `broken/`, with the issue's bug (the forward
+through `net`, not the DDP wrapper) and parameter checksums on, all loaders fast (one launch
+for both: starting torch costs more than either run).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import time
@@ -51,6 +54,23 @@ class Regression(nn.Module):
         return nn.functional.mse_loss(self.body(batch), batch @ self.teacher)
 
 
+class Failing(Regression):
+    """The same model, whose forward of step `step` on rank `rank` hangs or raises."""
+
+    def __init__(self, kind: str, rank: int, step: int) -> None:
+        super().__init__()
+        self.kind, self.rank, self.step, self.calls = kind, rank, step, 0
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        step, self.calls = self.calls, self.calls + 1
+        if step == self.step and dist.get_rank() == self.rank:
+            if self.kind == "crash":
+                raise RuntimeError(f"injected crash: rank {self.rank} at step {step}")
+            while True:  # a deadlock, a stuck loader: the others wait in the all-reduce
+                time.sleep(3600)
+        return super().forward(batch)
+
+
 def batches(steps: int, rank: int, slow_rank: int | None, slow_ms: float) -> Iterator[torch.Tensor]:
     generator = torch.Generator().manual_seed(rank)
     for _ in range(steps):
@@ -66,10 +86,17 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--replace", nargs=2, action="append", default=[])
     parser.add_argument("--then-broken", action="store_true")
+    parser.add_argument("--fail", choices=["hang", "crash"], default=None)
+    parser.add_argument("--fail-rank", type=int, default=0)
+    parser.add_argument("--fail-step", type=int, default=0)
+    parser.add_argument("--pg-timeout-s", type=float, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    run_block(args.replace, batches(args.steps, dist.get_rank(), args.slow_rank, args.slow_ms))
+    timeout = None if args.pg_timeout_s is None else datetime.timedelta(seconds=args.pg_timeout_s)
+    dist.init_process_group("gloo", timeout=timeout)
+    net = Failing(args.fail, args.fail_rank, args.fail_step) if args.fail else None
+    loader = batches(args.steps, dist.get_rank(), args.slow_rank, args.slow_ms)
+    run_block(args.replace, loader, net)
     if args.then_broken:
         os.makedirs("broken", exist_ok=True)
         os.chdir("broken")
@@ -87,14 +114,19 @@ BROKEN = [
 ]
 
 
-def run_block(replacements: list[tuple[str, str]], loader: Iterator[torch.Tensor]) -> None:
-    """The README block, edited by `replacements`, with this script's names in scope."""
+def run_block(
+    replacements: list[tuple[str, str]],
+    loader: Iterator[torch.Tensor],
+    net: nn.Module | None = None,
+) -> None:
+    """The README block, edited by `replacements`, with this script's names in scope (`net`:
+    the model, by default a healthy Regression)."""
     torch.manual_seed(0)
     block = readme_block()
     for old, new in replacements:
         assert old in block, f"{old!r} is not in the README block"
         block = block.replace(old, new)
-    scope = {"torch": torch, "DDP": DDP, "net": Regression(), "loader": loader}
+    scope = {"torch": torch, "DDP": DDP, "net": net or Regression(), "loader": loader}
     exec(compile(block, f"{README}:{SECTION}", "exec"), scope)
 
 

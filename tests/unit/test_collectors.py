@@ -59,7 +59,8 @@ def test_recorder_without_process_group_writes_manifest_and_rank_file(tmp_path: 
     records = read_records(tmp_path)
     assert records[0]["kind"] == "meta"
     assert records[0]["rank"] == 0 and records[0]["world_size"] == 1
-    assert {r["kind"] for r in records} == {"meta", "span", "step", "mem"}
+    assert {r["kind"] for r in records} == {"meta", "span", "step", "mem", "event"}
+    assert [r["name"] for r in of_kind(records, "event")] == ["rank_closed"]  # close() says so
 
     steps = of_kind(records, "step")
     assert [s["step"] for s in steps] == [0, 1, 2]
