@@ -101,16 +101,20 @@ def test_the_html_page_leads_with_the_cards_and_escapes_every_name() -> None:
 
 
 def test_a_job_that_did_not_finish_opens_with_where_each_rank_stopped() -> None:
-    stopped = [{"rank": 0, "step": 6, "last": "all_reduce dp #41"},
-               {"rank": 1, "step": 5, "last": "opt <i>"}]  # fmt: skip
-    report = _report([STRAGGLER], stopped=stopped)
+    stopped = [{"rank": 0, "state": "timed out", "step": 6, "span": "bwd",
+                "collective": "all_reduce #41 of dp", "waited_s": 20.0, "stack_top": "wait"},
+               {"rank": 1, "state": "stalled", "step": 6, "span": "fwd <i>",
+                "collective": "never joined all_reduce #41 of dp"}]  # fmt: skip
+    report = _report([STRAGGLER], where_stopped=stopped)
     report["summary"]["status"] = "hung"
-    rows = [["0", "6", "all_reduce dp #41"], ["1", "5", "opt <i>"]]
-    assert failure_rows(report) == (["rank", "step", "last"], rows)
+    header, rows = failure_rows(report)
+    assert header == ["rank", "state", "step", "span", "collective", "waited s", "stack top"]
+    assert rows[0] == ["0", "timed out", "6", "bwd", "all_reduce #41 of dp", "20", "wait"]
+    assert rows[1][:5] == ["1", "stalled", "6", "fwd <i>", "never joined all_reduce #41 of dp"]
     page = html_page(report, [])
     assert 'class="status failed" id="run-status">status: hung<' in page
     assert page.index('id="failure"') < page.index("<h2>Findings</h2>")
-    assert "<h2>where each rank stopped</h2>" in page and "opt &lt;i&gt;" in page
+    assert "<h2>where each rank stopped</h2>" in page and "fwd &lt;i&gt;" in page
 
 
 @pytest.mark.parametrize("run", ["dp-straggler"])
