@@ -228,8 +228,11 @@ class _Scenarios:
         peers the excesses mirror each other, and on a loaded host the peer of a straggler
         computes longer elsewhere in the step (docs/metrics.md): an excess, not a straggler."""
         steps = max(int(self.ok.sum()), 1)
-        per_rank = pd.Series(self._excesses["all"]).groupby(self.rank).sum() / steps
-        net = pd.Series(self._typical["all"]).groupby(self.rank).sum() / steps
+        # measured once, on the chain: a launch's local time overlaps its chain's (it is timed
+        # from the chain's previous event), so summing it too counted the excess twice
+        on_chain = self.timeline.events["kind"].to_numpy() != tl.Kind.LAUNCH
+        per_rank = pd.Series(self._excesses["all"] * on_chain).groupby(self.rank).sum() / steps
+        net = pd.Series(self._typical["all"] * on_chain).groupby(self.rank).sum() / steps
         floor = MIN_EXCESS_SHARE * self.base_mean
         candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
         causes = []

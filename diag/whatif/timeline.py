@@ -78,7 +78,8 @@ class Timeline:
     start, earlier by `gap_wait_ns` where the rank waited in a gap before it), seg_ns and
     host_ns (local time before the event, and its host part), gap_ns (its time in no record
     right before the event), j (position in its step), instance, group,
-    transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), post_ns
+    transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), inferred
+    (a synchronisation inferred from time in no record, diag/whatif/untraced.py), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -117,6 +118,7 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
                      "collectives is recorded)")  # fmt: skip
         labels = {name: object for name in ("op", "group", "tag")}  # categories lack "dp"
         comms = pd.concat([comms.astype(labels), inferred.astype(labels)])
+    recorded_rows = len(comms) - len(inferred)  # the inferred rows come last
     comms = comms.reset_index(drop=True)
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
@@ -137,6 +139,8 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     matched_send[send_rows] = True
     kinds = np.where(matched_send & ~is_async & (kinds == Kind.LOCAL), Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
+    # a synchronisation inferred from time in no record: that time was waiting in a gap
+    events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)

@@ -27,6 +27,9 @@ from diag.contract import schema
 from diag.numeric.ordering import lexicographic
 from diag.whatif.matching import collective_instances, message_pair_rows
 
+PIPELINE_AXIS = "pp"
+"""The manifest's axis name of the pipeline groups (whose ranks exchange messages)."""
+
 MIN_GAP_NS = 200_000
 """At least one member's gap is this long (shorter gaps are launches and Python between
 calls: members resume together after those by chance)."""
@@ -43,16 +46,28 @@ def inferred_syncs(
     """Comm rows (rank, step, op, group, tag, t0, t1, async) of the synchronisations inferred
     in the analysed records: one blocking `barrier` per member, from its gap's start to its
     end. Empty when none is found."""
+    labels = {str(label) for label in comms["group"].dropna().unique()}
+    # a group is recorded when its collectives are, under its name or another's of the
+    # same members (`world` and `dp` of a pure data-parallel job)
+    recorded = {
+        frozenset(members) for label in labels for members in manifest.groups.get(label, [])
+    }
     groups = sorted(((axis, [int(m) for m in members]) for axis, lists in manifest.groups.items()
                      for members in lists if len(members) >= 2),
                     key=lambda group: len(group[1]))  # fmt: skip
     if not groups:
         return _rows([])
-    gaps = _gaps(comms, spans, steps, _with_dependency(comms, manifest))
+    dependency = _with_dependency(comms, manifest)
+    gaps = _gaps(comms, spans, steps, dependency)
+    # where the group's collectives or messages are recorded, only a gap that ends at a
+    # collective nobody else recorded can hide a synchronisation: their resuming together at
+    # a span is what ranks leaving a recorded collective together and doing the same work do
+    lone = _gaps(comms, spans, steps, dependency, lone_only=True)
     found: list[dict] = []
     used: dict[int, set[int]] = {}  # per rank, the ends of its gaps already in a sync
     for axis, members in groups:
-        found += _group_syncs(axis, members, gaps, used)
+        searched = axis == PIPELINE_AXIS or axis in labels or frozenset(members) in recorded
+        found += _group_syncs(axis, members, lone if searched else gaps, used)
     return _rows(found)
 
 
@@ -67,23 +82,32 @@ def _with_dependency(comms: pd.DataFrame, manifest: schema.Manifest) -> np.ndarr
 
 
 def _gaps(
-    comms: pd.DataFrame, spans: pd.DataFrame, steps: pd.DataFrame, dependency: np.ndarray
+    comms: pd.DataFrame,
+    spans: pd.DataFrame,
+    steps: pd.DataFrame,
+    dependency: np.ndarray,
+    lone_only: bool = False,
 ) -> dict[int, tuple]:
     """Per rank, its times in no record within and between its analysed steps that end at no
-    record with a recorded dependency (`dependency`: per comm row): (starts, ends, steps), by
-    end. A step's start and end are records of no length."""
+    record with a recorded dependency (`dependency`: per comm row); `lone_only`: only those
+    that end at a collective no other rank recorded. (starts, ends, steps), by end. A step's
+    start and end are records of no length."""
     columns = ["rank", "step", "t0", "t1"]
-    parts = [comms[columns].assign(dep=dependency), spans[columns].assign(dep=False)]
-    parts += [steps.assign(t1=steps["t0"], dep=False)[[*columns, "dep"]],
-              steps.assign(t0=steps["t1"], dep=False)[[*columns, "dep"]]]  # fmt: skip
+    parts = [comms[columns].assign(dep=dependency, lone=~dependency),
+             spans[columns].assign(dep=False, lone=False)]  # fmt: skip
+    marks = [*columns, "dep", "lone"]
+    parts += [steps.assign(t1=steps["t0"], dep=False, lone=False)[marks],
+              steps.assign(t0=steps["t1"], dep=False, lone=False)[marks]]  # fmt: skip
     records = pd.concat(parts, ignore_index=True)
     rank = records["rank"].to_numpy(dtype=np.int64)
     t0 = records["t0"].to_numpy(dtype=np.int64)
     t1 = records["t1"].to_numpy(dtype=np.int64)
     step = records["step"].to_numpy(dtype=np.int64)
     dep = records["dep"].to_numpy(dtype=bool)
+    lone = records["lone"].to_numpy(dtype=bool)
     order = lexicographic(rank, t0)
-    rank, t0, t1, step, dep = rank[order], t0[order], t1[order], step[order], dep[order]
+    rank, t0, t1, step = rank[order], t0[order], t1[order], step[order]
+    dep, lone = dep[order], lone[order]
     out: dict[int, tuple] = {}
     bounds = np.flatnonzero(np.diff(rank)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(rank)], strict=True):
@@ -94,6 +118,8 @@ def _gaps(
         # ends at a record another rank saw the other side of (any record starting then)
         dependent_at = t0[lo:hi][dep[lo:hi]]
         open_ = (end > start) & ~np.isin(end, dependent_at)
+        if lone_only:
+            open_ &= np.isin(end, t0[lo:hi][lone[lo:hi]])
         out[int(rank[lo])] = (start[open_], end[open_], step[lo + 1 : hi][open_])
     return out
 
@@ -102,7 +128,8 @@ def _group_syncs(
     axis: str, members: list[int], gaps: dict[int, tuple], used: dict[int, set[int]]
 ) -> list[dict]:
     """The synchronisations of one group: moments at which every member's gap ends within
-    the tolerance, one of those gaps at least MIN_GAP_NS long, none of them in a
+    the tolerance, one of those gaps at least MIN_GAP_NS long, the first member there at
+    least that much (and the tolerance) before the last, none of them in a
     synchronisation found before (`used`: per rank, the ends of those gaps; updated)."""
     if any(m not in gaps or not len(gaps[m][1]) for m in members):
         return []
@@ -112,6 +139,8 @@ def _group_syncs(
         return []
     matched = np.ones(len(candidates), dtype=bool)
     longest = np.zeros(len(candidates), dtype=np.int64)
+    first_start = np.full(len(candidates), np.iinfo(np.int64).max, dtype=np.int64)
+    last_start = np.full(len(candidates), np.iinfo(np.int64).min, dtype=np.int64)
     nearest: dict[int, np.ndarray] = {}
     for m in members:
         starts, ends, _ = gaps[m]
@@ -120,7 +149,14 @@ def _group_syncs(
         j = np.where(np.abs(ends[after] - candidates) < np.abs(ends[j] - candidates), after, j)
         nearest[m] = j
         longest = np.maximum(longest, ends[j] - starts[j])
+        first_start = np.minimum(first_start, starts[j])
+        last_start = np.maximum(last_start, starts[j])
     tolerance = np.maximum(RESUME_TOLERANCE_NS, longest * RESUME_TOLERANCE_SHARE)
+    # someone waited for the last to arrive: members that left a collective together and did
+    # the same unrecorded work resume together too, having waited for nobody
+    matched &= last_start - first_start >= np.maximum(MIN_GAP_NS, tolerance)
+    for m in members:  # and nobody resumed before the last arrived
+        matched &= gaps[m][1][nearest[m]] >= last_start - tolerance
     for m in members:
         matched &= np.abs(gaps[m][1][nearest[m]] - candidates) <= tolerance
     syncs: list[dict] = []
