@@ -99,7 +99,7 @@ def test_missing_rank_file(runs) -> None:
     result = analyze(str(run_dir))
     assert result.exit_code == 0, result.output
     assert "rank-00001.jsonl: missing (rank 1 of 2 not analysed)" in result.stdout
-    assert result.stdout.startswith("test-run  2 ranks (dp=2)  2 steps")
+    assert result.stdout.startswith("test-run  1 of 2 ranks (dp=2)  2 steps")
 
 
 def test_nan_times(runs) -> None:
@@ -120,8 +120,8 @@ def test_text(golden_dp2: Path) -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "dp2-golden  2 ranks (dp=2)  2 steps (1-2; warm-up step 0 excluded)  mean step 0.115 s  "
-        "17.4k tokens/s  comm 37% (exposed 19%, 49% of it hidden)"
+        "dp2-golden  2 ranks (dp=2)  2 steps (1-2; warm-up step 0 excluded)  step 0.11 s per "
+        "rank (job-wide 0.115 s)  18.2k tokens/s  comm 37% (exposed 19%, 49% of it hidden)"
     )
     text = result.stdout
     assert "busy" in text and "idle" in text and "busbw GB/s" in text and "7.25 MiB" in text
