@@ -48,3 +48,30 @@ def test_the_peers_gaps_read_as_waiting(hidden: dict[str, Any]) -> None:
     for rank in (4, 8, 12):
         assert gaps[rank]["waiting_s"] > 0.3 * hidden["saving_s"]
         assert gaps[rank]["own_s"] < 0.1 * step
+
+
+def _held_send_run(runs: Any) -> Path:
+    """Two pipeline stages: stage 0 sends at 10 ms, recorded as asynchronous, and is held until
+    stage 1, busy until 60 ms, receives; nothing else recorded on stage 0 meanwhile."""
+    records: dict[int, list] = {0: [], 1: []}
+    for s in range(4):
+        t = 100.0 * s
+        pp = {"group": "pp", "group_size": 2, "bytes": 1000}
+        records[0] += [runs.span(s, "fwd", t, t + 10),
+                       runs.comm(s, t + 10, t + 60, op="send", peer=1, **pp, **{"async": True}),
+                       runs.span(s, "bwd", t + 60, t + 100), runs.step(s, t, t + 100)]  # fmt: skip
+        records[1] += [runs.span(s, "fwd", t, t + 60),
+                       runs.comm(s, t + 60, t + 61, op="recv", peer=0, **pp, **{"async": False}),
+                       runs.span(s, "bwd", t + 61, t + 100), runs.step(s, t, t + 100)]  # fmt: skip
+    manifest = runs.manifest(2, layout={"dp": 1, "pp": 2}, groups={"pp": [[0, 1]]})
+    return Path(runs.write(records, manifest))
+
+
+def test_a_held_send_waits_for_its_receiver(runs: Any) -> None:
+    """Its 50 ms read as waiting for the late receiver (skew), not as stage 0's own time."""
+    from diag.api import diagnose, load_any
+
+    _, report = diagnose(load_any(_held_send_run(runs)))
+    waits = {(w["rank"], w["group"]): w for w in report["attribution"]["waits"]}
+    assert waits[(0, "pp")]["skew_s"] == pytest.approx(0.050, rel=0.05)
+    assert report["attribution"]["replay_error"] < 0.02

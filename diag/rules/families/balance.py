@@ -14,6 +14,7 @@ from diag.metrics.host import busy_net_of_queueing, waiting_share
 from diag.outputs.units import ranks_phrase
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.extra_time import COMPUTES, UNKNOWN, extra_time
 from diag.whatif.attribution import Attribution
 from diag.whatif.causes import CauseKind
 
@@ -132,6 +133,7 @@ def find_stragglers(
     if limits is None:
         limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
     ranks, rank_steps = _own_busy(metrics)
+    queued = rank_steps is not metrics.rank_steps  # busy time net of the waiting for a core
     attribution = metrics.attribution
     min_steps = steps_needed(metrics, limits)
     found: list[dict[str, Any]] = []
@@ -150,6 +152,8 @@ def find_stragglers(
                 continue
             standing_out.append({
                 "rank": int(rank),
+                "peers": [int(p) for p in peers["rank"].to_numpy() if int(p) != int(rank)],
+                "net_of_queueing": queued,
                 "busy_ratio": ratio,
                 "busy_per_step_s": float(busy[i]),
                 "peers_median_busy_per_step_s": median_busy,
@@ -214,16 +218,25 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     blamed = sorted(int(f["rank"]) for f in found)
     worst = max(found, key=lambda f: f["busy_ratio"])
     busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
+    what = extra_time(ctx.metrics, ctx.run.manifest.device_type, worst["rank"], worst["peers"],
+                      worst["busy_per_step_s"] - worst["peers_median_busy_per_step_s"])  # fmt: skip
+    # the ratio's two figures, as the ranks table has them (busy per step), so the title can
+    # be checked against it; net of the waiting for a core where that was taken out
+    net = " net of waiting for a core" if worst.get("net_of_queueing") else ""
+    figures = (f"{worst['busy_per_step_s'] * 1e3:.0f} ms busy per step{net} against "
+               f"{worst['peers_median_busy_per_step_s'] * 1e3:.0f} ms")  # fmt: skip
     return [
         Finding(
             severity="high" if worst["busy_ratio"] >= limits["high_ratio"] else "medium",
-            title=f"straggler: {ranks_phrase(blamed)} computes "
-            f"{worst['busy_ratio']:.2f}x its peers while they wait in collectives",
+            title=f"straggler: {ranks_phrase(blamed)} {what.phrase} "
+            f"{worst['busy_ratio']:.2f}x its peers' time ({figures}) while they wait in "
+            "collectives",
             ranks=blamed,
             evidence={
                 "busy_s_per_step": {int(r): float(b) for r, b in busy.items()},
                 "stragglers": found,
                 "busy_ratio_threshold": limits["busy_ratio"],
+                "extra_time": {"is": what.verb, **what.evidence},
             },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
@@ -295,13 +308,25 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
         return []
     blamed = sorted(r for c in causes for r in c.ranks)
     worst = max(causes, key=lambda c: c.cost_s)
+    stage = ctx.metrics.ranks.set_index("rank").get("stage")
+    rank = worst.ranks[0]
+    peers = [int(r) for r in ctx.metrics.ranks["rank"] if int(r) != rank
+             and (stage is None or stage.get(r) == stage.get(rank))]  # fmt: skip
+    excess = float(worst.evidence.get("typical_excess_per_step_s") or 0.0)
+    what = extra_time(ctx.metrics, ctx.run.manifest.device_type, rank, peers, excess)
+    verb = "computes longer than" if what.verb == COMPUTES else f"{what.phrase} longer than"
+    if what.verb == UNKNOWN:
+        verb = "is slower than"
     return [
         Finding(
             severity="medium",
-            title=f"straggler: {ranks_phrase(blamed)} computes longer than its "
+            title=f"straggler: {ranks_phrase(blamed)} {verb} its "
             f"peers; removing its excess saves {worst.cost_share:.0%} of the step",
             ranks=blamed,
-            evidence={"replayed": [vars(c) for c in causes]},
+            evidence={
+                "replayed": [vars(c) for c in causes],
+                "extra_time": {"is": what.verb, **what.evidence},
+            },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
             explains=["BAL003"],
