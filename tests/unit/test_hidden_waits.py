@@ -75,3 +75,22 @@ def test_a_held_send_waits_for_its_receiver(runs: Any) -> None:
     waits = {(w["rank"], w["group"]): w for w in report["attribution"]["waits"]}
     assert waits[(0, "pp")]["skew_s"] == pytest.approx(0.050, rel=0.05)
     assert report["attribution"]["replay_error"] < 0.02
+
+
+def test_a_rank_s_own_time_in_gaps_is_said(runs: Any) -> None:
+    """Rank 0 sits 28 ms a step in no record and resumes 2 ms after its peer arrived at the
+    collective it then joins: not released by it, its own time, and the report says so."""
+    from diag.api import diagnose, load_any
+
+    records: dict[int, list] = {0: [], 1: []}
+    for s in range(4):
+        t = 100.0 * s
+        records[0] += [runs.span(s, "fwd", t, t + 30), runs.comm(s, t + 60, t + 62),
+                       runs.span(s, "bwd", t + 62, t + 100), runs.step(s, t, t + 100)]  # fmt: skip
+        records[1] += [runs.span(s, "fwd", t, t + 58), runs.comm(s, t + 58, t + 62),
+                       runs.span(s, "bwd", t + 62, t + 100), runs.step(s, t, t + 100)]  # fmt: skip
+    _, report = diagnose(load_any(Path(runs.write(records))))
+    gaps = {g["rank"]: g for g in report["attribution"]["gaps"]}
+    assert gaps[0]["own_s"] == pytest.approx(0.030, rel=0.05)
+    said = [n for n in report["skipped"] if n.startswith("rank 0: 30.0 ms per step")]
+    assert said and not [n for n in report["skipped"] if n.startswith("rank 1:")]
