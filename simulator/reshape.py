@@ -82,8 +82,9 @@ def _renamed(record: dict[str, Any], tags: str) -> dict[str, Any]:
 
 STEP_END_SYNC_NS = 100_000
 """How long each of the two collectives that close a hidden wait lasts (0.1 ms)."""
-ONE_MEMBER_GROUP = "tp"
-"""The axis of the one-member groups a hidden wait ends in (one traced rank per group)."""
+ONE_MEMBER_GROUP = "cp"
+"""The axis of the one-member groups a hidden wait ends in: context parallelism, which the
+simulator never uses (cp=1: a group of one rank each, as a job tracing one rank per group sees)."""
 
 
 def hide_waits(run_dir: Path, group: str) -> None:

@@ -90,7 +90,8 @@ def _gaps(
 ) -> dict[int, tuple]:
     """Per rank, its times in no record within and between its analysed steps that end at no
     record with a recorded dependency (`dependency`: per comm row); `lone_only`: only those
-    that end at a collective no other rank recorded. (starts, ends, steps), by end. A step's
+    that end at a collective no other rank recorded, and one of no length at such a
+    collective where none ends there. (starts, ends, steps), by end. A step's
     start and end are records of no length."""
     columns = ["rank", "step", "t0", "t1"]
     parts = [comms[columns].assign(dep=dependency, lone=~dependency),
@@ -119,7 +120,11 @@ def _gaps(
         dependent_at = t0[lo:hi][dep[lo:hi]]
         open_ = (end > start) & ~np.isin(end, dependent_at)
         if lone_only:
-            open_ &= np.isin(end, t0[lo:hi][lone[lo:hi]])
+            # and the rank that arrived last may have had no gap at all: its event ran into
+            # the collective (a gap of no length there, at the collective's start)
+            at_lone = np.isin(end, t0[lo:hi][lone[lo:hi]]) & ~np.isin(end, dependent_at)
+            open_ = at_lone & (np.r_[end[1:] != end[:-1], True])  # once a moment
+            start = np.minimum(start, end)
         out[int(rank[lo])] = (start[open_], end[open_], step[lo + 1 : hi][open_])
     return out
 

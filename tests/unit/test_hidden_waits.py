@@ -5,10 +5,14 @@ without the straggler; benchmarks/hidden_waits.py runs it at 256 ranks."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from benchmarks.hidden_waits import measured
 
@@ -94,3 +98,40 @@ def test_a_rank_s_own_time_in_gaps_is_said(runs: Any) -> None:
     assert gaps[0]["own_s"] == pytest.approx(0.030, rel=0.05)
     said = [n for n in report["skipped"] if n.startswith("rank 0: 30.0 ms per step")]
     assert said and not [n for n in report["skipped"] if n.startswith("rank 1:")]
+
+
+LAYOUTS = [(4, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 2), (2, 2, 2)]
+"""(dp, tp, pp) of the simulated jobs the property draws from."""
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    where=st.integers(min_value=0, max_value=63),
+    ms=st.sampled_from([5.0, 10.0, 20.0]),
+    seed=st.integers(min_value=0, max_value=1000),
+)
+def test_hiding_the_waits_changes_neither_verdict_nor_cost(
+    layout: tuple[int, int, int], where: int, ms: float, seed: int
+) -> None:
+    """A straggler anywhere in a simulated dp x tp x pp job: the same main finding, and its
+    cost within 20%, whether the data-parallel waits are recorded or only the ranks'
+    resuming together after time in no record shows them (simulator.reshape.hide_waits)."""
+    from diag.api import diagnose, load_any
+    from simulator import ModelSpec, SimConfig, simulate
+    from simulator.reshape import hide_waits
+
+    dp, tp, pp = layout
+    world = dp * tp * pp
+    config = SimConfig(dp=dp, tp=tp, pp=pp, microbatches=4 if pp > 1 else 1, steps=5,
+                       seed=seed, inject=(f"straggler:rank={where % world},ms={ms:g}",),
+                       model=ModelSpec(layers=8, hidden=1024, lm_head=False))  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        recorded, hidden = Path(tmp) / "recorded", Path(tmp) / "hidden"
+        simulate(config, recorded, format="jsonl")
+        shutil.copytree(recorded, hidden)
+        hide_waits(hidden, "dp")
+        first = [diagnose(load_any(run))[1]["findings"][0] for run in (recorded, hidden)]
+    assert (first[1]["rule"], first[1]["ranks"]) == (first[0]["rule"], first[0]["ranks"])
+    assert first[0]["rule"] == "BAL001" and first[0]["ranks"] == [where % world]
+    assert first[1]["cost_s"] == pytest.approx(first[0]["cost_s"], rel=WITHIN)

@@ -135,12 +135,20 @@ def find_stragglers(
     ranks, rank_steps = _own_busy(metrics)
     queued = rank_steps is not metrics.rank_steps  # busy time net of the waiting for a core
     attribution = metrics.attribution
+    gap_waiting = (
+        attribution.gaps.set_index("rank")["waiting_s"]
+        if attribution is not None and not attribution.gaps.empty
+        else pd.Series(dtype=float)
+    )
     min_steps = steps_needed(metrics, limits)
     found: list[dict[str, Any]] = []
     for peers in _peer_sets(ranks[ranks["steps"] > 0]):
         standing_out: list[dict[str, Any]] = []
         busy = (peers["busy_s"] / peers["steps"]).to_numpy(float)
-        exposed = (peers["exposed_comm_s"] / peers["steps"]).to_numpy(float)
+        # waiting the replay read from time in no record (ranks resuming together) is waiting
+        # in a collective nobody recorded: exposed as much as a recorded one
+        inferred = peers["rank"].map(gap_waiting).fillna(0.0).to_numpy(float)
+        exposed = (peers["exposed_comm_s"] / peers["steps"]).to_numpy(float) + inferred
         busy_others, exposed_others = median_of_the_others(busy), median_of_the_others(exposed)
         for i, rank in enumerate(peers["rank"].to_numpy()):
             median_busy = float(busy_others[i])
