@@ -215,7 +215,12 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         thread's run-queue wait, busy time is judged net of it: on a loaded host the rank the
         scheduler delays is chance, and that time is the host's (HST001); on a host whose
         ranks waited for a core 15% of the step or more, the rank must stand out in (or be
-        replayed over) at least 3 steps.
+        replayed over) at least 3 steps. Waiting the replay read from the ranks' resuming
+        together after time in no record counts as the peers' waiting. `extra_time` says
+        what the excess was: "computes" only where it used a core (the steps' CPU time, on a
+        CPU run) or the device (a trace's kernel time), "sleeps or blocks outside compute"
+        where it did not, "is busy" where neither was recorded; the title gives the two busy
+        figures per step its ratio is of.
     """
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
