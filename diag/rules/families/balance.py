@@ -253,7 +253,10 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
-            explains=["BAL003"],  # a slow rank starts every collective last
+            # a slow rank starts every collective last; and a persistent per-rank excess is
+            # a straggler, not random imbalance: where both are found, this one leads (the
+            # same job read BAL004 once, BAL001 once on a loaded host)
+            explains=["BAL003", "BAL004"],
         )
     ]
 
@@ -300,6 +303,27 @@ def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
     return max(1.0 - waited / excess, 0.0)
 
 
+PERSISTENT_RATIO = 1.1
+"""Busy time over the peers' median from which a step counts as one the rank stands out in."""
+PERSISTENT_SHARE = 0.8
+"""Share of the analysed steps a persistent straggler stands out in."""
+
+
+def _persistent(metrics: RunMetrics, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """Every rank of `ranks` busier than PERSISTENT_RATIO x its peers' median in at least
+    PERSISTENT_SHARE of the steps, and in at least `steps_needed` of them."""
+    table = metrics.ranks
+    for rank in ranks:
+        steps = metrics.rank_steps
+        if steps is not None and "stage" in table and table["stage"].notna().any():
+            stage = table.set_index("rank")["stage"]
+            steps = steps[steps["rank"].map(stage) == stage.get(rank)]  # its peers: its stage's
+        share, count, _ = _steps_standing_out(steps, rank, PERSISTENT_RATIO)
+        if count is None or share < PERSISTENT_SHARE or count < steps_needed(metrics, limits):
+            return False
+    return bool(ranks)
+
+
 def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[Finding]:
     """Stragglers the busy times miss but the replay finds: one rank whose typical excess
     of compute over its peers' costs a share of the step (its busy time may be diluted by
@@ -314,8 +338,12 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     queued = _queued_excess_per_step_s(ctx.metrics)
     # and one whose excess is mostly its waiting for a core is the host's (HST001); a rank
     # waking from a sleep on a loaded host queues more too, so a part of it does not count
+    # unless the rank's excess persists: slower than its peers in nearly every step is a
+    # straggler whatever the noise around it (a loaded host's noise made the same job read
+    # BAL004 in one run and BAL001 in the next)
     causes = [c for c in attribution.causes if c.kind == CauseKind.STRAGGLER
-              and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s
+              and c.cost_share >= limits["min_cost_share"]
+              and (c.cost_s > noise_s or _persistent(ctx.metrics, c.ranks, limits))
               and _own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
     if not causes:
         return []
@@ -342,7 +370,7 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
             },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
-            explains=["BAL003"],
+            explains=["BAL003", "BAL004"],
         )
     ]
 
