@@ -253,10 +253,10 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
-            # a slow rank starts every collective last; and a persistent per-rank excess is
-            # a straggler, not random imbalance: where both are found, this one leads (the
-            # same job read BAL004 once, BAL001 once on a loaded host)
-            explains=["BAL003", "BAL004"],
+            # a slow rank starts every collective last; and a persistent per-rank excess that
+            # costs the step is a straggler, not random imbalance: where both are found, this
+            # one leads (the same job read BAL004 once, BAL001 once on a loaded host)
+            explains=["BAL003", *(["BAL004"] if _costly(ctx, blamed, limits) else [])],
         )
     ]
 
@@ -301,6 +301,16 @@ def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
         return 1.0
     waited = sum(queued.get(int(r), 0.0) for r in cause.ranks)
     return max(1.0 - waited / excess, 0.0)
+
+
+def _costly(ctx: RuleContext, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """The replay says removing the ranks' excess saves at least `min_cost_share` of the
+    step (False without a replay)."""
+    attribution = ctx.metrics.attribution
+    if attribution is None or attribution.measured_step_s <= 0:
+        return False
+    cost = ranks_cost_s(attribution, ranks, STRAGGLER_CAUSES)
+    return cost / attribution.measured_step_s >= limits["min_cost_share"]
 
 
 PERSISTENT_RATIO = 1.1
