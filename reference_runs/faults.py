@@ -104,13 +104,17 @@ class FaultPlan:
         return Leak(nbytes, device) if nbytes else None
 
     def apply_compute_delay(self, step: int = 0) -> None:
-        """Sleep this micro-batch's extra compute; the first call of a step adds its jitter."""
+        """Sleep this micro-batch's extra compute (compute the part a `busy=1` straggler asks
+        for, on the CPU); the first call of a step adds its jitter."""
         delay_s = self.compute_delay_s(step)
+        busy_s = min(inj.busy_straggler_ms(self.injections, self.rank, step) / 1e3, delay_s)
         if step not in self._jittered:
             self._jittered.add(step)
             delay_s += self.jitter_s(step)
-        if delay_s > 0:
-            time.sleep(delay_s)
+        if busy_s > 0:
+            _spin(busy_s)
+        if delay_s - busy_s > 0:
+            time.sleep(delay_s - busy_s)
 
     def pg_timeout_s(self) -> float | None:
         """The process groups' timeout: DIAG_PG_TIMEOUT_S, else FAILURE_PG_TIMEOUT_S when an
@@ -160,6 +164,16 @@ class FaultPlan:
         delay_s = self.loader_stall_s()
         if delay_s > 0:
             time.sleep(delay_s)
+
+
+def _spin(seconds: float) -> None:
+    """Keep this thread's core busy for `seconds` of wall time (compute, as CPU time sees it:
+    the training thread's CPU time grows with it, a sleep's does not)."""
+    until = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < until:
+        for _ in range(1000):
+            x = (x * 31 + 7) % 1_000_003
 
 
 class Leak:

@@ -12,6 +12,7 @@ them here; the analysis never does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable
@@ -77,3 +78,76 @@ def _renamed(record: dict[str, Any], tags: str) -> dict[str, Any]:
         return record
     op, tag = record.get("op"), record.get("tag")
     return {**record, "tag": _MEGATRON_P2P.get((str(op), str(tag)))}
+
+
+STEP_END_SYNC_NS = 100_000
+"""How long each of the two collectives that close a hidden wait lasts (0.1 ms)."""
+ONE_MEMBER_GROUP = "cp"
+"""The axis of the one-member groups a hidden wait ends in: context parallelism, which the
+simulator never uses (cp=1: a group of one rank each, as a job tracing one rank per group sees)."""
+
+
+def hide_waits(run_dir: Path, group: str) -> None:
+    """Rewrite `run_dir` (JSON lines or Arrow, the format kept) as a job that records only the
+    end of `group`'s gradient synchronisation writes it (issue 41's Megatron job): the
+    asynchronous collectives of `group` and the waits on them become time in no record, and
+    each wait's end becomes a 0.1 ms all-reduce in a one-member group followed by a 0.1 ms
+    blocking all-reduce of `group`. The first has no recorded dependency (no other member
+    recorded it); the time before it is a wait only the ranks' resuming together shows."""
+    manifest = schema.read_manifest(run_dir)
+    arrow = False
+    for rank in range(manifest.world_size):
+        path = rank_file(run_dir, rank)
+        if path is None:
+            continue
+        arrow = arrow or path.suffix != schema.RANK_FILE_SUFFIX
+        records = rank_records(path)
+        hidden = [r for r in records if _untraced(r, {group}) and r.get("async")]
+        intervals = [(r["t0"], r["t1"]) for r in hidden]
+        kept: list[dict[str, Any]] = []
+        for record in records:
+            if any(record is h for h in hidden):
+                continue
+            if _wait_on(record, intervals) or _wait_ending(record, intervals):
+                kept += _step_end_syncs(record, group, len(_members_of(manifest, group, rank)))
+                continue
+            kept.append(record)
+        target = run_dir / schema.rank_file_name(rank)
+        temporary = target.with_suffix(".tmp")
+        with temporary.open("w") as out:
+            out.writelines(json.dumps(record) + "\n" for record in kept)
+        os.replace(temporary, target)
+        if path != target:
+            path.unlink()
+    one_member = [[r] for r in range(manifest.world_size)]
+    groups = {**manifest.groups, ONE_MEMBER_GROUP: one_member}
+    schema.write_manifest(run_dir, dataclasses.replace(manifest, groups=groups))
+    if arrow:
+        convert_run(run_dir, "arrow")
+
+
+def _wait_ending(record: dict[str, Any], intervals: list[tuple[int, int]]) -> bool:
+    """A `comm_wait` span that ends when a hidden collective does (the wait on the last of a
+    step's buckets, begun before it was launched)."""
+    if record.get("kind") != schema.RecordKind.SPAN.value:
+        return False
+    if record.get("phase") != schema.Phase.COMM_WAIT.value:
+        return False
+    return any(record["t1"] == b for _, b in intervals)
+
+
+def _members_of(manifest: schema.Manifest, group: str, rank: int) -> list[int]:
+    return next((list(m) for m in manifest.groups.get(group, []) if rank in m), [rank])
+
+
+def _step_end_syncs(wait: dict[str, Any], group: str, size: int) -> list[dict[str, Any]]:
+    """The two records a hidden wait ends in, within its last 0.2 ms."""
+    end, step = int(wait["t1"]), wait["step"]
+    common = {"kind": schema.RecordKind.COMM.value, "step": step,
+              "op": schema.CollectiveOp.ALL_REDUCE.value, "bytes": 4, "dtype": "float32",
+              "expected_bytes": None, "tag": None, "async": False, "blocking": True}  # fmt: skip
+    return [
+        {**common, "group": ONE_MEMBER_GROUP, "group_size": 1,
+         "t0": end - 2 * STEP_END_SYNC_NS, "t1": end - STEP_END_SYNC_NS},
+        {**common, "group": group, "group_size": size, "t0": end - STEP_END_SYNC_NS, "t1": end},
+    ]  # fmt: skip

@@ -1,8 +1,10 @@
 """Fault injection specs: reproduce each collapse pattern on purpose (`--inject SPEC`,
 docs/trainers.md).
 
-    straggler:rank=R,ms=M[,from=S]    rank R sleeps M ms in each micro-batch's compute (from
-                                      step S on: a straggler that appears midway; default 0)
+    straggler:rank=R,ms=M[,from=S][,busy=1]
+                                      rank R sleeps M ms in each micro-batch's compute (from
+                                      step S on: a straggler that appears midway; default 0);
+                                      busy=1: it computes them instead (keeps its core busy)
     slow-comm:ms=M[,group=dp|tp|pp|ep] extra latency on every collective of that group (all if none)
     skew:frac=F[,expert=E]            the router sends ~F of the tokens to expert E (default 0)
     skew-growth:per_step=G            the skew fraction grows by G each step
@@ -52,6 +54,7 @@ class Straggler:
     rank: int  # the slow rank
     ms: float  # sleep per micro-batch compute, milliseconds
     from_step: int = 0  # the first slow step (`from=S`): a straggler that appears midway
+    busy: int = 0  # 1: the rank computes the M ms (a busy core) rather than sleeping them
 
 
 @dataclass(frozen=True)
@@ -187,11 +190,22 @@ def _group(v: str) -> str:
     return v
 
 
+def _flag(v: str) -> int:
+    if v not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return int(v)
+
+
 # name -> (class, {key: (converter, required)})
 _KINDS: dict[str, tuple[type, dict[str, tuple[Callable[[str], Any], bool]]]] = {
     "straggler": (
         Straggler,
-        {"rank": (_nonneg_int, True), "ms": (_nonneg_float, True), "from": (_nonneg_int, False)},
+        {
+            "rank": (_nonneg_int, True),
+            "ms": (_nonneg_float, True),
+            "from": (_nonneg_int, False),
+            "busy": (_flag, False),
+        },
     ),
     "slow-comm": (SlowComm, {"ms": (_nonneg_float, True), "group": (_group, False)}),
     "skew": (Skew, {"frac": (_fraction, True), "expert": (_nonneg_int, False)}),
@@ -259,6 +273,19 @@ def straggler_ms(injections: Sequence[Injection], rank: int, step: int | None = 
             if isinstance(i, Straggler)
             and i.rank == rank
             and (i.from_step == 0 if step is None else i.from_step <= step)
+        ),
+        0.0,
+    )
+
+
+def busy_straggler_ms(injections: Sequence[Injection], rank: int, step: int) -> float:
+    """The part of `straggler_ms(injections, rank, step)` the rank computes (`busy=1`) rather
+    than sleeps (ms)."""
+    return sum(
+        (
+            i.ms
+            for i in injections
+            if isinstance(i, Straggler) and i.busy and i.rank == rank and i.from_step <= step
         ),
         0.0,
     )

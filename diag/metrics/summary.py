@@ -27,9 +27,21 @@ def summary(
     wall_sum = ranks["wall_s"].sum()
     busy_mean = ranks["busy_s"].mean()
     pipeline_metrics = pipeline.pipeline_summary(ranks)
+    # the step each rank measures, its own start to end (what a timer in its loop shows); the
+    # job-wide step runs from the first rank's start to the last rank's end, later by the
+    # ranks' skew at the step's edges
+    rank_walls_s = (steps["t1"] - steps["t0"]) / NS_PER_S
+    rank_step_s = float(rank_walls_s.mean()) if len(rank_walls_s) else None
     summary: dict[str, Any] = {
         # the mean: what tokens/s, the replay's measured step and every cost share are of
         "step_time_s": float(step_walls_s.mean()) if len(step_walls_s) else None,
+        "job_step_time_s": float(step_walls_s.mean()) if len(step_walls_s) else None,
+        "rank_step_time_s": rank_step_s,
+        "tokens_per_s_rank_step": (
+            float(tokens) / (tp * pp) / (rank_step_s * len(step_walls_s))
+            if pd.notna(tokens) and rank_step_s and len(step_walls_s)
+            else None
+        ),
         "step_time_median_s": float(step_walls_s.median()) if len(step_walls_s) else None,
         "tokens_per_s": (
             float(tokens) / (tp * pp) / total_wall_s

@@ -47,7 +47,7 @@ from diag.whatif.places import (
 from diag.whatif.replay import Durations, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S, gaps_table, waits_table
 
-__all__ = ["Attribution", "attribute", "attribution_summary", "with_waits"]
+__all__ = ["Attribution", "attribute", "attribution_summary", "own_gap_notes", "with_waits"]
 
 MAX_CANDIDATES = 4
 """Ranks whose persistent excess is replayed one by one (the largest excesses)."""
@@ -80,9 +80,31 @@ def attribute(
     if not parts:
         return None
     if len(parts) > 1:
-        return chunks.combined(parts, plan.notes)
-    attribution = parts[0].attribution  # a copy: the memo keeps the chunk's own
-    return dataclasses.replace(attribution, notes=plan.notes + attribution.notes)
+        attribution = chunks.combined(parts, plan.notes)
+    else:
+        attribution = parts[0].attribution  # a copy: the memo keeps the chunk's own
+        attribution = dataclasses.replace(attribution, notes=plan.notes + attribution.notes)
+    return dataclasses.replace(attribution, notes=attribution.notes + own_gap_notes(attribution))
+
+
+OWN_GAP_SHARE = 0.10
+"""A rank whose time in no record, read as its own work, exceeds this share of the step is
+said: if it waited there for something nobody recorded, every cost misses that wait."""
+
+
+def own_gap_notes(attribution: Attribution) -> list[str]:
+    """One note per rank whose own time in gaps is above OWN_GAP_SHARE of the step."""
+    step = attribution.measured_step_s
+    gaps = attribution.gaps
+    if step <= 0 or gaps.empty:
+        return []
+    large = gaps[gaps["own_s"] > OWN_GAP_SHARE * step].sort_values("own_s", ascending=False)
+    return [
+        f"rank {int(row.rank)}: {row.own_s * 1e3:.1f} ms per step ({row.own_s / step:.0%} of "
+        "the step) in no record, read as its own work (it resumed when no other rank's event "
+        "could have released it); if it waited there, the costs do not include that wait"
+        for row in large.itertuples()
+    ]
 
 
 def attribute_chunk(
@@ -228,8 +250,11 @@ class _Scenarios:
         peers the excesses mirror each other, and on a loaded host the peer of a straggler
         computes longer elsewhere in the step (docs/metrics.md): an excess, not a straggler."""
         steps = max(int(self.ok.sum()), 1)
-        per_rank = pd.Series(self._excesses["all"]).groupby(self.rank).sum() / steps
-        net = pd.Series(self._typical["all"]).groupby(self.rank).sum() / steps
+        # measured once, on the chain: a launch's local time overlaps its chain's (it is timed
+        # from the chain's previous event), so summing it too counted the excess twice
+        on_chain = self.timeline.events["kind"].to_numpy() != tl.Kind.LAUNCH
+        per_rank = pd.Series(self._excesses["all"] * on_chain).groupby(self.rank).sum() / steps
+        net = pd.Series(self._typical["all"] * on_chain).groupby(self.rank).sum() / steps
         floor = MIN_EXCESS_SHARE * self.base_mean
         candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
         causes = []
@@ -244,15 +269,36 @@ class _Scenarios:
             # per step, never beyond the step: a rank's local time over several places of
             # the step can add up to more than the step where other ranks' waits hid it
             excess = min(float(candidates[rank]), self.base_mean)
+            queued = min(self._queued_excess_ns(int(rank)), excess)
             causes.append(self._cause(kind, label, saved, ranks=[int(rank)], evidence={
                 "host_saving_s": host / NS_PER_S, "compute_saving_s": compute / NS_PER_S,
                 "typical_excess_per_step_s": excess / NS_PER_S,
                 "net_excess_per_step_s": min(float(net[rank]), self.base_mean) / NS_PER_S,
                 "reaching_step_end_s": saved / NS_PER_S,
                 "absorbed_per_step_s": max(excess - saved, 0.0) / NS_PER_S,
-                "explained": straggler_explained(excess, saved),
+                "queued_excess_per_step_s": queued / NS_PER_S,
+                "own_excess_per_step_s": (excess - queued) / NS_PER_S,
+                "explained": straggler_explained(excess, saved, queued),
             }))  # fmt: skip
         return causes
+
+    def _queued_excess_ns(self, rank: int) -> float:
+        """How much longer per step `rank`'s training thread waited for a core than the median
+        of its peers' (same stage), where the steps recorded it (0 elsewhere): part of its
+        excess that is the host's, not its own work (a rank waking from a sleep on a loaded
+        host waits for a core too)."""
+        table = self.host_steps
+        column = "thread_queued_s"
+        if table is None or table.empty or column not in table or table[column].isna().all():
+            return 0.0
+        mine = table[table["step"].isin(np.unique(self.step))]
+        mean = mine.groupby("rank")[column].mean().dropna()
+        stage = self.role["stage"]
+        peers = [int(r) for r in mean.index if int(r) != rank
+                 and stage.get(r) == stage.get(rank)]  # fmt: skip
+        if rank not in mean.index or not peers:
+            return 0.0
+        return max(float(mean[rank] - mean[peers].median()) * NS_PER_S, 0.0)
 
     def imbalance(self) -> list[Cause]:
         """Random imbalance: with every rank's persistent excess removed, each rank's local time

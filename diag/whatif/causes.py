@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 
 NS_PER_S = 1e9
+QUEUED_SAID_SHARE = 0.05
+"""The share of a straggler's excess its extra waiting for a core must reach to be said."""
 
 
 class CauseKind(StrEnum):
@@ -87,10 +89,16 @@ class Attribution:
         }
 
 
-def straggler_explained(excess_ns: float, saved_ns: float) -> str:
-    """A straggler's evidence in words: its excess per step and what of it reaches the end."""
+def straggler_explained(excess_ns: float, saved_ns: float, queued_ns: float = 0.0) -> str:
+    """A straggler's evidence in words: its excess per step (and the part of it that was its
+    extra waiting for a core, where recorded: the host's, not the rank's own work) and what
+    of it reaches the end."""
+    queued = ""
+    if queued_ns >= QUEUED_SAID_SHARE * excess_ns and queued_ns > 0:
+        own_ns = max(excess_ns - queued_ns, 0.0)
+        queued = f" ({own_ns / 1e6:.1f} ms its own, {queued_ns / 1e6:.1f} ms waiting for a core)"
     return (
-        f"{excess_ns / 1e6:.1f} ms more local time per step than its peers; "
+        f"{excess_ns / 1e6:.1f} ms more local time per step than its peers{queued}; "
         f"{saved_ns / 1e6:.1f} ms of it reaches the step's end, the rest is absorbed "
         "where the rank or its peers would wait anyway (on other ranks, transfers, "
         "the pipeline's bubble)"

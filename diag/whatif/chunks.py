@@ -299,7 +299,10 @@ def _evidence(pairs: list[tuple[Cause, float]], weight: float) -> dict[str, Any]
     if first.kind in (CauseKind.STRAGGLER, CauseKind.HOST):
         excess, saved = evidence["typical_excess_per_step_s"], evidence["reaching_step_end_s"]
         evidence["absorbed_per_step_s"] = max(excess - saved, 0.0)
-        evidence["explained"] = straggler_explained(excess * NS_PER_S, saved * NS_PER_S)
+        queued = float(evidence.get("queued_excess_per_step_s") or 0.0)
+        evidence["explained"] = straggler_explained(
+            excess * NS_PER_S, saved * NS_PER_S, queued * NS_PER_S
+        )
     elif first.kind == CauseKind.IMBALANCE:
         random_s = sum(c.cost_s * w for c, w in pairs) / weight
         noise_s = evidence["if_noise_saves_s"]

@@ -9,7 +9,9 @@ Events, in the order each rank met them:
   like a `SYNC`, but the rank goes on.
 - `WAIT`: a wait (`comm_wait` span) on the asynchronous collectives launched before it.
 - `RECV`: a blocking receive; it ends when the matching send has started plus the message. A
-  blocking send of a matched message is one too, waiting for its receive likewise.
+  blocking send of a matched message is one too, waiting for its receive likewise, and so is
+  a send recorded as asynchronous that held its rank until its late receive came (nothing
+  else recorded meanwhile, no wait on it).
 - `LOCAL`: anything else with a duration of its own (a send, a collective matched to no peer).
 
 The local time before an event (`seg_ns`) is split into compute (fwd, bwd, opt, kernels,
@@ -78,7 +80,8 @@ class Timeline:
     start, earlier by `gap_wait_ns` where the rank waited in a gap before it), seg_ns and
     host_ns (local time before the event, and its host part), gap_ns (its time in no record
     right before the event), j (position in its step), instance, group,
-    transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), post_ns
+    transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), inferred
+    (a synchronisation inferred from time in no record, diag/whatif/untraced.py), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -117,6 +120,7 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
                      "collectives is recorded)")  # fmt: skip
         labels = {name: object for name in ("op", "group", "tag")}  # categories lack "dp"
         comms = pd.concat([comms.astype(labels), inferred.astype(labels)])
+    recorded_rows = len(comms) - len(inferred)  # the inferred rows come last
     comms = comms.reset_index(drop=True)
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
@@ -136,13 +140,69 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     matched_send = np.zeros(len(comms), dtype=bool)
     matched_send[send_rows] = True
     kinds = np.where(matched_send & ~is_async & (kinds == Kind.LOCAL), Kind.RECV, kinds)
+    # so does a send recorded as asynchronous that held its rank until a late receive came,
+    # with nothing else recorded meanwhile and no wait on it (a pipeline's batched isend
+    # whose wait nobody recorded): its time was waiting for the receiver, not its own
+    held = _held_sends(comms, spans, send_rows, recv_rows) & is_async
+    kinds = np.where(held, Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
+    # a synchronisation inferred from time in no record: that time was waiting in a gap
+    events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)
     _local_time(timeline, spans, _previous_step_ends(run.steps, steps, ranks))
     _dependencies(timeline, recv_rows, send_rows)
     return timeline
+
+
+def _held_sends(
+    comms: pd.DataFrame, spans: pd.DataFrame, send_rows: np.ndarray, recv_rows: np.ndarray
+) -> np.ndarray:
+    """Per comm row, whether it is a send that held its rank: its receive started after it
+    and before it ended, it lasted at least MIN_WAITING_GAP_NS, and no other record of the
+    rank (a span, a wait, another message) overlaps it by more than WAIT_SLACK_NS."""
+    out = np.zeros(len(comms), dtype=bool)
+    if not len(send_rows):
+        return out
+    t0 = comms["t0"].to_numpy(dtype=np.int64)
+    t1 = comms["t1"].to_numpy(dtype=np.int64)
+    late = (t0[recv_rows] > t0[send_rows]) & (t0[recv_rows] <= t1[send_rows])
+    long = t1[send_rows] - t0[send_rows] >= MIN_WAITING_GAP_NS
+    candidates = send_rows[late & long]
+    if not len(candidates):
+        return out
+    # every record of the candidates' ranks by start: each candidate's neighbours in that order
+    rank = np.concatenate([comms["rank"].to_numpy(dtype=np.int64), spans["rank"].to_numpy()])
+    starts = np.concatenate([t0, spans["t0"].to_numpy(dtype=np.int64)])
+    ends = np.concatenate([t1, spans["t1"].to_numpy(dtype=np.int64)])
+    order = lexicographic(rank, starts)
+    rank, starts, ends = rank[order], starts[order], ends[order]
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
+    at = position[candidates]
+    new_rank = np.r_[True, rank[1:] != rank[:-1]]
+    # the latest end of the rank's records before each (by start), and the next one's start
+    before = np.where(new_rank, np.iinfo(np.int64).min, np.r_[np.iinfo(np.int64).min, ends[:-1]])
+    group_start = np.maximum.accumulate(np.where(new_rank, np.arange(len(rank)), 0))
+    reach = _running_max_by_group(before, group_start)
+    last_of_rank = np.r_[rank[1:] != rank[:-1], True]
+    next_start = np.where(last_of_rank, np.iinfo(np.int64).max, np.r_[starts[1:], 0])
+    alone = (reach[at] <= t0[candidates] + WAIT_SLACK_NS) & (
+        next_start[at] >= t1[candidates] - WAIT_SLACK_NS
+    )
+    out[candidates[alone]] = True
+    return out
+
+
+def _running_max_by_group(values: np.ndarray, group_start: np.ndarray) -> np.ndarray:
+    """The running maximum of `values`, restarted where `group_start` (each element's group's
+    first index) changes: the first of a group must hold the group's floor."""
+    out = values.copy()
+    for lo in np.unique(group_start):
+        hi = np.searchsorted(group_start, lo, side="right")
+        out[lo:hi] = np.maximum.accumulate(values[lo:hi])
+    return out
 
 
 def _events(

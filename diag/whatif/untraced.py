@@ -9,10 +9,13 @@ in a collective there: each member arrived when its gap began and left when it e
 timeline (diag/whatif/timeline.py) adds these as blocking collectives of the group, and the
 replay makes each such gap end when its slowest member arrives, as for a recorded one.
 
-Only groups of the manifest with no collective recorded in the analysed steps are searched (a
-group whose collectives are recorded, under its name or that of a group of the same ranks, has
-its waits in them), and never the pipeline groups (their ranks exchange messages, they do not
-meet).
+Every group of the manifest is searched, pipeline groups included, but only at gaps that end
+at a record with no recorded dependency: a collective no other member recorded (a one-member
+group's, one traced rank per tensor-parallel group), a span, a step's end. A gap that ends at
+a recorded collective or message is read from that record (diag/whatif/timeline.py,
+`_waiting_gaps`). A rank's gap joins one synchronisation only: groups are searched from the
+smallest, the one whose members resume together is the narrowest that explains it (the last
+member to arrive is the one they waited for).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.numeric.ordering import lexicographic
+from diag.whatif.matching import collective_instances, message_pair_rows
+
+PIPELINE_AXIS = "pp"
+"""The manifest's axis name of the pipeline groups (whose ranks exchange messages)."""
 
 MIN_GAP_NS = 200_000
 """At least one member's gap is this long (shorter gaps are launches and Python between
@@ -31,7 +38,6 @@ RESUME_TOLERANCE_SHARE = 0.02
 """Members resume together if their gaps end within the larger of these (ns, share of the
 longest gap) of each other."""
 INFERRED_OP = schema.CollectiveOp.BARRIER.value
-PIPELINE_AXIS = "pp"
 
 
 def inferred_syncs(
@@ -46,32 +52,63 @@ def inferred_syncs(
     recorded = {
         frozenset(members) for label in labels for members in manifest.groups.get(label, [])
     }
-    groups = [(axis, members) for axis, lists in manifest.groups.items()
-              if axis != PIPELINE_AXIS and axis not in labels
-              for members in lists
-              if len(members) >= 2 and frozenset(members) not in recorded]  # fmt: skip
+    groups = sorted(((axis, [int(m) for m in members]) for axis, lists in manifest.groups.items()
+                     for members in lists if len(members) >= 2),
+                    key=lambda group: len(group[1]))  # fmt: skip
     if not groups:
         return _rows([])
-    gaps = _gaps(comms, spans, steps)
+    dependency = _with_dependency(comms, manifest)
+    gaps = _gaps(comms, spans, steps, dependency)
+    # where the group's collectives or messages are recorded, only a gap that ends at a
+    # collective nobody else recorded can hide a synchronisation: their resuming together at
+    # a span is what ranks leaving a recorded collective together and doing the same work do
+    lone = _gaps(comms, spans, steps, dependency, lone_only=True)
     found: list[dict] = []
+    used: dict[int, set[int]] = {}  # per rank, the ends of its gaps already in a sync
     for axis, members in groups:
-        found += _group_syncs(axis, [int(m) for m in members], gaps)
+        searched = axis == PIPELINE_AXIS or axis in labels or frozenset(members) in recorded
+        found += _group_syncs(axis, members, lone if searched else gaps, used)
     return _rows(found)
 
 
-def _gaps(comms: pd.DataFrame, spans: pd.DataFrame, steps: pd.DataFrame) -> dict[int, tuple]:
-    """Per rank, its times in no record within and between its analysed steps: (starts, ends,
-    steps), by end. A step's start and end are records of no length."""
-    parts = [frame[["rank", "step", "t0", "t1"]] for frame in (comms, spans)]
-    parts += [steps.assign(t1=steps["t0"])[["rank", "step", "t0", "t1"]],
-              steps.assign(t0=steps["t1"])[["rank", "step", "t0", "t1"]]]  # fmt: skip
+def _with_dependency(comms: pd.DataFrame, manifest: schema.Manifest) -> np.ndarray:
+    """Per comm row, whether another rank recorded its other side: a member of a collective
+    seen on two ranks or more, a matched send or receive."""
+    out = collective_instances(comms, manifest) >= 0
+    receives, sends = message_pair_rows(comms, manifest)
+    out[receives] = True
+    out[sends] = True
+    return out
+
+
+def _gaps(
+    comms: pd.DataFrame,
+    spans: pd.DataFrame,
+    steps: pd.DataFrame,
+    dependency: np.ndarray,
+    lone_only: bool = False,
+) -> dict[int, tuple]:
+    """Per rank, its times in no record within and between its analysed steps that end at no
+    record with a recorded dependency (`dependency`: per comm row); `lone_only`: only those
+    that end at a collective no other rank recorded, and one of no length at such a
+    collective where none ends there. (starts, ends, steps), by end. A step's
+    start and end are records of no length."""
+    columns = ["rank", "step", "t0", "t1"]
+    parts = [comms[columns].assign(dep=dependency, lone=~dependency),
+             spans[columns].assign(dep=False, lone=False)]  # fmt: skip
+    marks = [*columns, "dep", "lone"]
+    parts += [steps.assign(t1=steps["t0"], dep=False, lone=False)[marks],
+              steps.assign(t0=steps["t1"], dep=False, lone=False)[marks]]  # fmt: skip
     records = pd.concat(parts, ignore_index=True)
     rank = records["rank"].to_numpy(dtype=np.int64)
     t0 = records["t0"].to_numpy(dtype=np.int64)
     t1 = records["t1"].to_numpy(dtype=np.int64)
     step = records["step"].to_numpy(dtype=np.int64)
+    dep = records["dep"].to_numpy(dtype=bool)
+    lone = records["lone"].to_numpy(dtype=bool)
     order = lexicographic(rank, t0)
     rank, t0, t1, step = rank[order], t0[order], t1[order], step[order]
+    dep, lone = dep[order], lone[order]
     out: dict[int, tuple] = {}
     bounds = np.flatnonzero(np.diff(rank)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(rank)], strict=True):
@@ -79,14 +116,26 @@ def _gaps(comms: pd.DataFrame, spans: pd.DataFrame, steps: pd.DataFrame) -> dict
             continue
         reach = np.maximum.accumulate(t1[lo:hi])  # covered until, after each record
         start, end = reach[:-1], t0[lo + 1 : hi]
-        open_ = end > start
+        # ends at a record another rank saw the other side of (any record starting then)
+        dependent_at = t0[lo:hi][dep[lo:hi]]
+        open_ = (end > start) & ~np.isin(end, dependent_at)
+        if lone_only:
+            # and the rank that arrived last may have had no gap at all: its event ran into
+            # the collective (a gap of no length there, at the collective's start)
+            at_lone = np.isin(end, t0[lo:hi][lone[lo:hi]]) & ~np.isin(end, dependent_at)
+            open_ = at_lone & (np.r_[end[1:] != end[:-1], True])  # once a moment
+            start = np.minimum(start, end)
         out[int(rank[lo])] = (start[open_], end[open_], step[lo + 1 : hi][open_])
     return out
 
 
-def _group_syncs(axis: str, members: list[int], gaps: dict[int, tuple]) -> list[dict]:
+def _group_syncs(
+    axis: str, members: list[int], gaps: dict[int, tuple], used: dict[int, set[int]]
+) -> list[dict]:
     """The synchronisations of one group: moments at which every member's gap ends within
-    the tolerance, one of those gaps at least MIN_GAP_NS long."""
+    the tolerance, one of those gaps at least MIN_GAP_NS long, the first member there at
+    least that much (and the tolerance) before the last, none of them in a
+    synchronisation found before (`used`: per rank, the ends of those gaps; updated)."""
     if any(m not in gaps or not len(gaps[m][1]) for m in members):
         return []
     candidates = np.unique(np.concatenate([gaps[m][1][gaps[m][1] - gaps[m][0] >= MIN_GAP_NS]
@@ -95,6 +144,8 @@ def _group_syncs(axis: str, members: list[int], gaps: dict[int, tuple]) -> list[
         return []
     matched = np.ones(len(candidates), dtype=bool)
     longest = np.zeros(len(candidates), dtype=np.int64)
+    first_start = np.full(len(candidates), np.iinfo(np.int64).max, dtype=np.int64)
+    last_start = np.full(len(candidates), np.iinfo(np.int64).min, dtype=np.int64)
     nearest: dict[int, np.ndarray] = {}
     for m in members:
         starts, ends, _ = gaps[m]
@@ -103,7 +154,14 @@ def _group_syncs(axis: str, members: list[int], gaps: dict[int, tuple]) -> list[
         j = np.where(np.abs(ends[after] - candidates) < np.abs(ends[j] - candidates), after, j)
         nearest[m] = j
         longest = np.maximum(longest, ends[j] - starts[j])
+        first_start = np.minimum(first_start, starts[j])
+        last_start = np.maximum(last_start, starts[j])
     tolerance = np.maximum(RESUME_TOLERANCE_NS, longest * RESUME_TOLERANCE_SHARE)
+    # someone waited for the last to arrive: members that left a collective together and did
+    # the same unrecorded work resume together too, having waited for nobody
+    matched &= last_start - first_start >= np.maximum(MIN_GAP_NS, tolerance)
+    for m in members:  # and nobody resumed before the last arrived
+        matched &= gaps[m][1][nearest[m]] >= last_start - tolerance
     for m in members:
         matched &= np.abs(gaps[m][1][nearest[m]] - candidates) <= tolerance
     syncs: list[dict] = []
@@ -111,8 +169,11 @@ def _group_syncs(axis: str, members: list[int], gaps: dict[int, tuple]) -> list[
     for c in np.flatnonzero(matched):  # one synchronisation a cluster of candidates
         if candidates[c] <= used_until:
             continue
+        if any(int(gaps[m][1][nearest[m][c]]) in used.get(m, ()) for m in members):
+            continue
         used_until = int(candidates[c] + tolerance[c])
         for m in members:
+            used.setdefault(m, set()).add(int(gaps[m][1][nearest[m][c]]))
             starts, ends, steps = gaps[m]
             j = nearest[m][c]
             syncs.append({"rank": m, "step": int(steps[j]), "op": INFERRED_OP, "group": axis,

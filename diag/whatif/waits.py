@@ -72,10 +72,14 @@ def waits_table(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
 
 
 def gaps_table(timeline: tl.Timeline, steps: int) -> pd.DataFrame:
-    """Per rank, per step: its time in no record before events, read as waiting and as its own."""
+    """Per rank, per step: its time in no record before events, read as waiting and as its own.
+    A synchronisation inferred from the ranks' resuming together is time in no record that was
+    waiting, whole."""
     ev = timeline.events
-    gap = ev["gap_ns"].to_numpy(dtype=np.float64)
-    waited = ev["gap_wait_ns"].to_numpy(dtype=np.float64)
+    inferred = ev["inferred"].to_numpy(dtype=bool) if "inferred" in ev else np.zeros(len(ev), bool)
+    span = (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64) * inferred
+    gap = ev["gap_ns"].to_numpy(dtype=np.float64) + span
+    waited = ev["gap_wait_ns"].to_numpy(dtype=np.float64) + span
     frame = pd.DataFrame({"rank": ev["rank"].to_numpy(), "waiting_s": waited,
                           "own_s": np.clip(gap - waited, 0, None)})  # fmt: skip
     table = frame.groupby("rank", as_index=False)[["waiting_s", "own_s"]].sum()

@@ -127,8 +127,8 @@ def test_text(golden_dp2: Path) -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "dp2-golden  2 ranks (dp=2)  2 steps (1-2; warm-up step 0 excluded)  mean step 0.115 s  "
-        "17.4k tokens/s  comm 37% (exposed 19%, 49% of it hidden)"
+        "dp2-golden  2 ranks (dp=2)  2 steps (1-2; warm-up step 0 excluded)  step 0.11 s per "
+        "rank (job-wide 0.115 s)  18.2k tokens/s  comm 37% (exposed 19%, 49% of it hidden)"
     )
     text = result.stdout
     assert "busy" in text and "idle" in text and "busbw GB/s" in text and "7.25 MiB" in text

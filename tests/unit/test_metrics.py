@@ -154,6 +154,10 @@ def test_golden_summary(golden) -> None:
     assert summary == {
         "step_time_s": approx(0.115),  # mean of step 1 [100,210] and step 2 [200,320]
         "step_time_median_s": approx(0.115),
+        "job_step_time_s": approx(0.115),
+        # each rank's own step: 100, 120 (rank 0), 110, 110 (rank 1) ms
+        "rank_step_time_s": approx(0.110),
+        "tokens_per_s_rank_step": approx(4000 / 0.220),
         "first_step_analysed": 1,
         "last_step_analysed": 2,
         "tokens_per_s": approx(4000 / 0.230),  # 2 ranks x 2 steps x 1000 tokens, dp only

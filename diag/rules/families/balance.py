@@ -14,6 +14,7 @@ from diag.metrics.host import busy_net_of_queueing, waiting_share
 from diag.outputs.units import ranks_phrase
 from diag.rules.costs import STRAGGLER_CAUSES, ranks_cost_s
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
+from diag.rules.extra_time import COMPUTES, UNKNOWN, extra_time
 from diag.whatif.attribution import Attribution
 from diag.whatif.causes import CauseKind
 
@@ -132,13 +133,22 @@ def find_stragglers(
     if limits is None:
         limits = {key: t.default for key, t in STRAGGLER_LIMITS.items()}
     ranks, rank_steps = _own_busy(metrics)
+    queued = rank_steps is not metrics.rank_steps  # busy time net of the waiting for a core
     attribution = metrics.attribution
+    gap_waiting = (
+        attribution.gaps.set_index("rank")["waiting_s"]
+        if attribution is not None and not attribution.gaps.empty
+        else pd.Series(dtype=float)
+    )
     min_steps = steps_needed(metrics, limits)
     found: list[dict[str, Any]] = []
     for peers in _peer_sets(ranks[ranks["steps"] > 0]):
         standing_out: list[dict[str, Any]] = []
         busy = (peers["busy_s"] / peers["steps"]).to_numpy(float)
-        exposed = (peers["exposed_comm_s"] / peers["steps"]).to_numpy(float)
+        # waiting the replay read from time in no record (ranks resuming together) is waiting
+        # in a collective nobody recorded: exposed as much as a recorded one
+        inferred = peers["rank"].map(gap_waiting).fillna(0.0).to_numpy(float)
+        exposed = (peers["exposed_comm_s"] / peers["steps"]).to_numpy(float) + inferred
         busy_others, exposed_others = median_of_the_others(busy), median_of_the_others(exposed)
         for i, rank in enumerate(peers["rank"].to_numpy()):
             median_busy = float(busy_others[i])
@@ -150,6 +160,8 @@ def find_stragglers(
                 continue
             standing_out.append({
                 "rank": int(rank),
+                "peers": [int(p) for p in peers["rank"].to_numpy() if int(p) != int(rank)],
+                "net_of_queueing": queued,
                 "busy_ratio": ratio,
                 "busy_per_step_s": float(busy[i]),
                 "peers_median_busy_per_step_s": median_busy,
@@ -203,7 +215,12 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         thread's run-queue wait, busy time is judged net of it: on a loaded host the rank the
         scheduler delays is chance, and that time is the host's (HST001); on a host whose
         ranks waited for a core 15% of the step or more, the rank must stand out in (or be
-        replayed over) at least 3 steps.
+        replayed over) at least 3 steps. Waiting the replay read from the ranks' resuming
+        together after time in no record counts as the peers' waiting. `extra_time` says
+        what the excess was: "computes" only where it used a core (the steps' CPU time, on a
+        CPU run) or the device (a trace's kernel time), "sleeps or blocks outside compute"
+        where it did not, "is busy" where neither was recorded; the title gives the two busy
+        figures per step its ratio is of.
     """
     ranks = ctx.metrics.ranks
     if ranks.empty or len(ranks) < 2:
@@ -214,20 +231,32 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
     blamed = sorted(int(f["rank"]) for f in found)
     worst = max(found, key=lambda f: f["busy_ratio"])
     busy = ranks.set_index("rank")["busy_s"] / ranks.set_index("rank")["steps"]
+    what = extra_time(ctx.metrics, ctx.run.manifest.device_type, worst["rank"], worst["peers"],
+                      worst["busy_per_step_s"] - worst["peers_median_busy_per_step_s"])  # fmt: skip
+    # the ratio's two figures, as the ranks table has them (busy per step), so the title can
+    # be checked against it; net of the waiting for a core where that was taken out
+    net = " net of waiting for a core" if worst.get("net_of_queueing") else ""
+    figures = (f"{worst['busy_per_step_s'] * 1e3:.0f} ms busy per step{net} against "
+               f"{worst['peers_median_busy_per_step_s'] * 1e3:.0f} ms")  # fmt: skip
     return [
         Finding(
             severity="high" if worst["busy_ratio"] >= limits["high_ratio"] else "medium",
-            title=f"straggler: {ranks_phrase(blamed)} computes "
-            f"{worst['busy_ratio']:.2f}x its peers while they wait in collectives",
+            title=f"straggler: {ranks_phrase(blamed)} {what.phrase} "
+            f"{worst['busy_ratio']:.2f}x its peers' time ({figures}) while they wait in "
+            "collectives",
             ranks=blamed,
             evidence={
                 "busy_s_per_step": {int(r): float(b) for r, b in busy.items()},
                 "stragglers": found,
                 "busy_ratio_threshold": limits["busy_ratio"],
+                "extra_time": {"is": what.verb, **what.evidence},
             },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
-            explains=["BAL003"],  # a slow rank starts every collective last
+            # a slow rank starts every collective last; and a persistent per-rank excess that
+            # costs the step is a straggler, not random imbalance: where both are found, this
+            # one leads (the same job read BAL004 once, BAL001 once on a loaded host)
+            explains=["BAL003", *(["BAL004"] if _costly(ctx, blamed, limits) else [])],
         )
     ]
 
@@ -274,6 +303,37 @@ def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
     return max(1.0 - waited / excess, 0.0)
 
 
+def _costly(ctx: RuleContext, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """The replay says removing the ranks' excess saves at least `min_cost_share` of the
+    step (False without a replay)."""
+    attribution = ctx.metrics.attribution
+    if attribution is None or attribution.measured_step_s <= 0:
+        return False
+    cost = ranks_cost_s(attribution, ranks, STRAGGLER_CAUSES)
+    return cost / attribution.measured_step_s >= limits["min_cost_share"]
+
+
+PERSISTENT_RATIO = 1.1
+"""Busy time over the peers' median from which a step counts as one the rank stands out in."""
+PERSISTENT_SHARE = 0.8
+"""Share of the analysed steps a persistent straggler stands out in."""
+
+
+def _persistent(metrics: RunMetrics, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """Every rank of `ranks` busier than PERSISTENT_RATIO x its peers' median in at least
+    PERSISTENT_SHARE of the steps, and in at least `steps_needed` of them."""
+    table = metrics.ranks
+    for rank in ranks:
+        steps = metrics.rank_steps
+        if steps is not None and "stage" in table and table["stage"].notna().any():
+            stage = table.set_index("rank")["stage"]
+            steps = steps[steps["rank"].map(stage) == stage.get(rank)]  # its peers: its stage's
+        share, count, _ = _steps_standing_out(steps, rank, PERSISTENT_RATIO)
+        if count is None or share < PERSISTENT_SHARE or count < steps_needed(metrics, limits):
+            return False
+    return bool(ranks)
+
+
 def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[Finding]:
     """Stragglers the busy times miss but the replay finds: one rank whose typical excess
     of compute over its peers' costs a share of the step (its busy time may be diluted by
@@ -288,23 +348,39 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     queued = _queued_excess_per_step_s(ctx.metrics)
     # and one whose excess is mostly its waiting for a core is the host's (HST001); a rank
     # waking from a sleep on a loaded host queues more too, so a part of it does not count
+    # unless the rank's excess persists: slower than its peers in nearly every step is a
+    # straggler whatever the noise around it (a loaded host's noise made the same job read
+    # BAL004 in one run and BAL001 in the next)
     causes = [c for c in attribution.causes if c.kind == CauseKind.STRAGGLER
-              and c.cost_share >= limits["min_cost_share"] and c.cost_s > noise_s
+              and c.cost_share >= limits["min_cost_share"]
+              and (c.cost_s > noise_s or _persistent(ctx.metrics, c.ranks, limits))
               and _own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
     if not causes:
         return []
     blamed = sorted(r for c in causes for r in c.ranks)
     worst = max(causes, key=lambda c: c.cost_s)
+    stage = ctx.metrics.ranks.set_index("rank").get("stage")
+    rank = worst.ranks[0]
+    peers = [int(r) for r in ctx.metrics.ranks["rank"] if int(r) != rank
+             and (stage is None or stage.get(r) == stage.get(rank))]  # fmt: skip
+    excess = float(worst.evidence.get("typical_excess_per_step_s") or 0.0)
+    what = extra_time(ctx.metrics, ctx.run.manifest.device_type, rank, peers, excess)
+    verb = "computes longer than" if what.verb == COMPUTES else f"{what.phrase} longer than"
+    if what.verb == UNKNOWN:
+        verb = "is slower than"
     return [
         Finding(
             severity="medium",
-            title=f"straggler: {ranks_phrase(blamed)} computes longer than its "
+            title=f"straggler: {ranks_phrase(blamed)} {verb} its "
             f"peers; removing its excess saves {worst.cost_share:.0%} of the step",
             ranks=blamed,
-            evidence={"replayed": [vars(c) for c in causes]},
+            evidence={
+                "replayed": [vars(c) for c in causes],
+                "extra_time": {"is": what.verb, **what.evidence},
+            },
             advice=f"look at {ranks_phrase(blamed)}: its device, host load and data; balance "
             "the work per rank or exclude a persistently slow node",
-            explains=["BAL003"],
+            explains=["BAL003", "BAL004"],
         )
     ]
 
