@@ -16,7 +16,7 @@ import pandas as pd
 from diag.contract import schema
 from diag.metrics import NS_PER_S, in_steps
 from diag.numeric.ordering import group_medians, occurrence
-from diag.whatif.matching import group_member_of, label_codes
+from diag.whatif.matching import P2P_OPS, group_member_of, label_codes
 
 KEYS = ["rank", "step"]
 COLUMNS = ["rank", "matched", "late_median_s", "last_share"]
@@ -26,6 +26,9 @@ def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
     records = comms.loc[in_steps(comms, steps), ["rank", "op", "group", "t0"]]
+    # a message is matched with its other side by peer (whatif/matching.py), never as the n-th
+    # send of every rank: that pairs sends of different stages and reads clock-sized lateness
+    records = records[~records["op"].isin(list(P2P_OPS))]
     if records.empty or records["rank"].nunique() < 2:
         return pd.DataFrame(columns=COLUMNS)
     ranks = records["rank"].to_numpy(dtype=np.int64)

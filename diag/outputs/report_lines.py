@@ -36,6 +36,7 @@ def headline(report: dict[str, Any]) -> str:
     parts = [
         run.get("run_id") or "(unnamed run)",
         f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
+        *_layout_source(run),
         _steps_analysed(summary),
         f"mean step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
@@ -55,6 +56,15 @@ def headline(report: dict[str, Any]) -> str:
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
+
+
+def _layout_source(run: dict[str, Any]) -> list[str]:
+    """`layout from the traces' process groups` (a trace folder's layout: never silently
+    assumed); nothing for a run directory, whose manifest holds its layout."""
+    source = run.get("layout_source")
+    if not source:
+        return []
+    return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

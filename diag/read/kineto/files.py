@@ -54,6 +54,8 @@ class ParsedTrace:
     on_device: bool = False  # the trace has GPU kernels or copies
     device_time: DeviceTime | None = None  # None: no device kernels to measure
     notes: list[str] = dataclasses.field(default_factory=list)  # what was left out, and why
+    # distributedInfo.pg_config: each group this rank belongs to, (sorted ranks, its name)
+    pg_groups: list[tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=list)
 
 
 def trace_files(folder: Path) -> list[Path]:
@@ -187,6 +189,11 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     records = to_records(rank or 0, events, patterns)
     _name_the_only_group(records["comm"], info, world)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
+    if by_name := events.comm_sources.get("its name (no launch found)"):
+        notes.append(
+            f"{path}: {by_name} communication kernels whose launch is not in the trace (begun "
+            "before it): their op read from the kernel's name, no group or peer"
+        )
     return ParsedTrace(
         path=path,
         rank=rank,
@@ -197,6 +204,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         on_device=bool(events.gpu_t0),
         device_time=measured,
         notes=notes,
+        pg_groups=pg_groups(info.get("pg_config"), world),
     )
 
 
@@ -241,6 +249,35 @@ def _name_the_only_group(
     name = WORLD if spans_world else _text(config.get("pg_desc")) or _text(config.get("pg_name"))
     for comm in unnamed:  # group_size stays unknown with the bytes: no bandwidth from 0 bytes
         comm["group"] = name
+
+
+MAX_PG_CONFIGS = 1024
+"""Entries of a trace's pg_config read (more: the rest ignored)."""
+
+
+def pg_groups(configs: Any, world: int | None) -> list[tuple[tuple[int, ...], str]]:
+    """(sorted global ranks, name) of each process group `distributedInfo.pg_config` lists:
+    a list of {pg_name, pg_desc, pg_size or group_size, ranks}, or a dict of them by name;
+    empty `ranks` with the world's size is the world (PyTorch writes it so). Entries that are
+    not that shape, or name ranks outside the world, are skipped."""
+    entries = list(configs.values()) if isinstance(configs, dict) else configs
+    if not isinstance(entries, list):
+        return []
+    out = []
+    for entry in entries[:MAX_PG_CONFIGS]:
+        if not isinstance(entry, dict):
+            continue
+        size = entry.get("pg_size", entry.get("group_size"))
+        ranks = entry.get("ranks")
+        if isinstance(ranks, list) and not ranks and world and size == world:
+            ranks = list(range(world))
+        if not isinstance(ranks, list) or not 0 < len(ranks) <= MAX_WORLD_SIZE:
+            continue
+        if not all(is_int(r) and 0 <= r < (world or MAX_WORLD_SIZE) for r in ranks):
+            continue
+        name = _text(entry.get("pg_desc")) or _text(entry.get("pg_name")) or ""
+        out.append((tuple(sorted(set(ranks))), name))
+    return out
 
 
 def _rank_and_world(path: Path, data: Trace | KeptTrace) -> tuple[int | None, int | None]:
