@@ -1,0 +1,241 @@
+"""The layout, the process groups and each communication kernel's op read from profiler traces
+in the shapes real jobs write (issue 39): `distributedInfo.pg_config` with Megatron's or
+DeviceMesh's names, `record_param_comms` with group arguments and the peers of sends and
+receives (PyTorch 2.4's arg names, as in ../shared/real-traces/hta-nccl-world2), batched
+point-to-point kernels launched after their ops' scopes closed, older traces with only an
+`nccl:<op>` annotation (`Input Dims` / `Input type`, as hta-sampled-world128 writes), one rank
+per tensor-parallel group traced; and the real traces of ../shared/real-traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import diag
+from diag.contract.schema import Layout
+from diag.outputs.report_lines import headline
+from diag.read.kineto import load_trace_dir
+from diag.read.kineto.comm_ops import group_ranks
+from diag.read.kineto.files import pg_groups
+
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-traces"
+DP, PP, TP = 2, 2, 2
+WORLD = DP * PP * TP
+STEP_US = 1000
+MEGATRON = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP",
+            "pp": "PIPELINE_MODEL_PARALLEL_GROUP"}  # fmt: skip
+MESH = {"tp": "mesh_tp", "dp": "mesh_dp", "pp": "mesh_pp"}
+SWAPPED = {"tp": "DATA_PARALLEL_GROUP", "dp": "TENSOR_MODEL_PARALLEL_GROUP",
+           "pp": "EMBEDDING_GROUP"}  # fmt: skip
+
+
+def coords(rank: int) -> tuple[int, int, int]:
+    """Megatron's order (tp innermost, then dp, pp outermost): not diag's grid order."""
+    return rank // (DP * TP), rank // TP % DP, rank % TP
+
+
+def groups_of(rank: int) -> dict[str, list[int]]:
+    pp, dp, tp = coords(rank)
+    return {
+        "tp": [pp * DP * TP + dp * TP + i for i in range(TP)],
+        "dp": [pp * DP * TP + i * TP + tp for i in range(DP)],
+        "pp": [i * DP * TP + dp * TP + tp for i in range(PP)],
+    }
+
+
+class Trace:
+    """One rank's events: steps, kernels launched from CPU ops, as torch.profiler writes."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.events, self.correlation = rank, [], 1000 * rank
+
+    def x(self, name: str, cat: str, ts: float, dur: float, tid: int, **args: Any) -> None:
+        event = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+        self.events.append(event | ({"args": args} if args else {}))
+
+    def launch(self, kernel: str, ts: float, dur_us: float) -> None:
+        self.correlation += 1
+        self.x("cudaLaunchKernel", "cuda_runtime", ts, 4, 1, correlation=self.correlation)
+        self.x(kernel, "kernel", ts + 6, dur_us, 7, correlation=self.correlation, stream=7)
+
+    def comm(self, ts: float, kernel: str, args: dict[str, Any] | None, note: str = "") -> None:
+        """A c10d op: record_param_comms (with `args`, or none: older traces) around the
+        launch, inside an `nccl:<op>` annotation when `note` names one."""
+        if note:
+            self.x(
+                f"nccl:{note}",
+                "user_annotation",
+                ts - 2,
+                20,
+                1,
+                **(args or {}).pop("_annotation", {}),
+            )
+        self.x("record_param_comms", "cpu_op", ts, 12, 1, **(args or {}))
+        self.launch(kernel, ts + 3, 30)
+
+
+def group_args(name: str, ranks: list[int], op: str, nelems: int, **extra: Any) -> dict[str, Any]:
+    return {"Collective name": op, "dtype": "BFloat16", "In msg nelems": nelems,
+            "Out msg nelems": nelems, "Group size": len(ranks), "Process Group Name": name,
+            "Process Group Description": name, "Process Group Ranks": str(ranks),
+            **extra}  # fmt: skip
+
+
+def megatron_trace(rank: int, names: dict[str, str], with_args: bool = True) -> dict[str, Any]:
+    """Two steps of a dp2 x pp2 x tp2 job on `rank`: four tensor-parallel all-reduces from the
+    forward pass on (small, frequent), a stage's messages to its neighbour (the first stage
+    sends and receives in one batch: `batch_isend_irecv`), the gradients' reduce-scatter at
+    the end (large, once)."""
+    trace = Trace(rank)
+    mine = groups_of(rank)
+    stage = coords(rank)[0]
+    peer = mine["pp"][1 - stage]
+    for step in (1, 2):
+        base = step * STEP_US
+        trace.x(f"ProfilerStep#{step}", "user_annotation", base, STEP_US - 10, 1)
+        for at in (20, 140, 420, 700):
+            trace.launch("sm90_gemm_bf16", base + at + 40, 60)
+            args = group_args(names["tp"], mine["tp"], "allreduce", 4096) if with_args else None
+            trace.comm(base + at, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", args,
+                       "" if with_args else "all_reduce")  # fmt: skip
+        pp_args = {"send": {"Dst Rank": peer}, "recv": {"Src Rank": peer}}
+        if stage == 0:  # batch_isend_irecv: both scopes close before ncclGroupEnd launches
+            trace.x("nccl:coalesced", "user_annotation", base + 300, 40, 1)
+            for i, op in enumerate(("send", "recv")):
+                args = group_args(names["pp"], mine["pp"], op, 2048, **pp_args[op])
+                trace.x("record_param_comms", "cpu_op", base + 302 + 8 * i, 5, 1,
+                        **(args if with_args else {}))  # fmt: skip
+            trace.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
+                         base + 325, 40)  # fmt: skip
+        else:
+            for at, op in ((300, "recv"), (600, "send")):
+                args = group_args(names["pp"], mine["pp"], op, 2048, **pp_args[op])
+                trace.comm(base + at, f"ncclDevKernel_SendRecv(ncclDevComm*) {op}",
+                           args if with_args else None)  # fmt: skip
+        args = group_args(names["dp"], mine["dp"], "_reduce_scatter_base", 1 << 22)
+        kernel = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*)"
+        trace.comm(base + 880, kernel, args if with_args else None,
+                   "" if with_args else "_reduce_scatter_base")  # fmt: skip
+    info: dict[str, Any] = {"backend": "nccl", "rank": rank, "world_size": WORLD}
+    if with_args:
+        info["pg_config"] = [
+            {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+             "pg_size": WORLD, "ranks": list(range(WORLD))},
+            *({"pg_name": str(i + 1), "pg_desc": names[axis], "backend_config": "cuda:nccl",
+               "pg_size": len(mine[axis]), "ranks": mine[axis]}
+              for i, axis in enumerate(("tp", "dp", "pp"))),
+        ]  # fmt: skip
+    return {"schemaVersion": 1, "distributedInfo": info, "traceEvents": trace.events}
+
+
+def write(folder: Path, ranks: list[int], **options: Any) -> Path:
+    folder.mkdir(parents=True)
+    for rank in ranks:
+        text = json.dumps(megatron_trace(rank, **options))
+        (folder / f"rank{rank}.pt.trace.json").write_text(text)
+    return folder
+
+
+def expected_groups() -> dict[str, list[list[int]]]:
+    return {axis: sorted({tuple(groups_of(r)[axis]) for r in range(WORLD)})
+            for axis in ("tp", "dp", "pp")}  # fmt: skip
+
+
+@pytest.mark.parametrize("names", [MEGATRON, MESH, SWAPPED], ids=["megatron", "mesh", "swapped"])
+def test_the_layout_comes_from_what_each_group_carries(tmp_path: Path, names: dict) -> None:
+    run = load_trace_dir(write(tmp_path / "t", list(range(WORLD)), names=names), use_cache=False)
+    manifest = run.manifest
+    layout = manifest.layout
+    assert (layout.dp, layout.pp, layout.tp, layout.ep) == (DP, PP, TP, 1)
+    assert manifest.layout_source.startswith("from the traces' process groups")
+    for axis, groups in expected_groups().items():  # by what they carry, whatever their names
+        assert sorted(tuple(g) for g in manifest.groups[axis]) == groups, axis
+    comms = run.comms
+    by_op = comms.groupby("op")["group"].agg(set).to_dict()
+    assert by_op == {"all_reduce": {"tp"}, "reduce_scatter": {"dp"}, "send": {"pp"},
+                     "recv": {"pp"}}  # fmt: skip
+    sends = comms[comms["op"] == "send"]
+    assert all(sends["peer"] == [groups_of(r)["pp"][1 - coords(r)[0]] for r in sends["rank"]])
+    assert set(comms.loc[comms["op"] == "reduce_scatter", "bytes"]) == {2 << 22}  # bf16
+
+
+def test_one_rank_per_tensor_parallel_group_traced_gives_the_whole_world(tmp_path: Path) -> None:
+    traced = [r for r in range(WORLD) if coords(r)[2] == 0]  # 0, 2, 4, 6
+    run = load_trace_dir(write(tmp_path / "t", traced, names=MESH), use_cache=False)
+    layout, groups = run.manifest.layout, run.manifest.groups
+    assert (run.manifest.world_size, layout.dp, layout.pp, layout.tp) == (WORLD, DP, PP, TP)
+    for axis, expected in expected_groups().items():
+        assert sorted(tuple(g) for g in groups[axis]) == expected, axis
+    assert any(f"traces of {len(traced)} of {WORLD} ranks" in note for note in run.skipped)
+
+
+def test_a_batch_kernel_without_arguments_carries_the_ops_issued_before_it(tmp_path: Path) -> None:
+    run = load_trace_dir(write(tmp_path / "t", [0, 4], names=MEGATRON), use_cache=False)
+    first = run.comms[(run.comms["rank"] == 0) & run.comms["op"].isin(["send", "recv"])]
+    assert sorted(first["op"]) == ["recv", "recv", "send", "send"]  # two steps, one kernel each
+    per_kernel = first.groupby("t0")
+    assert per_kernel.size().tolist() == [2, 2] and set(first["peer"]) == {4}
+    assert first["blocking"].all()  # a receive among a batch's ops: the kernel is a wait
+
+
+def test_an_older_trace_reads_ops_from_annotations_and_says_the_layout_is_inferred(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "old"
+    folder.mkdir()
+    trace = Trace(0)
+    trace.x("ProfilerStep#1", "user_annotation", 1000, 990, 1)
+    dims = {"_annotation": {"Input Dims": [[384, 8]], "Input type": ["c10::BFloat16"]}}
+    trace.comm(1100, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*)", dims,
+               "all_to_all")  # fmt: skip
+    data = {"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 16},
+            "traceEvents": trace.events}  # fmt: skip
+    (folder / "rank0.json").write_text(json.dumps(data))
+    run = load_trace_dir(folder, use_cache=False)
+    (row,) = run.comms.to_dict("records")
+    assert row["op"] == "all_to_all" and row["bytes"] == 384 * 8 * 2  # not `send`
+    source = run.manifest.layout_source
+    assert source.startswith("inferred: no process groups") and "all-to-alls" in source
+    report = diag.analyze_path(folder)
+    assert report["run"]["layout_source"] == source
+    assert "layout inferred: no process groups" in headline(report)  # never silently
+
+
+def test_given_layout_overrides_and_says_so(tmp_path: Path) -> None:
+    folder = write(tmp_path / "t", list(range(WORLD)), names=MEGATRON)
+    given = Layout(dp=WORLD)
+    run = load_trace_dir(folder, layout=given, use_cache=False)
+    assert run.manifest.layout.dp == WORLD and run.manifest.layout_source == "given"
+
+
+def test_hostile_groups_are_skipped(tmp_path: Path) -> None:
+    configs = [{"ranks": [0, 10**12]}, {"ranks": "x"}, 7, {"ranks": [1, 0], "pg_desc": "a"},
+               {"ranks": [], "pg_size": 4}]  # fmt: skip
+    assert pg_groups(configs, 4) == [((0, 1), "a"), ((0, 1, 2, 3), "")]
+    assert pg_groups({"k": {"ranks": [2, 3]}}, 4) == [((2, 3), "")]
+    assert pg_groups("nonsense", 4) == []
+    # PyTorch cuts a long list short; start and stride rebuild it when the shown ranks agree
+    assert group_ranks("[0, 8, 16, ..., 504]", 0, 8, 64) == tuple(range(0, 512, 8))
+    assert group_ranks("[0, 8, 17, ..., 504]", 0, 8, 64) is None
+    assert group_ranks("[0, 8, ...]", 0, 8, 10**9) is None
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real-traces is absent")
+def test_real_traces_layout_and_ops() -> None:
+    world2 = load_trace_dir(REAL / "hta-nccl-world2", use_cache=False)
+    assert world2.manifest.layout.dp == 2
+    assert world2.manifest.layout_source.startswith("from the traces' process groups")
+    assert set(world2.comms["op"]) == {"all_reduce", "broadcast"}
+    sampled = load_trace_dir(REAL / "hta-sampled-world128", use_cache=False)
+    ops = sampled.comms.groupby("op")["bytes"].median().to_dict()
+    # NCCL runs the all-to-all as SendRecv; the `nccl:all_to_all` annotation names it
+    assert set(ops) == {"all_to_all", "all_reduce", "all_gather"}
+    assert ops["all_reduce"] > 0 and ops["all_to_all"] > 0
+    assert sampled.manifest.layout_source.startswith("inferred: no process groups")
+    alltoall = load_trace_dir(REAL / "hta-alltoall-world16", use_cache=False)
+    counts = alltoall.comms["op"].value_counts().to_dict()
+    assert counts.get("all_to_all", 0) == 45 and counts.get("send", 0) == 5
+    assert any("launch is not in the trace" in note for note in alltoall.skipped)
