@@ -237,8 +237,7 @@ class CommAttribution:
         before = bisect.bisect_left(launched, at) - 1
         since = launched[before] if before >= 0 else None
         found = self._around(tid, at)
-        named = found is not None and found.collective is not ABSENT
-        if named and label(found.collective).lower() not in BATCH_NAMES:  # type: ignore[union-attr]
+        if found is not None and _names_an_op(found):
             return self._counted("record_param_comms", [collective(found)])
         batch = self._batch(tid, at, since)
         if batch:

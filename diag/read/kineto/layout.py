@@ -172,10 +172,10 @@ def _families(
         add(ranks, name)
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
     for comm in comms:
-        ranks = comm.get("group_ranks")
-        if not ranks:
+        members: tuple[int, ...] | None = comm.get("group_ranks")
+        if not members:
             continue
-        family = add(ranks, comm.get("group") or "")
+        family = add(members, comm.get("group") or "")
         op = comm.get("op")
         if family is None or not op:
             continue
@@ -259,12 +259,12 @@ def _tiled(world: int, family: Family) -> list[list[int]] | None:
     for base in range(world):
         if owner[base] >= 0:
             continue
-        group = [base + o for o in offsets]
-        if group[-1] >= world or any(owner[r] >= 0 for r in group):
+        tile = [base + o for o in offsets]
+        if tile[-1] >= world or any(owner[r] >= 0 for r in tile):
             return None
-        for r in group:
+        for r in tile:
             owner[r] = len(out)
-        out.append(group)
+        out.append(tile)
     return sorted(out) if len(out) * len(offsets) == world else None
 
 
