@@ -9,6 +9,7 @@ per tensor-parallel group traced; and the real traces of ../shared/real-traces."
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,45 @@ SWAPPED = {"tp": "DATA_PARALLEL_GROUP", "dp": "TENSOR_MODEL_PARALLEL_GROUP",
            "pp": "EMBEDDING_GROUP"}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Job:
+    """A dp x pp x tp job in Megatron's order (tp innermost, then dp, pp outermost): not
+    diag's grid order (dp outermost), so nothing here can pass by assuming it."""
+
+    dp: int = DP
+    pp: int = PP
+    tp: int = TP
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        return rank // (self.dp * self.tp), rank // self.tp % self.dp, rank % self.tp
+
+    def groups_of(self, rank: int) -> dict[str, list[int]]:
+        pp, dp, tp = self.coords(rank)
+        size = self.dp * self.tp
+        return {
+            "tp": [pp * size + dp * self.tp + i for i in range(self.tp)],
+            "dp": [pp * size + i * self.tp + tp for i in range(self.dp)],
+            "pp": [i * size + dp * self.tp + tp for i in range(self.pp)],
+        }
+
+    def expected_groups(self) -> dict[str, list[tuple[int, ...]]]:
+        return {axis: sorted({tuple(self.groups_of(r)[axis]) for r in range(self.world)})
+                for axis in ("tp", "dp", "pp")}  # fmt: skip
+
+
+JOB = Job()
+
+
 def coords(rank: int) -> tuple[int, int, int]:
-    """Megatron's order (tp innermost, then dp, pp outermost): not diag's grid order."""
-    return rank // (DP * TP), rank // TP % DP, rank % TP
+    return JOB.coords(rank)
 
 
 def groups_of(rank: int) -> dict[str, list[int]]:
-    pp, dp, tp = coords(rank)
-    return {
-        "tp": [pp * DP * TP + dp * TP + i for i in range(TP)],
-        "dp": [pp * DP * TP + i * TP + tp for i in range(DP)],
-        "pp": [i * DP * TP + dp * TP + tp for i in range(PP)],
-    }
+    return JOB.groups_of(rank)
 
 
 class Trace:
@@ -84,15 +112,19 @@ def group_args(name: str, ranks: list[int], op: str, nelems: int, **extra: Any) 
             **extra}  # fmt: skip
 
 
-def megatron_trace(rank: int, names: dict[str, str], with_args: bool = True) -> dict[str, Any]:
-    """Two steps of a dp2 x pp2 x tp2 job on `rank`: four tensor-parallel all-reduces from the
-    forward pass on (small, frequent), a stage's messages to its neighbour (the first stage
-    sends and receives in one batch: `batch_isend_irecv`), the gradients' reduce-scatter at
-    the end (large, once)."""
+def megatron_trace(
+    rank: int, names: dict[str, str], with_args: bool = True, job: Job = JOB
+) -> dict[str, Any]:
+    """Two steps of a dp x pp x tp job (2 x 2 x 2 unless `job` says) on `rank`: four
+    tensor-parallel all-reduces from the forward pass on (small, frequent), a stage's messages
+    to its neighbours (the first stage sends and receives in one batch: `batch_isend_irecv`),
+    the gradients' reduce-scatter at the end (large, once)."""
     trace = Trace(rank)
-    mine = groups_of(rank)
-    stage = coords(rank)[0]
-    peer = mine["pp"][1 - stage]
+    mine = job.groups_of(rank)
+    stage = job.coords(rank)[0]
+    last = job.pp - 1
+    following = mine["pp"][min(stage + 1, last)]
+    previous = mine["pp"][max(stage - 1, 0)]
     for step in (1, 2):
         base = step * STEP_US
         trace.x(f"ProfilerStep#{step}", "user_annotation", base, STEP_US - 10, 1)
@@ -101,7 +133,10 @@ def megatron_trace(rank: int, names: dict[str, str], with_args: bool = True) -> 
             args = group_args(names["tp"], mine["tp"], "allreduce", 4096) if with_args else None
             trace.comm(base + at, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", args,
                        "" if with_args else "all_reduce")  # fmt: skip
-        pp_args = {"send": {"Dst Rank": peer}, "recv": {"Src Rank": peer}}
+        # the first stage trades with the next; the others receive from the previous and
+        # send on (the last sends the gradients back)
+        pp_args = {"send": {"Dst Rank": following if stage < last else previous},
+                   "recv": {"Src Rank": following if stage == 0 else previous}}  # fmt: skip
         if stage == 0:  # batch_isend_irecv: both scopes close before ncclGroupEnd launches
             trace.x("nccl:coalesced", "user_annotation", base + 300, 40, 1)
             for i, op in enumerate(("send", "recv")):
@@ -119,11 +154,11 @@ def megatron_trace(rank: int, names: dict[str, str], with_args: bool = True) -> 
         kernel = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*)"
         trace.comm(base + 880, kernel, args if with_args else None,
                    "" if with_args else "_reduce_scatter_base")  # fmt: skip
-    info: dict[str, Any] = {"backend": "nccl", "rank": rank, "world_size": WORLD}
+    info: dict[str, Any] = {"backend": "nccl", "rank": rank, "world_size": job.world}
     if with_args:
         info["pg_config"] = [
             {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-             "pg_size": WORLD, "ranks": list(range(WORLD))},
+             "pg_size": job.world, "ranks": list(range(job.world))},
             *({"pg_name": str(i + 1), "pg_desc": names[axis], "backend_config": "cuda:nccl",
                "pg_size": len(mine[axis]), "ranks": mine[axis]}
               for i, axis in enumerate(("tp", "dp", "pp"))),
@@ -139,9 +174,8 @@ def write(folder: Path, ranks: list[int], **options: Any) -> Path:
     return folder
 
 
-def expected_groups() -> dict[str, list[list[int]]]:
-    return {axis: sorted({tuple(groups_of(r)[axis]) for r in range(WORLD)})
-            for axis in ("tp", "dp", "pp")}  # fmt: skip
+def expected_groups() -> dict[str, list[tuple[int, ...]]]:
+    return JOB.expected_groups()
 
 
 @pytest.mark.parametrize("names", [MEGATRON, MESH, SWAPPED], ids=["megatron", "mesh", "swapped"])
@@ -239,3 +273,19 @@ def test_real_traces_layout_and_ops() -> None:
     counts = alltoall.comms["op"].value_counts().to_dict()
     assert counts.get("all_to_all", 0) == 45 and counts.get("send", 0) == 5
     assert any("launch is not in the trace" in note for note in alltoall.skipped)
+
+
+def test_a_dp4_pp4_tp4_job_with_one_trace_per_tensor_parallel_group(tmp_path: Path) -> None:
+    """The issue's job: 64 ranks, 16 files (tp rank 0 of each group), read dp=64 before."""
+    job = Job(dp=4, pp=4, tp=4)
+    folder = tmp_path / "t"
+    folder.mkdir()
+    traced = [r for r in range(job.world) if job.coords(r)[2] == 0]
+    for rank in traced:
+        text = json.dumps(megatron_trace(rank, MEGATRON, job=job))
+        (folder / f"rank{rank}.pt.trace.json").write_text(text)
+    run = load_trace_dir(folder, use_cache=False)
+    layout = run.manifest.layout
+    assert (run.manifest.world_size, layout.dp, layout.pp, layout.tp) == (64, 4, 4, 4)
+    for axis, expected in job.expected_groups().items():
+        assert sorted(tuple(g) for g in run.manifest.groups[axis]) == expected, axis
