@@ -252,7 +252,8 @@ class CommAttribution:
         return described
 
     def _by_name(self, kernel: int) -> dict[str, Any]:
-        return unknown(op_from_kernel_name(self.rank.gpu_name[kernel]))
+        # `from_name`: no CPU side says what it is (not kept in the tables)
+        return unknown(op_from_kernel_name(self.rank.gpu_name[kernel])) | {"from_name": True}
 
     def _around(self, tid: Any, at: int) -> Args | None:
         """The record_param_comms scope around a launch, once per scope."""

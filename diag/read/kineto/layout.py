@@ -109,7 +109,7 @@ def infer_layout(
             placed[axis] = first
             reasons.append(why)
     listed = bool(config_groups) or any(c.get("group_ranks") for c in comms)
-    seen_ops = {c.get("op") for c in comms}
+    seen_ops = {c.get("op") for c in comms if not c.get("from_name")}
     return _built(world, placed, families, reasons, listed, seen_ops)
 
 
