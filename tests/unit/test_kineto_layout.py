@@ -166,10 +166,36 @@ def megatron_trace(
     return {"schemaVersion": 1, "distributedInfo": info, "traceEvents": trace.events}
 
 
-def write(folder: Path, ranks: list[int], **options: Any) -> Path:
+def args_on_kernels(trace: dict[str, Any]) -> dict[str, Any]:
+    """Newer Kineto's shape: a collective's metadata copied onto its kernel (the launch's
+    record_param_comms is what Kineto copies; a batch's ops stay on the CPU only)."""
+    events = trace["traceEvents"]
+    scopes = [e for e in events if e["name"] == "record_param_comms"]
+    by_correlation = {}
+    for launch in (e for e in events if e["cat"] == "cuda_runtime"):
+        around = [s for s in scopes if s["ts"] <= launch["ts"] <= s["ts"] + s["dur"]]
+        if around:
+            by_correlation[launch["args"]["correlation"]] = around[0]
+    for kernel in (e for e in events if e["cat"] == "kernel"):
+        scope = by_correlation.get(kernel["args"]["correlation"])
+        if scope is not None:
+            kernel["args"] |= scope["args"]
+            events.remove(scope)
+    return trace
+
+
+def names_without_ranks(trace: dict[str, Any]) -> dict[str, Any]:
+    """PyTorch before 2.4: a collective's group by name only (`Process Group Ranks` absent)."""
+    for event in trace["traceEvents"]:
+        event.get("args", {}).pop("Process Group Ranks", None)
+    return trace
+
+
+def write(folder: Path, ranks: list[int], shape: Any = None, **options: Any) -> Path:
     folder.mkdir(parents=True)
     for rank in ranks:
-        text = json.dumps(megatron_trace(rank, **options))
+        trace = megatron_trace(rank, **options)
+        text = json.dumps(shape(trace) if shape else trace)
         (folder / f"rank{rank}.pt.trace.json").write_text(text)
     return folder
 
@@ -178,9 +204,17 @@ def expected_groups() -> dict[str, list[tuple[int, ...]]]:
     return JOB.expected_groups()
 
 
-@pytest.mark.parametrize("names", [MEGATRON, MESH, SWAPPED], ids=["megatron", "mesh", "swapped"])
-def test_the_layout_comes_from_what_each_group_carries(tmp_path: Path, names: dict) -> None:
-    run = load_trace_dir(write(tmp_path / "t", list(range(WORLD)), names=names), use_cache=False)
+@pytest.mark.parametrize(
+    ("names", "shape"),
+    [(MEGATRON, None), (MESH, None), (SWAPPED, None), (MEGATRON, args_on_kernels),
+     (MESH, names_without_ranks)],
+    ids=["megatron", "mesh", "swapped", "args-on-kernels", "names-without-ranks"],
+)  # fmt: skip
+def test_the_layout_comes_from_what_each_group_carries(
+    tmp_path: Path, names: dict, shape: Any
+) -> None:
+    folder = write(tmp_path / "t", list(range(WORLD)), shape=shape, names=names)
+    run = load_trace_dir(folder, use_cache=False)
     manifest = run.manifest
     layout = manifest.layout
     assert (layout.dp, layout.pp, layout.tp, layout.ep) == (DP, PP, TP, 1)
@@ -248,8 +282,8 @@ def test_given_layout_overrides_and_says_so(tmp_path: Path) -> None:
 def test_hostile_groups_are_skipped(tmp_path: Path) -> None:
     configs = [{"ranks": [0, 10**12]}, {"ranks": "x"}, 7, {"ranks": [1, 0], "pg_desc": "a"},
                {"ranks": [], "pg_size": 4}]  # fmt: skip
-    assert pg_groups(configs, 4) == [((0, 1), "a"), ((0, 1, 2, 3), "")]
-    assert pg_groups({"k": {"ranks": [2, 3]}}, 4) == [((2, 3), "")]
+    assert pg_groups(configs, 4) == [((0, 1), ("a", "")), ((0, 1, 2, 3), ("", ""))]
+    assert pg_groups({"k": {"ranks": [2, 3], "pg_name": "5"}}, 4) == [((2, 3), ("", "pg5"))]
     assert pg_groups("nonsense", 4) == []
     # PyTorch cuts a long list short; start and stride rebuild it when the shown ranks agree
     assert group_ranks("[0, 8, 16, ..., 504]", 0, 8, 64) == tuple(range(0, 512, 8))

@@ -187,6 +187,8 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     properties = data.deviceProperties if isinstance(data.deviceProperties, list) else []
     devices = [d for d in properties if isinstance(d, dict)]
     records = to_records(rank or 0, events, patterns)
+    groups = pg_groups(info.get("pg_config"), world)
+    _ranks_by_group_name(records["comm"], groups)
     _name_the_only_group(records["comm"], info, world)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
     if by_name := events.comm_sources.get("its name (no launch found)"):
@@ -204,7 +206,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         on_device=bool(events.gpu_t0),
         device_time=measured,
         notes=notes,
-        pg_groups=pg_groups(info.get("pg_config"), world),
+        pg_groups=[(ranks, names[0]) for ranks, names in groups],
     )
 
 
@@ -255,11 +257,13 @@ MAX_PG_CONFIGS = 1024
 """Entries of a trace's pg_config read (more: the rest ignored)."""
 
 
-def pg_groups(configs: Any, world: int | None) -> list[tuple[tuple[int, ...], str]]:
-    """(sorted global ranks, name) of each process group `distributedInfo.pg_config` lists:
-    a list of {pg_name, pg_desc, pg_size or group_size, ranks}, or a dict of them by name;
-    empty `ranks` with the world's size is the world (PyTorch writes it so). Entries that are
-    not that shape, or name ranks outside the world, are skipped."""
+def pg_groups(configs: Any, world: int | None) -> list[tuple[tuple[int, ...], tuple[str, str]]]:
+    """(sorted global ranks, (its name, `pg<pg_name>`)) of each process group that
+    `distributedInfo.pg_config` lists: a list of {pg_name, pg_desc, pg_size or group_size,
+    ranks}, or a dict of them by name; empty `ranks` with the world's size is the world
+    (PyTorch writes it so). The names are those a collective's record carries (its
+    description, else `pg<Process Group Name>`). Entries that are not that shape, or name ranks
+    outside the world, are skipped."""
     entries = list(configs.values()) if isinstance(configs, dict) else configs
     if not isinstance(entries, list):
         return []
@@ -275,9 +279,28 @@ def pg_groups(configs: Any, world: int | None) -> list[tuple[tuple[int, ...], st
             continue
         if not all(is_int(r) and 0 <= r < (world or MAX_WORLD_SIZE) for r in ranks):
             continue
-        name = _text(entry.get("pg_desc")) or _text(entry.get("pg_name")) or ""
-        out.append((tuple(sorted(set(ranks))), name))
+        number = _text(entry.get("pg_name"))
+        names = (_text(entry.get("pg_desc")) or "", f"pg{number}" if number else "")
+        out.append((tuple(sorted(set(ranks))), names))
     return out
+
+
+def _ranks_by_group_name(
+    comms: list[dict[str, Any]], groups: list[tuple[tuple[int, ...], tuple[str, str]]]
+) -> None:
+    """A collective whose record names its group but lists no ranks (PyTorch before 2.4 writes
+    `Process Group Name/Description` without `Process Group Ranks`) gets the ranks of the
+    pg_config entry of that name, where only one entry of this rank's has it."""
+    by_name: dict[str, tuple[int, ...] | None] = {}
+    for ranks, names in groups:
+        for name in names:
+            if name and name != "undefined":
+                by_name[name] = None if name in by_name else ranks  # two groups: ambiguous
+    if not by_name:
+        return
+    for comm in comms:
+        if not comm.get("group_ranks") and comm.get("group") in by_name:
+            comm["group_ranks"] = by_name[comm["group"]]
 
 
 def _rank_and_world(path: Path, data: Trace | KeptTrace) -> tuple[int | None, int | None]:
