@@ -23,15 +23,24 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from diag.contract import schema
 from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_WORLD_SIZE
 from diag.read.kineto.events import ABSENT, Args
 from diag.read.kineto.kernels import op_from_kernel_name
 
-if TYPE_CHECKING:
-    from diag.read.kineto.convert import RankEvents
+
+class RankEvents(Protocol):
+    """What the attribution reads of a rank's scanned events (convert.RankEvents)."""
+
+    gpu_name: list[str]
+    gpu_args: list[Args | None]
+    launches: dict[int, tuple[Any, int]]  # correlation -> (thread, launch time)
+    params: dict[Any, list[tuple[int, int, Args]]]  # record_param_comms per thread, by start
+    param_starts: dict[Any, list[int]]
+    annotations: dict[Any, list[tuple[int, int, str, Args]]]  # `nccl:<op>` per thread
+
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
