@@ -134,13 +134,18 @@ def _single(family: Family) -> tuple[str, str]:
 
 
 def _orthogonal(family: Family, placed: dict[str, Family]) -> bool:
-    """Whether none of the family's groups shares two ranks with a group already placed."""
+    """Whether none of the family's groups shares two ranks with a group already placed (in
+    time linear in their ranks: each rank's groups in the other family, counted per group)."""
     for other in placed.values():
         if other is family:
             return False
+        owners: dict[int, list[int]] = defaultdict(list)
+        for i, theirs in enumerate(other.groups):
+            for r in theirs:
+                owners[r].append(i)
         for mine in family.groups:
-            members = set(mine)
-            if any(len(members.intersection(theirs)) > 1 for theirs in other.groups):
+            shared = Counter(i for r in mine for i in owners.get(r, ()))
+            if any(n > 1 for n in shared.values()):
                 return False
     return True
 
