@@ -141,6 +141,8 @@ def megatron_trace(
             trace.x("nccl:coalesced", "user_annotation", base + 300, 40, 1)
             for i, op in enumerate(("send", "recv")):
                 args = group_args(names["pp"], mine["pp"], op, 2048, **pp_args[op])
+                if not with_args:  # older PyTorch: each op's annotation, closed before too
+                    trace.x(f"nccl:{op}", "user_annotation", base + 301 + 8 * i, 7, 1)
                 trace.x("record_param_comms", "cpu_op", base + 302 + 8 * i, 5, 1,
                         **(args if with_args else {}))  # fmt: skip
             trace.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
@@ -149,7 +151,7 @@ def megatron_trace(
             for at, op in ((300, "recv"), (600, "send")):
                 args = group_args(names["pp"], mine["pp"], op, 2048, **pp_args[op])
                 trace.comm(base + at, f"ncclDevKernel_SendRecv(ncclDevComm*) {op}",
-                           args if with_args else None)  # fmt: skip
+                           args if with_args else None, "" if with_args else op)  # fmt: skip
         args = group_args(names["dp"], mine["dp"], "_reduce_scatter_base", 1 << 22)
         kernel = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*)"
         trace.comm(base + 880, kernel, args if with_args else None,
@@ -270,6 +272,20 @@ def test_an_older_trace_reads_ops_from_annotations_and_says_the_layout_is_inferr
     report = diag.analyze_path(folder)
     assert report["run"]["layout_source"] == source
     assert "layout inferred: no process groups" in headline(report)  # never silently
+
+
+def test_an_older_megatron_job_reads_its_ops_and_says_what_it_cannot_size(
+    tmp_path: Path,
+) -> None:
+    """No group arguments, no pg_config: the ops from the annotations (a batch's too), and the
+    layout said to be inferred, naming the pipeline it cannot size."""
+    folder = write(tmp_path / "t", list(range(WORLD)), names=MEGATRON, with_args=False)
+    run = load_trace_dir(folder, use_cache=False)
+    counts = run.comms["op"].value_counts().to_dict()
+    per_rank_step = {op: n // (WORLD * 2) for op, n in counts.items()}
+    assert per_rank_step == {"all_reduce": 4, "send": 1, "recv": 1, "reduce_scatter": 1}
+    source = run.manifest.layout_source
+    assert source.startswith("inferred: no process groups") and "sends and receives" in source
 
 
 def test_given_layout_overrides_and_says_so(tmp_path: Path) -> None:

@@ -260,6 +260,9 @@ class CommAttribution:
         note = self._annotation(tid, at)
         if note is not None:
             return self._counted("its nccl:<op> annotation", [annotated(note[2], note[3])])
+        notes = self._annotated_batch(tid, at, since)  # older traces: `nccl:send`, `nccl:recv`
+        if notes:
+            return self._counted("a batch of nccl:<op> annotations", notes)
         return self._counted("its name", [self._by_name(kernel)])
 
     def _counted(self, how: str, described: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -297,6 +300,23 @@ class CommAttribution:
                 continue
             self.used.add((tid, i))
             out.append(collective(args))
+        return out
+
+    def _annotated_batch(self, tid: Any, at: int, since: int | None) -> list[dict[str, Any]]:
+        """The `nccl:<op>` annotations that began on the launching thread after its previous
+        communication launch and closed before this one: a batch's ops on older traces."""
+        rows = self.rank.annotations.get(tid)
+        if not rows:
+            return []
+        first = 0 if since is None else bisect.bisect_right(rows, since, key=lambda r: r[0])
+        last = bisect.bisect_right(rows, at, key=lambda r: r[0])
+        out = []
+        for i in range(max(first, last - MAX_BATCH_OPS), last):
+            _, end, name, args = rows[i]
+            if end > at or (tid, -1 - i) in self.used or label(name).lower() in BATCH_NAMES:
+                continue
+            self.used.add((tid, -1 - i))  # annotations' keys: negative, apart from the scopes'
+            out.append(annotated(name, args))
         return out
 
     def _annotation(self, tid: Any, at: int) -> tuple[int, int, str, Args] | None:
