@@ -6,9 +6,10 @@ dashboard read a profiler trace as they read our own runs.
   keeps the CPU window. No `ProfilerStep` at all: the whole trace is step 0.
 - spans: computation kernels (phase `kernel`) and memory copies/sets (phase `memcpy`) are the
   device's busy time.
-- comms: each communication kernel, with op, group, bytes and dtype from the
-  `record_param_comms` CPU op that launched it (`Collective name`, `In/Out msg nelems`, `dtype`,
-  `Process Group ...`), else the op read from the kernel's name and no bytes (DeepEP).
+- comms: each op a communication kernel runs (a batch's kernel runs several), with op, group,
+  bytes, dtype, peer and seq read from the CPU side that launched it (comm_ops.py: its
+  `record_param_comms`, the batch recorded before its launch, its `nccl:<op>` annotation), else
+  the op read from the kernel's name and no bytes (DeepEP).
 - comm_wait spans: the time of launched communication not hidden under computation or copies
   (exposed); a receive, and a collective under which the device computes nothing, are waits of
   their own (blocking) and have none.
@@ -189,12 +190,8 @@ class Scan:
 
 def _id(value: Any) -> int:
     """A correlation id as an int (-1: none, or not a usable integer)."""
-    number = _count(value, default=-1)
+    number = count(value, default=-1)
     return number if number >= 0 else -1
-
-
-def _count(value: Any, default: int = 0) -> int:
-    return count(value, default)
 
 
 def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
