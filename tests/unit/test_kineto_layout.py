@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 import diag
-from diag.contract.schema import Layout
+from diag.contract.schema import Layout, Manifest
+from diag.metrics.arrival import arrivals
 from diag.outputs.report_lines import headline
 from diag.read.kineto import load_trace_dir
 from diag.read.kineto.comm_ops import group_ranks
@@ -339,3 +341,26 @@ def test_a_dp4_pp4_tp4_job_with_one_trace_per_tensor_parallel_group(tmp_path: Pa
     assert (run.manifest.world_size, layout.dp, layout.pp, layout.tp) == (64, 4, 4, 4)
     for axis, expected in job.expected_groups().items():
         assert sorted(tuple(g) for g in run.manifest.groups[axis]) == expected, axis
+
+
+def test_a_collective_one_rank_lacks_shifts_no_match_and_messages_are_not_matched_by_count() -> (
+    None
+):
+    """A trace that begins after a rank launched its first all-reduce holds one kernel more on
+    that rank (read by name); counted per step, only that step's matches can shift. Sends are
+    paired by peer elsewhere, never as every rank's n-th send (a job read "rank 48 starts
+    collectives last, 457,398.9 ms behind" so)."""
+    rows = []
+    for rank in (0, 1):
+        for step in (1, 2, 3):
+            base = step * 1_000_000
+            rows += [{"rank": rank, "step": step, "op": "all_reduce", "group": None,
+                      "t0": base + at} for at in (100_000, 500_000)]  # fmt: skip
+            # sends of different stages, far apart: no lateness of theirs may be read
+            rows.append({"rank": rank, "step": step, "op": "send", "group": None,
+                         "t0": base + 900_000 * rank})  # fmt: skip
+    rows.append({"rank": 0, "step": 1, "op": "all_reduce", "group": None, "t0": 1_000_001})
+    comms = pd.DataFrame(rows)
+    steps = pd.DataFrame([{"rank": r, "step": s} for r in (0, 1) for s in (1, 2, 3)])
+    table = arrivals(comms, steps, Manifest(run_id="x", created="", world_size=2))
+    assert table["late_median_s"].tolist() == [0.0, 0.0]
