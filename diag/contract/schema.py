@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from diag.contract.files import read_regular
-from diag.contract.limits import MAX_INTEGER, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE
+from diag.contract.limits import MAX_INTEGER, MAX_LABEL_CHARS, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE
 
 RUN_SCHEMA = "diag.run/1"
 REPORT_SCHEMA = "diag.report/1"
@@ -184,6 +184,9 @@ class Manifest:
     status: str = RunStatus.RUNNING.value
     steps_completed: int | None = None
     schema: str = RUN_SCHEMA
+    layout_source: str | None = None
+    """Where the layout came from when diag read it (a profiler trace folder): `given`, `from
+    the traces' process groups (...)` or `inferred: <reason>`; None in a run's own manifest."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -222,6 +225,9 @@ class Manifest:
                 injections=[str(s) for s in data.get("injections") or []],
                 status=str(data.get("status") or RunStatus.RUNNING.value),
                 steps_completed=data.get("steps_completed"),
+                layout_source=source[:MAX_LABEL_CHARS]
+                if isinstance(source := data.get("layout_source"), str)
+                else None,
             )
         except (TypeError, ValueError) as err:
             raise SchemaError(f"malformed field: {err}") from err

@@ -15,8 +15,8 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import NS_PER_S, in_steps
-from diag.numeric.ordering import group_medians, occurrence
-from diag.whatif.matching import group_member_of, label_codes
+from diag.numeric.ordering import dense_key, group_medians, occurrence
+from diag.whatif.matching import P2P_OPS, group_member_of, label_codes
 
 KEYS = ["rank", "step"]
 COLUMNS = ["rank", "matched", "late_median_s", "last_share"]
@@ -25,7 +25,10 @@ COLUMNS = ["rank", "matched", "late_median_s", "last_share"]
 def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
-    records = comms.loc[in_steps(comms, steps), ["rank", "op", "group", "t0"]]
+    records = comms.loc[in_steps(comms, steps), ["rank", "step", "op", "group", "t0"]]
+    # a message is matched with its other side by peer (whatif/matching.py), never as the n-th
+    # send of every rank: that pairs sends of different stages and reads clock-sized lateness
+    records = records[~records["op"].isin(list(P2P_OPS))]
     if records.empty or records["rank"].nunique() < 2:
         return pd.DataFrame(columns=COLUMNS)
     ranks = records["rank"].to_numpy(dtype=np.int64)
@@ -46,15 +49,17 @@ def _instances(
     records: pd.DataFrame, ranks: np.ndarray, t0: np.ndarray, manifest: schema.Manifest
 ) -> np.ndarray:
     """Per record, a dense id of the collective it is one member's part of: the n-th record,
-    by start, of a rank on one (group, member_of, op) stream."""
+    by start, of a rank in one step on one (group, member_of, op) stream. Counted per step, so
+    that one collective a rank's trace lacks (launched before the profiler started) cannot
+    shift every later match and read a clock-sized lateness."""
     group_codes, group_names = label_codes(records["group"])
     op_codes, op_names = label_codes(records["op"])
     member_of = group_member_of(manifest, group_codes, group_names, ranks)
     # one integer per (group, member_of, op): the collective's stream on that group
     stream = (group_codes * (member_of.max() + 1) + member_of) * len(op_names) + op_codes
-    streams = int(stream.max()) + 1
-    n = occurrence((ranks - ranks.min()) * streams + stream, t0)
-    return pd.factorize(stream * (int(n.max()) + 1) + n)[0]
+    step = records["step"].to_numpy(dtype=np.int64)
+    n = occurrence(dense_key(ranks, step, stream), t0)
+    return pd.factorize(dense_key(stream, step, n))[0]
 
 
 def _per_rank(ranks: np.ndarray, late_ns: np.ndarray, last: np.ndarray) -> pd.DataFrame:

@@ -51,7 +51,9 @@ def build_report(
     manifest = run.manifest.to_dict()
     report = {
         "schema": schema.REPORT_SCHEMA,
-        "run": {name: manifest.get(name) for name in RUN_FIELDS},
+        "run": {name: manifest.get(name) for name in RUN_FIELDS}
+        # where a trace folder's layout came from (a run directory's is its manifest's)
+        | ({"layout_source": source} if (source := manifest.get("layout_source")) else {}),
         # the step time over steps as one line of text, so a trend can be checked by eye
         "summary": {**metrics.summary, "step_time_line": _step_time_line(metrics)},
         "ranks": metrics.ranks.to_dict("records"),

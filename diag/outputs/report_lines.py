@@ -49,6 +49,7 @@ def headline(report: dict[str, Any]) -> str:
     parts = [
         run.get("run_id") or "(unnamed run)",
         _ranks(report, " ".join(dims) or "dp=1"),
+        *_layout_source(run),
         _steps_analysed(summary),
         *_step(summary),
         *_model_flops(run, summary),
@@ -109,6 +110,15 @@ def status_line(summary: dict[str, Any]) -> str:
     """`HUNG: rank 2 never joined all_reduce #41 of dp (step 6)`: the status and its reason."""
     status, reason = str(summary.get("status") or ""), summary.get("status_reason")
     return f"{status.upper()}" + (f": {reason} --" if reason else " --")
+
+
+def _layout_source(run: dict[str, Any]) -> list[str]:
+    """`layout from the traces' process groups` (a trace folder's layout: never silently
+    assumed); nothing for a run directory, whose manifest holds its layout."""
+    source = run.get("layout_source")
+    if not source:
+        return []
+    return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from diag.read.kineto import cache
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
+from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
 from diag.read.load import RunData, run_from_records, with_cache_note
 from diag.read.parallel import map_chunks
 
@@ -63,7 +64,7 @@ def load_trace_dir(
             records[kind] += rows
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = _manifest(folder, traces, layout)
+    manifest = _manifest(folder, traces, layout, records)
     grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
     if layout is not None and grid != manifest.world_size:
         raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
@@ -79,6 +80,7 @@ def load_trace_dir(
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped), device_time=_device_table(traces)
     )
+    _add_message_columns(run.comms, records["comm"])
     if use_cache:
         cache.write(folder, key, run)
     return with_cache_note(run, found.note)
@@ -121,10 +123,21 @@ def _layout_beside(folder: Path) -> schema.Layout | None:
 
 
 def _manifest(
-    folder: Path, traces: list[ParsedTrace], layout: schema.Layout | None
+    folder: Path,
+    traces: list[ParsedTrace],
+    layout: schema.Layout | None,
+    records: dict[str, list[dict]],
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
     world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
+    if layout is not None:
+        # the groups a job on this grid forms: the pipeline's neighbours pair its messages
+        grid = layout.dp * layout.pp * layout.ep * layout.tp == world_size
+        sizes = {"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp}
+        found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
+    else:
+        configs = [group for t in traces for group in t.pg_groups]
+        found = infer_layout(world_size, configs, records["comm"], records["step"])
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
@@ -136,11 +149,9 @@ def _manifest(
         command=None,
         backend=backends.pop() if len(backends) == 1 else None,
         device_type="cuda" if on_device else "cpu",
-        layout=layout or schema.Layout(dp=world_size),
-        # the groups a job on this grid forms: the pipeline's neighbours pair its messages
-        groups=grid_groups({"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp})
-        if layout is not None and layout.dp * layout.pp * layout.ep * layout.tp == world_size
-        else {},
+        layout=found.layout,
+        groups=found.groups,
+        layout_source=found.source,
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=schema.RunStatus.COMPLETE.value,
     )
@@ -161,6 +172,18 @@ def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:
         named = axis_of.get(members) if members else None
         if named is not None:
             comm["group"] = named
+
+
+MESSAGE_COLUMNS = ("peer", "seq")
+"""Comm columns only a trace gives (not in the rank files' format): a message's other side
+(global rank) and each record's place in its process group's order (comm_ops.py)."""
+
+
+def _add_message_columns(comms: pd.DataFrame, records: list[dict]) -> None:
+    """`peer` and `seq` on the comm table (rows in record order; null where unknown)."""
+    for name in MESSAGE_COLUMNS:
+        values = [record.get(name) for record in records]
+        comms[name] = pd.array(values, dtype="Int64") if len(comms) == len(values) else pd.NA
 
 
 def _newest_mtime(traces: list[ParsedTrace]) -> float:

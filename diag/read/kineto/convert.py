@@ -6,9 +6,10 @@ dashboard read a profiler trace as they read our own runs.
   keeps the CPU window. No `ProfilerStep` at all: the whole trace is step 0.
 - spans: computation kernels (phase `kernel`) and memory copies/sets (phase `memcpy`) are the
   device's busy time.
-- comms: each communication kernel, with op, group, bytes and dtype from the
-  `record_param_comms` CPU op that launched it (`Collective name`, `In/Out msg nelems`, `dtype`,
-  `Process Group ...`), else the op read from the kernel's name and no bytes (DeepEP).
+- comms: each op a communication kernel runs (a batch's kernel runs several), with op, group,
+  bytes, dtype, peer and seq read from the CPU side that launched it (comm_ops.py: its
+  `record_param_comms`, the batch recorded before its launch, its `nccl:<op>` annotation), else
+  the op read from the kernel's name and no bytes (DeepEP).
 - comm_wait spans: the time of launched communication not hidden under computation or copies
   (exposed); a receive, and a collective under which the device computes nothing, are waits of
   their own (blocking) and have none.
@@ -17,8 +18,6 @@ Times are Kineto's microseconds turned into integer nanoseconds.
 
 from __future__ import annotations
 
-import bisect
-import functools
 import math
 import re
 from array import array
@@ -35,11 +34,11 @@ from diag.contract.limits import (
     MAX_ARG_INTEGER,
     MAX_LABEL_CHARS,
     MAX_STEP,
-    MAX_WORLD_SIZE,
 )
 from diag.numeric import intervals
+from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import ABSENT, Args, Kept
-from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+from diag.read.kineto.kernels import KernelClass, KernelPatterns
 
 NS_PER_US = 1000
 MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
@@ -48,24 +47,8 @@ diag/contract/limits.py's bound on times."""
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
-    "char": 1, "byte": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}  # fmt: skip
 NO_ARGS = Args()
 """An event without arguments reads as one whose every argument is absent."""
-_OP_BY_COLLECTIVE = {
-    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
-    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
-    "all_to_allv": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv",
-    "barrier": "barrier", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-}  # fmt: skip
 
 
 @dataclass
@@ -77,16 +60,20 @@ class RankEvents:
     gpu_t0: list[int] = field(default_factory=list)
     gpu_t1: list[int] = field(default_factory=list)
     gpu_correlation: list[int] = field(default_factory=list)
+    gpu_args: list[Args | None] = field(default_factory=list)  # a kernel's own collective args
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
     params: dict[Any, list[tuple[int, int, Args]]] = field(default_factory=dict)
     param_starts: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
+    # `nccl:<op>` annotations per thread, by start: (t0, t1, op as named, args)
+    annotations: dict[Any, list[tuple[int, int, str, Args]]] = field(default_factory=dict)
     cpu_ops: dict[Any, tuple[array, array]] = field(default_factory=dict)  # tid -> t0s, t1s
     gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
     skipped: Counter[str] = field(default_factory=Counter)  # events left out, by reason
+    comm_sources: dict[str, int] = field(default_factory=dict)  # comm kernels by how read
 
 
 def scan(events: Iterable[Kept]) -> RankEvents:
@@ -105,12 +92,14 @@ class Scan:
         self.out = RankEvents()
         self.params: dict[Any, list[tuple[int, int, Args]]] = defaultdict(list)
         self.labels: dict[str, str] = {}  # one object for each kernel name and category
+        self.annotations: dict[Any, list[tuple[int, int, str, Args]]] = defaultdict(list)
 
     def add(self, events: Iterable[Kept]) -> None:
         out, params = self.out, self.params
         gpu_name, gpu_category = out.gpu_name, out.gpu_category
         gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
         cpu_ops, launches, labels = out.cpu_ops, out.launches, self.labels
+        gpu_args, annotations = out.gpu_args, self.annotations
         cpu_first, cpu_last = [], []
         for event in events:
             if event.ph != "X":
@@ -144,6 +133,8 @@ class Scan:
             if category in GPU_CATEGORIES:
                 gpu_name.append(labels.setdefault(name, name))
                 gpu_category.append(labels.setdefault(category, category))
+                # newer Kineto copies the collective's metadata onto its kernel
+                gpu_args.append(args if args.collective is not ABSENT else None)
                 gpu_t0.append(t0)
                 gpu_t1.append(t1)
                 correlation = args.correlation
@@ -154,7 +145,10 @@ class Scan:
                 continue
             cpu_first.append(t0)
             cpu_last.append(t1)
-            if category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
+            if name.startswith("nccl:") and category != "gpu_user_annotation":
+                # `nccl:<op>` (record_function around the launch): the op on older traces
+                annotations[tid].append((t0, t1, name[5:], args))
+            elif category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
                 ops = cpu_ops.get(tid)  # c10d ops only enqueue
                 if ops is None:
                     ops = cpu_ops[tid] = (array("q"), array("q"))
@@ -187,29 +181,17 @@ class Scan:
         out = self.out
         out.params = {tid: sorted(rows, key=lambda r: r[0]) for tid, rows in self.params.items()}
         out.param_starts = {tid: [r[0] for r in rows] for tid, rows in out.params.items()}
+        out.annotations = {
+            tid: sorted(rows, key=lambda r: r[0]) for tid, rows in self.annotations.items()
+        }
         out.steps.sort(key=lambda s: s[1])
         return out
 
 
 def _id(value: Any) -> int:
     """A correlation id as an int (-1: none, or not a usable integer)."""
-    number = _count(value, default=-1)
+    number = count(value, default=-1)
     return number if number >= 0 else -1
-
-
-def _count(value: Any, default: int = 0) -> int:
-    """A non-negative integer of the trace's args (an element count, an id) below
-    MAX_ARG_INTEGER, read from an int, a whole float or a numeric string; `default` else."""
-    try:
-        number = int(value) if type(value) in (int, float, str) else default
-    except (ValueError, OverflowError):
-        return default
-    return number if 0 <= number < MAX_ARG_INTEGER else default
-
-
-def _label(value: Any) -> str:
-    """A name of the trace's args as a string of at most MAX_LABEL_CHARS ("" when absent)."""
-    return str(value)[:MAX_LABEL_CHARS] if type(value) in (str, int, float) else ""
 
 
 def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
@@ -222,77 +204,6 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray
     index = np.searchsorted(starts, times, side="right") - 1
     inside = (index >= 0) & (times < ends[np.clip(index, 0, None)])
     return np.where(inside, numbers[np.clip(index, 0, None)], -1)
-
-
-def _collective(params: Args) -> dict[str, Any]:
-    """op, group, group_size, bytes and dtype of a record_param_comms event, and the global
-    ranks of its process group where the trace lists them (`group_ranks`, read by the loader to
-    name the group by its axis; never kept in the tables)."""
-    name = _label(params.collective).lower()
-    dtype = _label(params.dtype).lower()
-    nelems = max(_count(params.in_nelems), _count(params.out_nelems))
-    element_bytes = DTYPE_BYTES.get(dtype)
-    group = _label(params.group_desc)
-    if not group or group == "undefined":
-        group = f"pg{_label(params.group_name)}"[:MAX_LABEL_CHARS]
-    return {
-        "op": _OP_BY_COLLECTIVE.get(name, name or None),
-        "group": group,
-        "group_size": None if params.group_size is ABSENT else params.group_size,
-        "bytes": nelems * element_bytes if element_bytes and nelems else None,
-        "dtype": dtype or None,
-        "group_ranks": group_ranks(params.group_ranks),
-    }
-
-
-MAX_GROUP_RANKS_CHARS = 64 * 2**10
-"""A `Process Group Ranks` longer than this (some 8,000 ranks) is not read: the group is then
-known by its name only."""
-
-
-def group_ranks(value: Any) -> tuple[int, ...] | None:
-    """The sorted global ranks of a process group as `record_param_comms` lists them (`"[0, 1]"`
-    or a list); None when absent, empty, too long or not all ranks."""
-    if type(value) is str:
-        return _ranks_in_text(value) if len(value) <= MAX_GROUP_RANKS_CHARS else None
-    if type(value) is list and len(value) <= MAX_GROUP_RANKS_CHARS:
-        return _checked_ranks([_count(item, default=-1) for item in value])
-    return None
-
-
-RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
-
-
-@functools.lru_cache(maxsize=4096)
-def _ranks_in_text(text: str) -> tuple[int, ...] | None:
-    """The ranks of `"[0, 8, 16]"` (every event of a group repeats the same text: parsed once)."""
-    if not RANK_LIST.fullmatch(text):
-        return None
-    return _checked_ranks([_count(item, default=-1) for item in re.findall(r"\d+", text)])
-
-
-def _checked_ranks(ranks: list[int]) -> tuple[int, ...] | None:
-    if not ranks or any(not 0 <= r < MAX_WORLD_SIZE for r in ranks):
-        return None
-    return tuple(sorted(set(ranks)))
-
-
-def _launching_params(
-    rank: RankEvents, correlation: int, used: set[tuple[Any, int]]
-) -> Args | None:
-    """The record_param_comms around the CPU launch of a kernel, once per CPU op."""
-    launch = rank.launches.get(correlation)
-    if launch is None:
-        return None
-    tid, t = launch
-    rows = rank.params.get(tid)
-    if not rows:
-        return None
-    i = bisect.bisect_right(rank.param_starts[tid], t) - 1
-    if i < 0 or rows[i][1] < t or (tid, i) in used:
-        return None
-    used.add((tid, i))
-    return rows[i][2]
 
 
 def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict[str, list[dict]]:
@@ -312,7 +223,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     steps = _step_of(launched_at, rank.steps)
     if len(t0) == 0:
         return _cpu_records(rank_id, rank)
-    used: set[tuple[Any, int]] = set()
+    attribution = CommAttribution(rank)
+    attribution.prepare(np.flatnonzero(kinds == KernelClass.COMM.value), correlation)
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
     for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
@@ -332,23 +244,21 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             busy_union, t0[comm]
         )
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
-            found = _launching_params(rank, int(correlation[i]), used)
-            named = found is not None and found.collective is not ABSENT  # older traces: no args
-            described = _collective(found) if found is not None and named else {
-                "op": op_from_kernel_name(rank.gpu_name[i]), "group": None,
-                "group_size": None, "bytes": None, "dtype": None, "group_ranks": None,
-            }  # fmt: skip
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
-            # all-reduce). Others are launched and awaited where their time is exposed.
-            own_wait = described["op"] == schema.CollectiveOp.RECV.value or hidden_ns <= 0
+            # all-reduce). Others are launched and awaited where their time is exposed. A
+            # batch's kernel is one wait: a receive among its ops makes it blocking.
+            ops = attribution.describe(i, int(correlation[i]))
+            receives = any(d["op"] == schema.CollectiveOp.RECV.value for d in ops)
+            own_wait = receives or hidden_ns <= 0
             own_waits.append(own_wait)
-            records["comm"].append({
-                "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
-                "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not own_wait,
-                "blocking": own_wait,
-            })  # fmt: skip
+            for described in ops:
+                records["comm"].append({
+                    "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
+                    "t1": int(t1[i]), "expected_bytes": None, "tag": None,
+                    "async": not own_wait, "blocking": own_wait,
+                })  # fmt: skip
         own = np.array(own_waits, dtype=bool)
         awaited = comm[~own] if len(comm) else comm
         # exposed: neither computing nor in a collective that is its own wait (that time is
@@ -360,6 +270,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         )
         for start, end in exposed.tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+    rank.comm_sources = attribution.counts
+    number_in_group(records["comm"])
     return records
 
 
@@ -412,7 +324,7 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
             op = rank.gloo[i][0]
             blocking = bool(on_step_thread[i])
             records["comm"].append({
-                "rank": rank_id, "step": number, "op": _OP_BY_COLLECTIVE.get(op, op),
+                "rank": rank_id, "step": number, "op": OP_BY_COLLECTIVE.get(op, op),
                 "group": None, "group_size": None, "bytes": None, "dtype": None,
                 "t0": start, "t1": end, "expected_bytes": None, "tag": None,
                 "async": not blocking, "blocking": blocking,

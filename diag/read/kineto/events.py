@@ -67,6 +67,8 @@ ARG_KEYS = {
     "dtype": "dtype", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems",
     "group_size": "Group size", "group_name": "Process Group Name",
     "group_desc": "Process Group Description", "group_ranks": "Process Group Ranks",
+    "rank_start": "Global rank start", "rank_stride": "Global rank stride", "src": "Src Rank",
+    "dst": "Dst Rank", "seq": "Seq", "input_dims": "Input Dims", "input_type": "Input type",
 }  # fmt: skip
 """The `args` the analysis reads: Args' field -> the key Kineto writes."""
 
@@ -84,6 +86,13 @@ class Args(Struct, gc=False):
     group_name: Any = _key("Process Group Name")
     group_desc: Any = _key("Process Group Description")
     group_ranks: Any = _key("Process Group Ranks")
+    rank_start: Any = _key("Global rank start")  # a strided group's first global rank
+    rank_stride: Any = _key("Global rank stride")
+    src: Any = _key("Src Rank")  # a receive's sender (global rank; PyTorch 2.4 on)
+    dst: Any = _key("Dst Rank")  # a send's receiver
+    seq: Any = _key("Seq")  # the collective's sequence number in its process group
+    input_dims: Any = _key("Input Dims")  # `nccl:<op>` annotations of older traces: the shapes
+    input_type: Any = _key("Input type")  # ... and the element types, for the bytes
 
 
 class Kept(Struct, gc=False):

@@ -61,6 +61,8 @@ class ParsedTrace:
     on_device: bool = False  # the trace has GPU kernels or copies
     device_time: DeviceTime | None = None  # None: no device kernels to measure
     notes: list[str] = dataclasses.field(default_factory=list)  # what was left out, and why
+    # distributedInfo.pg_config: each group this rank belongs to, (sorted ranks, its name)
+    pg_groups: list[tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=list)
 
 
 def trace_files(folder: Path) -> list[Path]:
@@ -195,8 +197,15 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     properties = data.deviceProperties if isinstance(data.deviceProperties, list) else []
     devices = [d for d in properties if isinstance(d, dict)]
     records = to_records(rank or 0, events, patterns)
+    groups = pg_groups(info.get("pg_config"), world)
+    _ranks_by_group_name(records["comm"], groups)
     _name_the_only_group(records["comm"], info, world)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
+    if by_name := events.comm_sources.get("its name (no launch found)"):
+        notes.append(
+            f"{path}: {by_name} communication kernels whose launch is not in the trace (begun "
+            "before it): their op read from the kernel's name, no group or peer"
+        )
     return ParsedTrace(
         path=path,
         rank=rank,
@@ -207,6 +216,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         on_device=bool(events.gpu_t0),
         device_time=measured,
         notes=notes,
+        pg_groups=[(ranks, names[0]) for ranks, names in groups],
     )
 
 
@@ -251,6 +261,56 @@ def _name_the_only_group(
     name = WORLD if spans_world else _text(config.get("pg_desc")) or _text(config.get("pg_name"))
     for comm in unnamed:  # group_size stays unknown with the bytes: no bandwidth from 0 bytes
         comm["group"] = name
+
+
+MAX_PG_CONFIGS = 1024
+"""Entries of a trace's pg_config read (more: the rest ignored)."""
+
+
+def pg_groups(configs: Any, world: int | None) -> list[tuple[tuple[int, ...], tuple[str, str]]]:
+    """(sorted global ranks, (its name, `pg<pg_name>`)) of each process group that
+    `distributedInfo.pg_config` lists: a list of {pg_name, pg_desc, pg_size or group_size,
+    ranks}, or a dict of them by name; empty `ranks` with the world's size is the world
+    (PyTorch writes it so). The names are those a collective's record carries (its
+    description, else `pg<Process Group Name>`). Entries that are not that shape, or name ranks
+    outside the world, are skipped."""
+    entries = list(configs.values()) if isinstance(configs, dict) else configs
+    if not isinstance(entries, list):
+        return []
+    out = []
+    for entry in entries[:MAX_PG_CONFIGS]:
+        if not isinstance(entry, dict):
+            continue
+        size = entry.get("pg_size", entry.get("group_size"))
+        ranks = entry.get("ranks")
+        if isinstance(ranks, list) and not ranks and world and size == world:
+            ranks = list(range(world))
+        if not isinstance(ranks, list) or not 0 < len(ranks) <= MAX_WORLD_SIZE:
+            continue
+        if not all(is_int(r) and 0 <= r < (world or MAX_WORLD_SIZE) for r in ranks):
+            continue
+        number = _text(entry.get("pg_name"))
+        names = (_text(entry.get("pg_desc")) or "", f"pg{number}" if number else "")
+        out.append((tuple(sorted(set(ranks))), names))
+    return out
+
+
+def _ranks_by_group_name(
+    comms: list[dict[str, Any]], groups: list[tuple[tuple[int, ...], tuple[str, str]]]
+) -> None:
+    """A collective whose record names its group but lists no ranks (PyTorch before 2.4 writes
+    `Process Group Name/Description` without `Process Group Ranks`) gets the ranks of the
+    pg_config entry of that name, where only one entry of this rank's has it."""
+    by_name: dict[str, tuple[int, ...] | None] = {}
+    for ranks, names in groups:
+        for name in names:
+            if name and name != "undefined":
+                by_name[name] = None if name in by_name else ranks  # two groups: ambiguous
+    if not by_name:
+        return
+    for comm in comms:
+        if not comm.get("group_ranks") and comm.get("group") in by_name:
+            comm["group_ranks"] = by_name[comm["group"]]
 
 
 def _rank_and_world(path: Path, data: Trace | KeptTrace) -> tuple[int | None, int | None]:

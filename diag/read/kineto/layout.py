@@ -1,0 +1,289 @@
+"""The job's layout (dp x tp x pp x ep) and its process groups, read from the traces.
+
+Where the groups come from: `distributedInfo.pg_config` (each group the traced rank belongs
+to, with its ranks) and the `Process Group Ranks` of `record_param_comms`. Which axis a group is
+comes from what it carries and where, never from its name (Megatron's `TENSOR_MODEL_PARALLEL_
+GROUP`, DeviceMesh's `mesh_tp`, `pg3`: hints only, used when nothing else decides):
+- sends and receives: the pipeline;
+- all-to-alls: the experts;
+- other collectives: of two families of groups, the one issuing more of them per step (the
+  activations' all-reduces of every layer, forward and backward) is tensor parallel, the
+  other (the gradients' reduction, a few large buckets) data parallel; a single family is
+  tensor parallel when its collectives start inside the forward pass (the step's first
+  quarter), else data parallel.
+Groups of one axis are translates of each other (`[0, 1, 2, 3]`, `[4, 5, 6, 7]`): a family is
+the groups of one shape, and the shape tiles the world, so the groups of ranks nobody traced
+follow (one trace per tensor-parallel group is enough). Groups of different axes share at most
+one rank: a family that shares two with one already placed (Megatron's model-parallel or
+embedding groups) is no axis. Data parallel is what the other axes leave: the ranks at the same
+place in each of them. Everything is bounded by the world size (diag/contract/limits.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.contract import schema
+from diag.contract.names import DP, EP, PP, TP, WORLD
+
+FROM_GROUPS = "from the traces' process groups"
+GIVEN = "given"
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
+MAX_GROUPS = 4096
+"""Distinct process groups read from a folder's traces (more: the rest ignored)."""
+FORWARD_SHARE = 0.25
+"""A collective starting in this first share of its step's window is inside the forward pass."""
+NAME_HINTS = (
+    (TP, ("tensor", "mesh_tp", "tp")),
+    (PP, ("pipeline", "mesh_pp", "pp")),
+    (EP, ("expert", "mesh_ep", "ep")),
+    (DP, ("data", "mesh_dp", "dp", "fsdp", "shard", "replicate")),
+)  # fmt: skip
+"""Words in a group's name that hint at its axis, used only to break a tie."""
+
+
+@dataclass
+class Family:
+    """Process groups of one shape (each rank list minus its first rank)."""
+
+    groups: set[tuple[int, ...]] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)
+    ops: Counter[str] = field(default_factory=Counter)
+    per_step: Counter[tuple[int, int]] = field(default_factory=Counter)  # (rank, step) -> ops
+    early: int = 0  # collectives that start in their step's first quarter
+    collectives: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.groups)))
+
+    def ops_per_step(self) -> float:
+        return sum(self.per_step.values()) / max(len(self.per_step), 1)
+
+    def hinted(self) -> str | None:
+        words = " ".join(self.names).lower()
+        for axis, hints in NAME_HINTS:
+            if any(hint in words for hint in hints):
+                return axis
+        return None
+
+
+@dataclass
+class FoundLayout:
+    layout: schema.Layout
+    groups: dict[str, list[list[int]]]
+    source: str
+
+
+def infer_layout(
+    world: int,
+    config_groups: Iterable[tuple[tuple[int, ...], str]],
+    comms: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+) -> FoundLayout:
+    """The layout and groups of a world of `world` ranks from the groups the traces list
+    ((ranks, name) of pg_config) and their comm records (with `group_ranks`, popped later)."""
+    config_groups = list(config_groups)
+    families = _families(world, config_groups, comms, steps)
+    placed: dict[str, Family] = {}
+    reasons: list[str] = []
+    carrying = [f for f in families.values() if f.ops]
+    for axis, wanted in ((PP, _p2p), (EP, _all_to_all)):
+        for family in sorted(carrying, key=lambda f: -wanted(f)):
+            if wanted(family) > sum(family.ops.values()) / 2 and _orthogonal(family, placed):
+                placed[axis] = family
+                break
+    collective = [f for f in carrying if f.collectives and _orthogonal(f, placed)]
+    collective.sort(key=lambda f: (-f.ops_per_step(), f.size))
+    if collective:
+        first = collective[0]
+        second = next((f for f in collective[1:] if _orthogonal(f, {"x": first})), None)
+        if second is not None:
+            placed[TP], placed[DP] = first, second
+            reasons.append("the group issuing more collectives per step is tensor parallel")
+        else:
+            axis, why = _single(first)
+            placed[axis] = first
+            reasons.append(why)
+    listed = bool(config_groups) or any(c.get("group_ranks") for c in comms)
+    seen_ops = {c.get("op") for c in comms if not c.get("from_name")}
+    return _built(world, placed, families, reasons, listed, seen_ops)
+
+
+def _p2p(family: Family) -> int:
+    return family.ops["send"] + family.ops["recv"]
+
+
+def _all_to_all(family: Family) -> int:
+    return family.ops["all_to_all"]
+
+
+def _single(family: Family) -> tuple[str, str]:
+    """The axis of the only family carrying collectives, and why."""
+    early = family.early / max(family.collectives, 1)
+    sharded = {"all_gather", "reduce_scatter"} >= {op for op in family.ops if family.ops[op]}
+    hint = family.hinted()
+    if hint in (TP, DP) and (early == 0 or sharded):
+        return hint, f"its collectives' placement is not decisive, the group's name says {hint}"
+    if early > 0 and not sharded:
+        return TP, "its collectives start inside the forward pass (tensor parallel)"
+    return DP, "its collectives come after the forward pass (gradient reduction: data parallel)"
+
+
+def _orthogonal(family: Family, placed: dict[str, Family]) -> bool:
+    """Whether none of the family's groups shares two ranks with a group already placed (in
+    time linear in their ranks: each rank's groups in the other family, counted per group)."""
+    for other in placed.values():
+        if other is family:
+            return False
+        owners: dict[int, list[int]] = defaultdict(list)
+        for i, theirs in enumerate(other.groups):
+            for r in theirs:
+                owners[r].append(i)
+        for mine in family.groups:
+            shared = Counter(i for r in mine for i in owners.get(r, ()))
+            if any(n > 1 for n in shared.values()):
+                return False
+    return True
+
+
+def _families(
+    world: int,
+    config_groups: Iterable[tuple[tuple[int, ...], str]],
+    comms: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+) -> dict[tuple[int, ...], Family]:
+    families: dict[tuple[int, ...], Family] = defaultdict(Family)
+    seen = 0
+
+    def add(ranks: tuple[int, ...], name: str) -> Family | None:
+        nonlocal seen
+        if not 1 < len(ranks) < world or ranks[-1] >= world:
+            return None
+        family = families[tuple(r - ranks[0] for r in ranks)]
+        if ranks not in family.groups:
+            if seen >= MAX_GROUPS:
+                return None
+            seen += 1
+            family.groups.add(ranks)
+        if name:
+            family.names.add(name)
+        return family
+
+    for ranks, name in config_groups:
+        add(ranks, name)
+    windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
+    for comm in comms:
+        members: tuple[int, ...] | None = comm.get("group_ranks")
+        if not members:
+            continue
+        family = add(members, comm.get("group") or "")
+        op = comm.get("op")
+        if family is None or not op:
+            continue
+        family.ops[op] += 1
+        family.per_step[(comm["rank"], comm["step"])] += 1
+        if op in COLLECTIVE_OPS:
+            family.collectives += 1
+            t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))
+            family.early += t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+    return families
+
+
+def _built(
+    world: int,
+    placed: dict[str, Family],
+    families: dict[Any, Family],
+    reasons: list[str],
+    listed: bool,
+    seen_ops: set[Any],
+) -> FoundLayout:
+    """The layout from the families placed: each tiled over the world, data parallel from
+    what they leave; pure data parallel, saying why, when nothing fits."""
+    tiled: dict[str, list[list[int]]] = {}
+    for axis, family in placed.items():
+        groups = _tiled(world, family)
+        if groups is not None:
+            tiled[axis] = groups
+    sizes = {axis: len(groups[0]) for axis, groups in tiled.items()}
+    inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1)
+    if not families and listed:  # only the world's group: data parallel, as the traces say
+        return FoundLayout(schema.Layout(dp=world), {}, FROM_GROUPS + " (the world's only)")
+    if not families:
+        return _data_parallel(world, "no process groups in the traces (PyTorch before 2.2 "
+                                     "writes none)" + _unsized(seen_ops))  # fmt: skip
+    if not tiled or world % inner:
+        return _data_parallel(world, "the traces' process groups carry no communication that "
+                                     "tells their axis")  # fmt: skip
+    tiled.pop(DP, None)  # what the others leave, so the product is the world
+    dp_groups = _complement(world, tiled)
+    if dp_groups is None:
+        return _data_parallel(world, "the traces' process groups do not form a grid")
+    if len(dp_groups[0]) > 1:
+        tiled[DP] = dp_groups
+    tiled[WORLD] = [list(range(world))]
+    layout = schema.Layout(
+        dp=world // inner, tp=sizes.get(TP, 1), pp=sizes.get(PP, 1), ep=sizes.get(EP, 1)
+    )
+    source = FROM_GROUPS + (f" ({'; '.join(reasons)})" if reasons else "")
+    return FoundLayout(layout, tiled, source)
+
+
+def _unsized(ops: set[Any]) -> str:
+    """What the ops alone show of the axes whose size nothing in the traces gives."""
+    shown = []
+    if ops & {"send", "recv"}:
+        shown.append("sends and receives (a pipeline?)")
+    if "all_to_all" in ops:
+        shown.append("all-to-alls (experts or context?)")
+    return f"; they show {' and '.join(shown)} of unknown size" if shown else ""
+
+
+def _data_parallel(world: int, why: str) -> FoundLayout:
+    return FoundLayout(
+        schema.Layout(dp=world), {}, f"inferred: {why}; every rank read as data parallel"
+    )
+
+
+def _tiled(world: int, family: Family) -> list[list[int]] | None:
+    """The family's shape laid over every rank of the world, its groups as observed where
+    there are some; None when the shape does not tile the world."""
+    offsets = next(iter(family.groups))
+    offsets = tuple(r - offsets[0] for r in offsets)
+    owner = [-1] * world
+    out: list[list[int]] = []
+    for group in sorted(family.groups):
+        if any(owner[r] >= 0 for r in group):
+            return None
+        for r in group:
+            owner[r] = len(out)
+        out.append(list(group))
+    for base in range(world):
+        if owner[base] >= 0:
+            continue
+        tile = [base + o for o in offsets]
+        if tile[-1] >= world or any(owner[r] >= 0 for r in tile):
+            return None
+        for r in tile:
+            owner[r] = len(out)
+        out.append(tile)
+    return sorted(out) if len(out) * len(offsets) == world else None
+
+
+def _complement(world: int, tiled: dict[str, list[list[int]]]) -> list[list[int]] | None:
+    """The groups of ranks at the same place in every axis's group: data parallel."""
+    place: list[list[int]] = [[] for _ in range(world)]
+    for axis in sorted(tiled):
+        for group in tiled[axis]:
+            for i, r in enumerate(group):
+                place[r].append(i)
+    by_place: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for r in range(world):
+        by_place[tuple(place[r])].append(r)
+    groups = sorted(by_place.values())
+    if len({len(g) for g in groups}) != 1 or len(groups) * len(groups[0]) != world:
+        return None
+    return groups
