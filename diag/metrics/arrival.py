@@ -16,7 +16,7 @@ import pandas as pd
 from diag.contract import schema
 from diag.metrics import NS_PER_S, in_steps
 from diag.numeric.ordering import group_medians, occurrence
-from diag.whatif.matching import group_member_of, label_codes
+from diag.whatif.matching import P2P_OPS, group_member_of, label_codes
 
 KEYS = ["rank", "step"]
 COLUMNS = ["rank", "matched", "late_median_s", "last_share"]
@@ -25,7 +25,10 @@ COLUMNS = ["rank", "matched", "late_median_s", "last_share"]
 def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest) -> pd.DataFrame:
     """Per rank: collectives matched with peers, the median lateness behind the first rank to
     start (s), and the share of them it started last."""
-    records = comms.loc[in_steps(comms, steps), ["rank", "op", "group", "t0"]]
+    # a send or receive is one side of a message, matched with its peer by the replay, never
+    # a collective of its group: the n-th sends of two stages are different messages
+    p2p = comms["op"].astype(str).isin(list(P2P_OPS)).to_numpy(bool)
+    records = comms.loc[in_steps(comms, steps) & ~p2p, ["rank", "op", "group", "t0"]]
     if records.empty or records["rank"].nunique() < 2:
         return pd.DataFrame(columns=COLUMNS)
     ranks = records["rank"].to_numpy(dtype=np.int64)

@@ -40,6 +40,7 @@ from diag.contract.limits import (
 from diag.numeric import intervals
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+from diag.read.kineto.send_waits import send_waited
 
 NS_PER_US = 1000
 MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
@@ -327,10 +328,12 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
             records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
         own_waits: list[bool] = []
+        unawaited: list[bool] = []  # sends the rank did not wait for: no comm_wait either
         busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
         hidden = intervals.covered_before(busy_union, t1[comm]) - intervals.covered_before(
             busy_union, t0[comm]
         )
+        waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             found = _launching_params(rank, int(correlation[i]), used)
             named = found is not None and found.collective is not ABSENT  # older traces: no args
@@ -342,15 +345,19 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
             # all-reduce). Others are launched and awaited where their time is exposed.
-            own_wait = described["op"] == schema.CollectiveOp.RECV.value or hidden_ns <= 0
+            op = described["op"]
+            own_wait = op == schema.CollectiveOp.RECV.value or (
+                hidden_ns <= 0 and (op != schema.CollectiveOp.SEND.value or bool(waited.get(i)))
+            )  # a send only where the rank waited for it (send_waits.py)
             own_waits.append(own_wait)
+            unawaited.append(op == schema.CollectiveOp.SEND.value and not waited.get(i))
             records["comm"].append({
                 "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
                 "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not own_wait,
                 "blocking": own_wait,
             })  # fmt: skip
         own = np.array(own_waits, dtype=bool)
-        awaited = comm[~own] if len(comm) else comm
+        awaited = comm[~own & ~np.array(unawaited, dtype=bool)] if len(comm) else comm
         # exposed: neither computing nor in a collective that is its own wait (that time is
         # the collective's record already; a comm_wait there would count it twice)
         occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy
