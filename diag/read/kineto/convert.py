@@ -345,12 +345,14 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
             # all-reduce). Others are launched and awaited where their time is exposed.
-            op = described["op"]
-            own_wait = op == schema.CollectiveOp.RECV.value or (
-                hidden_ns <= 0 and (op != schema.CollectiveOp.SEND.value or bool(waited.get(i)))
-            )  # a send only where the rank waited for it (send_waits.py)
+            # a send (as its launch names it: a kernel's name calls an all-to-all a send) only
+            # where the rank waited for it (send_waits.py)
+            send = named and described["op"] == schema.CollectiveOp.SEND.value
+            own_wait = described["op"] == schema.CollectiveOp.RECV.value or (
+                hidden_ns <= 0 and (not send or bool(waited.get(i)))
+            )
             own_waits.append(own_wait)
-            unawaited.append(op == schema.CollectiveOp.SEND.value and not waited.get(i))
+            unawaited.append(send and not waited.get(i))
             records["comm"].append({
                 "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
                 "t1": int(t1[i]), "expected_bytes": None, "tag": None, "async": not own_wait,
