@@ -125,11 +125,17 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
 
 def read_traces(folder: Path, truth: Layout) -> tuple[dict[str, Any], str]:
     """The report of a trace folder and where its layout came from: derived by the reader when
-    it derives the true one (dp, tp, pp), else given by hand (as `--layout`)."""
+    it derives the true one (dp, tp, pp, micro-batches and virtual stages), else given by hand
+    (as `--layout`)."""
     derived = load_any(folder).manifest.layout
-    if (derived.dp, derived.tp, derived.pp) == (truth.dp, truth.tp, truth.pp):
+    if _axes(derived) == _axes(truth):
         return analyze_path(folder), "derived"
     return analyze_path(folder, layout=truth), "given"
+
+
+def _axes(layout: Layout) -> tuple[int, ...]:
+    return (layout.dp, layout.tp, layout.pp, layout.ep, layout.microbatches or 1,
+            layout.virtual_stages or 1)  # fmt: skip
 
 
 def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
