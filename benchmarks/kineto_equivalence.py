@@ -84,9 +84,11 @@ class Case:
         }[self.fault]
 
     def args(self) -> list[str]:
+        layers = max(8, self.pp * self.virtual)  # each model stage holds a layer at least
         return ["--ranks", str(self.ranks), "--layout", f"dp={self.dp},tp={self.tp},pp={self.pp}",
-                "--microbatches", str(self.m), "--steps", str(self.steps), "--schedule",
-                self.schedule, "--virtual-stages", str(self.virtual), *self.inject()]  # fmt: skip
+                "--layers", str(layers), "--microbatches", str(self.m), "--steps", str(self.steps),
+                "--schedule", self.schedule, "--virtual-stages", str(self.virtual),
+                *self.inject()]  # fmt: skip
 
     def name(self) -> str:
         return f"dp{self.dp}xtp{self.tp}xpp{self.pp} {self.schedule} {self.fault}"
