@@ -17,7 +17,7 @@ from diag.errors import InputError
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec
-from simulator.kineto_writer import write_kineto
+from simulator.kineto_writer import TRACE_SHAPES, TRACED_RANKS, write_kineto
 from simulator.reshape import TAG_STYLES, reshape_run
 
 _HW = HardwareSpec()
@@ -91,6 +91,17 @@ def _default_out() -> Path:
     help="Leave this group's collectives out of the records (repeatable): their waits become "
     "time in no record.",
 )  # fmt: skip
+@click.option(
+    "--trace-shape", type=click.Choice(TRACE_SHAPES), default="devicemesh", show_default=True,
+    help="With --format kineto: the traces' shape: DeviceMesh's group names; Megatron-LM's "
+    "(and batched sends and receives: SendRecv kernels without arguments); old (PyTorch of "
+    "2023: no group arguments, no pg_config, sizes as Input Dims); host-bound (short kernels "
+    "each launched just before it runs).",
+)  # fmt: skip
+@click.option(
+    "--traced-ranks", type=click.Choice(TRACED_RANKS), default="all", show_default=True,
+    help="With --format kineto: every rank's trace, or one per tensor-parallel group.",
+)  # fmt: skip
 def simulate(**options: object) -> None:
     """Simulate a training job of any size and write its run directory (as `diag run` would):
     compute from FLOPs, collectives over intra/inter-node links, the pipeline schedule and
@@ -108,7 +119,7 @@ def simulate(**options: object) -> None:
         untraced = o["untraced"] if isinstance(o["untraced"], tuple) else ()
         reshape_run(result.path, str(o["tags"]), [str(g) for g in untraced])
         if kineto:
-            write_kineto(records, out)
+            write_kineto(records, out, str(o["trace_shape"]), str(o["traced_ranks"]))
             shutil.rmtree(records)
     except SimulationError as err:
         click.echo(f"diag: error: {err}", err=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,86 @@ _DTYPES = {"bfloat16": ("BFloat16", 2), "float16": ("Half", 2), "float32": ("Flo
            "fp8": ("Float8_e4m3fn", 1)}  # fmt: skip
 
 
-def write_kineto(run_dir: Path, out: Path) -> list[Path]:
-    """The trace folder `out` of the simulated run `run_dir`: one `*.pt.trace.json` a rank."""
+TRACE_SHAPES = ("devicemesh", "megatron", "old", "host-bound")
+"""The shapes `diag simulate --format kineto --trace-shape` writes (docs/simulator.md)."""
+TRACED_RANKS = ("all", "one-per-tp")
+"""Which ranks' traces are written: every rank's, or one per tensor-parallel group (its first)."""
+HOST_SLOT_NS = 40_000
+"""host-bound: the computation is kernels of at most this long a slot each, ..."""
+HOST_KERNEL_SHARE = 0.3
+"""... of which the kernel runs this share at the slot's end: the CPU spends the rest of the
+slot on the operator that launches it, so the device idles waiting for the launch."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a trace shape writes (each from a real trace's form: see the module's text)."""
+
+    megatron_names: bool = False
+    """Megatron-LM's group descriptions (`TENSOR_MODEL_PARALLEL_GROUP`, ...) and its extra
+    groups in `pg_config`; else DeviceMesh's (`mesh_tp`, ...)."""
+    group_args: bool = True
+    """`record_param_comms` with `Collective name`, `In/Out msg nelems`, `Process Group *`
+    (PyTorch >= 2.2); False: only `Input Dims` and `Input type` (the PyTorch of 2023)."""
+    pg_config: bool = True
+    """`distributedInfo.pg_config` (False: backend, rank and world size only)."""
+    batched_p2p: bool = False
+    """Sends and receives issued together through `batch_isend_irecv`: one SendRecv kernel
+    per batch, launched at `ncclGroupEnd` under `nccl:coalesced`, after each op's
+    `record_param_comms` scope has closed: the kernel carries no arguments."""
+    host_bound: bool = False
+    """The computation as many short kernels each launched just before it runs (HOST_SLOT_NS)."""
+
+
+SHAPES = {
+    "devicemesh": Shape(),
+    "megatron": Shape(megatron_names=True, batched_p2p=True),
+    "old": Shape(group_args=False, pg_config=False),
+    "host-bound": Shape(host_bound=True),
+}
+_MEGATRON = {"world": "default_pg", "dp": "DATA_PARALLEL_GROUP_WITH_CP",
+             "tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+             "ep": "EXPERT_MODEL_PARALLEL_GROUP"}  # fmt: skip
+"""The Megatron-LM group (megatron/core/parallel_state.py) each axis's collectives run on:
+its DDP reduces gradients over the data-parallel group with context parallelism (the same
+ranks at cp = 1)."""
+_OLD_NCCL = "ncclKernel_{}(ncclDevComm*, unsigned long, ncclWork*)"
+_OLD_KERNEL = {  # op -> the NCCL 2.1x kernel (hta-sampled-world128, hta-nccl-world2)
+    "all_reduce": _OLD_NCCL.format("AllReduce_RING_LL_Sum_bfloat16"),
+    "all_gather": _OLD_NCCL.format("AllGather_RING_LL_Sum_int8_t"),
+    "reduce_scatter": _OLD_NCCL.format("ReduceScatter_RING_LL_Sum_bfloat16"),
+    "broadcast": _OLD_NCCL.format("Broadcast_RING_LL_Sum_int8_t"),
+}
+_OLD_P2P = _OLD_NCCL.format("SendRecv_RING_SIMPLE_Sum_int8_t")
+_ANNOTATION = {"all_reduce": "all_reduce", "all_gather": "_all_gather_base",
+               "reduce_scatter": "_reduce_scatter_base", "all_to_all": "all_to_all",
+               "broadcast": "broadcast", "send": "send", "recv": "recv"}  # fmt: skip
+"""The `nccl:<name>` annotation ProcessGroupNCCL opens around each op's launch."""
+_C10D = {"all_reduce": "c10d::allreduce_", "all_gather": "c10d::_allgather_base_",
+         "reduce_scatter": "c10d::_reduce_scatter_base_", "all_to_all": "c10d::alltoall_base_",
+         "broadcast": "c10d::broadcast_", "send": "c10d::send", "recv": "c10d::recv_"}  # fmt: skip
+_OLD_DTYPES = {"bfloat16": "c10::BFloat16", "float16": "c10::Half", "float32": "float",
+               "fp8": "c10::Float8_e4m3fn"}  # fmt: skip
+P2P = frozenset({"send", "recv"})
+
+
+def write_kineto(
+    run_dir: Path, out: Path, shape: str = "devicemesh", traced: str = "all"
+) -> list[Path]:
+    """The trace folder `out` of the simulated run `run_dir`: one `*.pt.trace.json` per traced
+    rank (`traced`: TRACED_RANKS), in the trace shape `shape` (TRACE_SHAPES)."""
     manifest = schema.read_manifest(run_dir)
-    groups = _process_groups(manifest.groups)
+    form = SHAPES[shape]
+    groups = _process_groups(manifest, form)
+    tp = max(int(manifest.layout.tp or 1), 1)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for rank in range(manifest.world_size):
+        if traced == "one-per-tp" and rank % tp:
+            continue  # the grid puts TP innermost: a TP group's first rank is a multiple of tp
         path = rank_file(run_dir, rank)
         records = rank_records(path) if path is not None else []
-        trace = _trace(rank, manifest, groups, records)
+        trace = _trace(rank, manifest, groups, records, form)
         name = out / f"node{rank // _gpus_per_node(manifest)}_{_pid(rank)}.pt.trace.json"
         name.write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
         written.append(name)
@@ -88,30 +159,51 @@ def _gpus_per_node(manifest: schema.Manifest) -> int:
     return max(int(manifest.hardware.gpus_per_node or 8), 1)
 
 
-def _process_groups(groups: dict[str, list[list[int]]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """(axis, rank) -> the process group holding the rank on that axis, as PyTorch describes
-    it: a number (`pg_name`, in creation order), `pg_desc`, size and ranks."""
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    number = 0
-    for axis in sorted(groups, key=lambda a: (a != "world", a)):  # the default group first
-        for members in groups[axis]:
-            desc = "default_pg" if axis == "world" else f"mesh_{axis}"
-            group = {"pg_name": str(number), "pg_desc": desc, "backend_config": "cuda:nccl",
-                     "pg_size": len(members), "ranks": list(members), "axis": axis}  # fmt: skip
-            number += 1
-            for rank in members:
-                out[(axis, rank)] = group
+Groups = dict[tuple[str, int], dict[str, Any]]
+"""(axis or Megatron's extra group, rank) -> the process group holding the rank there."""
+
+
+def _process_groups(manifest: schema.Manifest, form: Shape) -> Groups:
+    """The process groups the job creates, as PyTorch describes them: a number (`pg_name`, in
+    creation order), `pg_desc`, backend, size and ranks; the key `axis` (the simulator's
+    group the collectives name, or None for a group that carries none here) is ours."""
+    listed: list[tuple[str | None, str, str, list[int]]] = []  # (axis, desc, backend, ranks)
+    world = list(range(manifest.world_size))
+    listed.append(("world", "default_pg", "cuda:nccl", world))
+    axes = sorted((a for a in manifest.groups if a != "world"), key=lambda a: "dptpppep".find(a))
+    for axis in axes:
+        for members in manifest.groups[axis]:
+            desc = _MEGATRON.get(axis, axis) if form.megatron_names else f"mesh_{axis}"
+            listed.append((axis, desc, "cuda:nccl", list(members)))
+            if form.megatron_names and axis == "dp":  # Megatron's other groups of these ranks
+                listed.append((None, "DATA_PARALLEL_GROUP", "cuda:nccl", list(members)))
+                listed.append((None, "DATA_PARALLEL_GROUP_GLOO", "cpu:gloo", list(members)))
+            if form.megatron_names and axis == "pp":
+                ends = sorted({members[0], members[-1]})
+                listed.append((None, "EMBEDDING_GROUP", "cuda:nccl", ends))
+    if form.megatron_names:  # the model-parallel group: one data-parallel replica's ranks
+        replica = manifest.world_size // max(int(manifest.layout.dp or 1), 1)
+        for first in range(0, manifest.world_size, max(replica, 1)):
+            listed.append((None, "MODEL_PARALLEL_GROUP", "cuda:nccl",
+                           list(range(first, first + replica))))  # fmt: skip
+    out: Groups = {}
+    for number, (carries, desc, backend, members) in enumerate(listed):
+        group = {"pg_name": str(number), "pg_desc": desc, "backend_config": backend,
+                 "pg_size": len(members), "ranks": members, "axis": carries}  # fmt: skip
+        for rank in members:
+            out[(carries or f"{desc}#{number}", rank)] = group
     return out
 
 
 def _trace(
     rank: int,
     manifest: schema.Manifest,
-    groups: dict[tuple[str, int], dict[str, Any]],
+    groups: Groups,
     records: list[dict[str, Any]],
+    form: Shape,
 ) -> dict[str, Any]:
     device = rank % _gpus_per_node(manifest)
-    events = _Events(pid=_pid(rank), device=device)
+    events = _Events(pid=_pid(rank), device=device, form=form)
     steps = [r for r in records if r.get("kind") == "step"]
     comms = [r for r in records if r.get("kind") == "comm"]
     blocking = sorted((int(c["t0"]), int(c["t1"])) for c in comms if c.get("blocking"))
@@ -126,25 +218,31 @@ def _trace(
             continue
         for t0, t1 in _outside(int(span["t0"]), int(span["t1"]), blocking, ends):
             kernels.append((t0, t1, str(phase)))
-    kernels += [(int(c["t0"]), int(c["t1"]), c) for c in comms]
+    ordered = sorted(comms, key=lambda c: int(c["t0"]))
+    if form.batched_p2p:
+        for one in _batches(ordered):
+            if isinstance(one, list):
+                kernels.append((int(one[0]["t0"]), max(int(c["t1"]) for c in one), one))
+            else:
+                kernels.append((int(one["t0"]), int(one["t1"]), one))
+    else:
+        kernels += [(int(c["t0"]), int(c["t1"]), c) for c in ordered]
     for t0, t1, what in sorted(kernels, key=lambda k: k[0]):
         if isinstance(what, str):
             kernel = _KERNELS.get(what, _KERNELS["fwd"])
             events.compute(_CPU_OPS.get(what, "aten::mm"), kernel, t0, t1)
+        elif isinstance(what, list):
+            events.batch(what, [groups.get((str(c.get("group")), rank)) for c in what], t1)
         else:
             events.collective(what, groups.get((str(what.get("group")), rank)))
     own = {id(g): g for (_, r), g in groups.items() if r == rank}
-    pg_config = [{k: v for k, v in g.items() if k != "axis"} for g in own.values()]
+    info: dict[str, Any] = {"backend": "nccl", "rank": rank, "world_size": manifest.world_size}
+    if form.pg_config:
+        pg_config = [{k: v for k, v in g.items() if k != "axis"} for g in own.values()]
+        info |= {"pg_count": len(pg_config), "pg_config": pg_config, "nccl_version": "2.21.5"}
     return {
         "schemaVersion": 1,
-        "distributedInfo": {
-            "backend": "nccl",
-            "rank": rank,
-            "world_size": manifest.world_size,
-            "pg_count": len(pg_config),
-            "pg_config": pg_config,
-            "nccl_version": "2.21.5",
-        },
+        "distributedInfo": info,
         "deviceProperties": [
             {
                 "id": device,
@@ -159,6 +257,22 @@ def _trace(
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": 0,
     }
+
+
+def _batches(comms: list[dict[str, Any]]) -> list[Any]:
+    """The rank's collectives (by start) with its sends and receives grouped as Megatron's
+    `batch_isend_irecv` issues them: the point-to-point ops that start together (a send of
+    what was just computed and the receive of what is needed next, both issued at once) are
+    one batch, a list; other collectives stay single."""
+    out: list[Any] = []
+    for comm in comms:
+        if str(comm.get("op")) not in P2P:
+            out.append(comm)
+        elif out and isinstance(out[-1], list) and int(comm["t0"]) == int(out[-1][0]["t0"]):
+            out[-1].append(comm)
+        else:
+            out.append([comm])
+    return out
 
 
 def _outside(
@@ -181,8 +295,8 @@ def _outside(
 class _Events:
     """A rank's trace events, with the ids (correlation, external) a profiler gives them."""
 
-    def __init__(self, pid: int, device: int) -> None:
-        self.pid, self.device = pid, device
+    def __init__(self, pid: int, device: int, form: Shape = SHAPES["devicemesh"]) -> None:
+        self.pid, self.device, self.form = pid, device, form
         self.events: list[dict[str, Any]] = []
         self._correlation = 1
         self._cpu_free_at = -(2**62)  # the main thread's operators never overlap
@@ -201,36 +315,102 @@ class _Events:
                                      t0 - LAUNCH_LEAD_NS, t1 - LAUNCH_LEAD_NS))  # fmt: skip
 
     def compute(self, cpu_op: str, kernel: str, t0: int, t1: int) -> None:
+        if self.form.host_bound:
+            self._host_bound(cpu_op, kernel, t0, t1)
+            return
         start = self._launch_at(t0)
         self.events.append(self._cpu("cpu_op", cpu_op, start, start + CPU_OP_NS))
         self._launched(kernel, COMPUTE_STREAM, start + 1_000, t0, t1, {})
 
-    def collective(self, comm: dict[str, Any], group: dict[str, Any] | None) -> None:
+    def _host_bound(self, cpu_op: str, kernel: str, t0: int, t1: int) -> None:
+        """[t0, t1) as kernels of HOST_KERNEL_SHARE of each HOST_SLOT_NS slot, each launched by
+        an operator that takes the CPU the rest of its slot: the device waits for the host."""
+        at = max(t0, self._cpu_free_at)
+        while at < t1:
+            end = min(at + HOST_SLOT_NS, t1)
+            run = max(int((end - at) * HOST_KERNEL_SHARE), 1)
+            launch = max(end - run - 1_000, at)
+            self.events.append(self._cpu("cpu_op", cpu_op, at, launch + 1_000))
+            self._launched(kernel, COMPUTE_STREAM, launch, end - run, end, {})
+            self._cpu_free_at = launch + 1_000
+            at = end
+
+    def _comm_args(self, comm: dict[str, Any], group: dict[str, Any] | None) -> dict[str, Any]:
+        """`record_param_comms`'s arguments for one op, as the shape's PyTorch writes them."""
         op = str(comm.get("op"))
-        name, kernel = _COLLECTIVE.get(op, (op, f"ncclDevKernel_{op}"))
+        name, _ = _COLLECTIVE.get(op, (op, ""))
         dtype, size = _DTYPES.get(str(comm.get("dtype")), ("BFloat16", 2))
         elements = int(comm.get("bytes") or 0) // size
+        if not self.form.group_args:  # PyTorch of 2023: the input tensor's shape and type
+            old = _OLD_DTYPES.get(str(comm.get("dtype")), "c10::BFloat16")
+            return {"Input Dims": [[elements], [], [], [], [], [], []],
+                    "Input type": [old, "Scalar", "Scalar", "Scalar", "", "", ""]}  # fmt: skip
         args: dict[str, Any] = {"Collective name": name, "dtype": dtype,
                                 "In msg nelems": elements, "Out msg nelems": elements,
                                 "In split size": "[]", "Out split size": "[]"}  # fmt: skip
-        stream = NCCL_STREAMS["world"]
         if group is not None:
             args.update({
                 "Group size": group["pg_size"], "Process Group Name": group["pg_name"],
                 "Process Group Description": group["pg_desc"],
                 "Process Group Ranks": str(group["ranks"]),
             })  # fmt: skip
-            stream = NCCL_STREAMS.get(group["axis"], stream)
+        return args
+
+    def _stream(self, group: dict[str, Any] | None) -> int:
+        axis = group.get("axis") if group is not None else None
+        return NCCL_STREAMS.get(str(axis), NCCL_STREAMS["world"])
+
+    def _on_stream(self, stream: int, t0: int, t1: int) -> int:
+        """On its stream a kernel starts when the one before it ends (DDP's buckets, launched
+        together, run one after the other)."""
+        start = min(max(t0, self._stream_free_at.get(stream, t0)), t1)
+        self._stream_free_at[stream] = max(self._stream_free_at.get(stream, t1), t1)
+        return start
+
+    def collective(self, comm: dict[str, Any], group: dict[str, Any] | None) -> None:
+        """One op: `c10d::<op>` (older traces), `record_param_comms` holding `nccl:<op>`,
+        holding the launch of its kernel, which spins from its start (this rank's arrival)
+        to the op's completion."""
+        op = str(comm.get("op"))
+        args = self._comm_args(comm, group)
+        kernel = _COLLECTIVE.get(op, (op, f"ncclDevKernel_{op}"))[1]
+        if not self.form.group_args:
+            kernel = _OLD_P2P if op in P2P or op == "all_to_all" else _OLD_KERNEL.get(op, kernel)
+        stream = self._stream(group)
         t0, t1 = int(comm["t0"]), int(comm["t1"])
         start = self._launch_at(t0)
-        # on its stream a kernel starts when the one before it ends (DDP's buckets, launched
-        # together, run one after the other)
-        t0 = min(max(t0, self._stream_free_at.get(stream, t0)), t1)
-        self._stream_free_at[stream] = max(self._stream_free_at.get(stream, t1), t1)
-        self.events.append(
-            self._cpu("cpu_op", "record_param_comms", start, start + CPU_OP_NS, args)
-        )
-        self._launched(kernel, stream, start + 1_000, t0, t1, args)
+        if op in P2P:  # PyTorch gives each peer pair its own communicator and stream: a
+            stream += op == "recv"  # send and a receive in flight together do not queue
+        else:
+            t0 = self._on_stream(stream, t0, t1)
+        inner = 0
+        if not self.form.group_args:  # older PyTorch: the c10d operator around it
+            self.events.append(self._cpu("cpu_op", _C10D.get(op, op), start, start + CPU_OP_NS,
+                                         args))  # fmt: skip
+            inner = 100
+        self.events.append(self._cpu("cpu_op", "record_param_comms", start + inner,
+                                     start + CPU_OP_NS - inner, args))  # fmt: skip
+        annotation = f"nccl:{_ANNOTATION.get(op, op)}"
+        note_args = {k: [v[0]] for k, v in args.items() if k.startswith("Input")}
+        self.events.append(self._cpu("user_annotation", annotation, start + 200,
+                                     start + CPU_OP_NS - 200, note_args))  # fmt: skip
+        kernel_args = args if self.form.group_args else {}
+        self._launched(kernel, stream, start + 1_000, t0, t1, kernel_args)
+
+    def batch(self, comms: list[dict[str, Any]], groups: list[Any], t1: int) -> None:
+        """Sends and receives issued together (`batch_isend_irecv`): each op's
+        `record_param_comms` opens and closes as it registers with NCCL (no kernel yet); then
+        `ncclGroupEnd`, under `nccl:coalesced`, launches one SendRecv kernel without arguments,
+        which spins until every op of the batch is done."""
+        at = self._launch_at(int(comms[0]["t0"]))
+        for comm, group in zip(comms, groups, strict=True):
+            self.events.append(self._cpu("cpu_op", "record_param_comms", at, at + 400,
+                                         self._comm_args(comm, group)))  # fmt: skip
+            at += 500
+        self._cpu_free_at = max(self._cpu_free_at, at + CPU_OP_NS)
+        self.events.append(self._cpu("user_annotation", "nccl:coalesced", at, at + CPU_OP_NS))
+        t0 = int(comms[0]["t0"])  # batches in flight together: other peers, other streams
+        self._launched(_NCCL.format("SendRecv"), self._stream(groups[0]), at + 1_000, t0, t1, {})
 
     def _launched(
         self, kernel: str, stream: int, launch: int, t0: int, t1: int, args: dict[str, Any]

@@ -31,6 +31,7 @@ from diag.metrics.comm_totals import (
 )
 from diag.metrics.common import WARMUP_MIN_STEPS, analysed_steps
 from diag.metrics.time_breakdown import (
+    P2P_OPS,
     PIPELINE_GROUP,
     comm_bits,
     span_bits,
@@ -136,6 +137,16 @@ def _comm_bits(labels: dict[str, Encoded]) -> np.ndarray:
     recorded, blocks = _flags(blocking.values)
     asynchronous = _flags(is_async.values)[1]
     in_pipeline = _holds(group.values, {PIPELINE_GROUP})
+    op = labels.get("op")
+    unnamed = np.array([value is None for value in group.values], dtype=bool)
+    if op is not None and unnamed.any():  # sends and receives of no group (`in_pipeline`)
+        rows = in_pipeline[group.codes] | (
+            unnamed[group.codes] & _holds(op.values, P2P_OPS)[op.codes]
+        )
+        return comm_bits(
+            np.where(recorded[blocking.codes], blocks[blocking.codes],
+                     ~asynchronous[is_async.codes]), rows,
+        )  # fmt: skip
 
     def bits_of(b: np.ndarray, a: np.ndarray, g: np.ndarray) -> np.ndarray:
         # `blocking` where recorded; otherwise blocking unless `async` is true

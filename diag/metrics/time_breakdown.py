@@ -15,6 +15,9 @@ from diag.metrics.common import NS_PER_S
 from diag.numeric.intervals import union_lengths_in_windows
 
 PIPELINE_GROUP = "pp"
+P2P_OPS = frozenset({schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value})
+"""A send or receive of no named group is a pipeline's message: what sends and receives
+carry between stages (a GPU trace's batched SendRecv kernels have no group arguments)."""
 
 
 IN_FLIGHT, EXPOSED, EITHER, STAGE_WORK = (1 << k for k in range(4))
@@ -81,9 +84,7 @@ def _measured(spans: pd.DataFrame, comms: pd.DataFrame) -> dict[str, np.ndarray]
         _labels_in(phase, schema.COMPUTE_PHASES),
         _labels_in(phase, {schema.Phase.COMM_WAIT.value}),
     )
-    of_comms = comm_bits(
-        _blocking(comms).to_numpy(bool), _labels_in(comms["group"], {PIPELINE_GROUP})
-    )
+    of_comms = comm_bits(_blocking(comms).to_numpy(bool), in_pipeline(comms["group"], comms["op"]))
     return counted_records(spans, of_spans, comms, of_comms)
 
 
@@ -98,6 +99,13 @@ def counted_records(
                               np.asarray(comms[name], np.int64)])
         for name in ("rank", "step", "t0", "t1")
     } | {"bits": np.concatenate([of_spans[counted], of_comms])}  # fmt: skip
+
+
+def in_pipeline(group: pd.Series, op: pd.Series) -> np.ndarray:
+    """Which collectives are the pipeline's: those of its group, and sends and receives of no
+    named group (P2P_OPS); waiting in them is the bubble, not the stage's work."""
+    unnamed = group.isna().to_numpy(bool)
+    return _labels_in(group, {PIPELINE_GROUP}) | (unnamed & _labels_in(op, P2P_OPS))
 
 
 def _labels_in(column: pd.Series, labels: Collection[str]) -> np.ndarray:

@@ -39,6 +39,7 @@ from diag.numeric import intervals
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
+from diag.read.kineto.send_waits import send_waited
 
 NS_PER_US = 1000
 MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
@@ -239,20 +240,25 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
             records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
         own_waits: list[bool] = []
+        unawaited: list[bool] = []  # sends the rank did not wait for: no comm_wait either
         busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
         hidden = intervals.covered_before(busy_union, t1[comm]) - intervals.covered_before(
             busy_union, t0[comm]
         )
+        waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
             # all-reduce). Others are launched and awaited where their time is exposed. A
-            # batch's kernel is one wait: a receive among its ops makes it blocking.
+            # batch's kernel is one wait: a receive among its ops makes it blocking; a send (as
+            # its launch names it) only where the rank waited for it (send_waits.py).
             ops = attribution.describe(i, int(correlation[i]))
             receives = any(d["op"] == schema.CollectiveOp.RECV.value for d in ops)
-            own_wait = receives or hidden_ns <= 0
+            sends = bool(ops) and all(d["op"] == schema.CollectiveOp.SEND.value for d in ops)
+            own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
+            unawaited.append(sends and not own_wait and not waited.get(i))
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
@@ -260,7 +266,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
                     "async": not own_wait, "blocking": own_wait,
                 })  # fmt: skip
         own = np.array(own_waits, dtype=bool)
-        awaited = comm[~own] if len(comm) else comm
+        awaited = comm[~own & ~np.array(unawaited, dtype=bool)] if len(comm) else comm
         # exposed: neither computing nor in a collective that is its own wait (that time is
         # the collective's record already; a comm_wait there would count it twice)
         occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from diag.contract import ledger
 from diag.metrics import pipeline as pipe
+from diag.read.roles import rank_stages
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
 from diag.whatif.causes import CauseKind
 
@@ -111,6 +112,15 @@ def few_microbatches(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
     ]
 
 
+def _holding(ctx: RuleContext, stage: int) -> set[int]:
+    """The ranks the layout puts on a stage, traced or not (a trace folder often holds one
+    rank per tensor-parallel group: the stage is still all of its ranks)."""
+    if not ctx.run.manifest.groups.get("pp"):
+        return set()
+    stages = rank_stages(ctx.run.spans, ctx.run.manifest)
+    return {rank for rank, at in stages.items() if at == stage}
+
+
 @rule(
     "PIP003",
     "pipeline.stage_imbalance",
@@ -151,7 +161,8 @@ def stage_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         share = costly.cost_s / attribution.measured_step_s
         if share < limits["min_cost_share"] or costly.stage is None:
             return []
-        heaviest, blamed = int(costly.stage), sorted(costly.ranks)
+        heaviest = int(costly.stage)
+        blamed = sorted(set(costly.ranks) | _holding(ctx, heaviest))
         local = float(costly.evidence.get("stage_local_s", 0.0))
         others = float(costly.evidence.get("mean_stage_local_s", 0.0))
         ratio = local / others if others > 0 else float("inf")

@@ -1,0 +1,236 @@
+"""The same simulated job read as a run directory and as a GPU job's profiler traces, in each
+trace shape `diag simulate --format kineto --trace-shape` writes (issue 39, "Done when"): the
+trace folder must give the run directory's main finding (rule and ranks), its cost within 20%,
+its bubble within 5 points, and the layout right.
+
+    .venv/bin/python benchmarks/kineto_equivalence.py [--ranks 16 256] [--shapes ...]
+
+Prints one line per (layout, schedule, fault, shape) and exits 1 when one misses.
+tests/unit/test_kineto_equivalence.py runs the small cases of the same matrix.
+
+Until the reader derives the layout from the traces (issue 39, item 1), a folder whose layout
+the reader cannot derive is read with the layout given by hand (`layout` column: `derived`
+or `given`), as `diag analyze FOLDER --layout ...` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diag.api import analyze_path, load_any
+from diag.contract.schema import Layout
+
+COST_WITHIN = 0.20
+"""Relative: the trace folder's main cost against the run directory's."""
+BUBBLE_WITHIN = 0.05
+"""Absolute (5 points): the trace folder's measured bubble against the run directory's."""
+SHAPES = {
+    "devicemesh": ["--trace-shape", "devicemesh"],
+    "megatron": ["--trace-shape", "megatron"],
+    "old": ["--trace-shape", "old"],
+    "one-per-tp": ["--trace-shape", "devicemesh", "--traced-ranks", "one-per-tp"],
+}
+"""The trace shapes compared with the run directory (host-bound has no run-directory twin)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job of the matrix: its layout, schedule and injected fault."""
+
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    schedule: str  # 1f1b | interleaved
+    fault: str  # straggler | slow-stage | bubble | jitter
+    steps: int = 4
+
+    @property
+    def ranks(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def virtual(self) -> int:
+        return 2 if self.schedule == "interleaved" else 1
+
+    @property
+    def m(self) -> int:
+        """Micro-batches: as many as stages for the bubble (too few), else `microbatches`."""
+        return self.pp if self.fault == "bubble" else self.microbatches
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, microbatches=self.m,
+                      virtual_stages=self.virtual)  # fmt: skip
+
+    def straggler(self) -> int:
+        """A rank of a middle stage, first in its TP group (traced in every shape)."""
+        return ((self.dp - 1) * self.pp + 1) * self.tp
+
+    def inject(self) -> list[str]:
+        return {
+            "straggler": ["--inject", f"straggler:rank={self.straggler()},ms=15"],
+            "slow-stage": ["--inject", "stage-slow:stage=1,ms=10"],
+            "bubble": [],
+            "jitter": ["--inject", "jitter:ms=60"],
+        }[self.fault]
+
+    def args(self) -> list[str]:
+        layers = max(8, self.pp * self.virtual)  # each model stage holds a layer at least
+        return ["--ranks", str(self.ranks), "--layout", f"dp={self.dp},tp={self.tp},pp={self.pp}",
+                "--layers", str(layers), "--microbatches", str(self.m), "--steps", str(self.steps),
+                "--schedule", self.schedule, "--virtual-stages", str(self.virtual),
+                *self.inject()]  # fmt: skip
+
+    def name(self) -> str:
+        return f"dp{self.dp}xtp{self.tp}xpp{self.pp} {self.schedule} {self.fault}"
+
+
+def matrix(ranks: int) -> list[Case]:
+    """The issue's matrix: at 16 ranks dp2 x pp4 (8 ranks) and dp2 x tp2 x pp4; at 256,
+    dp32 x pp8 and dp4 x tp8 x pp8."""
+    if ranks <= 16:
+        layouts = [(2, 1, 4, 16), (2, 2, 4, 16)]  # dp x pp at 8 ranks, dp x tp x pp at 16
+    else:
+        layouts = [(ranks // 8, 1, 8, 16), (ranks // 64, 8, 8, 16)]
+    return [Case(dp, tp, pp, m, schedule, fault)
+            for dp, tp, pp, m in layouts for schedule in ("1f1b", "interleaved")
+            for fault in ("straggler", "slow-stage", "bubble", "jitter")]  # fmt: skip
+
+
+def simulate(out: Path, args: list[str]) -> Path:
+    command = [sys.executable, "-m", "diag", "simulate", "--out", str(out), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.strip().splitlines()[-1])
+    return out
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    main = report["findings"][0] if report["findings"] else {}
+    return {
+        "rule": main.get("rule"),
+        "ranks": main.get("ranks"),
+        "cost_s": main.get("cost_s"),
+        "bubble": report["summary"].get("bubble_fraction"),
+        "layout": report["run"].get("layout"),
+    }
+
+
+def read_traces(folder: Path, truth: Layout) -> tuple[dict[str, Any], str]:
+    """The report of a trace folder and where its layout came from: derived by the reader when
+    it derives the true one (dp, tp, pp, micro-batches and virtual stages), else given by hand
+    (as `--layout`)."""
+    derived = load_any(folder).manifest.layout
+    if _axes(derived) == _axes(truth):
+        return analyze_path(folder), "derived"
+    return analyze_path(folder, layout=truth), "given"
+
+
+def _axes(layout: Layout) -> tuple[int, ...]:
+    return (layout.dp, layout.tp, layout.pp, layout.ep, layout.microbatches or 1,
+            layout.virtual_stages or 1)  # fmt: skip
+
+
+def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """What the trace folder's verdict gets wrong against the run directory's."""
+    out = []
+    if (got["rule"], got["ranks"]) != (expected["rule"], expected["ranks"]):
+        out.append(f"finding {got['rule']} {got['ranks']} != {expected['rule']} "
+                   f"{expected['ranks']}")  # fmt: skip
+    want, cost = expected["cost_s"], got["cost_s"]
+    if want and (cost is None or abs(cost - want) > COST_WITHIN * abs(want)):
+        out.append(f"cost {cost} vs {want}")
+    if expected["bubble"] is not None and (
+        got["bubble"] is None or abs(got["bubble"] - expected["bubble"]) > BUBBLE_WITHIN
+    ):
+        out.append(f"bubble {got['bubble']} vs {expected['bubble']}")
+    return out
+
+
+def compare(case: Case, shape: str, work: Path, expected: dict[str, Any] | None = None) -> dict:
+    """One row of the table: the run directory's verdict, the trace folder's, what misses."""
+    if expected is None:
+        expected = verdict(
+            analyze_path(simulate(work / "run", [*case.args(), "--format", "arrow"]))
+        )
+    started = time.monotonic()
+    traces = simulate(
+        work / f"traces-{shape}", [*case.args(), "--format", "kineto", *SHAPES[shape]]
+    )
+    report, layout_from = read_traces(traces, case.layout)
+    got = verdict(report)
+    shutil.rmtree(traces, ignore_errors=True)
+    return {"case": case.name(), "shape": shape, "expected": expected, "got": got,
+            "layout_from": layout_from, "misses": misses(expected, got),
+            "seconds": time.monotonic() - started}  # fmt: skip
+
+
+def _cost(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _bubble(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}"
+
+
+def _verdict(v: dict[str, Any]) -> str:
+    return f"{v['rule']} {v['ranks']}, {_cost(v['cost_s'])}, {_bubble(v['bubble'])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--faults", nargs="+", default=None)
+    parser.add_argument("--schedules", nargs="+", default=None)
+    parser.add_argument("--layouts", nargs="+", default=None, choices=["dp-pp", "dp-tp-pp"])
+    options = parser.parse_args(argv)
+    failed = 0
+    print(
+        "| ranks | job | fault | shape | layout | run dir: finding, cost ms, bubble % "
+        "| traces: finding, cost ms, bubble % | ok |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for ranks in options.ranks:
+        for case in matrix(ranks):
+            if options.faults and case.fault not in options.faults:
+                continue
+            if options.schedules and case.schedule not in options.schedules:
+                continue
+            if options.layouts and ("dp-tp-pp" if case.tp > 1 else "dp-pp") not in options.layouts:
+                continue
+            with tempfile.TemporaryDirectory(prefix="kineto-eq-") as tmp:
+                work = Path(tmp)
+                run = simulate(work / "run", [*case.args(), "--format", "arrow"])
+                expected = verdict(analyze_path(run))
+                shutil.rmtree(run, ignore_errors=True)
+                for shape in options.shapes:
+                    if shape == "one-per-tp" and case.tp == 1:
+                        continue
+                    try:
+                        row = compare(case, shape, work, expected)
+                    except RuntimeError as err:
+                        print(f"| {case.ranks} | {case.name()} | {shape} | error: {err} |")
+                        failed += 1
+                        continue
+                    e, g = row["expected"], row["got"]
+                    ok = "yes" if not row["misses"] else "no: " + "; ".join(row["misses"])
+                    failed += bool(row["misses"])
+                    job = case.name().rsplit(" ", 1)[0]
+                    print(f"| {case.ranks} | {job} | {case.fault} | {shape} "
+                          f"| {row['layout_from']} | {_verdict(e)} | {_verdict(g)} | {ok} |",
+                          flush=True)  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
