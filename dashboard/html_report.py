@@ -66,6 +66,7 @@ def report_figures(run: RunData, metrics: RunMetrics, report: dict[str, object])
     loaded = LoadedRun(run.manifest.run_id or run.path.name, run, metrics, dict(report))
     by = pick_grouping(loaded, None)
     return [
+        *_stuck(loaded),  # a run that did not finish: the collective it stopped in, first
         *_step(loaded),
         *_step_time(loaded),
         *_timeline(loaded, by),
@@ -87,6 +88,11 @@ def report_charts(
 def plotly_js_gzip() -> bytes:
     """The plotly.js bundle of the installed plotly package, gzip-compressed (once a process)."""
     return gzip.compress(plotly.offline.get_plotlyjs().encode("utf-8"), compresslevel=9, mtime=0)
+
+
+def _stuck(loaded: LoadedRun) -> Figures:
+    figure = figures.stuck_collective(loaded.report)
+    return [] if figure is None else [("the collective the job stopped in", figure)]
 
 
 def _step(loaded: LoadedRun) -> Figures:

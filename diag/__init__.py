@@ -32,7 +32,8 @@ Reading a report as diag shows it
     `format_metric(name, value)` (a metric by its unit suffix: shares in %, bytes in MiB, ...),
     `device_section(report)` and `hta_sections(report)` (the profiler tables as `Section`s:
     title, header, rows of strings), `compare_reports(labelled_reports, tolerance)` (what
-    `diag compare` computes).
+    `diag compare` computes), `stopped_rows(report)` and `STOPPED_HEADER` (the "where each
+    rank stopped" table of a run that did not finish).
 
 Anything else in diag's modules is internal and may move. `diag.contract` (the run directory
 format, shared with the collectors) may be imported directly for its constants.
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from diag.metrics import RunMetrics, compute_metrics
     from diag.metrics.live import LiveRun
     from diag.outputs.compare import compare_reports
+    from diag.outputs.failure_report import STOPPED_HEADER, stopped_rows
     from diag.outputs.report import Section, device_section, hta_sections
     from diag.outputs.report_lines import PATTERN_NAMES
     from diag.outputs.units import format_metric, rank_list
@@ -79,12 +81,15 @@ _HOME = {
     "compare_reports": "diag.outputs.compare",
     "RunTail": "diag.read.growing",
     "LiveRun": "diag.metrics.live",
+    "STOPPED_HEADER": "diag.outputs.failure_report",
+    "stopped_rows": "diag.outputs.failure_report",
 }
 """Each public name and the module that defines it."""
 
 __all__ = [
     "PATTERN_NAMES",
     "REPORT_SCHEMA",
+    "STOPPED_HEADER",
     "InputError",
     "LiveRun",
     "RunData",
@@ -100,6 +105,7 @@ __all__ = [
     "hta_sections",
     "load_any",
     "rank_list",
+    "stopped_rows",
 ]
 
 

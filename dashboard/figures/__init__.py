@@ -13,6 +13,7 @@ from dashboard.figures.base import MIB, plain, rank_label, rank_labels, wrapped
 from dashboard.figures.communication import bus_bandwidth, bytes_vs_expected, comm_share_over_steps
 from dashboard.figures.compare import compare_runs
 from dashboard.figures.experts import drop_rate_over_steps, expert_heatmap
+from dashboard.figures.failure import stuck_collective
 from dashboard.figures.groups import group_bars, step_heatmap
 from dashboard.figures.memory import memory_by_rank, memory_over_steps
 from dashboard.figures.overview import step_waterfall
@@ -39,6 +40,7 @@ __all__ = [
     "step_heatmap",
     "step_time_over_steps",
     "step_waterfall",
+    "stuck_collective",
     "timeline",
     "wrapped",
 ]

@@ -13,7 +13,7 @@ from dash import html
 from dashboard import figures
 from dashboard.components import finding_card, graph, no_data, page, table, tiles
 from dashboard.data import LoadedRun, step_times
-from diag import device_section, format_metric, hta_sections
+from diag import STOPPED_HEADER, device_section, format_metric, hta_sections, stopped_rows
 
 PATH = "/"
 TITLE = "Overview"
@@ -47,6 +47,26 @@ def headline(loaded: LoadedRun) -> list[tuple[str, str]]:
         ("ranks x steps", f"{summary.get('ranks_analysed')} x {summary.get('steps_analysed')}")
     )
     return items
+
+
+def where_it_stopped(loaded: LoadedRun) -> list[Any]:
+    """A run that did not finish opens with it: its status and why, the per-rank "where it
+    stopped" table and the collective it stopped in; nothing for a finished or running run."""
+    report = loaded.report
+    rows = stopped_rows(report)
+    if not rows:
+        return []
+    summary = report["summary"]
+    parts: list[Any] = [
+        html.Div(f"{str(summary.get('status')).upper()}: {summary.get('status_reason')}",
+                 className="failure-status", id="overview-status"),
+        html.H3("where each rank stopped"),
+        table(pd.DataFrame(rows, columns=STOPPED_HEADER), "overview-stopped"),
+    ]  # fmt: skip
+    stuck = figures.stuck_collective(report)
+    if stuck is not None:
+        parts.append(graph(stuck, "overview-stuck"))
+    return parts
 
 
 def where_the_step_goes(loaded: LoadedRun) -> list[Any]:
@@ -86,6 +106,7 @@ def layout(loaded: LoadedRun, runs: Sequence[LoadedRun]) -> html.Div:
     ]
     return page(
         f"{TITLE}: {loaded.name}",
+        *where_it_stopped(loaded),
         tiles(headline(loaded)),
         html.H3("findings"),
         html.Div(diagnosis, className="findings"),

@@ -50,6 +50,16 @@ def check_limits(
     return violations, notes
 
 
+def unfinished(report: Mapping[str, Any]) -> str | None:
+    """One line when the run did not complete (its status from its records: failed, hung,
+    running, undecidable; docs/cli.md): a check fails on it whatever its limits."""
+    summary = report.get("summary") or {}
+    status = summary.get("status")
+    if status in (None, "completed"):
+        return None
+    return f"run {status}, not completed: {summary.get('status_reason') or 'no reason given'}"
+
+
 def _plan_violations(
     report: Mapping[str, Any], plan_path: str, tolerance: float | None
 ) -> list[str]:
@@ -132,7 +142,8 @@ def check(
     plan_path: str | None = None,
     plan_tolerance: float | None = None,
 ) -> None:
-    """Gate CI on the run PATH: exit 1 with one line per violated limit or regressed metric.
+    """Gate CI on the run PATH: exit 1 with one line per violated limit or regressed metric,
+    and on a run that did not complete (failed, hung, running, undecidable) whatever its limits.
 
     Limits are upper bounds on fractions of the step (0.3 = 30%). With --baseline RUN, a step
     time or throughput worse than the baseline's by more than --tolerance is a regression.
@@ -160,6 +171,8 @@ def check(
             raise click.UsageError(f"--tolerance must be >= 0, got {tol}")
         report = analyze_path(path, thresholds)
         violations, notes = check_limits(report, settings)
+        if (why := unfinished(report)) is not None:  # issue 40: a dead job never passes
+            violations.insert(0, why)
         if baseline is not None:
             before = analyze_path(baseline, thresholds)
             violations += [r.line() for r in regressions(before, report, tol)]

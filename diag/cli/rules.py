@@ -17,10 +17,12 @@ REGENERATE = "diag rules --markdown > docs/rules.md"
 # The order of findings in one sentence: the README and docs/cli.md quote it word for word
 # (tests/unit/test_rules_cli.py checks), docs/rules.md and `diag rules` print it.
 RANKING_ORDER = (
-    "Findings are ranked so that the first is the main diagnosis: high findings about whether the"
-    " job runs or learns right (memory, MoE quality, pitfalls) first, then by severity; within a"
-    " severity, findings that explain others come first, then by cost (the step time that removing"
-    " the cause saves, largest first, findings without a cost after those with one), then"
+    "Findings are ranked so that the first is the main diagnosis: the failure findings (FLR: the"
+    " job hung, crashed, desynchronised, lost a rank or ended undecidably) first, then high"
+    " findings about whether the job runs or learns right (memory, MoE quality, pitfalls), then"
+    " by severity; within a severity, findings that explain others come first, then by cost"
+    " (the step time that removing the cause saves, largest first, findings without a cost"
+    " after those with one), then"
     " collapse patterns before pitfalls, then the stronger evidence, then the rule code."
 )
 

@@ -15,6 +15,13 @@ in at step 10 as at step 10,000.
 
 A finding is the same finding while its rule and blamed ranks are (`rule`, `ranks`); it is
 reported gone only after two analyses without it, so one noisy window does not make it flap.
+
+Between analyses every poll also asks whether the job is alive (`diag.metrics.live.liveness`,
+over each rank's records as they arrived): a rank whose progress stopped for 3 median steps
++ 5 s while the others' records or heartbeats go on, or whose stall event or exception
+arrived, is named once (`silent rank R ...`) unless it waits in a collective; when every rank
+closed with a failure or no rank wrote for long, the job died: watch says why and ends with
+status `failed` (the command exits 1, docs/cli.md).
 """
 
 from __future__ import annotations
@@ -32,11 +39,15 @@ from diag.api import diagnose
 from diag.cli.shell import fail, project_config, rule_thresholds
 from diag.contract import schema
 from diag.errors import InputError
-from diag.metrics.live import LiveRun
+from diag.metrics.live import Liveness, LiveRun, liveness
 from diag.outputs.report_lines import finding_head
 
 GONE_AFTER = 2
 """Analyses in a row without a finding before it is reported gone."""
+EXIT_JOB_FAILED = 1
+"""`diag watch`'s exit status when the job failed or died (the manifest says failed, every
+rank closed with a failure, or no rank wrote for long); 0 when it completed, 2 on bad input."""
+FAILED = schema.RunStatus.FAILED.value
 
 
 Key = tuple[str, tuple[int, ...]]
@@ -88,6 +99,7 @@ def watch(
     stream = out or sys.stdout
     live = LiveRun(Path(folder), window_steps)
     log = FindingLog()
+    named: set[tuple[int, str]] = set()
     started = clock()
     while True:
         manifest = live.manifest()
@@ -97,16 +109,51 @@ def watch(
             time.sleep(min(interval_s, 0.5))
             continue
         ended = manifest.status != schema.RunStatus.RUNNING.value
-        last = live.update(manifest)  # after reading the status: an ended run's files are complete
+        # after reading the status: an ended run's files are complete
+        last = live.update(manifest, clock())
         if last is not None:
             _, report = diagnose(live.run(), config, derived=live.derived())
             for line in log.update(report["findings"], last):
                 print(line, file=stream, flush=True)
+        alive = liveness(live.tail.activity, manifest.world_size, clock(), interval_s)
+        for line in silence_lines(alive, named):
+            print(line, file=stream, flush=True)
+        if alive.dead is not None and not ended:
+            print(f"diag watch: the job died ({alive.dead}) after step {live.last}",
+                  file=stream, flush=True)  # fmt: skip
+            return FAILED
         if ended:
             print(f"diag watch: run {manifest.status} after step {live.last}", file=stream,
                   flush=True)  # fmt: skip
             return str(manifest.status)
         time.sleep(interval_s)
+
+
+def silence_lines(alive: Liveness, named: set[tuple[int, str]]) -> list[str]:
+    """A line for each rank newly silent (`named`: those said already, per reason; a rank
+    that moves again may be named again), with the collectives the others wait in."""
+    lines = []
+    current = {(s["rank"], s["reason"]) for s in alive.silent}
+    named &= current  # an episode that ended may be named again when it recurs
+    for silent in alive.silent:
+        key = (silent["rank"], silent["reason"])
+        if key in named:
+            continue
+        named.add(key)
+        where = [f"step {silent['step']}" if silent.get("step") is not None else "",
+                 f"{silent['span']} open" if silent.get("span") else "",
+                 f"at {silent['stack_top']}" if silent.get("stack_top") else ""]  # fmt: skip
+        idle = f" for {silent['for_s']:.1f} s" if silent.get("for_s") is not None else ""
+        line = f"silent rank {silent['rank']}: {silent['reason']}{idle}"
+        line += f" ({', '.join(w for w in where if w)})" if any(where) else ""
+        waits = [f"{_ranks(r)} wait in #{seq} of {group}"
+                 for (group, seq), r in sorted(alive.waiting.items())]  # fmt: skip
+        lines.append(line + (f"; {'; '.join(waits)}" if waits else ""))
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(str(r) for r in sorted(ranks))}"
 
 
 @click.command("watch")
@@ -140,10 +187,13 @@ def watch_command(
     path: str, interval_s: float, window_steps: int, wait_s: float, config: str | None
 ) -> None:
     """Follow the run directory PATH while the job runs: a line each time a finding appears,
-    changes severity or goes, until the manifest says the run ended."""
+    changes severity or goes, and when a rank falls silent, until the manifest says the run
+    ended (exit 0) or the job failed or died (exit 1)."""
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
-        watch(path, thresholds, interval_s, window_steps, wait_s)
+        status = watch(path, thresholds, interval_s, window_steps, wait_s)
     except InputError as error:
         fail(error)
+    if status == FAILED:
+        raise SystemExit(EXIT_JOB_FAILED)

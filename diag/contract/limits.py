@@ -58,3 +58,16 @@ MAX_LAUNCHES_PER_KERNEL = 16
 """CPU events sharing one device event's correlation id that count it again (HTA's join of the
 two on the id): real traces have one; each repeat is a row of the device-time arrays, so
 without a bound n launches and n kernels on one id make n**2 rows."""
+
+# --- PyTorch Flight Recorder dumps ----------------------------------------------------------------
+MAX_FR_DUMP_BYTES = 64 * 2**20
+"""A Flight Recorder dump file (JSON or pickle): PyTorch keeps 2,000 entries by default
+(TORCH_FR_BUFFER_SIZE), a few MiB with their stacks. A larger file is refused, unread."""
+MAX_FR_ENTRIES = 2**18
+"""Entries of one dump: a hundred times the default ring buffer."""
+MAX_FR_OBJECTS = 2**23
+"""Values (containers and scalars, a shared one counted each time it is reached) walked in one
+dump: a pickle may reference one list from many places, so its walk, unlike its file, can grow
+exponentially with nesting; a dump past this is refused."""
+MAX_FR_DEPTH = 16
+"""Nesting of a dump: PyTorch's is five levels deep (entries, an entry, its sizes, a size)."""

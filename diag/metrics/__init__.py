@@ -25,6 +25,7 @@ from diag.metrics.common import (
 )
 from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
+from diag.metrics.failure import RunState, run_state
 from diag.metrics.file_reduction import reduce_rank_files
 from diag.metrics.host import descheduled_by_rank, host_steps, host_table
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
@@ -77,6 +78,8 @@ class RunMetrics:
     """Where the step goes: a replay of the measured run and its counterfactuals, the causes
     by the step time each costs (diag/whatif); None with fewer than two ranks."""
     skipped: list[str] = field(default_factory=list)
+    failure: RunState | None = None
+    """Whether the run finished and, when not, where each rank stopped (diag/metrics/failure.py)."""
 
 
 def compute_metrics(
@@ -101,6 +104,13 @@ def compute_metrics(
         ranks = with_waits(ranks, attribution)
     summary = run_summary(run, windows, ranks, warmup_steps)
     summary["host_checked"] = not on_host.empty  # trace folders carry no CPU time (host.py)
+    state = run_state(run)
+    summary.update(status_summary(state))
+    if state.failed and state.failed_step is not None:
+        skipped.append(
+            f"step {state.failed_step} did not finish on every rank: the figures above are of "
+            "the steps before it; the failure finding reads its records"
+        )
     if attribution is not None:
         summary.update(attribution_summary(attribution))
         skipped += attribution.notes
@@ -124,4 +134,11 @@ def compute_metrics(
         host=host_table(on_host, run.manifest),
         attribution=attribution,
         skipped=skipped,
+        failure=state,
     )
+
+
+def status_summary(state: RunState) -> dict[str, Any]:
+    """The summary's status fields: `status`, `status_reason`, `failed_step`."""
+    return {"status": state.status, "status_reason": state.reason,
+            "failed_step": state.failed_step}  # fmt: skip

@@ -40,7 +40,7 @@ from diag.metrics.growing_table import GrowingTable
 from diag.metrics.time_breakdown import time_breakdown
 from diag.numeric.keys import KEYS
 from diag.read import load, record_window
-from diag.read.growing import RunTail
+from diag.read.growing import Activity, RunTail
 from diag.read.load import RunData, frame_of, rank_file_suffix
 from diag.whatif.chunks import MEMO_NAME, ReplayMemo
 
@@ -87,11 +87,12 @@ class LiveRun:
         """The manifest as it is now; None while it is absent or being written."""
         return self.tail.manifest()
 
-    def update(self, manifest: schema.Manifest) -> int | None:
+    def update(self, manifest: schema.Manifest, now_s: float | None = None) -> int | None:
         """Read what the rank files gained and take in the steps every rank finished since
-        the last call: the last of them, or None when no step was finished."""
+        the last call: the last of them, or None when no step was finished. `now_s` (the
+        caller's clock) times each rank's activity (`liveness`)."""
         self._manifest = manifest
-        self.tail.poll(manifest)
+        self.tail.poll(manifest, now_s)
         finished = self.tail.finished_step(manifest.world_size)
         if finished is None or (self.last is not None and finished <= self.last):
             return None
@@ -125,6 +126,7 @@ class LiveRun:
             comm_totals=tables["comm_totals"] if len(tables["comm_totals"]) else empty_totals(),
             starts_at_warmup=first == 0,
             rank_file_suffix=rank_file_suffix(self.tail.files()),
+            file_mtimes_s=_mtimes(self.tail),
             span_steps=self._span_steps if self.window_steps is None else None,
         )
 
@@ -215,6 +217,117 @@ class LiveRun:
         if kept.empty:
             return firsts.reset_index(drop=True)
         return pd.concat([firsts, kept], ignore_index=True)
+
+
+WINDOW_STEPS = 3.0
+"""A rank is silent after this many median steps without progress (plus WINDOW_FLOOR_S)."""
+WINDOW_FLOOR_S = 5.0
+DEAD_HEARTBEATS = 2.0
+"""With heartbeats, the job is dead when no rank wrote anything for the window plus this many
+heartbeat periods (a live rank inside a step writes one every period)."""
+DEAD_WINDOWS_WITHOUT_HEARTBEAT = 4.0
+"""Without heartbeats (an older collector), this many windows of silence from every rank."""
+
+
+@dataclass
+class Liveness:
+    """What the arriving records say of the job now (`liveness`): the ranks to name (silent,
+    stalled, crashed; each once per episode is the caller's business), the collectives ranks
+    wait in, and why the job is over with a failure (None while it is not)."""
+
+    window_s: float
+    silent: list[dict[str, Any]] = field(default_factory=list)
+    waiting: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    dead: str | None = None
+
+
+def liveness(
+    activity: dict[int, Activity], world_size: int, now_s: float, poll_s: float = 0.0
+) -> Liveness:
+    """Name the ranks whose progress stopped for 3 median steps + 5 s while others' records
+    or heartbeats go on (or whose stall event or exception arrived), unless they wait in a
+    collective (then another rank holds them); say the job died when every rank closed with a
+    failure or raised, or no rank wrote for long (docs/cli.md, "watch"). `poll_s`: how often
+    the caller looks; a rank is named that much before the window ends, so that the name comes
+    within it."""
+    walls = [w for a in activity.values() for w in a.step_walls_ns if w > 0]
+    median_s = float(np.median(walls)) / 1e9 if walls else 1.0
+    found = Liveness(WINDOW_STEPS * median_s + WINDOW_FLOOR_S)
+    for rank, act in activity.items():
+        for key in act.open_comms:
+            found.waiting.setdefault(key, []).append(rank)
+    recent = {
+        r for r, a in activity.items()
+        if a.last_record_s is not None and now_s - a.last_record_s < found.window_s
+    }  # fmt: skip
+    for rank, act in sorted(activity.items()):
+        if act.closed == "complete":
+            continue
+        where = _where(act)
+        if act.exception is not None:
+            exc = act.exception
+            found.silent.append({"rank": rank, "reason": f"raised {exc.get('type')}: "
+                                 f"{str(exc.get('message') or '')[:160]}", **where})  # fmt: skip
+            continue
+        if act.open_comms or act.closed is not None:
+            continue  # waiting on another rank, or closed
+        idle = now_s - act.last_progress_s if act.last_progress_s is not None else None
+        others = recent - {rank}
+        if act.stall is not None:
+            found.silent.append({"rank": rank, "reason": "stall event", "for_s": idle, **where})
+        elif idle is not None and idle >= max(found.window_s - poll_s, median_s) and others:
+            found.silent.append({"rank": rank, "reason": "no progress", "for_s": idle, **where})
+    found.dead = _dead(activity, world_size, now_s, found.window_s)
+    return found
+
+
+def _where(act: Activity) -> dict[str, Any]:
+    """A rank's step, open span and stack top, for the line that names it."""
+    span = list(act.open_spans.values())[-1] if act.open_spans else None
+    stack = (act.stall or {}).get("stack")
+    top = stack[-1] if isinstance(stack, list) and stack and isinstance(stack[-1], dict) else None
+    return {
+        "step": span["step"] if span else act.last_step,
+        "span": str(span.get("phase")) if span else None,
+        "stack_top": f"{top.get('function')} ({top.get('file')}:{top.get('line')})"
+        if top
+        else None,
+    }
+
+
+def _dead(
+    activity: dict[int, Activity], world_size: int, now_s: float, window_s: float
+) -> str | None:
+    """Why the job is over with a failure, or None."""
+    if not activity:
+        return None
+    ranks = list(activity.values())
+    failed = [r for r, a in activity.items() if a.closed == "failed" or a.exception]
+    over = all(a.closed is not None or a.exception is not None for a in ranks)
+    if over and len(activity) >= world_size and failed:
+        return f"every rank closed; rank {failed[0]} with a failure"
+    beats = [a.heartbeat_s for a in ranks if a.heartbeat_s]
+    quiet_s = window_s + DEAD_HEARTBEATS * max(beats) if beats else (
+        DEAD_WINDOWS_WITHOUT_HEARTBEAT * window_s)  # fmt: skip
+    last = max((a.last_record_s for a in ranks if a.last_record_s is not None), default=None)
+    if (
+        last is not None
+        and now_s - last >= quiet_s
+        and not all(a.closed == "complete" for a in ranks)
+    ):
+        return f"no record from any rank for {now_s - last:.1f} s"
+    return None
+
+
+def _mtimes(tail: RunTail) -> dict[int, float]:
+    """Each rank file's modification time: whether records still arrive (the status)."""
+    found = {}
+    for rank, path in tail.rank_files().items():
+        try:
+            found[rank] = path.stat().st_mtime
+        except OSError:
+            continue
+    return found
 
 
 def _by_step(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:

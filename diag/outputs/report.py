@@ -19,6 +19,12 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
+from diag.outputs.failure_report import (
+    STOPPED_HEADER,
+    failure_fields,
+    stopped_rows,
+    stopped_title,
+)
 from diag.outputs.html_charts import CHART_CSS, Chart, chart_markup, loader_markup
 from diag.outputs.report_lines import finding_head, headline, ms
 from diag.outputs.sparkline import rank_steps_line
@@ -55,6 +61,7 @@ def build_report(
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
         "findings": list(findings),
         "skipped": [*run.skipped, *run.cache_notes, *metrics.skipped, *notes],
+        **failure_fields(metrics),  # a run that did not finish: where each rank stopped
     }
     return json_safe(report)
 
@@ -234,7 +241,8 @@ def sections(report: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     stages = _stage_section(report)
     window = _window_section(report)
-    tables = (attribution_section(report), ranks, stages, collectives, tensor_parallel,
+    stopped = Section(stopped_title(report), STOPPED_HEADER, stopped_rows(report))
+    tables = (stopped, attribution_section(report), ranks, stages, collectives, tensor_parallel,
               device_section(report), memory, experts, window)  # fmt: skip
     return [s for s in (*tables, *hta_sections(report)) if s.rows]
 
@@ -371,6 +379,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _html_table(section: Section) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in section.rows
+    )
+    return f"<h2>{esc(section.title)}</h2><table><tr>{head}</tr>{body}</table>"
+
+
 def _md(text: str) -> str:
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
@@ -408,9 +425,13 @@ def render_html(
             for f in report["findings"]
         )
         parts.append(f"<h2>Findings</h2><ul>{items}</ul>")
+    tables = sections(report)
+    # a run that did not finish: where each rank stopped before the charts of its speed
+    first = [t for t in tables if t.header is STOPPED_HEADER]
     if drawn:
-        parts += chart_markup(charts)
-    for section in sections(report):
+        parts += [_html_table(t) for t in first] + chart_markup(charts)
+        tables = [t for t in tables if t.header is not STOPPED_HEADER]
+    for section in tables:
         head = "".join(f"<th>{esc(h)}</th>" for h in section.header)
         body = "".join(
             "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"

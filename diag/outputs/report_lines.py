@@ -52,9 +52,19 @@ def headline(report: dict[str, Any]) -> str:
         parts.append(f"bubble {pct(bubble)} (theory {pct(theory)})")
         if summary.get("stage_imbalance") is not None:
             parts.append(f"stage imbalance {num(summary['stage_imbalance'])}")
+    status = summary.get("status")
+    if status is not None:  # the status the data shows (diag/metrics/failure.py), first
+        shown = parts if status == "completed" else [status_line(summary), *parts]
+        return "  ".join(shown)
     if run.get("status") != schema.RunStatus.COMPLETE.value:
         parts.append(f"status {run.get('status')}")
     return "  ".join(parts)
+
+
+def status_line(summary: dict[str, Any]) -> str:
+    """`HUNG: rank 2 never joined all_reduce #41 of dp (step 6)`: the status and its reason."""
+    status, reason = str(summary.get("status") or ""), summary.get("status_reason")
+    return f"{status.upper()}" + (f": {reason} --" if reason else " --")
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

@@ -21,6 +21,96 @@ from diag.rankfile.tail import FileTail, open_tail
 from diag.read.load import RunData, run_from_records
 
 KINDS = frozenset(k.value for k in RecordKind)
+PROGRESS_KINDS = frozenset({RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value})
+"""Records that say a rank moved on (a heartbeat says only that it is alive)."""
+MAX_OPEN = 256
+"""Open collectives and spans kept per rank (a flush writes the few in flight)."""
+
+
+@dataclass
+class Activity:
+    """What one rank's records said as they arrived, timed on the reader's clock (`now_s`
+    handed to `RunTail.poll`): when its last record and its last progress arrived, its last
+    step, what it left open (collectives by (group, seq), spans by (step, phase, mb)), its
+    `stall`, `exception` and `rank_closed`, and its heartbeat period. `diag watch` names a
+    silent rank from it (diag/metrics/live.py)."""
+
+    last_record_s: float | None = None
+    last_progress_s: float | None = None
+    last_step: int | None = None
+    step_walls_ns: list[int] = field(default_factory=list)
+    open_comms: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    open_spans: dict[tuple[int, str, int], dict[str, Any]] = field(default_factory=dict)
+    stall: dict[str, Any] | None = None
+    exception: dict[str, Any] | None = None
+    closed: str | None = None
+    heartbeat_s: float | None = None
+    skew_s: float | None = None
+    """The reader's clock minus the rank's, at the record read soonest (`_progress`)."""
+
+    def take(self, kind: str, record: dict[str, Any], now_s: float) -> None:
+        self.last_record_s = now_s
+        if kind in PROGRESS_KINDS:
+            self._progress(record, now_s)
+            self.stall = None  # progress ends a stall episode
+        if kind == RecordKind.STEP.value:
+            self.last_step = max(self.last_step or 0, int(record["step"]))
+            if len(self.step_walls_ns) < 4096:
+                self.step_walls_ns.append(int(record["t1"]) - int(record["t0"]))
+        elif kind == RecordKind.SPAN.value:
+            self.open_spans.pop(_span_key(record["step"], record), None)
+        elif kind == RecordKind.COMM.value:
+            self._completed(record)
+        elif kind == RecordKind.EVENT.value:
+            self._event(record)
+
+    def _progress(self, record: dict[str, Any], now_s: float) -> None:
+        """When the rank progressed: its record's end on the reader's clock. The rank's clock
+        and the reader's differ by a constant (and the read's lag): the smallest difference
+        seen (`skew_s`, the record read soonest after it was written) maps one to the other,
+        so a batch of records read late still dates the progress when it happened."""
+        end = record.get("t1", record.get("t0"))
+        if not isinstance(end, int) or isinstance(end, bool):
+            self.last_progress_s = now_s
+            return
+        seen = now_s - end / 1e9
+        self.skew_s = seen if self.skew_s is None else min(self.skew_s, seen)
+        at = end / 1e9 + self.skew_s
+        self.last_progress_s = at if self.last_progress_s is None else max(self.last_progress_s, at)
+
+    def _completed(self, record: dict[str, Any]) -> None:
+        group, seq = str(record.get("group")), record.get("seq")
+        if isinstance(seq, int):
+            self.open_comms.pop((group, seq), None)
+        for key, issued in list(self.open_comms.items()):  # no seq: the same issue time
+            if key[0] == group and issued.get("t0") == record.get("t0"):
+                self.open_comms.pop(key)
+
+    def _event(self, record: dict[str, Any]) -> None:
+        name, fields, step = record.get("name"), record.get("fields") or {}, record["step"]
+        if name == "comm_issued" and isinstance(fields.get("seq"), int):
+            if len(self.open_comms) < MAX_OPEN:
+                self.open_comms[(str(fields.get("group")), fields["seq"])] = {
+                    "step": step,
+                    **fields,
+                }
+        elif name == "span_open" and len(self.open_spans) < MAX_OPEN:
+            self.open_spans[_span_key(step, fields)] = {"step": step, **fields}
+        elif name == "stall":
+            self.stall = {"step": step, **fields}
+        elif name == "exception" and self.exception is None:
+            self.exception = {"step": step, **fields}
+        elif name == "rank_closed":
+            self.closed = str(fields.get("status"))
+        elif name == "heartbeat":
+            interval = fields.get("interval_s")
+            if isinstance(interval, int | float) and 0 < interval < 3600:
+                self.heartbeat_s = float(interval)
+
+
+def _span_key(step: Any, fields: dict[str, Any]) -> tuple[int, str, int]:
+    mb = fields.get("mb")
+    return (int(step), str(fields.get("phase")), mb if isinstance(mb, int) else 0)
 
 
 @dataclass
@@ -34,6 +124,8 @@ class RunTail:
     skipped: list[str] = field(default_factory=list)
     _tails: dict[int, FileTail] = field(default_factory=dict)
     _last_step: dict[int, int] = field(default_factory=dict)  # rank -> its last step record
+    activity: dict[int, Activity] = field(default_factory=dict)
+    """Per rank, what its records said as they arrived (`Activity`)."""
 
     def manifest(self) -> schema.Manifest | None:
         """The manifest as it is now; None while it is absent or being written."""
@@ -42,10 +134,13 @@ class RunTail:
         except (OSError, ValueError, schema.SchemaError):
             return None
 
-    def poll(self, manifest: schema.Manifest) -> None:
-        """Read what every rank file gained since the last poll."""
+    def poll(self, manifest: schema.Manifest, now_s: float | None = None) -> None:
+        """Read what every rank file gained since the last poll; `now_s` (the reader's clock)
+        times each rank's `activity`."""
         for rank in range(manifest.world_size):
             for kind, record in self._new_records(rank):
+                if now_s is not None:
+                    self.activity.setdefault(rank, Activity()).take(kind, record, now_s)
                 if kind == RecordKind.STEP.value:
                     self._last_step[rank] = max(self._last_step.get(rank, -1), record["step"])
                 self.records.setdefault(kind, []).append(record)
@@ -85,6 +180,10 @@ class RunTail:
     def files(self) -> list[Path]:
         """The rank files found so far."""
         return [tail.path for tail in self._tails.values()]
+
+    def rank_files(self) -> dict[int, Path]:
+        """The rank files found so far, by rank."""
+        return {rank: tail.path for rank, tail in self._tails.items()}
 
     def _new_records(self, rank: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(kind, record) of the records appended to the rank's file since the last read."""

@@ -105,6 +105,14 @@ class RunData:
     not grow with the run's length; `rank_steps` and `comm_totals` cover every step. None:
     every record."""
 
+    file_mtimes_s: dict[int, float] = field(default_factory=dict)
+    """Each rank file's modification time (s, the wall clock) when it was read: whether
+    records still arrive (`diag.metrics.failure`). Empty where there are no rank files."""
+    flight_recorder: pd.DataFrame | None = None
+    """PyTorch Flight Recorder entries (`diag.read.flight_recorder.FR_COLUMNS`), one row per
+    entry of each rank's dump, read beside the run (RUN/flight-recorder/) or alone; None when
+    there are none."""
+
     def rank_file_name(self, rank: int) -> str:
         """The file a rank's records come from, as notes name it."""
         return schema.rank_file_name(rank, self.rank_file_suffix)
@@ -224,6 +232,14 @@ def _run_from_columns(
         events=tables[RecordKind.EVENT.value],
         skipped=skipped,
     )
+
+
+def empty_run(manifest: Manifest, path: Path, skipped: list[str]) -> RunData:
+    """A run of no records (what a Flight Recorder folder alone holds of the tables)."""
+    return _run_from_columns(
+        manifest, path, {kind: {n: [] for n in names} for kind, names in KEPT_COLUMNS.items()},
+        skipped,
+    )  # fmt: skip
 
 
 def _load_manifest(run_dir: Path) -> Manifest:

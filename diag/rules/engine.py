@@ -153,6 +153,8 @@ def check_config(config: Mapping[str, Any]) -> None:
 _RANK = {"high": 0, "medium": 1, "low": 2}
 RUNS_OR_LEARNS_PATTERNS = frozenset({4, 5})  # MoE quality, memory
 PITFALL_PREFIX = "PIT"
+FAILURE_PREFIX = "FLR"
+"""The failure family (diag/rules/families/failure.py): the job did not finish."""
 
 
 class Diagnosis(NamedTuple):
@@ -173,7 +175,9 @@ def run_rules(
     """Every registered rule over one run, ranked: the first finding is the main diagnosis.
     Reads the run and its metrics, changes neither.
 
-    Order (`rank_findings`): high findings about whether the job runs or learns right (patterns 4
+    Order (`rank_findings`): the failure findings (FLR: a hang, a crash, a desync, a lost
+    rank, an undecidable end) first, whatever their severity; then high findings about
+    whether the job runs or learns right (patterns 4
     and 5, pitfalls: `_blocks_training`) first; then severity; within a severity, findings that
     explain others present first, then the larger `cost_s` (None after every cost), then findings
     that name a collapse pattern before pitfalls, then the stronger evidence (a larger `margin`;
@@ -215,6 +219,7 @@ def rank_findings(findings: list[Finding]) -> list[Finding]:
     return sorted(
         findings,
         key=lambda f: (
+            not f.rule.startswith(FAILURE_PREFIX),  # the job stopped: above everything
             not _blocks_training(f),
             _RANK[f.severity],
             id(f) not in explaining,

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from diag.read.load import RunData
 from diag.read.sources.base import LoadOptions, Source
+from diag.read.sources.flight_recorder import FLIGHT_RECORDER
 from diag.read.sources.profiler_traces import PROFILER_TRACES
 from diag.read.sources.run_directory import RUN_DIRECTORY
 
 __all__ = ["SOURCES", "LoadOptions", "Source", "find_source", "load_any"]
 
-SOURCES: tuple[Source, ...] = (PROFILER_TRACES, RUN_DIRECTORY)
+SOURCES: tuple[Source, ...] = (PROFILER_TRACES, FLIGHT_RECORDER, RUN_DIRECTORY)
 """In the order they are asked; the last (run directories) also answers for unknown paths."""
 
 

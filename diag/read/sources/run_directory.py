@@ -4,11 +4,13 @@ files have not changed."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from diag.contract import schema
 from diag.errors import InputError
 from diag.read import cache
+from diag.read.flight_recorder import FR_DIR, read_dumps
 from diag.read.load import RunData, load_run, with_cache_note
 from diag.read.sources.base import LoadOptions
 
@@ -30,16 +32,16 @@ class RunDirectory:
         if options.layout is not None:
             raise InputError(path, "--layout is for profiler trace folders; a run has its manifest")
         if input_bytes(path) < CACHE_MIN_BYTES:
-            return load_run(path, options.steps, options.breakdown)
+            return with_failure_evidence(load_run(path, options.steps, options.breakdown))
         key = cache.table_key(
             cache.file_stamps(run_files(path)), options.steps, *loader_modules(options)
         )
         found = cache.read(path, CACHE_NAME, key)
         if isinstance(found.value, RunData):
-            return found.value
+            return with_failure_evidence(found.value)
         run = load_run(path, options.steps, options.breakdown)
         cache.write(path, CACHE_NAME, key, run, in_background=True)  # on the idle core
-        return with_cache_note(run, found.note)
+        return with_failure_evidence(with_cache_note(run, found.note))
 
     def cache_report(self, path: Path) -> bool:
         return input_bytes(path) >= CACHE_MIN_BYTES
@@ -73,6 +75,29 @@ def input_bytes(folder: Path) -> int:
 
 
 RUN_DIRECTORY = RunDirectory()
+
+
+def with_failure_evidence(run: RunData) -> RunData:
+    """The run with what says whether it finished, read after its tables (never cached: it
+    changes while they do not): each rank file's modification time and the Flight Recorder
+    dumps beside it (RUN/flight-recorder/), whose unreadable files are noted."""
+    mtimes: dict[int, float] = {}
+    for path in run_files(run.path):
+        found = schema.RANK_FILE_RE.match(path.name)
+        if found is None:
+            continue
+        try:
+            mtimes[int(found.group(1))] = path.stat().st_mtime
+        except (OSError, ValueError, IndexError):
+            continue
+    folder = run.path / FR_DIR
+    if not folder.is_dir():
+        return dataclasses.replace(run, file_mtimes_s=mtimes)
+    dumps = read_dumps(folder)
+    return dataclasses.replace(
+        run, file_mtimes_s=mtimes, flight_recorder=dumps.table,
+        skipped=[*run.skipped, *dumps.notes],
+    )  # fmt: skip
 
 
 def loader_modules(options: LoadOptions) -> list[str]:

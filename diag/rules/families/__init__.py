@@ -3,6 +3,7 @@
 from diag.rules.families import (  # noqa: F401
     balance,
     communication,
+    failure,
     host,
     lost_time,
     memory,

@@ -1,0 +1,271 @@
+"""PyTorch Flight Recorder dumps, one file per rank, as one table of collective entries.
+
+A dump is `torch._C._distributed_c10d._dump_fr_trace_json()` (JSON: read directly) or the
+default `_dump_fr_trace()` pickle (read only through `diag.read.safe_pickle`, which resolves
+no global: nothing in it can run). The format, as torch 2.13 writes it with gloo (version
+"2.10"): `entries` (each with `pg_id`, `process_group` [name, description], `collective_seq_id`,
+`p2p_seq_id`, `is_p2p`, `profiling_name` "gloo:all_reduce", `input_sizes`, `input_dtypes`,
+`state`, `retired`, `time_created_ns`, ...), `pg_config` {key: {name, desc, ranks: "[0, 1]"}},
+`pg_status` {pg_id: {last_enqueued_collective, last_completed_collective, ...}}; no rank (the
+file's name gives it: `rank-NNNNN.json`, `rank-N.pkl`, `...rank_N`). Gloo marks no entry
+`started` or `completed`: an entry is done when `retired` (its work finished and was popped)
+or its state is `completed`, and open otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import pandas as pd
+
+from diag.contract.limits import (
+    MAX_FR_DEPTH,
+    MAX_FR_DUMP_BYTES,
+    MAX_FR_ENTRIES,
+    MAX_FR_OBJECTS,
+    MAX_LABEL_CHARS,
+    MAX_WORLD_SIZE,
+)
+from diag.read.safe_pickle import RefusedPickle, check_plain, load_plain
+
+FR_DIR = "flight-recorder"
+"""Where a run directory keeps its ranks' dumps (RUN/flight-recorder/rank-NNNNN.json)."""
+FR_COLUMNS = (
+    "rank", "group", "group_desc", "members", "seq", "p2p", "op", "bytes", "dtype", "sizes",
+    "open", "t_created_ns", "frame",
+)  # fmt: skip
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
+DUMP_SUFFIXES = (".json", ".pkl", ".pickle", "")
+DTYPE_BYTES = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
+    "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+}  # fmt: skip
+_ONLY = "\0only"
+"""The members of a dump's only group, whatever its entries call it."""
+HOW_TO_DUMP_JSON = (
+    "dump JSON instead: torch._C._distributed_c10d._dump_fr_trace_json() "
+    "(or TORCH_FR_DUMP_TEMP_FILE with the JSON dumper)"
+)
+
+
+@dataclass
+class FlightRecords:
+    """The dumps of a folder: one row per entry (FR_COLUMNS), and notes on files not read."""
+
+    table: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+
+def dump_rank(path: Path) -> int | None:
+    """The rank a dump file's name gives, or None when it names none."""
+    found = _RANK_IN_NAME.search(path.name)
+    if found is None:
+        return None
+    rank = int(found.group(1))
+    return rank if rank < MAX_WORLD_SIZE else None
+
+
+def dump_files(folder: Path) -> list[tuple[int, Path]]:
+    """The files of `folder` whose name gives a rank, by rank (one per rank: JSON first)."""
+    try:
+        paths = sorted(p for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return []
+    found: dict[int, Path] = {}
+    for path in sorted(paths, key=lambda p: (p.suffix != ".json", p.name)):
+        rank = dump_rank(path)
+        if rank is not None and path.suffix in DUMP_SUFFIXES:
+            found.setdefault(rank, path)
+    return sorted(found.items())
+
+
+def looks_like_dump(path: Path) -> bool:
+    """Cheap: a JSON file that starts like a dump's object, or a pickle's protocol byte."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    if head[:1] == b"\x80":  # a pickle of protocol 2 or later (refused if it is not plain)
+        return True
+    text = head.decode("utf-8", "replace")
+    return text.lstrip().startswith("{") and any(
+        key in text for key in ('"entries"', '"pg_config"', '"pg_status"', '"version"')
+    )
+
+
+def read_dumps(folder: Path) -> FlightRecords:
+    """Every dump of `folder`; a file that cannot be read is noted (name and reason), not fatal."""
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    ranks: list[int] = []
+    for rank, path in dump_files(folder):
+        try:
+            dump = read_dump(path)
+        except (OSError, ValueError) as err:
+            notes.append(f"{path}: {err}")
+            continue
+        ranks.append(rank)
+        rows += dump_rows(rank, dump, notes, path)
+    table = pd.DataFrame(rows, columns=list(FR_COLUMNS))
+    return FlightRecords(table, notes, ranks)
+
+
+def read_dump(path: Path) -> dict[str, Any]:
+    """One dump as plain data; ValueError (the reason, one line) when it cannot be read safely."""
+    size = path.stat().st_size
+    if size > MAX_FR_DUMP_BYTES:
+        raise ValueError(f"{size:,} bytes, above the limit of {MAX_FR_DUMP_BYTES:,}: not read")
+    data = path.read_bytes()
+    if data.lstrip()[:1] != b"{":  # not JSON: a pickle of any protocol, read without globals
+        try:
+            value = load_plain(data, MAX_FR_DUMP_BYTES, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+        except RefusedPickle as err:
+            raise ValueError(f"pickled dump refused: {err}; {HOW_TO_DUMP_JSON}") from None
+    else:
+        try:
+            value = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError("not valid JSON: not a Flight Recorder dump") from None
+        except (RecursionError, ValueError):
+            raise ValueError("JSON nested too deeply or a number too long: not read") from None
+        try:
+            check_plain(value, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+        except RefusedPickle as err:
+            raise ValueError(f"not read: {err}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
+        raise ValueError("no `entries` list: not a Flight Recorder dump")
+    if len(value["entries"]) > MAX_FR_ENTRIES:
+        raise ValueError(
+            f"{len(value['entries']):,} entries, above the limit of {MAX_FR_ENTRIES:,}"
+        )
+    return value
+
+
+def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> list[dict]:
+    """One row per usable entry of a rank's dump; entries without a group or sequence skipped."""
+    members = _group_members(dump.get("pg_config"))
+    rows = []
+    bad = 0
+    for entry in dump["entries"]:
+        row = _entry_row(rank, entry, members)
+        if row is None:
+            bad += 1
+        else:
+            rows.append(row)
+    if bad:
+        notes.append(f"{path}: {bad} entries without a group, sequence or op skipped")
+    return rows
+
+
+def _entry_row(rank: int, entry: Any, members: dict[str, tuple[int, ...]]) -> dict[str, Any] | None:
+    if not isinstance(entry, dict):
+        return None
+    group = entry.get("process_group")
+    p2p = entry.get("is_p2p") is True
+    seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
+    name = entry.get("profiling_name")
+    if not isinstance(group, list | tuple) or not group or not _is_int(seq):
+        return None
+    if not isinstance(name, str):
+        return None
+    name_, desc = _label(group[0]), _label(group[1] if len(group) > 1 else "")
+    # one group as every rank names it: PyTorch's group name (a number), its description shown
+    group_name = f"pg {name_}" + (f" ({desc})" if desc else "")
+    dtypes = entry.get("input_dtypes")
+    dtype = _label(dtypes[0]) if isinstance(dtypes, list | tuple) and dtypes else None
+    sizes = entry.get("input_sizes")
+    retired = entry.get("retired") is True
+    state = entry.get("state")
+    created = entry.get("time_created_ns")
+    return {
+        "rank": rank,
+        "group": group_name,
+        "group_desc": desc,
+        "members": members.get(name_) or members.get(desc) or members.get(_ONLY),
+        "seq": int(seq),
+        "p2p": p2p,
+        "op": _label(name.split(":", 1)[-1]),
+        "bytes": _bytes(sizes, dtypes),
+        "dtype": dtype,
+        "sizes": _label(json.dumps(sizes)) if sizes is not None else None,
+        "open": not retired and state != "completed",
+        "t_created_ns": int(created) if _is_int(created) and 0 <= created < 2**62 else None,
+        "frame": _user_frame(entry.get("frames")),
+    }
+
+
+def _group_members(config: Any) -> dict[str, tuple[int, ...]]:
+    """The ranks of each group of `pg_config`, by its name and by its description (the names
+    PyTorch puts in an entry's `process_group`; the default group's config key may be '')."""
+    found: dict[str, tuple[int, ...]] = {}
+    distinct: set[tuple[int, ...]] = set()
+    if not isinstance(config, dict):
+        return found
+    for key, group in config.items():
+        if not isinstance(group, dict):
+            continue
+        ranks = group.get("ranks")
+        if isinstance(ranks, str) and len(ranks) <= MAX_LABEL_CHARS * 64:
+            try:
+                ranks = json.loads(ranks)
+            except ValueError:
+                continue
+        if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
+            continue
+        if any(not 0 <= r < MAX_WORLD_SIZE for r in ranks):
+            continue
+        distinct.add(tuple(sorted(ranks)))
+        for name in (key, group.get("name"), group.get("desc")):
+            if isinstance(name, str) and name and name != _ONLY:
+                found.setdefault(name[:MAX_LABEL_CHARS], tuple(sorted(ranks)))
+    if len(distinct) == 1:  # gloo's default group is keyed '' in pg_config, '0' in entries
+        found[_ONLY] = next(iter(distinct))
+    return found
+
+
+def _bytes(sizes: Any, dtypes: Any) -> int | None:
+    """The bytes of an entry's inputs (elements times the dtype's size), None when unknown."""
+    if not isinstance(sizes, list | tuple) or not isinstance(dtypes, list | tuple):
+        return None
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=False):
+        width = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        if width is None or not isinstance(shape, list | tuple):
+            return None
+        count = 1
+        for dim in shape:
+            if not _is_int(dim) or not 0 <= dim < 2**40:
+                return None
+            count *= dim
+        total += count * width
+    return total if total < 2**62 else None
+
+
+def _user_frame(frames: Any) -> str | None:
+    """The innermost frame outside torch's own code, as `function (file:line)` (pickled dumps
+    carry the stack of the call that issued the collective; JSON dumps do not)."""
+    if not isinstance(frames, list | tuple):
+        return None
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename = str(frame.get("filename", ""))
+        if "/torch/" in filename:
+            continue
+        return _label(f"{frame.get('name')} ({filename}:{frame.get('line')})")
+    return None
+
+
+def _label(value: Any) -> str:
+    return str(value)[:MAX_LABEL_CHARS]
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

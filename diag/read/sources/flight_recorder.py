@@ -1,0 +1,78 @@
+"""A folder of PyTorch Flight Recorder dumps alone (one file per rank, `rank-NNNNN.json` or
+the pickles `torch` writes): no step, span or comm record, only the collectives each rank's
+recorder holds (`RunData.flight_recorder`), read by `diag.read.flight_recorder`. Enough for
+the failure findings (who waits in which collective, who never joined, a desync); the
+performance figures are empty."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from pathlib import Path
+
+from diag.contract import schema
+from diag.contract.limits import MAX_WORLD_SIZE
+from diag.errors import InputError
+from diag.read.flight_recorder import dump_files, looks_like_dump, read_dumps
+from diag.read.load import RunData, empty_run
+from diag.read.sources.base import LoadOptions
+
+
+class FlightRecorderDumps:
+    name = "flight-recorder"
+
+    def detect(self, path: Path) -> bool:
+        if not path.is_dir() or (path / schema.MANIFEST_FILE).exists():
+            return False
+        files = dump_files(path)
+        return bool(files) and looks_like_dump(files[0][1])
+
+    def load(self, path: Path, options: LoadOptions) -> RunData:
+        if options.steps is not None:
+            raise InputError(path, "--steps is for run directories; a dump holds no steps")
+        dumps = read_dumps(path)
+        if not dumps.ranks:
+            reason = dumps.notes[0] if dumps.notes else "no readable dump"
+            raise InputError(path, f"no Flight Recorder dump could be read ({reason})")
+        members = [m for ms in dumps.table["members"].dropna() for m in ms]
+        world = min(max([*dumps.ranks, *members]) + 1, MAX_WORLD_SIZE)
+        layout = options.layout or schema.Layout(dp=world)
+        manifest = schema.Manifest(
+            run_id=path.resolve().name,
+            created=_dt.datetime.fromtimestamp(_newest(path), _dt.UTC).isoformat(),
+            world_size=world,
+            trainer="flight-recorder",
+            layout=layout,
+            ranks=[schema.RankInfo(rank=r) for r in dumps.ranks],
+            status=schema.RunStatus.RUNNING.value,
+        )
+        missing = sorted(set(range(world)) - set(dumps.ranks))
+        notes = list(dumps.notes)
+        if missing:
+            shown = ", ".join(str(r) for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            notes.append(f"{path}: no Flight Recorder dump of rank(s) {shown}")
+        notes.append(f"{path}: Flight Recorder dumps alone: no steps, the failure only")
+        run = empty_run(manifest, path, notes)
+        return dataclasses.replace(run, flight_recorder=dumps.table)
+
+    def cache_report(self, path: Path) -> bool:
+        return False
+
+    def profiler_traces(self, path: Path) -> Path | None:
+        return None
+
+    def profiler_window(self, path: Path) -> Path | None:
+        return None
+
+
+def _newest(folder: Path) -> float:
+    times = []
+    for _, path in dump_files(folder):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
+
+
+FLIGHT_RECORDER = FlightRecorderDumps()

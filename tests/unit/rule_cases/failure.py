@@ -1,0 +1,132 @@
+"""Cases for the failure rules: runs that did not finish, written as the collectors write them
+(CONTRACT-40: in-flight `span_open` / `comm_issued` / `step_open` events, heartbeats, `stall`,
+`exception`, `rank_closed`), and runs that did (quiet). `failure_run` is shared with
+tests/unit/test_failure.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rule_cases import RuleCase
+
+MS = 1_000_000
+BASE_NS = 1_700_000_000_000_000_000
+STEP_MS = 100.0
+GOOD_STEPS = 6
+"""Steps 0-5 complete on every rank; the failure (if any) is in step 6, collective #7 of dp."""
+BYTES = 4096
+WAIT_MS = 20_000.0
+"""How long the survivors sit in the stuck collective (their heartbeats say so)."""
+HEARTBEAT_MS = 2_000.0
+STACK = [{"file": "train.py", "line": 40, "function": "main"},
+         {"file": "loader.py", "line": 12, "function": "next_batch"}]  # fmt: skip
+
+
+def _ns(ms: float) -> int:
+    return BASE_NS + int(ms * MS)
+
+
+def _event(step: int, name: str, **fields: Any) -> dict[str, Any]:
+    return {"kind": "event", "step": step, "name": name, **fields}
+
+
+def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
+    records: dict[int, list[dict[str, Any] | str]] = {r: [] for r in range(ranks)}
+    for step in range(GOOD_STEPS):
+        t = step * STEP_MS
+        for rows in records.values():
+            rows += [runs.span(step, "fwd", t, t + 40), runs.span(step, "bwd", t + 40, t + 80),
+                     runs.comm(step, t + 80, t + 90, group_size=ranks, bytes=BYTES,
+                               dtype="float32", seq=step + 1),
+                     runs.span(step, "opt", t + 90, t + 99),
+                     runs.step(step, t, t + 99)]  # fmt: skip
+    return records
+
+
+def _waiting(runs: Any, step: int, ranks: int, **issued: Any) -> list[dict[str, Any] | str]:
+    """A rank that ran step 6's fwd and bwd and sits in all-reduce #7 of dp, heartbeating."""
+    t = step * STEP_MS
+    fields = {"op": "all_reduce", "group": "dp", "group_size": ranks, "seq": step + 1,
+              "bytes": BYTES, "dtype": "float32", "t0": _ns(t + 80), **issued}  # fmt: skip
+    rows: list[dict[str, Any] | str] = [
+        runs.span(step, "fwd", t, t + 40), runs.span(step, "bwd", t + 40, t + 80),
+        _event(step, "step_open", t0=_ns(t)), _event(step, "comm_issued", **fields),
+    ]  # fmt: skip
+    beats = int(WAIT_MS // HEARTBEAT_MS)
+    rows += [_event(step, "heartbeat", t_ns=_ns(t + 80 + k * HEARTBEAT_MS), interval_s=2.0)
+             for k in range(1, beats + 1)]  # fmt: skip
+    return rows
+
+
+def failure_run(runs: Any, kind: str, ranks: int = 4, name: str = "run") -> Path:
+    """4 DP ranks, steps 0-5 complete; in step 6 rank 2 does `kind`:
+    - `hang`: sleeps in its data loader before fwd (alive: heartbeats, a stall event);
+    - `crash`: raises in fwd (exception event, rank_closed failed);
+    - `desync`: issues all-reduce #7 of dp with half the bytes;
+    - `lost`: its records stop inside fwd, nothing after (SIGKILL);
+    - `undecidable`: every rank stops after step 5 with nothing open and no close;
+    - `completed`: no failure, every rank closes complete;
+    - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary.
+    The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s."""
+    records = _good_steps(runs, ranks)
+    step, t = GOOD_STEPS, GOOD_STEPS * STEP_MS
+    end = _ns(t + 80 + WAIT_MS)
+    for rank, rows in records.items():
+        if kind in ("completed", "undecidable"):
+            if kind == "completed":
+                rows.append(_event(step - 1, "rank_closed", t_ns=_ns(t), status="complete"))
+            continue
+        if kind == "late":
+            rows += _waiting(runs, step, ranks)[:4]
+            rows.append(_event(step, "heartbeat", t_ns=_ns(t + 1080), interval_s=2.0))
+            continue
+        if rank != 2:
+            rows += _waiting(runs, step, ranks)
+            continue
+        if kind == "desync":
+            rows += _waiting(runs, step, ranks, bytes=BYTES // 2)
+            continue
+        rows += [_event(step, "step_open", t0=_ns(t)),
+                 _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None,
+                        t0=_ns(t))]  # fmt: skip
+        if kind == "hang":
+            rows += [_event(step, "stall", t_ns=_ns(t + 5_000), idle_s=5.0, threshold_s=5.0,
+                            stack=STACK, fr_file=None, fr_error="gloo: no dump"),
+                     _event(step, "heartbeat", t_ns=end, interval_s=2.0)]  # fmt: skip
+        elif kind == "crash":
+            rows += [_event(step, "exception", t_ns=_ns(t + 10), type="RuntimeError",
+                            message="CUDA error: an illegal memory access was encountered",
+                            frames=STACK),
+                     _event(step, "rank_closed", t_ns=_ns(t + 11), status="failed")]  # fmt: skip
+    status = "complete" if kind == "completed" else "running"
+    manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
+    return runs.write(records, manifest, name=name)
+
+
+CASES = [
+    RuleCase("FLR001", True, lambda runs: failure_run(runs, "hang"),
+             "rank 2 sleeps in its loader; 0, 1, 3 wait 20 s in all-reduce #7 of dp",
+             ranks=(2,), severity="high"),
+    RuleCase("FLR001", False, lambda runs: failure_run(runs, "completed"),
+             "a completed run: every rank closed"),
+    RuleCase("FLR001", False, lambda runs: failure_run(runs, "late"),
+             "every rank inside one all-reduce for 1 s: below the window, not a hang"),
+    RuleCase("FLR002", True, lambda runs: failure_run(runs, "crash"),
+             "rank 2 raised in fwd of step 6; the others wait", ranks=(2,), severity="high"),
+    RuleCase("FLR002", False, lambda runs: failure_run(runs, "hang"),
+             "a hang raises no exception"),
+    RuleCase("FLR003", True, lambda runs: failure_run(runs, "desync"),
+             "rank 2 issued all-reduce #7 with half the bytes", ranks=(2,), severity="high"),
+    RuleCase("FLR003", False, lambda runs: failure_run(runs, "hang"),
+             "a missing rank is a hang, not a mismatch"),
+    RuleCase("FLR004", True, lambda runs: failure_run(runs, "lost"),
+             "rank 2's records stop in fwd; the others heartbeat 20 s more", ranks=(2,),
+             severity="high"),
+    RuleCase("FLR004", False, lambda runs: failure_run(runs, "hang"),
+             "a hung rank still heartbeats: not lost"),
+    RuleCase("FLR005", True, lambda runs: failure_run(runs, "undecidable"),
+             "every rank stops after step 5, nothing open, no close", severity="medium"),
+    RuleCase("FLR005", False, lambda runs: failure_run(runs, "completed"),
+             "a completed run is decided"),
+]  # fmt: skip

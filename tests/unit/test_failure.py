@@ -1,0 +1,305 @@
+"""A job that did not finish (issue 40): the run's status from its records, the failure finding
+first and its renderings, `diag check` failing on it, Flight Recorder dumps read safely (a
+hostile pickle never runs), and `diag watch` naming a silent rank while a run grows.
+
+The runs are written as the collectors write them by the contract (rule_cases/failure.py);
+tests/distributed/test_flight_recorder.py runs real gloo jobs and their real dumps."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from rule_cases.failure import STEP_MS, failure_run
+
+from diag.api import analyze_path
+from diag.cli.main import main
+from diag.cli.watch import watch
+from diag.contract.limits import MAX_FR_DEPTH, MAX_FR_OBJECTS
+from diag.errors import InputError
+from diag.outputs.report import render_html, render_markdown, render_text
+from diag.read.flight_recorder import read_dump
+from diag.read.safe_pickle import RefusedPickle, load_plain
+
+KINDS = ("hang", "crash", "desync", "lost", "undecidable", "completed", "late")
+OLD_S = 3600.0
+"""How far back the files of a run that ended are dated (records no longer arrive)."""
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The report of each hand-written run; the ended ones with their files an hour old, and
+    `late` and `running` (a fresh copy of the undecidable one) with files just written."""
+    from conftest import RunWriter
+
+    writer = RunWriter(tmp_path_factory.mktemp("failure"))
+    found = {}
+    for kind in (*KINDS, "running"):
+        path = failure_run(writer, "undecidable" if kind == "running" else kind, name=kind)
+        if kind not in ("late", "running"):
+            _age(path, OLD_S)
+        found[kind] = analyze_path(path)
+    return found
+
+
+def _age(folder: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    for path in folder.iterdir():
+        os.utime(path, (past, past))
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "rule", "rank"),
+    [("hang", "hung", "FLR001", 2), ("crash", "failed", "FLR002", 2),
+     ("desync", "hung", "FLR003", 2), ("lost", "failed", "FLR004", 2),
+     ("undecidable", "undecidable", "FLR005", None)],
+)  # fmt: skip
+def test_the_failure_is_the_status_and_the_first_finding(
+    reports: dict[str, dict[str, Any]], kind: str, status: str, rule: str, rank: int | None
+) -> None:
+    report = reports[kind]
+    assert report["summary"]["status"] == status, report["summary"]["status_reason"]
+    first = report["findings"][0]
+    assert first["rule"] == rule, [f["rule"] for f in report["findings"]]
+    if rank is not None:
+        assert first["ranks"] == [rank]
+        assert report["summary"]["failed_step"] == 6
+    performance = [f for f in report["findings"] if not f["rule"].startswith("FLR")]
+    assert performance, "the steps before the failure are still analysed"
+    assert report["summary"]["steps_analysed"] == 5  # steps 1-5 (0 is the warm-up)
+    assert any("step 6 did not finish" in note for note in report["skipped"]) == (rank is not None)
+
+
+def test_the_hang_names_the_collective_who_waited_and_where_the_missing_rank_stopped(
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    report = reports["hang"]
+    first = report["findings"][0]
+    assert "all_reduce #7 of dp" in first["title"] and "step 6" in first["title"]
+    assert "never joined" in first["title"] and "next_batch (loader.py:12)" in first["title"]
+    stuck = first["evidence"]["collective"]
+    assert (stuck["waiting"], stuck["missing"], stuck["bytes"]) == ([0, 1, 3], [2], 4096)
+    assert all(s == pytest.approx(20.0) for s in stuck["waited_s"].values())
+    where = {row["rank"]: row for row in report["where_stopped"]}
+    assert where[2]["state"] == "stalled" and where[2]["span"] == "fwd (open, step 6)"
+    assert where[0]["state"] == "waiting" and where[0]["collective"] == "all_reduce #7 of dp"
+
+
+def test_a_crash_names_the_exception_and_the_ranks_left_waiting(
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    first = reports["crash"]["findings"][0]
+    assert "RuntimeError" in first["title"] and "illegal memory access" in first["title"]
+    assert first["evidence"]["left_waiting"] == [0, 1, 3]
+    # the hang it causes ranks below it (the crash explains it)
+    rules = [f["rule"] for f in reports["crash"]["findings"]]
+    assert rules.index("FLR002") < rules.index("FLR001")
+
+
+@pytest.mark.parametrize("kind", ["completed", "late", "running"])
+def test_finished_and_running_runs_raise_no_failure_finding(
+    reports: dict[str, dict[str, Any]], kind: str
+) -> None:
+    report = reports[kind]
+    expected = "completed" if kind == "completed" else "running"
+    assert report["summary"]["status"] == expected, report["summary"]["status_reason"]
+    assert not [f for f in report["findings"] if f["rule"].startswith("FLR")]
+    assert "where_stopped" not in report and "failure" not in report
+
+
+def test_every_rendering_opens_with_the_failure(reports: dict[str, dict[str, Any]]) -> None:
+    report = reports["hang"]
+    text = render_text(report)
+    assert text.startswith("HUNG: rank 2 never joined all_reduce #7 of dp (step 6)")
+    assert text.index("where each rank stopped") < text.index("where the step goes")
+    assert "where each rank stopped" in render_markdown(report)
+    html = render_html(report)
+    assert "where each rank stopped" in html and "next_batch (loader.py:12)" in html
+    assert render_text(reports["completed"]).startswith("test-run")  # no status line
+
+
+def test_check_fails_on_a_run_that_did_not_complete(tmp_path: Path) -> None:
+    from conftest import RunWriter
+
+    writer = RunWriter(tmp_path)
+    for kind in ("hang", "crash", "lost"):
+        path = failure_run(writer, kind, name=kind)
+        _age(path, OLD_S)
+        result = CliRunner().invoke(main, ["check", str(path), "--max-comm-share", "1"])
+        assert result.exit_code == 1, result.output
+        assert result.output.splitlines()[0].startswith("run "), result.output
+    done = failure_run(writer, "completed", name="completed")
+    result = CliRunner().invoke(main, ["check", str(done)])
+    assert result.exit_code == 0, result.output
+
+
+# --- Flight Recorder dumps read safely ---------------------------------------------------------
+
+
+class _RunsCode:
+    """Loading its pickle would call os.system (through __reduce__)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    hostile = pickle.dumps({"entries": [_RunsCode(marker)], "version": "2.10"})
+    pickle.loads(pickle.dumps(0))  # the real unpickler works here: the refusal is ours
+    with pytest.raises(RefusedPickle, match="names a global"):
+        load_plain(hostile, 2**20, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "rank-00000.pkl").write_bytes(hostile)
+    for protocol in (0, 2, 5):  # GLOBAL, STACK_GLOBAL and older opcodes alike
+        (dumps / "rank-00001.pkl").write_bytes(pickle.dumps([_RunsCode(marker)], protocol))
+        with pytest.raises(ValueError, match="refused"):
+            read_dump(dumps / "rank-00001.pkl")
+    with pytest.raises(InputError, match="dump JSON instead"):
+        analyze_path(dumps)
+    assert not marker.exists(), "the pickle ran code"
+
+
+def test_hostile_pickles_are_bounded(tmp_path: Path) -> None:
+    # one list referenced twice at every level: 2**40 values to walk from a few hundred bytes
+    shared: list[Any] = []
+    for _ in range(40):
+        shared = [shared, shared]
+    with pytest.raises(RefusedPickle, match=r"values|deeper"):
+        load_plain(pickle.dumps(shared), 2**20, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+    with pytest.raises(RefusedPickle, match="above the limit"):
+        load_plain(b"\x80\x04" + b"N" * 100, 10, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+    with pytest.raises(RefusedPickle, match="not a readable pickle"):
+        load_plain(b"\x80\x04\x95garbage", 2**20, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+    persistent = io.BytesIO()
+    pickler = pickle.Pickler(persistent, 2)
+    pickler.persistent_id = lambda obj: "x" if obj == "p" else None  # type: ignore[method-assign]
+    pickler.dump(["p"])
+    with pytest.raises(RefusedPickle, match="persistent"):
+        load_plain(persistent.getvalue(), 2**20, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+
+
+def test_a_plain_pickled_dump_reads_like_its_json(tmp_path: Path) -> None:
+    dump = {"version": "2.10", "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
+            "entries": [{"process_group": ("0", "default_pg"), "collective_seq_id": 1,
+                         "p2p_seq_id": 0, "is_p2p": False, "profiling_name": "gloo:all_reduce",
+                         "input_sizes": [[8]], "input_dtypes": ["Float"], "state": "scheduled",
+                         "retired": False, "time_created_ns": 5,
+                         "frames": [{"name": "step", "filename": "train.py",
+                                     "line": 3}]}]}  # fmt: skip
+    (tmp_path / "rank-00000.pkl").write_bytes(pickle.dumps(dump, 4))
+    assert read_dump(tmp_path / "rank-00000.pkl")["entries"][0]["collective_seq_id"] == 1
+
+
+def test_a_dump_too_large_or_too_deep_is_refused_with_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "rank-00000.json"
+    deep.write_text('{"entries": ' + "[" * 40 + "]" * 40 + "}")
+    with pytest.raises(ValueError, match="deeper"):
+        read_dump(deep)
+    not_dump = tmp_path / "rank-00001.json"
+    not_dump.write_text(json.dumps({"version": "2.10"}))
+    with pytest.raises(ValueError, match="no `entries`"):
+        read_dump(not_dump)
+
+
+# --- diag watch on a growing run -----------------------------------------------------------------
+
+
+def test_watch_names_the_silent_rank_in_time_and_fails_when_the_job_dies(tmp_path: Path) -> None:
+    """4 ranks write 100 ms steps as a job would; from step 6 rank 2 writes nothing while the
+    others sit in all-reduce #7 heartbeating, then every rank stops. watch names rank 2 within
+    3 median steps + 5 s of its last record, and returns `failed` once the job is silent."""
+    from conftest import RunWriter
+
+    run = tmp_path / "run"
+    full = failure_run(RunWriter(tmp_path / "src"), "lost")
+    run.mkdir()
+    (run / "manifest.json").write_text((full / "manifest.json").read_text())
+    lines = {r: (full / f"rank-{r:05d}.jsonl").read_text().splitlines() for r in range(4)}
+    handles = {r: (run / f"rank-{r:05d}.jsonl").open("a") for r in range(4)}
+    silenced = {}
+    stop = threading.Event()
+
+    def job() -> None:
+        for step in range(8):
+            for rank, rows in lines.items():
+                mine = [row for row in rows if json.loads(row)["step"] == step]
+                if step == 6 and rank != 2:
+                    mine = [r for r in mine if json.loads(r).get("name") != "heartbeat"]
+                handles[rank].write("".join(f"{row}\n" for row in mine))
+                handles[rank].flush()
+            if step == 5:
+                silenced["at"] = time.monotonic()
+            time.sleep(STEP_MS / 1000)
+        for _ in range(20):  # the survivors heartbeat while they wait in all-reduce #7
+            if stop.wait(0.2):
+                return
+            for rank in (0, 1, 3):
+                beat = {"kind": "event", "step": 6, "name": "heartbeat", "interval_s": 0.2,
+                        "t_ns": time.time_ns()}  # fmt: skip
+                handles[rank].write(json.dumps(beat) + "\n")
+                handles[rank].flush()
+
+    out = _Timed()
+    writer = threading.Thread(target=job)
+    writer.start()
+    try:
+        status = watch(run, interval_s=0.2, wait_s=5, out=out)
+    finally:
+        stop.set()
+        writer.join()
+    silent = [(t, line) for t, line in out.lines if line.startswith("silent rank 2")]
+    assert silent, out.getvalue()
+    named_after_s = silent[0][0] - silenced["at"]
+    assert named_after_s < 3 * STEP_MS / 1000 + 5.0, (named_after_s, out.getvalue())
+    assert "ranks 0, 1, 3 wait in #7 of dp" in silent[0][1]
+    assert not [line for _, line in out.lines if line.startswith("silent rank 0")]
+    assert status == "failed" and "the job died" in out.getvalue(), out.getvalue()
+
+
+class _Timed(io.StringIO):
+    """The watch's output, each line with the time it was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.lines.append((time.monotonic(), text.strip()))
+        return super().write(text)
+
+
+def test_the_html_report_and_the_dashboard_open_with_the_stuck_collective(tmp_path: Path) -> None:
+    from conftest import RunWriter
+
+    from dashboard.data import LoadedRun
+    from dashboard.html_report import plotly_js_gzip, report_charts
+    from dashboard.pages import overview
+    from diag.api import diagnose, load_any
+    from diag.outputs.html_charts import Chart
+
+    path = failure_run(RunWriter(tmp_path), "hang")
+    _age(path, OLD_S)
+    run = load_any(path)
+    metrics, report = diagnose(run)
+    charts = report_charts(run, metrics, report)
+    assert charts[0][0] == "the collective the job stopped in"
+    page = render_html(report, [Chart(s, f) for s, f in charts], plotly_js_gzip())
+    assert page.index("where each rank stopped") < page.index("where the step goes")
+    assert "stuck: all_reduce #7 of dp, step 6" in page
+    div = str(overview.layout(LoadedRun("hang", run, metrics, report), []))
+    assert div.index("HUNG: rank 2 never joined") < div.index("findings")
+    assert "overview-stopped" in div and "overview-stuck" in div
