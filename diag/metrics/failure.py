@@ -675,6 +675,14 @@ def _status(
     manifest_status = run.manifest.status
     if never_closed and manifest_status == "complete":  # a run written before rank_closed
         return "completed", "the manifest says complete and nothing was left open"
+    in_flight = any(
+        i.heartbeat_s or i.closed or i.stall or i.open_spans or i.issued or i.open_steps
+        for i in ranks.values()
+    )
+    if not in_flight and run.flight_recorder is None and manifest_status == "running":
+        # a writer without in-flight records (older collectors, the simulator): its silence
+        # says nothing, so the manifest's word stands
+        return "running", "the manifest says running (no in-flight records to judge by)"
     if arriving:
         return "running", "records still arrive"
     if manifest_status == "failed":

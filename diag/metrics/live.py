@@ -222,6 +222,9 @@ class LiveRun:
 WINDOW_STEPS = 3.0
 """A rank is silent after this many median steps without progress (plus WINDOW_FLOOR_S)."""
 WINDOW_FLOOR_S = 5.0
+SLACK_S = 1.0
+"""A silent rank is named this much (and one poll) before the window ends: reading the files
+and analysing them take time, and the name must come within the window."""
 DEAD_HEARTBEATS = 2.0
 """With heartbeats, the job is dead when no rank wrote anything for the window plus this many
 heartbeat periods (a live rank inside a step writes one every period)."""
@@ -275,7 +278,9 @@ def liveness(
         others = recent - {rank}
         if act.stall is not None:
             found.silent.append({"rank": rank, "reason": "stall event", "for_s": idle, **where})
-        elif idle is not None and idle >= max(found.window_s - poll_s, median_s) and others:
+        elif (
+            idle is not None and idle >= max(found.window_s - SLACK_S - poll_s, median_s) and others
+        ):
             found.silent.append({"rank": rank, "reason": "no progress", "for_s": idle, **where})
     found.dead = _dead(activity, world_size, now_s, found.window_s)
     return found

@@ -179,6 +179,7 @@ def load_run(
         run,
         rank_file_suffix=rank_file_suffix(list(rank_files.values())),
         starts_at_warmup=steps is None or steps.start == 0,
+        file_mtimes_s=_mtimes(rank_files),
     )
     if reduce is None:
         return run
@@ -187,6 +188,17 @@ def load_run(
         run, rank_steps=reduced["rank_steps"], comm_totals=reduced["comm_totals"],
         span_steps=keep_below,
     )  # fmt: skip
+
+
+def _mtimes(rank_files: dict[int, Path]) -> dict[int, float]:
+    """Each rank file's modification time (whether records still arrive: the run's status)."""
+    found = {}
+    for rank, path in rank_files.items():
+        try:
+            found[rank] = path.stat().st_mtime
+        except OSError:
+            continue
+    return found
 
 
 def with_cache_note(run: RunData, note: str | None) -> RunData:

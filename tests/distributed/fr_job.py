@@ -152,4 +152,4 @@ if __name__ == "__main__":
 
         procs = [subprocess.Popen([sys.executable, __file__, run_dir, mode_name, str(ranks),
                                    str(r)]) for r in range(ranks)]  # fmt: skip
-        sys.exit(max(p.wait(timeout=60) for p in procs))
+        sys.exit(max(p.wait(timeout=200) for p in procs))

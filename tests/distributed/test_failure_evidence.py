@@ -1,5 +1,5 @@
 """A job that does not finish leaves its evidence (issue 40, item 1): the README's own loop on 3
-gloo ranks, rank 2 hanging (or raising) in its forward of step 3, a 12 s process-group timeout.
+gloo ranks, rank 2 hanging (or raising) in its forward of step 3, an 8 s process-group timeout.
 
 While rank 2 hangs, its rank file says it is inside `fwd` of step 3 and the others' say they
 wait in the same DDP all-reduce (`comm_issued`, same group and seq); each rank writes one
@@ -46,7 +46,7 @@ def launch(cwd: Path, kind: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={RANKS}", str(JOB), "--steps", "6", "--fail", kind,
                "--fail-rank", str(FAILING_RANK), "--fail-step", str(FAILING_STEP),
-               "--pg-timeout-s", "12"]  # fmt: skip
+               "--pg-timeout-s", "8"]  # fmt: skip
     return subprocess.Popen(command, cwd=cwd, env={**os.environ, **ENV}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
 

@@ -30,30 +30,23 @@ from diag.read.flight_recorder import read_dump
 from diag.read.safe_pickle import RefusedPickle, load_plain
 
 KINDS = ("hang", "crash", "desync", "lost", "undecidable", "completed", "late")
-OLD_S = 3600.0
-"""How far back the files of a run that ended are dated (records no longer arrive)."""
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """The report of each hand-written run; the ended ones with their files an hour old, and
-    `late` and `running` (a fresh copy of the undecidable one) with files just written."""
+    """The report of each hand-written run; the ended ones with their files an hour old,
+    `late` and `running` (the undecidable one's records) with files just written."""
     from conftest import RunWriter
 
     writer = RunWriter(tmp_path_factory.mktemp("failure"))
     found = {}
     for kind in (*KINDS, "running"):
-        path = failure_run(writer, "undecidable" if kind == "running" else kind, name=kind)
-        if kind not in ("late", "running"):
-            _age(path, OLD_S)
+        if kind == "running":  # the undecidable run's records, still arriving
+            path = failure_run(writer, "undecidable", name=kind, ended=False)
+        else:
+            path = failure_run(writer, kind, name=kind)
         found[kind] = analyze_path(path)
     return found
-
-
-def _age(folder: Path, seconds: float) -> None:
-    past = time.time() - seconds
-    for path in folder.iterdir():
-        os.utime(path, (past, past))
 
 
 @pytest.mark.parametrize(
@@ -132,7 +125,6 @@ def test_check_fails_on_a_run_that_did_not_complete(tmp_path: Path) -> None:
     writer = RunWriter(tmp_path)
     for kind in ("hang", "crash", "lost"):
         path = failure_run(writer, kind, name=kind)
-        _age(path, OLD_S)
         result = CliRunner().invoke(main, ["check", str(path), "--max-comm-share", "1"])
         assert result.exit_code == 1, result.output
         assert result.output.splitlines()[0].startswith("run "), result.output
@@ -292,7 +284,6 @@ def test_the_html_report_and_the_dashboard_open_with_the_stuck_collective(tmp_pa
     from diag.outputs.html_charts import Chart
 
     path = failure_run(RunWriter(tmp_path), "hang")
-    _age(path, OLD_S)
     run = load_any(path)
     metrics, report = diagnose(run)
     charts = report_charts(run, metrics, report)

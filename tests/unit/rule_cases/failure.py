@@ -5,6 +5,8 @@ tests/unit/test_failure.py."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,8 @@ def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
                      runs.comm(step, t + 80, t + 90, group_size=ranks, bytes=BYTES,
                                dtype="float32", seq=step + 1),
                      runs.span(step, "opt", t + 90, t + 99),
-                     runs.step(step, t, t + 99)]  # fmt: skip
+                     runs.step(step, t, t + 99),
+                     _event(step, "heartbeat", t_ns=_ns(t + 50), interval_s=2.0)]  # fmt: skip
     return records
 
 
@@ -59,7 +62,13 @@ def _waiting(runs: Any, step: int, ranks: int, **issued: Any) -> list[dict[str, 
     return rows
 
 
-def failure_run(runs: Any, kind: str, ranks: int = 4, name: str = "run") -> Path:
+ENDED_S = 3600.0
+"""How long ago a run that ended wrote its files (no record arrives any more)."""
+
+
+def failure_run(
+    runs: Any, kind: str, ranks: int = 4, name: str = "run", ended: bool | None = None
+) -> Path:
     """4 DP ranks, steps 0-5 complete; in step 6 rank 2 does `kind`:
     - `hang`: sleeps in its data loader before fwd (alive: heartbeats, a stall event);
     - `crash`: raises in fwd (exception event, rank_closed failed);
@@ -68,7 +77,8 @@ def failure_run(runs: Any, kind: str, ranks: int = 4, name: str = "run") -> Path
     - `undecidable`: every rank stops after step 5 with nothing open and no close;
     - `completed`: no failure, every rank closes complete;
     - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary.
-    The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s."""
+    The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s. `ended`: the
+    files dated an hour ago (records no longer arrive); by default every kind but `late`."""
     records = _good_steps(runs, ranks)
     step, t = GOOD_STEPS, GOOD_STEPS * STEP_MS
     end = _ns(t + 80 + WAIT_MS)
@@ -101,7 +111,12 @@ def failure_run(runs: Any, kind: str, ranks: int = 4, name: str = "run") -> Path
                      _event(step, "rank_closed", t_ns=_ns(t + 11), status="failed")]  # fmt: skip
     status = "complete" if kind == "completed" else "running"
     manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
-    return runs.write(records, manifest, name=name)
+    path = runs.write(records, manifest, name=name)
+    if ended if ended is not None else kind != "late":
+        past = time.time() - ENDED_S
+        for file in path.iterdir():
+            os.utime(file, (past, past))
+    return path
 
 
 CASES = [
