@@ -60,6 +60,8 @@ class Issued:
     members: tuple[int, ...] | None
     source: str  # "records" | "flight recorder"
     group_size: int | None = None
+    seen_ns: int | None = None
+    """When it was last seen open without the rank's records: its Flight Recorder dump's time."""
 
 
 @dataclass
@@ -345,7 +347,8 @@ def _flight_recorder(run: RunData) -> tuple[list[Issued], dict[tuple[int, str], 
         for row in at.head(MAX_OPEN_PER_RANK * 64).itertuples():
             issued.append(Issued(int(row.rank), str(group), int(row.seq), str(row.op),
                                  _int(row.bytes), _text(row.dtype), None,
-                                 _int(row.t_created_ns), members, "flight recorder"))  # fmt: skip
+                                 _int(row.t_created_ns), members, "flight recorder",
+                                 seen_ns=_int(row.dumped_ns)))  # fmt: skip
             done[(int(row.rank), str(group))] = int(row.seq) - 1  # in it, not past it
     return issued, done
 
@@ -456,8 +459,10 @@ def _mismatch(one: Issued, common: tuple[Any, Any, Any]) -> dict[str, Any]:
 
 
 def _waited_s(one: Issued, ranks: dict[int, _Rank]) -> float | None:
-    """From the collective's issue to the last time its rank was known alive."""
+    """From the collective's issue to the last time its rank was known alive (its records, or
+    without them the time of its Flight Recorder dump)."""
     alive = ranks[one.rank].last_alive_ns if one.rank in ranks else None
+    alive = one.seen_ns if alive is None else alive
     if one.t0_ns is None or alive is None or alive < one.t0_ns:
         return None
     return (alive - one.t0_ns) / NS_PER_S

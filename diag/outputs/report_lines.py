@@ -27,6 +27,12 @@ def _steps_analysed(summary: dict[str, Any]) -> str:
     return f"{words} ({'; '.join(which)})"
 
 
+def _no_axis(run: dict[str, Any]) -> str:
+    """A layout with no axis of several ranks: one rank, or ranks whose layout nobody gave
+    (Flight Recorder dumps of groups other than the world)."""
+    return "dp=1" if (run.get("world_size") or 1) <= 1 else "layout unknown"
+
+
 def headline(report: dict[str, Any]) -> str:
     """`dp-demo  4 ranks (dp=4)  8 steps (1-8; warm-up step 0 excluded)  mean step 0.42 s
     9.8k tokens/s  comm 12% (exposed 9%)`."""
@@ -35,7 +41,7 @@ def headline(report: dict[str, Any]) -> str:
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
     parts = [
         run.get("run_id") or "(unnamed run)",
-        f"{run.get('world_size')} ranks ({' '.join(dims) or 'dp=1'})",
+        f"{run.get('world_size')} ranks ({' '.join(dims) or _no_axis(run)})",
         _steps_analysed(summary),
         f"mean step {num(summary.get('step_time_s'))} s",
         f"{si(summary.get('tokens_per_s'))} tokens/s",
