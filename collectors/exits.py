@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from collectors.host import own_thread
 from collectors.safety import report_once
 
 MESSAGE_CHARS = 2000
@@ -111,6 +112,7 @@ def _wakeup_thread(flush: Callable[[], None]) -> bool:
         return False
 
     def watch() -> None:
+        own_thread()
         while True:
             data = os.read(read_fd, 64)
             if not data:

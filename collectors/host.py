@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,16 @@ class HostReading:
     nivcsw: int | None  # the process's involuntary context switches
     proc_cpu_ns: int | None = None  # every thread's CPU time
     proc_runq_ns: dict[int, int] | None = None  # by thread id: its run-queue wait so far
+
+
+OWN_THREADS: set[int] = set()
+"""Native ids of the collectors' own threads (the watchdog, the SIGTERM helper): idle, not the
+job's, and each would cost a read per sample, so `proc_runq_ns` leaves them out."""
+
+
+def own_thread() -> None:
+    """Called first thing by a collector's own thread: the host sampler leaves it out."""
+    OWN_THREADS.add(threading.get_native_id())
 
 
 class HostSampler:
@@ -93,7 +104,7 @@ class HostSampler:
         go), their files opened once."""
         if not self._tasks_readable:
             return None
-        tids = {int(name) for name in os.listdir(TASKS) if name.isdigit()}
+        tids = {int(name) for name in os.listdir(TASKS) if name.isdigit()} - OWN_THREADS
         if len(tids) > MAX_THREADS:
             return None
         for gone in set(self._task_fds) - tids:

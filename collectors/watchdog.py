@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from collectors.clock import Clock
+from collectors.host import own_thread
 from collectors.inflight import InFlight
 from collectors.safety import report_once
 
@@ -167,6 +168,7 @@ class Watchdog:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        own_thread()
         while not self._stop.wait(self.config.poll_s):
             try:
                 if not self.tick():

@@ -35,12 +35,12 @@ from typing import Any, TextIO
 
 import click
 
-from diag.api import diagnose
+from diag.api import analyze_path, diagnose
 from diag.cli.shell import fail, project_config, rule_thresholds
 from diag.contract import schema
 from diag.errors import InputError
 from diag.metrics.live import Liveness, LiveRun, liveness
-from diag.outputs.report_lines import finding_head
+from diag.outputs.report_lines import finding_head, status_line
 
 GONE_AFTER = 2
 """Analyses in a row without a finding before it is reported gone."""
@@ -121,12 +121,29 @@ def watch(
         if alive.dead is not None and not ended:
             print(f"diag watch: the job died ({alive.dead}) after step {live.last}",
                   file=stream, flush=True)  # fmt: skip
+            for line in _verdict(Path(folder), config):
+                print(line, file=stream, flush=True)
             return FAILED
         if ended:
             print(f"diag watch: run {manifest.status} after step {live.last}", file=stream,
                   flush=True)  # fmt: skip
             return str(manifest.status)
         time.sleep(interval_s)
+
+
+def _verdict(folder: Path, config: dict[str, Any] | None) -> list[str]:
+    """The dead job's status and its first failure finding, from the whole run directory
+    (the unfinished step's records and what each rank left open included)."""
+    try:
+        report = analyze_path(folder, config)
+    except InputError as error:
+        return [f"diag watch: the run could not be analysed: {error}"]
+    summary = report["summary"]
+    lines = [f"diag watch: {status_line(summary)}"]
+    lines += [
+        finding_head(f) for f in report["findings"][:1] if str(f.get("rule")).startswith("FLR")
+    ]
+    return lines
 
 
 def silence_lines(alive: Liveness, named: set[tuple[int, str]]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from rule_cases.failure import STEP_MS, failure_run
+from rule_cases.failure import STEP_MS, failure_run, run_ns
 
 from diag.api import analyze_path
 from diag.cli.main import main
@@ -223,6 +223,7 @@ def test_watch_names_the_silent_rank_in_time_and_fails_when_the_job_dies(tmp_pat
     handles = {r: (run / f"rank-{r:05d}.jsonl").open("a") for r in range(4)}
     silenced = {}
     stop = threading.Event()
+    started = time.monotonic()  # the records' clock starts with the job
 
     def job() -> None:
         for step in range(8):
@@ -239,8 +240,13 @@ def test_watch_names_the_silent_rank_in_time_and_fails_when_the_job_dies(tmp_pat
             if stop.wait(0.2):
                 return
             for rank in (0, 1, 3):
-                beat = {"kind": "event", "step": 6, "name": "heartbeat", "interval_s": 0.2,
-                        "t_ns": time.time_ns()}  # fmt: skip
+                beat = {
+                    "kind": "event",
+                    "step": 6,
+                    "name": "heartbeat",
+                    "interval_s": 0.2,
+                    "t_ns": run_ns((time.monotonic() - started) * 1000),
+                }  # the run's clock
                 handles[rank].write(json.dumps(beat) + "\n")
                 handles[rank].flush()
 
@@ -258,7 +264,9 @@ def test_watch_names_the_silent_rank_in_time_and_fails_when_the_job_dies(tmp_pat
     assert named_after_s < 3 * STEP_MS / 1000 + 5.0, (named_after_s, out.getvalue())
     assert "ranks 0, 1, 3 wait in #7 of dp" in silent[0][1]
     assert not [line for _, line in out.lines if line.startswith("silent rank 0")]
-    assert status == "failed" and "the job died" in out.getvalue(), out.getvalue()
+    assert status == "failed" and "the job died" in out.getvalue()
+    verdict = [line for _, line in out.lines if line.startswith("diag watch: HUNG")]
+    assert verdict and "rank 2 never joined all_reduce #7 of dp" in verdict[0], out.getvalue()
 
 
 class _Timed(io.StringIO):

@@ -25,7 +25,8 @@ STACK = [{"file": "train.py", "line": 40, "function": "main"},
          {"file": "loader.py", "line": 12, "function": "next_batch"}]  # fmt: skip
 
 
-def _ns(ms: float) -> int:
+def run_ns(ms: float) -> int:
+    """ms on the run's clock, in ns."""
     return BASE_NS + int(ms * MS)
 
 
@@ -43,7 +44,7 @@ def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
                                dtype="float32", seq=step + 1),
                      runs.span(step, "opt", t + 90, t + 99),
                      runs.step(step, t, t + 99),
-                     _event(step, "heartbeat", t_ns=_ns(t + 50), interval_s=2.0)]  # fmt: skip
+                     _event(step, "heartbeat", t_ns=run_ns(t + 50), interval_s=2.0)]  # fmt: skip
     return records
 
 
@@ -51,13 +52,13 @@ def _waiting(runs: Any, step: int, ranks: int, **issued: Any) -> list[dict[str, 
     """A rank that ran step 6's fwd and bwd and sits in all-reduce #7 of dp, heartbeating."""
     t = step * STEP_MS
     fields = {"op": "all_reduce", "group": "dp", "group_size": ranks, "seq": step + 1,
-              "bytes": BYTES, "dtype": "float32", "t0": _ns(t + 80), **issued}  # fmt: skip
+              "bytes": BYTES, "dtype": "float32", "t0": run_ns(t + 80), **issued}  # fmt: skip
     rows: list[dict[str, Any] | str] = [
         runs.span(step, "fwd", t, t + 40), runs.span(step, "bwd", t + 40, t + 80),
-        _event(step, "step_open", t0=_ns(t)), _event(step, "comm_issued", **fields),
+        _event(step, "step_open", t0=run_ns(t)), _event(step, "comm_issued", **fields),
     ]  # fmt: skip
     beats = int(WAIT_MS // HEARTBEAT_MS)
-    rows += [_event(step, "heartbeat", t_ns=_ns(t + 80 + k * HEARTBEAT_MS), interval_s=2.0)
+    rows += [_event(step, "heartbeat", t_ns=run_ns(t + 80 + k * HEARTBEAT_MS), interval_s=2.0)
              for k in range(1, beats + 1)]  # fmt: skip
     return rows
 
@@ -81,15 +82,15 @@ def failure_run(
     files dated an hour ago (records no longer arrive); by default every kind but `late`."""
     records = _good_steps(runs, ranks)
     step, t = GOOD_STEPS, GOOD_STEPS * STEP_MS
-    end = _ns(t + 80 + WAIT_MS)
+    end = run_ns(t + 80 + WAIT_MS)
     for rank, rows in records.items():
         if kind in ("completed", "undecidable"):
             if kind == "completed":
-                rows.append(_event(step - 1, "rank_closed", t_ns=_ns(t), status="complete"))
+                rows.append(_event(step - 1, "rank_closed", t_ns=run_ns(t), status="complete"))
             continue
         if kind == "late":
             rows += _waiting(runs, step, ranks)[:4]
-            rows.append(_event(step, "heartbeat", t_ns=_ns(t + 1080), interval_s=2.0))
+            rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 1080), interval_s=2.0))
             continue
         if rank != 2:
             rows += _waiting(runs, step, ranks)
@@ -97,18 +98,18 @@ def failure_run(
         if kind == "desync":
             rows += _waiting(runs, step, ranks, bytes=BYTES // 2)
             continue
-        rows += [_event(step, "step_open", t0=_ns(t)),
+        rows += [_event(step, "step_open", t0=run_ns(t)),
                  _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None,
-                        t0=_ns(t))]  # fmt: skip
+                        t0=run_ns(t))]  # fmt: skip
         if kind == "hang":
-            rows += [_event(step, "stall", t_ns=_ns(t + 5_000), idle_s=5.0, threshold_s=5.0,
+            rows += [_event(step, "stall", t_ns=run_ns(t + 5_000), idle_s=5.0, threshold_s=5.0,
                             stack=STACK, fr_file=None, fr_error="gloo: no dump"),
                      _event(step, "heartbeat", t_ns=end, interval_s=2.0)]  # fmt: skip
         elif kind == "crash":
-            rows += [_event(step, "exception", t_ns=_ns(t + 10), type="RuntimeError",
+            rows += [_event(step, "exception", t_ns=run_ns(t + 10), type="RuntimeError",
                             message="CUDA error: an illegal memory access was encountered",
                             frames=STACK),
-                     _event(step, "rank_closed", t_ns=_ns(t + 11), status="failed")]  # fmt: skip
+                     _event(step, "rank_closed", t_ns=run_ns(t + 11), status="failed")]  # fmt: skip
     status = "complete" if kind == "completed" else "running"
     manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
     path = runs.write(records, manifest, name=name)
