@@ -6,6 +6,8 @@ both; the same jobs without the failure.
         [--failures hang,crash,desync,kill,none] [--nproc 4] [--steps 8] [--rank 2] [--step 4]
         [--pg-timeout-s 15] [--stall-floor-s 4] [--workers 1] [--keep DIR]
 
+With `--keep DIR` the runs stay in DIR; a run already there is analysed again, not launched.
+
 `readme` is the README's own loop (tests/distributed/readme_job.py under torchrun, `--fail`);
 the others are the reference trainers (`diag run TRAINER --inject FAILURE:rank=R,step=S`).
 Each row: the first finding of each source (rule, named ranks, step, collective or exception),
@@ -146,11 +148,15 @@ def judge(case: Case, report: dict[str, Any] | str, args: argparse.Namespace) ->
 
 def run_case(case: Case, base: Path, args: argparse.Namespace) -> list[str]:
     out = base / f"{case.job}-{case.failure}"
-    run, wall_s = launch(case, out, args)
+    if out.exists():  # a kept run (--keep DIR again): analysed again, not launched
+        run, wall_s = (out / "runs" / "my-job" if case.job == "readme" else out), float("nan")
+    else:
+        run, wall_s = launch(case, out, args)
     if not run.is_dir():
         return [case.job, case.failure, f"{wall_s:.0f}", "no run directory", "", "", "", ""]
     alone = base / f"{case.job}-{case.failure}-alone"
-    shutil.copytree(run, alone, ignore=shutil.ignore_patterns(FR_DIR))
+    if not alone.exists():
+        shutil.copytree(run, alone, ignore=shutil.ignore_patterns(FR_DIR))
     rows = [judge(case, analyze(alone), args)]
     dumps = run / FR_DIR
     rows.append(judge(case, analyze(dumps), args) if dumps.is_dir() else
