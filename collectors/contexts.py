@@ -199,4 +199,8 @@ class CollectiveContext:
     def __exit__(self, *exc: Any) -> None:
         self.event.t1 = self.rec.clock.now()
         context.depth -= 1
+        if exc[0] is not None:
+            # it raised (the group's timeout, a peer gone, a mismatch): it never completed,
+            # so it stays issued in the in-flight state the exit's flush writes
+            return
         self.rec.record_comm_event(self.event)

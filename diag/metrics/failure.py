@@ -60,6 +60,10 @@ class Issued:
     members: tuple[int, ...] | None
     source: str  # "records" | "flight recorder"
     group_size: int | None = None
+    seen_ns: int | None = None
+    """When it was last seen open without the rank's records: its Flight Recorder dump's time."""
+    peer: int | None = None
+    """The other rank (global) of a send or recv."""
 
 
 @dataclass
@@ -188,6 +192,12 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     # an exception raised while waiting in a collective another rank never joined (or
     # joined with another op or size) is the timeout that follows, not the cause
     blocked = {r for s in stuck if s.missing or s.mismatched for r in s.waiting}
+    # so is one raised while the rank still waited in an op of its own (a pipeline's recv from
+    # the stage that never sent: point-to-point sequence numbers do not pair across ranks)
+    # while some rank never joined a collective
+    absent = {m for s in stuck for m in s.missing}
+    if absent:
+        blocked |= {r for r, info in ranks.items() if info.issued and r not in absent}
     state.crashed = [
         {"rank": r, **e} for r, info in ranks.items()
         if (e := info.exception) is not None and r not in blocked
@@ -314,7 +324,7 @@ def _issued(rank: int, step: int, fields: dict[str, Any]) -> Issued | None:
     return Issued(rank, _text(group) or "?", seq, _text(fields.get("op")) or "?",
                   _int(fields.get("bytes")), _text(fields.get("dtype")), step,
                   _int(fields.get("t0")), known, "records",
-                  _int(fields.get("group_size")))  # fmt: skip
+                  _int(fields.get("group_size")), peer=_int(fields.get("peer")))  # fmt: skip
 
 
 def _flight_recorder(run: RunData) -> tuple[list[Issued], dict[tuple[int, str], int]]:
@@ -345,7 +355,8 @@ def _flight_recorder(run: RunData) -> tuple[list[Issued], dict[tuple[int, str], 
         for row in at.head(MAX_OPEN_PER_RANK * 64).itertuples():
             issued.append(Issued(int(row.rank), str(group), int(row.seq), str(row.op),
                                  _int(row.bytes), _text(row.dtype), None,
-                                 _int(row.t_created_ns), members, "flight recorder"))  # fmt: skip
+                                 _int(row.t_created_ns), members, "flight recorder",
+                                 seen_ns=_int(row.dumped_ns)))  # fmt: skip
             done[(int(row.rank), str(group))] = int(row.seq) - 1  # in it, not past it
     return issued, done
 
@@ -377,8 +388,9 @@ def _stuck(
     waiting ranks whose op, size or dtype differs from the most common one (a desync)."""
     by_key: dict[tuple[str, int], list[Issued]] = {}
     for one in issued:
-        by_key.setdefault((one.group, one.seq), []).append(one)
-    found = []
+        if one.peer is None:
+            by_key.setdefault((one.group, one.seq), []).append(one)
+    found = _stuck_p2p([one for one in issued if one.peer is not None], ranks, window_s)
     for (group, seq), waiting in by_key.items():
         members = _members(waiting, run, len(ranks))
         present = {w.rank for w in waiting}
@@ -411,6 +423,28 @@ def _stuck(
                            sorted(present), missing, members, waited, mismatched,
                            first.source))  # fmt: skip
     return sorted(found, key=lambda s: (-len(s.missing), -_longest(s), s.group, s.seq))
+
+
+def _stuck_p2p(issued: list[Issued], ranks: dict[int, _Rank], window_s: float) -> list[Stuck]:
+    """Sends and recvs ranks wait in. Their sequence numbers count each rank's own ops on the
+    group, so they do not pair across ranks: the op waits for its peer, and the peer never
+    joined when it waits in no op at all (one waiting in an op of its own is a link of the
+    chain that leads to the rank that never joined, not the cause)."""
+    waiting_ranks = {one.rank for one in issued} | {
+        r for r, info in ranks.items() if any(i.peer is None for i in info.issued)
+    }
+    found = []
+    for one in issued:
+        assert one.peer is not None
+        waited = {one.rank: _waited_s(one, ranks)}
+        missing = [] if one.peer in waiting_ranks else [one.peer]
+        longest = waited[one.rank]
+        if longest is not None and longest < window_s and not missing and window_s > 0:
+            continue  # in flight for less than a few steps: a live job's ordinary state
+        found.append(Stuck(one.group, one.seq, one.op, one.bytes, one.dtype, one.step,
+                           [one.rank], missing, sorted({one.rank, one.peer}), waited, [],
+                           one.source))  # fmt: skip
+    return found
 
 
 def _passed(ranks: dict[int, _Rank], rank: int, group: str, seq: int) -> Issued | None:
@@ -456,8 +490,10 @@ def _mismatch(one: Issued, common: tuple[Any, Any, Any]) -> dict[str, Any]:
 
 
 def _waited_s(one: Issued, ranks: dict[int, _Rank]) -> float | None:
-    """From the collective's issue to the last time its rank was known alive."""
+    """From the collective's issue to the last time its rank was known alive (its records, or
+    without them the time of its Flight Recorder dump)."""
     alive = ranks[one.rank].last_alive_ns if one.rank in ranks else None
+    alive = one.seen_ns if alive is None else alive
     if one.t0_ns is None or alive is None or alive < one.t0_ns:
         return None
     return (alive - one.t0_ns) / NS_PER_S

@@ -40,6 +40,12 @@ def _step(summary: dict[str, Any]) -> list[str]:
     return [step, f"{si(summary.get('tokens_per_s_rank_step'))} tokens/s"]
 
 
+def _no_axis(run: dict[str, Any]) -> str:
+    """A layout with no axis of several ranks: one rank, or ranks whose layout nobody gave
+    (Flight Recorder dumps of groups other than the world)."""
+    return "dp=1" if (run.get("world_size") or 1) <= 1 else "layout unknown"
+
+
 def headline(report: dict[str, Any]) -> str:
     """`dp-demo  4 ranks (dp=4)  8 steps (1-8; warm-up step 0 excluded)  step 0.40 s per rank
     (job-wide 0.42 s)  10.2k tokens/s  comm 12% (exposed 9%)`."""
@@ -48,7 +54,7 @@ def headline(report: dict[str, Any]) -> str:
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
     parts = [
         run.get("run_id") or "(unnamed run)",
-        _ranks(report, " ".join(dims) or "dp=1"),
+        _ranks(report, " ".join(dims) or _no_axis(run)),
         *_layout_source(run),
         _steps_analysed(summary),
         *_step(summary),

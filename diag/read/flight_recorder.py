@@ -36,7 +36,7 @@ FR_DIR = "flight-recorder"
 """Where a run directory keeps its ranks' dumps (RUN/flight-recorder/rank-NNNNN.json)."""
 FR_COLUMNS = (
     "rank", "group", "group_desc", "members", "seq", "p2p", "op", "bytes", "dtype", "sizes",
-    "open", "t_created_ns", "frame",
+    "open", "t_created_ns", "frame", "dumped_ns",
 )  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
 DUMP_SUFFIXES = (".json", ".pkl", ".pickle", "")
@@ -151,6 +151,12 @@ def read_dump(path: Path) -> dict[str, Any]:
 def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> list[dict]:
     """One row per usable entry of a rank's dump; entries without a group or sequence skipped."""
     members = _group_members(dump.get("pg_config"))
+    # a dump holds no time of its own: its file's time is when the rank was last seen waiting
+    # (what the waits of the dumps alone are measured to; a copy that drops the times says less)
+    try:
+        dumped_ns: int | None = path.stat().st_mtime_ns
+    except OSError:
+        dumped_ns = None
     rows = []
     bad = 0
     for entry in dump["entries"]:
@@ -158,7 +164,7 @@ def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> 
         if row is None:
             bad += 1
         else:
-            rows.append(row)
+            rows.append({**row, "dumped_ns": dumped_ns})
     if bad:
         notes.append(f"{path}: {bad} entries without a group, sequence or op skipped")
     return rows

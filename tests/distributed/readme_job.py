@@ -6,8 +6,10 @@
 The block expects a script around it that defines `net` (whose forward returns the loss),
 `loader`, `torch` and `DDP`; this is that script: a small regression MLP on synthetic batches.
 `--slow-rank R --slow-ms M` makes rank R's loader sleep M ms per batch (a slow data loader);
-`--replace OLD NEW` edits the block first. `--fail hang|crash --fail-rank R --fail-step S`
-makes rank R's forward of step S sleep forever or raise (`--pg-timeout-s` then ends the job).
+`--replace OLD NEW` edits the block first. `--fail hang|crash|desync|kill --fail-rank R
+--fail-step S` makes rank R's forward of step S sleep forever, raise, issue one all-reduce no
+other rank issues (the group's order desynchronises), or SIGKILL its own process
+(`--pg-timeout-s` then ends the job).
 The run directory is `runs/my-job` under the working directory, as the block says.
 `--then-broken` runs the block a second time in `broken/`, with the issue's bug (the forward
 through `net`, not the DDP wrapper) and parameter checksums on, all loaders fast (one launch
@@ -20,6 +22,7 @@ import argparse
 import datetime
 import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +58,8 @@ class Regression(nn.Module):
 
 
 class Failing(Regression):
-    """The same model, whose forward of step `step` on rank `rank` hangs or raises."""
+    """The same model, whose forward of step `step` on rank `rank` hangs, raises, desynchronises
+    the group's collectives or kills its process."""
 
     def __init__(self, kind: str, rank: int, step: int) -> None:
         super().__init__()
@@ -66,6 +70,11 @@ class Failing(Regression):
         if step == self.step and dist.get_rank() == self.rank:
             if self.kind == "crash":
                 raise RuntimeError(f"injected crash: rank {self.rank} at step {step}")
+            if self.kind == "kill":  # a node lost, the OOM killer: no exception, no flush
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.kind == "desync":  # one collective the others never issue, then train on
+                dist.all_reduce(torch.zeros(1))
+                return super().forward(batch)
             while True:  # a deadlock, a stuck loader: the others wait in the all-reduce
                 time.sleep(3600)
         return super().forward(batch)
@@ -86,7 +95,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--replace", nargs=2, action="append", default=[])
     parser.add_argument("--then-broken", action="store_true")
-    parser.add_argument("--fail", choices=["hang", "crash"], default=None)
+    parser.add_argument("--fail", choices=["hang", "crash", "desync", "kill"], default=None)
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-step", type=int, default=0)
     parser.add_argument("--pg-timeout-s", type=float, default=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+from collections.abc import Iterable
 from pathlib import Path
 
 from diag.contract import schema
@@ -36,7 +37,7 @@ class FlightRecorderDumps:
             raise InputError(path, f"no Flight Recorder dump could be read ({reason})")
         members = [m for ms in dumps.table["members"].dropna() for m in ms]
         world = min(max([*dumps.ranks, *members]) + 1, MAX_WORLD_SIZE)
-        layout = options.layout or schema.Layout(dp=world)
+        layout = options.layout or _layout(dumps.table["members"].dropna(), world)
         manifest = schema.Manifest(
             run_id=path.resolve().name,
             created=_dt.datetime.fromtimestamp(_newest(path), _dt.UTC).isoformat(),
@@ -52,6 +53,9 @@ class FlightRecorderDumps:
             shown = ", ".join(str(r) for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
             notes.append(f"{path}: no Flight Recorder dump of rank(s) {shown}")
         notes.append(f"{path}: Flight Recorder dumps alone: no steps, the failure only")
+        if options.layout is None and layout.dp != world:
+            notes.append(f"{path}: layout unknown (the dumps' groups do not say which axis each "
+                         "is): --layout gives it")  # fmt: skip
         run = empty_run(manifest, path, notes)
         return dataclasses.replace(run, flight_recorder=dumps.table)
 
@@ -63,6 +67,16 @@ class FlightRecorderDumps:
 
     def profiler_window(self, path: Path) -> Path | None:
         return None
+
+
+def _layout(members: Iterable[tuple[int, ...]], world: int) -> schema.Layout:
+    """dp=world when every group of several ranks the dumps name holds all of them (plain data
+    parallelism); otherwise unknown, one rank per axis (the headline says so): a dump names its
+    groups but not which of tp, pp, ep or dp each one is."""
+    groups = {tuple(m) for m in members if len(m) > 1}
+    if all(len(set(m)) == world for m in groups):
+        return schema.Layout(dp=world)
+    return schema.Layout()
 
 
 def _newest(folder: Path) -> float:
