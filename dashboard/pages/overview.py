@@ -24,6 +24,7 @@ from diag import (
     format_metric,
     hta_sections,
     run_status,
+    status_words,
     summary_items,
     verdicts,
 )
@@ -62,7 +63,7 @@ def status(loaded: LoadedRun) -> list[Any]:
     if failed or rows:
         out.append(html.Div(
             [html.Strong("The job did not finish"),
-             f" (status {run_status(report)}): the findings below are of the steps before it "
+             f" ({status_words(report)}): the findings below it are of the steps before it "
              "stopped."], className="alert", id="failure",
         ))  # fmt: skip
     if rows:

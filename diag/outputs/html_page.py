@@ -20,6 +20,7 @@ from diag.outputs.verdict import (
     did_not_finish,
     failure_rows,
     run_status,
+    status_words,
     summary_items,
     verdicts,
 )
@@ -126,7 +127,7 @@ def failure(report: dict[str, Any]) -> list[str]:
         return []
     parts = [
         '<div class="alert" id="failure"><strong>The job did not finish</strong> '
-        f"(status {esc(run_status(report))}): the findings below are of the steps before it "
+        f"({esc(status_words(report))}): the findings below it are of the steps before it "
         "stopped.</div>"
     ]
     if rows:

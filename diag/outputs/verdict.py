@@ -109,6 +109,12 @@ def did_not_finish(report: dict[str, Any]) -> bool:
     return run_status(report) in FAILED_STATUSES
 
 
+def status_words(report: dict[str, Any]) -> str:
+    """`HUNG: rank 2 never joined all_reduce #41 of dp (step 6)`: the status and why."""
+    reason = (report.get("summary") or {}).get("status_reason")
+    return run_status(report).upper() + (f": {reason}" if reason else "")
+
+
 def failure_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Where each rank stopped, as (header, rows of strings), from the report's `where_stopped`
     (diag/outputs/failure_report.py); empty when the run finished. The pages read it here."""

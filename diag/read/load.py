@@ -175,7 +175,9 @@ def load_run(
         shown = f"{steps.start}:" if steps.stop == OPEN_END else f"{steps.start}:{steps.stop}"
         skipped.append(f"{run_dir}: only steps {shown} read (--steps); the others not analysed")
     run = _run_from_columns(manifest, run_dir, columns, skipped)
-    if run.steps.empty:
+    if all(table.empty for table in (run.steps, run.spans, run.comms, run.memory, run.events)):
+        # nothing usable at all (every file missing, garbage or refused); a run with records
+        # but no finished step is analysed: a job that hung in its first step is a finding
         raise InputError(run_dir, _no_steps(steps, skipped))
     run = dataclasses.replace(
         run,

@@ -160,6 +160,9 @@ def test_golden_summary(golden) -> None:
         "tokens_per_s_rank_step": approx(4000 / 0.220),
         "first_step_analysed": 1,
         "last_step_analysed": 2,
+        "status": "completed",
+        "status_reason": "the manifest says complete and nothing was left open",
+        "failed_step": None,
         "tokens_per_s": approx(4000 / 0.230),  # 2 ranks x 2 steps x 1000 tokens, dp only
         "comm_share": approx(162 / 440),
         "exposed_comm_share": approx(82 / 440),
