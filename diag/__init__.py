@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         failure_rows,
         run_status,
         singled_out_ranks,
+        status_words,
         summary_items,
         verdicts,
     )
