@@ -146,7 +146,7 @@ def load_run(
         _prepare_compiled(reduce)  # here, before the workers fork: they inherit it loaded
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
     with _out_of_collection():
-        chunks = map_chunks(read, files)
+        chunks = map_chunks(read, files, progress="rank files")
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
         file.name: part.nan_loss

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import gc
-import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -34,8 +32,6 @@ __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
 PARALLEL_FROM_BYTES = 8 * 2**20
 """Below this much trace on disk, one process parses faster than starting a pool."""
-PROGRESS_AFTER_S = 2.0
-"""A load still running after this long reports its progress on stderr (a terminal only)."""
 
 
 def load_trace_dir(
@@ -89,20 +85,13 @@ def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
 ) -> list[ParsedTrace]:
     """Every file parsed, in parallel processes when there are several and enough bytes to
-    repay starting them (`workers` forces a count); progress on a terminal after a while."""
-    started = time.monotonic()
-
-    def report(done: int, total: int) -> None:
-        if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
-            end = "\n" if done == total else ""
-            print(f"\rdiag: parsed {done}/{total} trace files", end=end, file=sys.stderr,
-                  flush=True)  # fmt: skip
-
+    repay starting them (`workers` forces a count); progress on a terminal after a while
+    (`diag.read.progress`)."""
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
     try:
         chunks = map_chunks(
             partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
-            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
+            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
         )  # fmt: skip
     finally:
         gc.unfreeze()
