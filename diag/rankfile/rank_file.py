@@ -33,7 +33,7 @@ STEP_COLUMNS = (
 SPAN_COLUMNS = ("rank", "step", "mb", "phase", "stage", "chunk", "t0", "t1")
 COMM_COLUMNS = (
     "rank", "step", "op", "group", "group_size", "bytes", "dtype", "t0", "t1",
-    "expected_bytes", "tag", "async", "blocking", "peer", "seq",
+    "expected_bytes", "tag", "async", "blocking",
 )  # fmt: skip
 MEMORY_COLUMNS = (
     "rank", "step", *schema.MEMORY_CATEGORIES, "device_peak", "host_rss", "source",
@@ -61,7 +61,7 @@ NUMERIC_COLUMNS: dict[str, tuple[str, ...]] = {
         "proc_cpu_ns",
         "proc_runq_ns",
     ),
-    RecordKind.COMM.value: ("group_size", "bytes", "expected_bytes", "peer", "seq"),
+    RecordKind.COMM.value: ("group_size", "bytes", "expected_bytes"),
     RecordKind.MEM.value: (*schema.MEMORY_CATEGORIES, "device_peak", "host_rss"),
     RecordKind.EXPERTS.value: ("dropped", "capacity", "aux_loss"),
 }

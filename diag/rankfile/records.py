@@ -78,8 +78,6 @@ class CommRecord(_Record, tag=RecordKind.COMM.value):
     tag: Label = None
     is_async: bool | None = msgspec.field(default=None, name="async")
     blocking: bool | None = None
-    peer: float | None = None  # a message's other side (global rank)
-    seq: float | None = None  # its place in its process group's order
 
 
 class MemRecord(_Record, tag=RecordKind.MEM.value):

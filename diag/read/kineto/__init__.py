@@ -76,6 +76,7 @@ def load_trace_dir(
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped), device_time=_device_table(traces)
     )
+    _add_message_columns(run.comms, records["comm"])
     if use_cache:
         cache.write(folder, key, run)
     return with_cache_note(run, found.note)
@@ -160,6 +161,18 @@ def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:
         named = axis_of.get(members) if members else None
         if named is not None:
             comm["group"] = named
+
+
+MESSAGE_COLUMNS = ("peer", "seq")
+"""Comm columns only a trace gives (not in the rank files' format): a message's other side
+(global rank) and each record's place in its process group's order (comm_ops.py)."""
+
+
+def _add_message_columns(comms: pd.DataFrame, records: list[dict]) -> None:
+    """`peer` and `seq` on the comm table (rows in record order; null where unknown)."""
+    for name in MESSAGE_COLUMNS:
+        values = [record.get(name) for record in records]
+        comms[name] = pd.array(values, dtype="Int64") if len(comms) == len(values) else pd.NA
 
 
 def _newest_mtime(traces: list[ParsedTrace]) -> float:
