@@ -202,10 +202,22 @@ def _out_of_collection() -> Iterator[None]:
 
 
 def run_from_records(
-    manifest: Manifest, path: Path, records: dict[str, list[dict[str, Any]]], skipped: list[str]
+    manifest: Manifest,
+    path: Path,
+    records: dict[str, list[dict[str, Any]]],
+    skipped: list[str],
+    packed: dict[str, list[dict[str, Packed]]] | None = None,
 ) -> RunData:
-    """A RunData from record dicts by kind (the rank files' records, or a trace's converted)."""
-    return _run_from_columns(manifest, path, as_columns(records), skipped)
+    """A RunData from record dicts by kind (the rank files' records, or a trace's converted).
+    `packed`: kinds given instead as packed columns, one part per file in order (a worker
+    packs what it parsed: a fraction of the dicts' memory in the process that gathers)."""
+    columns = as_columns(records)
+    for kind, parts in (packed or {}).items():
+        columns[kind] = {
+            name: _gather(kind, name, [part.get(name, []) for part in parts])
+            for name in KEPT_COLUMNS[kind]
+        }
+    return _run_from_columns(manifest, path, columns, skipped)
 
 
 def _run_from_columns(
