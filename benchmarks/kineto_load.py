@@ -1,7 +1,15 @@
 """Kineto trace loading: diag's loader against HTA's, side by side in one run.
 
     python benchmarks/kineto_load.py [--repeats N] [--large-ranks N] [--large-repeats N]
-        [--folders NAME ...]
+        [--folders NAME ...] [--generated 279MB 1.1GB [30GB]] [--generated-dir DIR]
+
+`--generated` adds folders made by `diag simulate --format kineto` (GENERATED below: the
+279 MB and 1.1 GB classes are 16 ranks of `--layout dp=4,pp=4 -m 16`, 250 and 1,000 steps;
+30GB, opt-in and never in CI, is 64 ranks x 7,000 steps, gzipped file by file as written). They
+are kept in `--generated-dir` (default: a temporary folder) so a later run reuses them, and
+measured once each (`--generated-repeats`), cold, paired: `diag`'s load and metrics against
+HTA's `TraceAnalysis` plus its temporal breakdown, wall time and peak RSS side by side.
+`--folders` with no name and `--large-ranks 0` measure the generated folders alone.
 
 For every trace folder of ../shared/real-traces (see its README; `--traces DIR` elsewhere;
 `--folders hta-large-216k-events --large-ranks 0` for the 216k-event trace alone),
@@ -119,13 +127,15 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
             "second_metrics_s": second_metrics_s, "cache_hit": cache_hit}  # fmt: skip
 
 
-def _child_hta(folder: Path, second_repeats: int) -> dict[str, Any]:
+def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> dict[str, Any]:
     _silence_hta()
     from hta.trace_analysis import TraceAnalysis
 
     _silence_hta()  # again: importing HTA may configure its loggers
     started = time.perf_counter()
-    TraceAnalysis(trace_dir=str(folder))
+    analysis = TraceAnalysis(trace_dir=str(folder))
+    if breakdown:  # what diag's metrics give at least: the time classes of every rank
+        analysis.get_temporal_breakdown(visualize=False)
     cold_s = time.perf_counter() - started
     own_mib, children_mib = _peak_mib()
     second_s = []
@@ -138,9 +148,11 @@ def _child_hta(folder: Path, second_repeats: int) -> dict[str, Any]:
 
 
 def _child_main(kind: str, folder: Path, second_repeats: int, out: Path) -> None:
-    measure = _child_ours if kind == "ours" else _child_hta
     try:
-        result = measure(folder, second_repeats)
+        if kind == "ours":
+            result = _child_ours(folder, second_repeats)
+        else:
+            result = _child_hta(folder, second_repeats, breakdown=kind == "hta-breakdown")
     except BaseException as error:  # HTA fails in many ways (asserts, KeyError, SystemExit)
         result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
                   if str(error) else type(error).__name__}  # fmt: skip
@@ -231,19 +243,88 @@ def build_large(source: Path, ranks: int, dest: Path) -> Path:
     return dest
 
 
-def measure_folder(name: str, folder: Path, repeats: int, env: dict[str, str]) -> FolderResult:
+def measure_folder(
+    name: str, folder: Path, repeats: int, env: dict[str, str], *, generated: bool = False
+) -> FolderResult:
     """`repeats` rounds, each a cold run of ours then one of HTA, in fresh processes (paired:
     a round's two runs see the same load on the machine). Ours' first process then times
-    `repeats` cached analyses; every HTA process times one second construction."""
+    `repeats` cached analyses; every HTA process times one second construction. A
+    `generated` folder: cold runs only, HTA with its temporal breakdown (the issue's pairing)."""
     files = _trace_files(folder)
     disk_mib = sum(p.stat().st_size for p in files) / 2**20
     ours, hta = Measured(), Measured()
     for index in range(repeats):
         if not ours.error:
-            _add(ours, _run_child("ours", folder, repeats if index == 0 else 0, env))
+            second = 0 if generated else (repeats if index == 0 else 0)
+            _add(ours, _run_child("ours", folder, second, env))
         if not hta.error:
-            _add(hta, _run_child("hta", folder, 1, env))
+            _add(hta, _run_child("hta-breakdown" if generated else "hta", folder,
+                                 0 if generated else 1, env))  # fmt: skip
     return FolderResult(name, len(files), disk_mib, repeats, ours, hta)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A folder `diag simulate --format kineto` writes: its size class and how."""
+
+    ranks: int
+    layout: str
+    steps: int
+    gzipped: bool = False
+
+    def arguments(self, out: Path) -> list[str]:
+        return ["simulate", "--ranks", str(self.ranks), "--layout", self.layout, "-m", "16",
+                "--steps", str(self.steps), "--format", "kineto", "--out", str(out)]  # fmt: skip
+
+
+GENERATED = {
+    "279MB": Generated(16, "dp=4,pp=4", 250),
+    "1.1GB": Generated(16, "dp=4,pp=4", 1000),
+    "30GB": Generated(64, "dp=16,pp=4", 7000, gzipped=True),
+}
+"""Size classes of the issue's table (the 279 MB one was a real-timed Megatron job; here a
+simulated folder of that size), and the opt-in 30 GB one (JSON size before gzip)."""
+
+
+CORRELATION_BASE = 1_000_000
+_CORRELATION = re.compile(rb'"correlation":\s*(\d+)')
+
+
+def shift_correlations(trace: Path, gzipped: bool = False) -> None:
+    """The simulator numbers a rank's correlation ids from 1; a profiler's come from a
+    process-wide counter, far past 32,767 after warm-up. Shifted by CORRELATION_BASE, as HTA
+    otherwise fails on a folder whose ids fit int16 but whose rows do not (it downcasts the
+    column to int16, then stores row numbers in it: pandas 2 raises "Invalid value ... for
+    dtype 'int16'", as on 250 steps of the 279MB class). diag reads either the same."""
+    data = _CORRELATION.sub(
+        lambda m: b'"correlation":%d' % (int(m.group(1)) + CORRELATION_BASE), trace.read_bytes()
+    )
+    if gzipped:
+        with gzip.open(f"{trace}.gz", "wb", compresslevel=1) as fh:
+            fh.write(data)
+        trace.unlink()
+    else:
+        trace.write_bytes(data)
+
+
+def build_generated(size: str, root: Path) -> Path:
+    """The folder of size class `size` under `root`, made once (a `.complete` marker says it
+    was finished) and reused by later runs."""
+    spec = GENERATED[size]
+    folder = root / f"sim-{size}"
+    if (folder / ".complete").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "diag", *spec.arguments(folder)]
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    for trace in sorted(folder.glob("*.json")):  # one at a time: the disk holds one more
+        shift_correlations(trace, gzipped=spec.gzipped)
+    (folder / ".complete").write_text(" ".join(command[2:]) + "\n")
+    print(f"\n{size}: generated in {time.perf_counter() - started:.0f} s: "
+          f"diag {' '.join(spec.arguments(folder))}")  # fmt: skip
+    return folder
 
 
 # ---------------------------------------------------------------- printing
@@ -356,8 +437,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--large-ranks", type=int, default=8, help="ranks of the LARGE input")
     parser.add_argument("--large-repeats", type=int, default=1, help="timings of LARGE (1)")
     parser.add_argument("--traces", type=Path, default=REAL_TRACES, help="real-traces folder")
-    parser.add_argument("--folders", nargs="+", default=list(FOLDERS), metavar="NAME",
+    parser.add_argument("--folders", nargs="*", default=list(FOLDERS), metavar="NAME",
                         help="these folders of --traces only (default: all)")  # fmt: skip
+    parser.add_argument("--generated", nargs="+", default=[], choices=list(GENERATED),
+                        help="simulated folders of these size classes (30GB: opt-in)")  # fmt: skip
+    parser.add_argument("--generated-dir", type=Path, help="where they are kept (reused)")
+    parser.add_argument("--generated-repeats", type=int, default=1, help="timings of each (1)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--second", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -395,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
             results.append(measure_folder(name, large, args.large_repeats, env))
             print_folder(results[-1])
             shutil.rmtree(large, ignore_errors=True)
+        kept = args.generated_dir or Path(tmp) / "generated"
+        for size in args.generated:
+            folder = build_generated(size, kept)
+            results.append(measure_folder(f"sim-{size}", folder, args.generated_repeats, env,
+                                          generated=True))  # fmt: skip
+            print_folder(results[-1])
     print_table(results, cores)
     print(f"total {time.perf_counter() - started:.0f} s; {_load_average()} at the end")
     return 0

@@ -23,9 +23,13 @@ CONNECT_TIMEOUT_S = 30
 
 
 def map_on_cluster(
-    address: str, parse: Callable[[Any], Result], chunks: Sequence[Any]
+    address: str,
+    parse: Callable[[Any], Result],
+    chunks: Sequence[Any],
+    done: Callable[[int], None] | None = None,
 ) -> list[Result]:
-    """`parse(chunk)` for every chunk on the cluster at `address`, results in chunk order.
+    """`parse(chunk)` for every chunk on the cluster at `address`, results in chunk order;
+    `done(index)` as each chunk's result arrives (the progress line).
     InputError (one line naming the address) when the scheduler cannot be reached or a
     task fails there."""
     try:
@@ -46,8 +50,11 @@ def map_on_cluster(
         # each result is fetched as soon as it is ready and released on the cluster, so a
         # worker holds the chunk it works on, not every result it made
         for future in as_completed(futures, loop=client.loop):
-            results[order[future.key]] = future.result()
+            index = order[future.key]
+            results[index] = future.result()
             future.release()
+            if done is not None:
+                done(index)
         del futures
         return results
     except (OSError, TimeoutError) as err:

@@ -154,7 +154,7 @@ def load_run(
         _prepare_compiled(reduce)  # here, before the workers fork: they inherit it loaded
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
     with _out_of_collection():
-        chunks = map_chunks(read, files)
+        chunks = map_chunks(read, files, progress="rank files")
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
         file.name: part.nan_loss
@@ -243,10 +243,22 @@ def _out_of_collection() -> Iterator[None]:
 
 
 def run_from_records(
-    manifest: Manifest, path: Path, records: dict[str, list[dict[str, Any]]], skipped: list[str]
+    manifest: Manifest,
+    path: Path,
+    records: dict[str, list[dict[str, Any]]],
+    skipped: list[str],
+    packed: dict[str, list[dict[str, Packed]]] | None = None,
 ) -> RunData:
-    """A RunData from record dicts by kind (the rank files' records, or a trace's converted)."""
-    return _run_from_columns(manifest, path, as_columns(records), skipped)
+    """A RunData from record dicts by kind (the rank files' records, or a trace's converted).
+    `packed`: kinds given instead as packed columns, one part per file in order (a worker
+    packs what it parsed: a fraction of the dicts' memory in the process that gathers)."""
+    columns = as_columns(records)
+    for kind, parts in (packed or {}).items():
+        columns[kind] = {
+            name: _gather(kind, name, [part.get(name, []) for part in parts])
+            for name in KEPT_COLUMNS[kind]
+        }
+    return _run_from_columns(manifest, path, columns, skipped)
 
 
 def _run_from_columns(

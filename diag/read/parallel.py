@@ -17,6 +17,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TypeVar
 
+from diag.read.progress import Progress
+
 Result = TypeVar("Result")
 PARALLEL_MIN_BYTES = 16 * 2**20
 CHUNKS_PER_WORKER = 4
@@ -73,30 +75,37 @@ def map_chunks(
     count: int | None = None,
     min_bytes: int | None = None,
     chunk_files: int = MAX_CHUNK_FILES,
-    progress: Callable[[int, int], None] | None = None,
+    progress: str | None = None,
     cluster: bool = True,
 ) -> list[Result]:
     """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
     worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
     forces the number of processes), or on the Dask cluster of `scheduler_address()` (unless
     `cluster` is False: a `parse` that writes this machine's files). A chunk holds at most
-    `chunk_files` files, so a worker's memory does not grow with the run; `progress(done,
-    total)` is called as chunks finish."""
+    `chunk_files` files, so a worker's memory does not grow with the run. `progress`: what
+    the files are called ("trace files") in the line of progress a long read shows on a
+    terminal (`diag.read.progress`), updated as chunks finish; None: no line."""
     forced = count is not None
     count = min(count or workers(), len(files))
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
-    parallel = count >= 2 and (forced or total_bytes(files) >= threshold)
-    chunks = [list(files[a:b]) for a, b in chunk_bounds(len(files), count, chunk_files)]
+    sizes = file_sizes(files)
+    parallel = count >= 2 and (forced or sum(sizes) >= threshold)
+    bounds = chunk_bounds(len(files), count, chunk_files)
+    chunks = [list(files[a:b]) for a, b in bounds]
+    line = Progress(progress, len(files), sum(sizes)) if progress is not None else None
+
+    def chunk_done(index: int) -> None:
+        if line is not None:
+            start, end = bounds[index]
+            line.advance(end - start, sum(sizes[start:end]))
+
     address = scheduler_address() if cluster else None
     if address is not None and chunks:
         from diag.read.distributed_scheduler import map_on_cluster  # Dask only when asked for
 
-        on_cluster = map_on_cluster(address, parse, chunks)
-        if progress is not None:
-            progress(len(chunks), len(chunks))
-        return on_cluster
+        return map_on_cluster(address, parse, chunks, done=chunk_done)
     if not parallel:
-        return [_collector_paused(parse, chunk) for chunk in chunks]
+        return _here(parse, chunks, chunk_done)
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     results: list[Result | None] = [None] * len(chunks)
@@ -105,13 +114,25 @@ def map_chunks(
             pending = {
                 pool.submit(_collector_paused, parse, chunk): i for i, chunk in enumerate(chunks)
             }
-            for done, future in enumerate(as_completed(pending), 1):
+            for future in as_completed(pending):
                 results[pending[future]] = future.result()
-                if progress is not None:
-                    progress(done, len(chunks))
+                chunk_done(pending[future])
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
-        return [_collector_paused(parse, chunk) for chunk in chunks]
+        return _here(parse, chunks, chunk_done)
     return [result for result in results if result is not None]
+
+
+def _here(
+    parse: Callable[[list[tuple[int, Path]]], Result],
+    chunks: list[list[tuple[int, Path]]],
+    chunk_done: Callable[[int], None],
+) -> list[Result]:
+    """Every chunk parsed in this process, in order."""
+    results = []
+    for index, chunk in enumerate(chunks):
+        results.append(_collector_paused(parse, chunk))
+        chunk_done(index)
+    return results
 
 
 def _collector_paused(
@@ -145,8 +166,15 @@ def chunk_bounds(items: int, count: int, most: int) -> list[tuple[int, int]]:
 
 
 def total_bytes(files: Sequence[tuple[int, Path]]) -> int:
-    total = 0
+    return sum(file_sizes(files))
+
+
+def file_sizes(files: Sequence[tuple[int, Path]]) -> list[int]:
+    """Each file's size in bytes (0 for one that cannot be read: its parse will say why)."""
+    sizes = []
     for _, path in files:
-        with contextlib.suppress(OSError):
-            total += path.stat().st_size
-    return total
+        try:
+            sizes.append(path.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return sizes

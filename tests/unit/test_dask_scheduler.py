@@ -1,6 +1,7 @@
 """`diag analyze --scheduler`: the per-file work on a real Dask cluster (a `LocalCluster` of two
-worker processes here) gives the local analysis's report exactly, for a run directory and a
-profiler trace folder; without a scheduler nothing of Dask is imported.
+worker processes here) gives the local analysis's report exactly, for a run directory, a
+profiler trace folder and a simulated 64-rank one (each worker reading its own files); without a
+scheduler nothing of Dask is imported.
 
 The cluster runs in a child process: under pytest the folder tests/distributed/ (the gloo
 tests) is importable as `distributed` and shadows Dask's package of that name.
@@ -25,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "data" / "golden-runs" / "dp-profiled" / "traces"
 
 
-def _cluster_job(run: str, traces: str) -> dict[str, Any]:
+def _cluster_job(run: str, traces: str, wide: str) -> dict[str, Any]:
     """In the child: each input analysed cold locally and on a 2-worker LocalCluster (through
     the API and through the CLI option); what the test compares."""
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
 
     from diag.api import analyze_path
     from diag.read.parallel import using_scheduler
@@ -37,13 +38,18 @@ def _cluster_job(run: str, traces: str) -> dict[str, Any]:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit="2GiB") as cluster:  # fmt: skip
         address = cluster.scheduler_address
-        for name, source in (("run", Path(run)), ("traces", Path(traces))):
+        inputs = (("run", Path(run)), ("traces", Path(traces)), ("wide", Path(wide)))
+        for name, source in inputs:
             local, remote, cli = (shutil.copytree(source, source.parent / f"{name}-{k}")
                                   for k in ("local", "cluster", "cli"))  # fmt: skip
             # each analysed cold: a cache written by one must not serve another
             out[f"{name}_local"] = analyze_path(local)
-            with using_scheduler(address):
+            with (Client(address) as watcher, get_task_stream(client=watcher) as stream,
+                  using_scheduler(address)):  # fmt: skip
                 out[f"{name}_cluster"] = analyze_path(remote)
+            out[f"{name}_parsed_by"] = sorted(
+                {task["worker"] for task in stream.data if "parse_chunk" in task["key"]}
+            )
             if name == "run":  # the option itself, once
                 result = CliRunner().invoke(main, ["analyze", str(cli), "--format", "json",
                                                    "--scheduler", address])  # fmt: skip
@@ -82,10 +88,16 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     traces = shutil.copytree(TRACES, root / "traces", ignore=shutil.ignore_patterns(".diag-cache"))
+    wide = root / "wide"  # 64 ranks' profiler traces, 3 steps (4 MB)
+    result = CliRunner().invoke(main, [
+        "simulate", "--ranks", "64", "--layout", "dp=16,pp=4", "-m", "4", "--steps", "3",
+        "--format", "kineto", "--out", str(wide),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
     code = (
         "import json, sys\n"
         "from tests.unit.test_dask_scheduler import _cluster_job\n"
-        f"json.dump(_cluster_job({str(run)!r}, {str(traces)!r}), sys.stdout)\n"
+        f"json.dump(_cluster_job({str(run)!r}, {str(traces)!r}, {str(wide)!r}), sys.stdout)\n"
     )
     env = {**os.environ, "DASK_SCHEDULER_ADDRESS": ""}
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -111,6 +123,13 @@ def test_run_directory_on_the_cluster_equals_local(reports: dict[str, Any]) -> N
 
 def test_trace_folder_on_the_cluster_equals_local(reports: dict[str, Any]) -> None:
     assert _same(reports["traces_cluster"], reports["traces_local"])
+
+
+def test_a_64_rank_trace_folder_on_the_cluster_equals_local(reports: dict[str, Any]) -> None:
+    assert _same(reports["wide_cluster"], reports["wide_local"])
+    assert reports["wide_local"]["run"]["world_size"] == 64
+    # each of the two workers parsed trace files of its own
+    assert len(reports["wide_parsed_by"]) == 2, reports["wide_parsed_by"]
 
 
 def test_the_cluster_did_the_per_file_work(reports: dict[str, Any]) -> None:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import gc
-import sys
-import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from diag.contract import schema
 from diag.contract.names import grid_groups
 from diag.errors import InputError
+from diag.rankfile.rank_file import KEPT_COLUMNS
+from diag.rankfile.records import Packed, pack
 from diag.read.cache import Lookup
 from diag.read.kineto import cache
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
@@ -34,8 +35,6 @@ __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
 PARALLEL_FROM_BYTES = 8 * 2**20
 """Below this much trace on disk, one process parses faster than starting a pool."""
-PROGRESS_AFTER_S = 2.0
-"""A load still running after this long reports its progress on stderr (a terminal only)."""
 
 
 def load_trace_dir(
@@ -57,8 +56,13 @@ def load_trace_dir(
     if isinstance(found.value, RunData):
         return found.value
     skipped: list[str] = []
-    traces = assign_ranks(folder, _parse_all(files, patterns, workers), skipped)
+    parsed = _parse_all(files, patterns, workers)
+    spans_of = {id(trace): spans for trace, spans in parsed}
+    traces = assign_ranks(folder, [trace for trace, _ in parsed], skipped)
+    del parsed
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
+    span_parts = [spans_of.pop(id(trace)) for trace in traces]
+    spans_of.clear()  # a skipped trace's spans go with it
     for trace in traces:
         for kind, rows in trace.records.items():
             records[kind] += rows
@@ -78,7 +82,8 @@ def load_trace_dir(
         )
     name_groups_by_axis(records["comm"], manifest)
     run = dataclasses.replace(
-        run_from_records(manifest, folder, records, skipped), device_time=_device_table(traces)
+        run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
+        device_time=_device_table(traces),
     )
     _add_message_columns(run.comms, records["comm"])
     if use_cache:
@@ -88,30 +93,43 @@ def load_trace_dir(
 
 def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
-) -> list[ParsedTrace]:
-    """Every file parsed, in parallel processes when there are several and enough bytes to
-    repay starting them (`workers` forces a count); progress on a terminal after a while."""
-    started = time.monotonic()
-
-    def report(done: int, total: int) -> None:
-        if sys.stderr.isatty() and time.monotonic() - started > PROGRESS_AFTER_S:
-            end = "\n" if done == total else ""
-            print(f"\rdiag: parsed {done}/{total} trace files", end=end, file=sys.stderr,
-                  flush=True)  # fmt: skip
-
+) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
+    """Every file parsed (its spans packed: `_spans_packed`), in parallel processes when
+    there are several and enough bytes to repay starting them (`workers` forces a count);
+    progress on a terminal after a while (`diag.read.progress`)."""
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
     try:
         chunks = map_chunks(
             partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
-            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress=report,
+            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
         )  # fmt: skip
     finally:
         gc.unfreeze()
     return [trace for chunk in chunks for trace in chunk]
 
 
-def _parse_chunk(chunk: list[tuple[int, Path]], patterns: KernelPatterns) -> list[ParsedTrace]:
-    return [parse_file(path, patterns) for _, path in chunk]
+def _parse_chunk(
+    chunk: list[tuple[int, Path]], patterns: KernelPatterns
+) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
+    return [_spans_packed(parse_file(path, patterns)) for _, path in chunk]
+
+
+def _spans_packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed]]:
+    """The trace without its span records, and those as packed columns. Spans are most of a
+    trace's records and nothing reads them as dicts after the parse: packed in the worker,
+    they cross to the gathering process as arrays and encoded labels, not as one dict each
+    (about 600 bytes a span there, and pickled). Where a column will not pack (a value of
+    an unexpected type), the plain columns, which the table takes as it took the dicts."""
+    spans = trace.records.pop("span", [])
+    columns: dict[str, list[Any]] = {
+        name: [row.get(name) for row in spans] for name in KEPT_COLUMNS["span"]
+    }
+    try:
+        packed = pack({"span": dict(columns)})["span"]
+    except (TypeError, ValueError, OverflowError):
+        packed = dict(columns)
+    trace.records["span"] = []
+    return trace, packed
 
 
 def _layout_beside(folder: Path) -> schema.Layout | None:

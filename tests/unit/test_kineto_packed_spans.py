@@ -1,0 +1,44 @@
+"""A trace's spans cross from the parsing worker as packed columns (issue 43: the gathering
+process held one dict a span); the table is the one the plain columns give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import diag.read.kineto as kineto
+from diag.cli.main import main
+from diag.read.kineto import load_trace_dir
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "traces"
+    result = CliRunner().invoke(main, [
+        "simulate", "--layout", "dp=2,pp=2", "-m", "4", "--steps", "2", "--format", "kineto",
+        "--out", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_packed_spans_give_the_plain_columns_table(
+    traces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packed = load_trace_dir(traces, use_cache=False, workers=1)
+    (first, spans), *_ = kineto._parse_all(kineto.trace_files(traces), kineto.KernelPatterns(), 1)
+    assert first.records["span"] == [] and isinstance(spans["t0"], np.ndarray)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise TypeError("a column that will not pack")
+
+    monkeypatch.setattr(kineto, "pack", refuse)  # every trace falls back to plain columns
+    plain = load_trace_dir(traces, use_cache=False, workers=1)
+    assert len(packed.spans) > 50
+    pd.testing.assert_frame_equal(packed.spans, plain.spans)
+    pd.testing.assert_frame_equal(packed.comms, plain.comms)
