@@ -194,9 +194,10 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     blocked = {r for s in stuck if s.missing or s.mismatched for r in s.waiting}
     # so is one raised while the rank still waited in an op of its own (a pipeline's recv from
     # the stage that never sent: point-to-point sequence numbers do not pair across ranks)
-    # while some rank never joined a collective
+    # while some rank never joined a collective, or ranks issued different collectives at one
+    # sequence (a desync: the op each rank waits in never matches)
     absent = {m for s in stuck for m in s.missing}
-    if absent:
+    if absent or state.desync:
         blocked |= {r for r, info in ranks.items() if info.issued and r not in absent}
     state.crashed = [
         {"rank": r, **e} for r, info in ranks.items()

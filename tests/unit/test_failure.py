@@ -36,7 +36,7 @@ KINDS = ("hang", "crash", "desync", "lost", "undecidable", "completed", "late")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """The report of each hand-written run; the ended ones with their files an hour old,
     `late` and `running` (the undecidable one's records) with files just written."""
-    from conftest import RunWriter
+    from tests.conftest import RunWriter
 
     writer = RunWriter(tmp_path_factory.mktemp("failure"))
     found = {}
@@ -120,7 +120,7 @@ def test_every_rendering_opens_with_the_failure(reports: dict[str, dict[str, Any
 
 
 def test_check_fails_on_a_run_that_did_not_complete(tmp_path: Path) -> None:
-    from conftest import RunWriter
+    from tests.conftest import RunWriter
 
     writer = RunWriter(tmp_path)
     for kind in ("hang", "crash", "lost"):
@@ -214,7 +214,7 @@ def test_watch_names_the_silent_rank_in_time_and_fails_when_the_job_dies(tmp_pat
     """4 ranks write 100 ms steps as a job would; from step 6 rank 2 writes nothing while the
     others sit in all-reduce #7 heartbeating, then every rank stops. watch names rank 2 within
     3 median steps + 5 s of its last record, and returns `failed` once the job is silent."""
-    from conftest import RunWriter
+    from tests.conftest import RunWriter
 
     run = tmp_path / "run"
     full = failure_run(RunWriter(tmp_path / "src"), "lost")
@@ -284,13 +284,12 @@ class _Timed(io.StringIO):
 
 
 def test_the_html_report_and_the_dashboard_open_with_the_stuck_collective(tmp_path: Path) -> None:
-    from conftest import RunWriter
-
     from dashboard.data import LoadedRun
     from dashboard.html_report import plotly_js_gzip, report_charts
     from dashboard.pages import overview
     from diag.api import diagnose, load_any
     from diag.outputs.html_charts import Chart
+    from tests.conftest import RunWriter
 
     path = failure_run(RunWriter(tmp_path), "hang")
     run = load_any(path)
