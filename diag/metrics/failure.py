@@ -198,7 +198,7 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     # sequence (a desync: the op each rank waits in never matches)
     absent = {m for s in stuck for m in s.missing}
     if absent or state.desync:
-        blocked |= {r for r, info in ranks.items() if info.issued and r not in absent}
+        blocked |= {r for r, info in ranks.items() if info.issued}
     state.crashed = [
         {"rank": r, **e} for r, info in ranks.items()
         if (e := info.exception) is not None and r not in blocked
@@ -419,6 +419,24 @@ def _stuck(
         mismatched = [_mismatch(w, common) for w, k in zip(waiting, keys, strict=True)
                       if k != common] + [_mismatch(p, common) for p in passed]  # fmt: skip
         first = next(w for w, k in zip(waiting, keys, strict=True) if k == common)
+        # fewer ranks wait in it than never joined, and every one that never joined waits in
+        # an op of its own: the waiting ranks issued a collective the others never issued (a
+        # desync), not the others stuck before it
+        elsewhere = [ranks[m].issued for m in missing if m in ranks]
+        if (
+            missing
+            and len(waiting) < len(missing)
+            and len(elsewhere) == len(missing)
+            and all(elsewhere)
+        ):
+            theirs = elsewhere[0][0]
+            mismatched += [
+                {"class": "a collective the others never issued", "rank": w.rank, "op": w.op,
+                 "bytes": w.bytes, "dtype": w.dtype,
+                 "expected": {"op": theirs.op, "bytes": theirs.bytes, "dtype": theirs.dtype}}
+                for w in waiting
+            ]  # fmt: skip
+            missing = []
         found.append(Stuck(group, seq, first.op, first.bytes, first.dtype,
                            min((w.step for w in waiting if w.step is not None), default=None),
                            sorted(present), missing, members, waited, mismatched,
