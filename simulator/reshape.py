@@ -47,15 +47,21 @@ def reshape_run(run_dir: Path, tags: str = "ours", untraced: Iterable[str] = ())
         left_out = [(r["t0"], r["t1"]) for r in records if _untraced(r, dropped)]
         kept = [_renamed(r, tags) for r in records
                 if not _untraced(r, dropped) and not _wait_on(r, left_out)]  # fmt: skip
-        target = run_dir / schema.rank_file_name(rank)
-        temporary = target.with_suffix(".tmp")
-        with temporary.open("w") as out:
-            out.writelines(json.dumps(record) + "\n" for record in kept)
-        os.replace(temporary, target)
-        if path != target:
-            path.unlink()
+        _rewrite(run_dir, rank, path, kept)
     if arrow:
         convert_run(run_dir, "arrow")
+
+
+def _rewrite(run_dir: Path, rank: int, path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace `rank`'s file (`path`, either format) with `records` as JSON lines; the caller
+    converts the run back to Arrow where it was."""
+    target = run_dir / schema.rank_file_name(rank)
+    temporary = target.with_suffix(".tmp")
+    with temporary.open("w") as out:
+        out.writelines(json.dumps(record) + "\n" for record in records)
+    os.replace(temporary, target)
+    if path != target:
+        path.unlink()
 
 
 def _untraced(record: dict[str, Any], groups: set[str]) -> bool:
@@ -112,13 +118,7 @@ def hide_waits(run_dir: Path, group: str) -> None:
                 kept += _step_end_syncs(record, group, len(_members_of(manifest, group, rank)))
                 continue
             kept.append(record)
-        target = run_dir / schema.rank_file_name(rank)
-        temporary = target.with_suffix(".tmp")
-        with temporary.open("w") as out:
-            out.writelines(json.dumps(record) + "\n" for record in kept)
-        os.replace(temporary, target)
-        if path != target:
-            path.unlink()
+        _rewrite(run_dir, rank, path, kept)
     one_member = [[r] for r in range(manifest.world_size)]
     groups = {**manifest.groups, ONE_MEMBER_GROUP: one_member}
     schema.write_manifest(run_dir, dataclasses.replace(manifest, groups=groups))
