@@ -132,6 +132,8 @@ def compare_reports(
     }
     if len(set(worlds)) == len(worlds) and all(m == models[0] for m in models):
         result.update(_sweep(rows))
+        if not any((models[0] or {}).values()):  # no run describes its model: a sweep if one
+            result["verdict"] = "if these runs train one model (none names it): " + result["verdict"]
     elif len(set(worlds)) == 1:
         result.update(_before_after(labelled, tolerance))
     else:
@@ -177,6 +179,7 @@ def _sweep(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "throughput_falls": speedup is not None and speedup < 1,
         })  # fmt: skip
     falling = [s for s in steps if s["throughput_falls"]]
+    unknown = [s for s in steps if s["speedup"] is None]
     if falling:
         worst = min(falling, key=lambda s: s["speedup"])
         verdict = (
@@ -185,6 +188,13 @@ def _sweep(rows: list[dict[str, Any]]) -> dict[str, Any]:
             f"{si(worst['tokens_per_s_from'])} -> {si(worst['tokens_per_s_to'])} tokens/s)"
         )
         return {"kind": "sweep", "sweep": steps, "pattern": 1, "verdict": verdict}
+    if unknown:  # a run without tokens/s (a profiler trace, a run without a batch size)
+        shown = ", ".join(f"{s['world_from']} -> {s['world_to']}" for s in unknown)
+        verdict = (
+            f"throughput unknown at {shown} ranks (a run without tokens/s): whether it scales "
+            "there cannot be said"
+        )
+        return {"kind": "sweep", "sweep": steps, "verdict": verdict}
     return {"kind": "sweep", "sweep": steps, "verdict": "throughput grows with every step up"}
 
 
@@ -202,7 +212,17 @@ def _before_after(labelled: list[tuple[str, dict[str, Any]]], tolerance: float) 
         if found
         else f"no metric regressed against {base_label} beyond {tolerance:.0%}"
     )
-    return {"kind": "before_after", "regressions": found, "verdict": verdict}
+    # a metric one run does not have was not compared: silence is not "no regression"
+    unknown = [
+        metric.name for metric in COMPARE_METRICS
+        if any(metric_value(report, metric.name) is None for _, report in labelled)
+    ]  # fmt: skip
+    if len(unknown) == len(COMPARE_METRICS):
+        verdict = "nothing compared: every metric is unknown in at least one run"
+    elif unknown:
+        verdict += f"; not compared (unknown in a run): {', '.join(unknown)}"
+    return {"kind": "before_after", "regressions": found, "verdict": verdict,
+            "not_compared": unknown}  # fmt: skip
 
 
 def render_compare_text(result: dict[str, Any]) -> str:

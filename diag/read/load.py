@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -301,6 +302,14 @@ def _load_manifest(run_dir: Path) -> Manifest:
                 "manifest.json: a run directory needs one, and a trace folder is read as one "
                 "when its files hold traceEvents",
             )
+        below = _runs_below(run_dir)
+        if below:
+            shown = ", ".join(f"{name}/" for name in below[:4]) + (" ..." if len(below) > 4 else "")
+            raise InputError(
+                run_dir,
+                f"holds no run itself but {len(below)} below it ({shown}): name one, or "
+                f"compare them with `diag compare`",
+            )
         raise InputError(
             run_dir, "has neither manifest.json nor Kineto traces (*.pt.trace.json[.gz])"
         )
@@ -322,6 +331,28 @@ def _load_manifest(run_dir: Path) -> Manifest:
                 f"layout.{name} is {schema.shown(value)}, expected an integer in 1..{MAX_INDEX:,}",
             )
     return manifest
+
+
+_MAX_LISTED_BELOW = 1000  # entries looked at one level down, so a huge folder costs no more
+
+
+def _runs_below(folder: Path) -> list[str]:
+    """Names of the folders directly below `folder` that hold a run (a manifest) or profiler
+    traces: what a user who named their parent (a before/after pair, a sweep) meant."""
+    from diag.read.kineto.files import is_trace_dir  # it reads RunData from here: imported late
+
+    try:
+        entries = sorted(itertools.islice(folder.iterdir(), _MAX_LISTED_BELOW))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        try:
+            if entry.is_dir() and ((entry / schema.MANIFEST_FILE).exists() or is_trace_dir(entry)):
+                found.append(entry.name)
+        except (OSError, InputError):
+            continue  # unreadable: not a run anyone can name
+    return found
 
 
 def rank_files(run_dir: Path, world_size: int) -> dict[int, Path]:

@@ -154,3 +154,12 @@ def test_compare_needs_two_runs_and_usable_input(runs, tmp_path: Path) -> None:
     assert cli("compare", run).exit_code == 2
     result = cli("compare", run, tmp_path / "nope")
     assert result.exit_code == 2 and result.stderr.startswith(f"diag: error: {tmp_path / 'nope'}")
+
+
+def test_compare_before_after_names_what_it_could_not_compare(runs) -> None:
+    before = dp_run(runs, "before", step_ms=100, comm_ms=20)
+    after = dp_run(runs, "after", step_ms=100, comm_ms=20)
+    out = json.loads(cli("compare", before, after, "--format", "json").stdout)
+    # a data-parallel run has no bubble, and these record no memory: not "no regression" there
+    assert {"bubble_fraction", "peak_memory_bytes"} <= set(out["not_compared"])
+    assert "not compared (unknown in a run)" in out["verdict"]

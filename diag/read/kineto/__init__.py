@@ -44,15 +44,18 @@ def load_trace_dir(
     use_cache: bool = True,
     workers: int | None = None,
 ) -> RunData:
-    """Load a folder of Kineto traces; raises InputError (one line) when it is unusable."""
+    """Load a folder of Kineto traces, or one trace file (a single rank's, as a user often
+    has it); raises InputError (one line) when it is unusable."""
     folder = Path(path)
     patterns = patterns or KernelPatterns()
-    files = trace_files(folder)
+    # one file is read as a folder of that file alone; its cache sits beside it, in its folder
+    files = [folder] if folder.is_file() else trace_files(folder)
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
-    layout = layout or _layout_beside(folder)
+    layout = layout or _layout_beside(folder.parent if folder.is_file() else folder)
+    beside = folder.parent if folder.is_file() else folder
     key = cache.key(files, patterns, layout) if use_cache else ""
-    found = cache.read(folder, key) if use_cache else Lookup()
+    found = cache.read(beside, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value
     skipped: list[str] = []
@@ -87,7 +90,7 @@ def load_trace_dir(
     )
     _add_message_columns(run.comms, records["comm"])
     if use_cache:
-        cache.write(folder, key, run)
+        cache.write(beside, key, run)
     return with_cache_note(run, found.note)
 
 

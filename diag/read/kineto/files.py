@@ -83,6 +83,11 @@ def is_trace_dir(folder: Path) -> bool:
     )
 
 
+def is_trace_file(path: Path) -> bool:
+    """One Kineto trace file named on its own (a rank's `*.pt.trace.json[.gz]`)."""
+    return path.is_file() and path.name.endswith(TRACE_SUFFIXES) and _looks_like_trace(path)
+
+
 _STEP_FOLDER = re.compile(r"iteration_(\d+)")
 
 

@@ -1,6 +1,7 @@
 """PyTorch profiler (Kineto) trace folders: `*.pt.trace.json[.gz]`, one per rank, read by
 `diag.read.kineto` (which caches the converted tables beside the folder). A folder of torchtitan's
-`iteration_N/` windows reads its latest window (the note says which; name another to read it)."""
+`iteration_N/` windows reads its latest window (the note says which; name another to read it);
+one trace file named on its own is read as the traces of that one rank."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from diag.errors import InputError
 from diag.read.kineto import is_trace_dir, load_trace_dir
-from diag.read.kineto.files import step_folders
+from diag.read.kineto.files import is_trace_file, step_folders
 from diag.read.load import RunData
 from diag.read.sources.base import LoadOptions
 
@@ -18,7 +19,7 @@ class ProfilerTraces:
     name = "profiler-traces"
 
     def detect(self, path: Path) -> bool:
-        return is_trace_dir(path) or bool(step_folders(path))
+        return is_trace_dir(path) or bool(step_folders(path)) or is_trace_file(path)
 
     def load(self, path: Path, options: LoadOptions) -> RunData:
         if options.steps is not None:
@@ -41,7 +42,7 @@ class ProfilerTraces:
 
 def _traces_of(path: Path) -> tuple[Path, list[str]]:
     """The folder holding the traces to read, and a note when it is a window of several."""
-    if is_trace_dir(path):
+    if is_trace_dir(path) or is_trace_file(path):
         return path, []
     windows = step_folders(path)
     if not windows:
