@@ -133,7 +133,8 @@ def compare_reports(
     if len(set(worlds)) == len(worlds) and all(m == models[0] for m in models):
         result.update(_sweep(rows))
         if not any((models[0] or {}).values()):  # no run describes its model: a sweep if one
-            result["verdict"] = f"if these runs train one model (none names it): {result['verdict']}"
+            unnamed = "if these runs train one model (none names it): "
+            result["verdict"] = unnamed + result["verdict"]
     elif len(set(worlds)) == 1:
         result.update(_before_after(labelled, tolerance))
     else:
