@@ -163,6 +163,8 @@ class _Scenarios:
         self.step = ev["step"].to_numpy()
         self.j = ev["j"].to_numpy()
         self.host = ev["host_ns"].to_numpy(dtype=np.float64)
+        absent = ev["absent_ns"] if "absent_ns" in ev else pd.Series(0, index=ev.index)
+        self.absent = absent.to_numpy(dtype=np.float64)
         self.role = rank_roles(run, timeline.ranks)
         self.peer_median = peer_medians(ev, self.role)
         self.stage_mean = stage_means(ev, self.role)
@@ -313,12 +315,15 @@ class _Scenarios:
         host's scheduling makes every piece vary (read beside HST001)."""
         leveled, persistent = self.leveled, self.leveled_saving
         seg = leveled.seg_ns
-        mean = self.stage_mean(seg)
+        # the stage's mean of its ranks' own work: a traced rank's wait for members nobody
+        # traced (absent_ns) is theirs, and its own time is a sample of the stage's like theirs
+        own = np.clip(seg - self.absent, 0, None)
+        mean = self.stage_mean(own)
         even = Durations(np.where(np.isnan(mean), seg, mean), leveled.transfer_ns, leveled.post_ns)
         per_step = self.saving(even)
         self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
         random_part = max(per_step - persistent, 0.0)
-        floor = self.stage_floor(seg)
+        floor = self.stage_floor(own)
         quickest = np.minimum(seg, np.where(np.isnan(floor), seg, floor))
         quick = self.saving(Durations(quickest, leveled.transfer_ns, leveled.post_ns))
         if_noise = max(quick - persistent, random_part)

@@ -28,14 +28,12 @@ from typing import Any
 
 from diag.contract import schema
 from diag.contract.names import DP, EP, PP, TP, WORLD
+from diag.read.kineto import placement
+from diag.read.kineto.placement import COLLECTIVE_OPS, FORWARD_SHARE, FROM_GROUPS, FoundLayout
 
-FROM_GROUPS = "from the traces' process groups"
 GIVEN = "given"
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
 MAX_GROUPS = 4096
 """Distinct process groups read from a folder's traces (more: the rest ignored)."""
-FORWARD_SHARE = 0.25
-"""A collective starting in this first share of its step's window is inside the forward pass."""
 NAME_HINTS = (
     (TP, ("tensor", "mesh_tp", "tp")),
     (PP, ("pipeline", "mesh_pp", "pp")),
@@ -71,13 +69,6 @@ class Family:
         return None
 
 
-@dataclass
-class FoundLayout:
-    layout: schema.Layout
-    groups: dict[str, list[list[int]]]
-    source: str
-
-
 def infer_layout(
     world: int,
     config_groups: Iterable[tuple[tuple[int, ...], str]],
@@ -109,8 +100,7 @@ def infer_layout(
             placed[axis] = first
             reasons.append(why)
     listed = bool(config_groups) or any(c.get("group_ranks") for c in comms)
-    seen_ops = {c.get("op") for c in comms if not c.get("from_name")}
-    return _built(world, placed, families, reasons, listed, seen_ops)
+    return _built(world, placed, families, reasons, listed, comms, steps)
 
 
 def _p2p(family: Family) -> int:
@@ -199,10 +189,12 @@ def _built(
     families: dict[Any, Family],
     reasons: list[str],
     listed: bool,
-    seen_ops: set[Any],
+    comms: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
 ) -> FoundLayout:
     """The layout from the families placed: each tiled over the world, data parallel from
-    what they leave; pure data parallel, saying why, when nothing fits."""
+    what they leave; without groups but the world's, what the placement of the ops tells
+    (placement.py); unknown, saying why, when nothing fits."""
     tiled: dict[str, list[list[int]]] = {}
     for axis, family in placed.items():
         groups = _tiled(world, family)
@@ -210,18 +202,15 @@ def _built(
             tiled[axis] = groups
     sizes = {axis: len(groups[0]) for axis, groups in tiled.items()}
     inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1)
-    if not families and listed:  # only the world's group: data parallel, as the traces say
-        return FoundLayout(schema.Layout(dp=world), {}, FROM_GROUPS + " (the world's only)")
-    if not families:
-        return _data_parallel(world, "no process groups in the traces (PyTorch before 2.2 "
-                                     "writes none)" + _unsized(seen_ops))  # fmt: skip
+    if not families:  # no group but the world's: what the world's group carries tells
+        return placement.from_placement(world, comms, steps, listed)
     if not tiled or world % inner:
-        return _data_parallel(world, "the traces' process groups carry no communication that "
-                                     "tells their axis")  # fmt: skip
+        return placement.unknown(world, "the traces' process groups carry no communication "
+                                        "that tells their axis")  # fmt: skip
     tiled.pop(DP, None)  # what the others leave, so the product is the world
     dp_groups = _complement(world, tiled)
     if dp_groups is None:
-        return _data_parallel(world, "the traces' process groups do not form a grid")
+        return placement.unknown(world, "the traces' process groups do not form a grid")
     if len(dp_groups[0]) > 1:
         tiled[DP] = dp_groups
     tiled[WORLD] = [list(range(world))]
@@ -230,22 +219,6 @@ def _built(
     )
     source = FROM_GROUPS + (f" ({'; '.join(reasons)})" if reasons else "")
     return FoundLayout(layout, tiled, source)
-
-
-def _unsized(ops: set[Any]) -> str:
-    """What the ops alone show of the axes whose size nothing in the traces gives."""
-    shown = []
-    if ops & {"send", "recv"}:
-        shown.append("sends and receives (a pipeline?)")
-    if "all_to_all" in ops:
-        shown.append("all-to-alls (experts or context?)")
-    return f"; they show {' and '.join(shown)} of unknown size" if shown else ""
-
-
-def _data_parallel(world: int, why: str) -> FoundLayout:
-    return FoundLayout(
-        schema.Layout(dp=world), {}, f"inferred: {why}; every rank read as data parallel"
-    )
 
 
 def _tiled(world: int, family: Family) -> list[list[int]] | None:
