@@ -1,11 +1,14 @@
-"""The job's layout (dp x tp x pp x ep) and its process groups, read from the traces.
+"""The job's layout (dp x tp x pp x ep x cp) and its process groups, read from the traces.
 
 Where the groups come from: `distributedInfo.pg_config` (each group the traced rank belongs
 to, with its ranks) and the `Process Group Ranks` of `record_param_comms`. Which axis a group is
 comes from what it carries and where, never from its name (Megatron's `TENSOR_MODEL_PARALLEL_
 GROUP`, DeviceMesh's `mesh_tp`, `pg3`: hints only, used when nothing else decides):
-- sends and receives: the pipeline;
-- all-to-alls: the experts;
+- sends and receives: the pipeline; round a ring (each rank sends to one member, receives
+  from another, the last sending to the first), context parallel (ring attention);
+- all-to-alls: the experts; of two groups carrying them, the one issuing more per step is
+  context parallel (Ulysses: the sequence's q, k, v and output, every layer), the other the
+  experts (dispatch and combine, every MoE layer);
 - other collectives: of two families of groups, the one issuing more of them per step (the
   activations' all-reduces of every layer, forward and backward) is tensor parallel, the
   other (the gradients' reduction, a few large buckets) data parallel; a single family is
@@ -32,6 +35,8 @@ from diag.read.kineto import placement
 from diag.read.kineto.placement import COLLECTIVE_OPS, FORWARD_SHARE, FROM_GROUPS, FoundLayout
 
 GIVEN = "given"
+CP = "cp"
+"""Context parallelism's groups (the manifest's axis; the simulator writes none)."""
 MAX_GROUPS = 4096
 """Distinct process groups read from a folder's traces (more: the rest ignored)."""
 NAME_HINTS = (
@@ -53,6 +58,8 @@ class Family:
     per_step: Counter[tuple[int, int]] = field(default_factory=Counter)  # (rank, step) -> ops
     early: int = 0  # collectives that start in their step's first quarter
     collectives: int = 0
+    sent_to: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    received_from: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     @property
     def size(self) -> int:
@@ -60,6 +67,20 @@ class Family:
 
     def ops_per_step(self) -> float:
         return sum(self.per_step.values()) / max(len(self.per_step), 1)
+
+    def ring(self) -> bool:
+        """Whether its messages go round a ring: each rank sends to one member and receives
+        from another (context parallelism's blocks of keys and values, passed on every step
+        of a layer's attention), where a pipeline's middle stages send both ways (activations
+        forward, gradients back) and its ends trade with one neighbour only. Unknown (False)
+        in groups of two, where both look alike, and where no message names its peer."""
+        if self.size < 3 or not self.sent_to or not self.received_from:
+            return False
+        for rank in set(self.sent_to) | set(self.received_from):
+            to, came = self.sent_to.get(rank, set()), self.received_from.get(rank, set())
+            if len(to) != 1 or len(came) != 1 or to == came:
+                return False
+        return True
 
     def hinted(self) -> str | None:
         words = " ".join(self.names).lower()
@@ -82,11 +103,23 @@ def infer_layout(
     placed: dict[str, Family] = {}
     reasons: list[str] = []
     carrying = [f for f in families.values() if f.ops]
+    rings = [f for f in carrying if f.ring() and _p2p(f) > sum(f.ops.values()) / 2]
+    if rings:  # sends and receives round a ring: context parallel, not a pipeline
+        placed[CP] = max(rings, key=_p2p)
+        reasons.append("the group passing messages round a ring is context parallel")
     for axis, wanted in ((PP, _p2p), (EP, _all_to_all)):
         for family in sorted(carrying, key=lambda f: -wanted(f)):
             if wanted(family) > sum(family.ops.values()) / 2 and _orthogonal(family, placed):
                 placed[axis] = family
                 break
+    if EP in placed and CP not in placed:  # two groups' all-to-alls: experts and Ulysses
+        mostly = [f for f in carrying if _all_to_all(f) > sum(f.ops.values()) / 2]
+        other = next((f for f in sorted(mostly, key=lambda f: -_all_to_all(f))
+                      if _orthogonal(f, placed)), None)  # fmt: skip
+        if other is not None:  # the sequence's, four a layer's attention (q, k, v, out),
+            pair = sorted((placed[EP], other), key=lambda f: -f.ops_per_step())  # beat the
+            placed[CP], placed[EP] = pair  # tokens' two a MoE layer
+            reasons.append("of two groups' all-to-alls, the more frequent is context parallel")
     collective = [f for f in carrying if f.collectives and _orthogonal(f, placed)]
     collective.sort(key=lambda f: (-f.ops_per_step(), f.size))
     if collective:
@@ -176,6 +209,9 @@ def _families(
             continue
         family.ops[op] += 1
         family.per_step[(comm["rank"], comm["step"])] += 1
+        peer = comm.get("peer")
+        if peer is not None and op in ("send", "recv"):
+            (family.sent_to if op == "send" else family.received_from)[comm["rank"]].add(peer)
         if op in COLLECTIVE_OPS:
             family.collectives += 1
             t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))
@@ -201,7 +237,7 @@ def _built(
         if groups is not None:
             tiled[axis] = groups
     sizes = {axis: len(groups[0]) for axis, groups in tiled.items()}
-    inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1)
+    inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1) * sizes.get(CP, 1)
     if not families:  # no group but the world's: what the world's group carries tells
         return placement.from_placement(world, comms, steps, listed)
     if not tiled or world % inner:
@@ -215,8 +251,9 @@ def _built(
         tiled[DP] = dp_groups
     tiled[WORLD] = [list(range(world))]
     layout = schema.Layout(
-        dp=world // inner, tp=sizes.get(TP, 1), pp=sizes.get(PP, 1), ep=sizes.get(EP, 1)
-    )
+        dp=world // inner, tp=sizes.get(TP, 1), pp=sizes.get(PP, 1), ep=sizes.get(EP, 1),
+        cp=sizes.get(CP, 1),
+    )  # fmt: skip
     source = FROM_GROUPS + (f" ({'; '.join(reasons)})" if reasons else "")
     return FoundLayout(layout, tiled, source)
 
