@@ -7,8 +7,8 @@ the world lists just that one. What the ops show then, per rank and step:
   (starting in the step's first FORWARD_SHARE): every layer's, forward and backward (a
   broadcast there is DDP's of its buffers);
 - data parallel: collectives of gradient size after the forward pass (larger than any of the
-  forward's, or the only ones), or a reduce-scatter and all-gather pair (ZeRO / FSDP around the
-  optimizer);
+  forward's, or the only ones), of an op the forward pass never runs (sizes unknown), or a
+  reduce-scatter and all-gather pair (ZeRO / FSDP around the optimizer);
 - a pipeline: sends and receives;
 - experts or context parallel: all-to-alls (which of the two, and of what size, the ops alone
   do not tell).
@@ -94,8 +94,10 @@ def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set
         largest_early = max(early_sizes, default=-1.0)
         if any(size > largest_early for size, _ in late):  # gradient-sized, or the only ones
             kinds.add(DP)
-        if {"reduce_scatter", "all_gather"} <= {op for _, op in late}:
-            kinds.add(DP)
+        late_ops = {op for _, op in late if op in ACTIVATION_OPS}
+        early_ops = {op for early, _, op in ops if early}
+        if {"reduce_scatter", "all_gather"} <= late_ops or late_ops - early_ops:
+            kinds.add(DP)  # ZeRO's pair around the optimizer; an op the forward never runs
     return kinds
 
 
