@@ -434,3 +434,17 @@ def test_only_gradient_reduction_is_data_parallel_over_the_world(tmp_path: Path)
     assert found.source.startswith("inferred: no process groups") and "dp spans" in found.source
     nothing = infer_layout(4, [], [], steps)
     assert nothing.source.startswith("unknown:") and nothing.groups == {}
+
+
+def test_a_window_left_open_has_no_status_the_traces_cannot_give(tmp_path: Path) -> None:
+    """Every traced rank's window closed at the same step: complete. One rank's trace stops
+    a step before the others' (it hung, died or was cut short: the traces cannot say which):
+    the status is left undecided, never 'completed'."""
+    folder = write(tmp_path / "t", list(range(WORLD)), names=MESH)
+    assert load_trace_dir(folder, use_cache=False).manifest.status == "complete"
+    trace = megatron_trace(3, MESH)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e["ts"] < 2 * STEP_US]
+    (folder / "rank3.pt.trace.json").write_text(json.dumps(trace))
+    run = load_trace_dir(folder, use_cache=False)
+    assert run.manifest.status == "unknown"
+    assert diag.analyze_path(folder)["summary"]["status"] != "completed"
