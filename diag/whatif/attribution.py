@@ -66,10 +66,11 @@ def attribute(
     """The attribution of the analysed `steps` (`host`: their waiting for a core,
     `diag.metrics.host.host_steps`), replayed in chunks of steps (diag/whatif/chunks.py: by
     default those whose records are in memory, within a budget; `replay_all`: every step);
-    None when there is nothing to replay (fewer than two ranks, no steps). `memo`: the chunks
+    None when there is nothing to replay (fewer than two ranks, no steps, a layout nobody
+    knows: `Manifest.layout_unknown`). `memo`: the chunks
     a growing run has replayed before, replayed again only when what they read has changed."""
-    if steps.empty or steps["rank"].nunique() < 2:
-        return None
+    if steps.empty or steps["rank"].nunique() < 2 or run.manifest.layout_unknown:
+        return None  # an unknown layout: which collectives are one, and who are peers, unknown
     plan = chunks.plan(run, steps, replay_all)
     replay = partial(attribute_chunk, host=host)
     if memo is None:
