@@ -235,3 +235,21 @@ def test_waits_in_unattributed_sendrecv_kernels_are_the_bubble(shapes: dict[str,
     )
     late = arrivals(run.comms, run.steps, run.manifest)
     assert late.empty or float(late["late_median_s"].max()) < 0.01
+
+
+def test_context_parallel_rings_are_read_as_context_parallel(tmp_path: Path) -> None:
+    """`--trace-shape ring-cp`: the job's tensor-parallel groups pass key and value blocks
+    round a ring (ring attention), each message with its peer. The layout read from the
+    traces: cp = those groups' size, no tensor parallelism, the pipeline and data parallel
+    groups as they are; each ring's messages named by its axis."""
+    args = ["--ranks", "16", "--layout", "dp=2,tp=4,pp=2", "--microbatches", "4", "--steps", "2"]
+    traces = simulate(tmp_path / "t", [*args, "--format", "kineto", "--trace-shape", "ring-cp"])
+    trace = _trace(traces)
+    assert "mesh_cp" in {g["pg_desc"] for g in trace["distributedInfo"]["pg_config"]}
+    run = load_any(traces)
+    layout = run.manifest.layout
+    assert (layout.dp, layout.cp, layout.pp, layout.tp) == (2, 4, 2, 1)
+    assert run.manifest.groups["cp"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                         [12, 13, 14, 15]]  # fmt: skip
+    sends = run.comms[(run.comms["op"] == "send") & (run.comms["group"] == "cp")]
+    assert not sends.empty and set(sends["peer"] - sends["rank"]) <= {1, -3}  # the next, round
