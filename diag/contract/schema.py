@@ -203,6 +203,13 @@ class Manifest:
         with its peers or matches collectives by group claims nothing."""
         return (self.layout_source or "").startswith(UNKNOWN_LAYOUT)
 
+    @property
+    def schedule_known(self) -> bool:
+        """Whether the layout's micro-batches and virtual stages are known: a run's own
+        manifest or a layout given by hand says them; process groups read from traces do not
+        (they give dp, tp, pp, ep and cp only), so the schedule's theory bubble is unknown."""
+        return self.layout_source in (None, "given")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         """Parse a manifest, ignoring unknown fields; raises SchemaError with the reason. Known

@@ -69,9 +69,10 @@ def headline(report: dict[str, Any]) -> str:
             else ")"
         ),
     ]
-    if summary.get("bubble_theory") is not None:
-        bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]
-        parts.append(f"bubble {pct(bubble)} (theory {pct(theory)})")
+    if summary.get("bubble_fraction") is not None:
+        bubble, theory = summary.get("bubble_fraction"), summary.get("bubble_theory")
+        known = f" (theory {pct(theory)})" if theory is not None else " (theory: m unknown)"
+        parts.append(f"bubble {pct(bubble)}{known}")
         if summary.get("stage_imbalance") is not None:
             parts.append(f"stage imbalance {num(summary['stage_imbalance'])}")
     status = summary.get("status")

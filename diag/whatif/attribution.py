@@ -408,7 +408,7 @@ class _Scenarios:
     def schedule(self) -> list[Cause]:
         layout = self.run.manifest.layout
         p, m, v = layout.pp or 1, layout.microbatches or 1, layout.virtual_stages or 1
-        if p < 2:
+        if p < 2 or not self.run.manifest.schedule_known:  # m and v: unknown from traces
             return []
         now = ledger.bubble_fraction(p, m, v)
         best = min(ledger.bubble_fraction(p, 4 * m, v), ledger.bubble_fraction(p, m, max(v, 2)))
