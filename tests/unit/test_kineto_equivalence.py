@@ -84,7 +84,7 @@ def test_the_devicemesh_traces_give_the_run_directorys_verdict(
     assert misses(expected[case], verdict(report)) == []
 
 
-SHAPED = [(CASES[0], "megatron"), (CASES[3], "megatron"), (CASES[1], "old"),
+SHAPED = [(CASES[0], "megatron"), (CASES[3], "megatron"), (CASES[1], "old"), (CASES[5], "old"),
           (CASES[3], "one-per-tp"), (CASES[4], "one-per-tp")]  # fmt: skip
 SHAPE_ARGS = {
     "megatron": ["--trace-shape", "megatron"],

@@ -28,6 +28,7 @@ from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
+from diag.read.kineto.placement import name_by_placement
 from diag.read.load import RunData, run_from_records, with_cache_note
 from diag.read.parallel import map_chunks
 
@@ -81,6 +82,8 @@ def load_trace_dir(
             "the others are not analysed"
         )
     name_groups_by_axis(records["comm"], manifest)
+    if layout is not None:  # an older trace's ops, named by none of its groups
+        name_by_placement(records["comm"], records["step"], manifest.layout)
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
         device_time=_device_table(traces),

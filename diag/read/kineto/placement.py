@@ -23,7 +23,7 @@ group or a data-parallel group the traces do not give. `--layout` gives it.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,8 +121,46 @@ def from_placement(
                               f"{shown}, which need not span the others")  # fmt: skip
     (axis,) = kinds
     sizes = {axis: world}
-    layout = schema.Layout(**sizes) if axis != DP else schema.Layout(dp=world)
+    layout = schema.Layout(dp=world if axis == DP else 1, tp=world if axis == TP else 1,
+                           pp=world if axis == PP else 1)  # fmt: skip
     source = f"{FROM_GROUPS} (the world's only; " if listed else f"{INFERRED}: {NO_GROUPS}; "
     source += f"its only communication is {SHOWS[axis]}: {axis} spans every rank"
     source += ")" if listed else ""
     return FoundLayout(layout, grid_groups(sizes), source)
+
+
+def name_by_placement(
+    comms: list[dict[str, Any]], steps: list[dict[str, Any]], layout: schema.Layout
+) -> None:
+    """Each op no group names (an older trace's) given the axis its kind and size say, where
+    the layout (given) has that axis and it is the only one the op can be: sends and receives
+    the pipeline's; all-to-alls the experts'; all-reduces, all-gathers and reduce-scatters of
+    the size the rank issues most often tensor parallel (every layer's activations, forward
+    and backward), larger ones data parallel (the gradients' few buckets); the only axis of
+    collectives where there is one. Without it, the n-th collective of every rank is matched
+    as one (a tensor-parallel all-reduce with another stage's), and the replay reads noise.
+    (Not the forward pass's placement, as for the layout: a later pipeline stage's first
+    forward starts late in the step.)"""
+    del steps  # the sizes decide here
+    collective_axes = [a for a, n in ((TP, layout.tp), (DP, layout.dp)) if (n or 1) > 1]
+    p2p_axis = PP if (layout.pp or 1) > 1 and (layout.cp or 1) == 1 else None
+    a2a_axis = "ep" if (layout.ep or 1) > 1 and (layout.cp or 1) == 1 else None
+    unnamed = [c for c in comms if not c.get("group") and not c.get("group_ranks")]
+    sizes: dict[Any, Counter[float]] = defaultdict(Counter)
+    for comm in unnamed:
+        if comm.get("op") in ACTIVATION_OPS:
+            sizes[comm.get("rank")][float(comm.get("bytes") or 0)] += 1
+    for comm in unnamed:
+        op = comm.get("op")
+        if op in P2P_OPS:
+            comm["group"] = p2p_axis
+        elif op == "all_to_all":
+            comm["group"] = a2a_axis
+        elif op in COLLECTIVE_OPS and len(collective_axes) == 1:
+            comm["group"] = collective_axes[0]
+        elif op in ACTIVATION_OPS and collective_axes == [TP, DP]:
+            counts = sizes[comm.get("rank")]
+            activation = max(counts, key=lambda size: (counts[size], -size))
+            size = float(comm.get("bytes") or 0)
+            if activation > 0:  # sizes known (an older trace without `Input Dims` has none)
+                comm["group"] = TP if size == activation else DP if size > activation else None
