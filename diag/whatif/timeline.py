@@ -154,7 +154,8 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     kinds = np.where(held, Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
     source = events["source"].to_numpy()
-    events["absent_ns"] = np.where(source >= 0, absent_ns[np.maximum(source, 0)], 0)
+    padded = np.append(absent_ns, 0)  # source -1 (no comm): the 0 at the end
+    events["absent_ns"] = padded[np.where(source >= 0, source, len(absent_ns))]
     # a synchronisation inferred from time in no record: that time was waiting in a gap
     events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
