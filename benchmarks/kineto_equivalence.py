@@ -8,9 +8,10 @@ its bubble within 5 points, and the layout right.
 Prints one line per (layout, schedule, fault, shape) and exits 1 when one misses.
 tests/unit/test_kineto_equivalence.py runs the small cases of the same matrix.
 
-Until the reader derives the layout from the traces (issue 39, item 1), a folder whose layout
-the reader cannot derive is read with the layout given by hand (`layout` column: `derived`
-or `given`), as `diag analyze FOLDER --layout ...` would.
+Every folder is analysed with the true layout's micro-batches and virtual stages, which no
+trace says (as `diag analyze FOLDER --layout ...` would); the `layout` column says whether the
+reader derived the job's axes (dp, tp, pp, ep, cp) from the traces (`derived`) or could not
+(`given`: an older trace without process groups reads `unknown`).
 """
 
 from __future__ import annotations
@@ -126,18 +127,16 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_traces(folder: Path, truth: Layout) -> tuple[dict[str, Any], str]:
-    """The report of a trace folder and where its layout came from: derived by the reader when
-    it derives the true one (dp, tp, pp, micro-batches and virtual stages), else given by hand
-    (as `--layout`)."""
-    derived = load_any(folder).manifest.layout
-    if _axes(derived) == _axes(truth):
-        return analyze_path(folder), "derived"
-    return analyze_path(folder, layout=truth), "given"
+    """The report of a trace folder, read with the true layout's micro-batches and virtual
+    stages (no trace says them: a user gives them with `--layout`), and where its axes came
+    from: `derived` where the reader derives the true dp, tp, pp, ep and cp from the traces,
+    else `given` (an older trace's unknown layout)."""
+    derived = _axes(load_any(folder).manifest.layout) == _axes(truth)
+    return analyze_path(folder, layout=truth), "derived" if derived else "given"
 
 
 def _axes(layout: Layout) -> tuple[int, ...]:
-    return (layout.dp, layout.tp, layout.pp, layout.ep, layout.microbatches or 1,
-            layout.virtual_stages or 1)  # fmt: skip
+    return (layout.dp, layout.tp, layout.pp, layout.ep, layout.cp)
 
 
 def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:

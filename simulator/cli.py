@@ -96,7 +96,8 @@ def _default_out() -> Path:
     help="With --format kineto: the traces' shape: DeviceMesh's group names; Megatron-LM's "
     "(and batched sends and receives: SendRecv kernels without arguments); old (PyTorch of "
     "2023: no group arguments, no pg_config, sizes as Input Dims); host-bound (short kernels "
-    "each launched just before it runs).",
+    "each launched just before it runs); ring-cp (the tensor-parallel groups as context "
+    "parallel ones passing key and value blocks round a ring).",
 )  # fmt: skip
 @click.option(
     "--traced-ranks", type=click.Choice(TRACED_RANKS), default="all", show_default=True,
@@ -132,6 +133,8 @@ def simulate(**options: object) -> None:
     where, layout = "run directory", ""
     if o["rank_format"] == "kineto":
         where, layout = "profiler traces", f" --layout {layout_option(config)}"
+        if o["trace_shape"] == "ring-cp":  # cp = the simulated tp, which --layout cannot say
+            layout = ""  # for a trace folder yet: the traces' groups give it
     click.echo(
         f"simulated {result.world_size} ranks x {result.steps} steps in {result.seconds:.1f} s "
         f"({result.bytes / 1e6:.1f} MB)\n{where}: {out}\nnext: diag analyze {out}{layout}"

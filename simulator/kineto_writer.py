@@ -64,7 +64,7 @@ _DTYPES = {"bfloat16": ("BFloat16", 2), "float16": ("Half", 2), "float32": ("Flo
            "fp8": ("Float8_e4m3fn", 1)}  # fmt: skip
 
 
-TRACE_SHAPES = ("devicemesh", "megatron", "old", "host-bound")
+TRACE_SHAPES = ("devicemesh", "megatron", "old", "host-bound", "ring-cp")
 """The shapes `diag simulate --format kineto --trace-shape` writes (docs/simulator.md)."""
 TRACED_RANKS = ("all", "one-per-tp")
 """Which ranks' traces are written: every rank's, or one per tensor-parallel group (its first)."""
@@ -93,6 +93,12 @@ class Shape:
     `record_param_comms` scope has closed: the kernel carries no arguments."""
     host_bound: bool = False
     """The computation as many short kernels each launched just before it runs (HOST_SLOT_NS)."""
+    tp_as_cp_ring: bool = False
+    """The job's tensor-parallel groups as context-parallel ones (`mesh_cp`) running ring
+    attention: each of its collectives becomes size - 1 rounds in which every member sends
+    its block of keys and values to the next member and receives the previous one's (the
+    last sending to the first), each with its peer (`Dst Rank` / `Src Rank`, PyTorch 2.4 on),
+    over the collective's interval. The layout's truth: cp = the simulated tp, tp = 1."""
 
 
 SHAPES = {
@@ -100,6 +106,7 @@ SHAPES = {
     "megatron": Shape(megatron_names=True, batched_p2p=True),
     "old": Shape(group_args=False, pg_config=False),
     "host-bound": Shape(host_bound=True),
+    "ring-cp": Shape(tp_as_cp_ring=True),
 }
 _MEGATRON = {"world": "default_pg", "dp": "DATA_PARALLEL_GROUP_WITH_CP",
              "tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
@@ -173,7 +180,8 @@ def _process_groups(manifest: schema.Manifest, form: Shape) -> Groups:
     axes = sorted((a for a in manifest.groups if a != "world"), key=lambda a: "dptpppep".find(a))
     for axis in axes:
         for members in manifest.groups[axis]:
-            desc = _MEGATRON.get(axis, axis) if form.megatron_names else f"mesh_{axis}"
+            named = "cp" if form.tp_as_cp_ring and axis == "tp" else axis
+            desc = _MEGATRON.get(axis, axis) if form.megatron_names else f"mesh_{named}"
             listed.append((axis, desc, "cuda:nccl", list(members)))
             if form.megatron_names and axis == "dp":  # Megatron's other groups of these ranks
                 listed.append((None, "DATA_PARALLEL_GROUP", "cuda:nccl", list(members)))
@@ -218,6 +226,8 @@ def _trace(
             continue
         for t0, t1 in _outside(int(span["t0"]), int(span["t1"]), blocking, ends):
             kernels.append((t0, t1, str(phase)))
+    if form.tp_as_cp_ring:
+        comms = _ring_rounds(comms, groups.get(("tp", rank)), rank)
     ordered = sorted(comms, key=lambda c: int(c["t0"]))
     if form.batched_p2p:
         for one in _batches(ordered):
@@ -257,6 +267,32 @@ def _trace(
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": 0,
     }
+
+
+def _ring_rounds(
+    comms: list[dict[str, Any]], group: dict[str, Any] | None, rank: int
+) -> list[dict[str, Any]]:
+    """The rank's comms with each collective of its tensor-parallel group replaced by ring
+    attention's rounds (Shape.tp_as_cp_ring): in each, a send to the next member and a
+    receive from the previous, both over the round's share of the collective's interval."""
+    if group is None or len(group["ranks"]) < 2:
+        return comms
+    members = list(group["ranks"])
+    size, at = len(members), members.index(rank)
+    following, previous = members[(at + 1) % size], members[(at - 1) % size]
+    out = []
+    for comm in comms:
+        if comm.get("group") != "tp" or str(comm.get("op")) in P2P:
+            out.append(comm)
+            continue
+        t0, t1 = int(comm["t0"]), int(comm["t1"])
+        rounds = size - 1
+        for k in range(rounds):
+            r0, r1 = t0 + (t1 - t0) * k // rounds, t0 + (t1 - t0) * (k + 1) // rounds
+            for op, peer in (("send", following), ("recv", previous)):
+                out.append(comm | {"op": op, "t0": r0, "t1": max(r1, r0 + 1), "peer": peer,
+                                   "bytes": int(comm.get("bytes") or 0) // rounds})  # fmt: skip
+    return out
 
 
 def _batches(comms: list[dict[str, Any]]) -> list[Any]:
@@ -348,6 +384,8 @@ class _Events:
         args: dict[str, Any] = {"Collective name": name, "dtype": dtype,
                                 "In msg nelems": elements, "Out msg nelems": elements,
                                 "In split size": "[]", "Out split size": "[]"}  # fmt: skip
+        if comm.get("peer") is not None and op in P2P:  # PyTorch 2.4 on: a message's peer
+            args["Dst Rank" if op == "send" else "Src Rank"] = int(comm["peer"])
         if group is not None:
             args.update({
                 "Group size": group["pg_size"], "Process Group Name": group["pg_name"],

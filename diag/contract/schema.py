@@ -166,6 +166,10 @@ class Hardware:
     inter_node_GBps: float | None = None
 
 
+UNKNOWN_LAYOUT = "unknown"
+"""How a manifest's `layout_source` starts where the layout could not be read."""
+
+
 @dataclass
 class Manifest:
     run_id: str
@@ -186,10 +190,25 @@ class Manifest:
     schema: str = RUN_SCHEMA
     layout_source: str | None = None
     """Where the layout came from when diag read it (a profiler trace folder): `given`, `from
-    the traces' process groups (...)` or `inferred: <reason>`; None in a run's own manifest."""
+    the traces' process groups (...)`, `inferred: <reason>` or `unknown: <reason>`; None in a
+    run's own manifest."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def layout_unknown(self) -> bool:
+        """Whether diag could not read the layout (a trace folder's `layout_source` `unknown:
+        <reason>`): its groups and every rank's role are unknown, and what compares a rank
+        with its peers or matches collectives by group claims nothing."""
+        return (self.layout_source or "").startswith(UNKNOWN_LAYOUT)
+
+    @property
+    def schedule_known(self) -> bool:
+        """Whether the layout's micro-batches and virtual stages are known: a run's own
+        manifest or a layout given by hand says them; process groups read from traces do not
+        (they give dp, tp, pp, ep and cp only), so the schedule's theory bubble is unknown."""
+        return self.layout_source in (None, "given")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

@@ -29,7 +29,8 @@ def arrivals(comms: pd.DataFrame, steps: pd.DataFrame, manifest: schema.Manifest
     # a message is matched with its other side by peer (whatif/matching.py), never as the n-th
     # send of every rank: that pairs sends of different stages and reads clock-sized lateness
     records = records[~records["op"].isin(list(P2P_OPS))]
-    if records.empty or records["rank"].nunique() < 2:
+    # an unknown layout: no group says which ranks' collectives are one
+    if records.empty or records["rank"].nunique() < 2 or manifest.layout_unknown:
         return pd.DataFrame(columns=COLUMNS)
     ranks = records["rank"].to_numpy(dtype=np.int64)
     t0 = records["t0"].to_numpy(dtype=np.int64)

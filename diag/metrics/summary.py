@@ -54,7 +54,7 @@ def summary(
         "busy_imbalance": ratio(ranks["busy_s"].max(), busy_mean),
         "bubble_theory": (
             ledger.bubble_fraction(pp, layout.microbatches or 1, layout.virtual_stages or 1)
-            if pp > 1
+            if pp > 1 and run.manifest.schedule_known  # traces say no micro-batch count
             else None
         ),
         "bubble_fraction": pipeline_metrics["bubble_fraction"] if pp > 1 else None,

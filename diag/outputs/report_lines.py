@@ -52,6 +52,9 @@ def headline(report: dict[str, Any]) -> str:
     run, summary = report["run"], report["summary"]
     layout = run.get("layout") or {}
     dims = [f"{d}={layout[d]}" for d in ("dp", "tp", "pp", "ep", "cp") if (layout.get(d) or 1) > 1]
+    source = str(run.get("layout_source") or "")
+    if source.startswith(schema.UNKNOWN_LAYOUT):  # its numbers stand for nothing: say why
+        dims = [f"layout {source}"]
     parts = [
         run.get("run_id") or "(unnamed run)",
         _ranks(report, " ".join(dims) or _no_axis(run)),
@@ -66,9 +69,10 @@ def headline(report: dict[str, Any]) -> str:
             else ")"
         ),
     ]
-    if summary.get("bubble_theory") is not None:
-        bubble, theory = summary.get("bubble_fraction"), summary["bubble_theory"]
-        parts.append(f"bubble {pct(bubble)} (theory {pct(theory)})")
+    if summary.get("bubble_fraction") is not None:
+        bubble, theory = summary.get("bubble_fraction"), summary.get("bubble_theory")
+        known = f" (theory {pct(theory)})" if theory is not None else " (theory: m unknown)"
+        parts.append(f"bubble {pct(bubble)}{known}")
         if summary.get("stage_imbalance") is not None:
             parts.append(f"stage imbalance {num(summary['stage_imbalance'])}")
     status = summary.get("status")
@@ -120,9 +124,10 @@ def status_line(summary: dict[str, Any]) -> str:
 
 def _layout_source(run: dict[str, Any]) -> list[str]:
     """`layout from the traces' process groups` (a trace folder's layout: never silently
-    assumed); nothing for a run directory, whose manifest holds its layout."""
+    assumed; an unknown one is said with the ranks: `16 ranks (layout unknown: <why>)`);
+    nothing for a run directory, whose manifest holds its layout."""
     source = run.get("layout_source")
-    if not source:
+    if not source or str(source).startswith(schema.UNKNOWN_LAYOUT):  # said with the ranks
         return []
     return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
 

@@ -33,6 +33,7 @@ from diag.numeric.compiled import for_size
 from diag.numeric.keys import in_steps
 from diag.numeric.ordering import dense_key, lexicographic, occurrence
 from diag.read.load import RunData
+from diag.whatif.absent_members import arrivals_with_absent_members
 from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 from diag.whatif.untraced import inferred_syncs
 
@@ -81,7 +82,9 @@ class Timeline:
     host_ns (local time before the event, and its host part), gap_ns (its time in no record
     right before the event), j (position in its step), instance, group,
     transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), inferred
-    (a synchronisation inferred from time in no record, diag/whatif/untraced.py), post_ns
+    (a synchronisation inferred from time in no record, diag/whatif/untraced.py), absent_ns
+    (the part of seg_ns spent waiting for group members nobody traced: the arrival moved to
+    when the transfer began, diag/whatif/absent_members.py), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -125,6 +128,10 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     waits = spans[spans["phase"] == schema.Phase.COMM_WAIT.value]
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)
+    sizes = _sizes(run, steps, len(comms))
+    arrived = arrivals_with_absent_members(comms, instance, run.manifest, sizes)
+    absent_ns = arrived - comms["t0"].to_numpy(dtype=np.int64)
+    comms["t0"] = arrived
     recv_rows, send_rows = message_pair_rows(comms, run.manifest)
     is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
     kinds = np.where(instance >= 0, np.where(is_async & ~self_waiting, Kind.LAUNCH, Kind.SYNC),
@@ -146,6 +153,9 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     held = _held_sends(comms, spans, send_rows, recv_rows) & is_async
     kinds = np.where(held, Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
+    source = events["source"].to_numpy()
+    padded = np.append(absent_ns, 0)  # source -1 (no comm): the 0 at the end
+    events["absent_ns"] = padded[np.where(source >= 0, source, len(absent_ns))]
     # a synchronisation inferred from time in no record: that time was waiting in a gap
     events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
@@ -154,6 +164,16 @@ def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     _local_time(timeline, spans, _previous_step_ends(run.steps, steps, ranks))
     _dependencies(timeline, recv_rows, send_rows)
     return timeline
+
+
+def _sizes(run: RunData, steps: pd.DataFrame, rows: int) -> np.ndarray | None:
+    """The bytes of the analysed comms in `build`'s row order, `rows` of them (the inferred
+    ones, last, NaN); None where the records give no sizes."""
+    if "bytes" not in run.comms:
+        return None
+    recorded = run.comms.loc[in_steps(run.comms, steps), "bytes"]
+    sizes = pd.to_numeric(recorded, errors="coerce").to_numpy(dtype=np.float64)[:rows]
+    return np.concatenate([sizes, np.full(rows - len(sizes), np.nan)])
 
 
 def _held_sends(

@@ -193,7 +193,8 @@ def test_deepseek_all_to_all_is_mostly_hidden_under_compute() -> None:
 def test_nccl_bytes_come_from_record_param_comms() -> None:
     report = analyze_path(REAL_TRACES / "hta-nccl-world2")
     ops = {c["op"]: c for c in report["collectives"]}
-    assert ops["all_reduce"]["group"] == "default_pg" and ops["all_reduce"]["bytes"] > 0
+    # the world's group, carrying DDP's gradient buckets: named by its axis, not `default_pg`
+    assert ops["all_reduce"]["group"] == "dp" and ops["all_reduce"]["bytes"] > 0
     assert ops["all_reduce"]["busbw_GBps"] > 0
 
 

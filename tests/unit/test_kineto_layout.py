@@ -23,6 +23,7 @@ from diag.outputs.report_lines import headline
 from diag.read.kineto import load_trace_dir
 from diag.read.kineto.comm_ops import group_ranks
 from diag.read.kineto.files import pg_groups
+from diag.read.kineto.layout import infer_layout
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-traces"
 DP, PP, TP = 2, 2, 2
@@ -253,7 +254,7 @@ def test_a_batch_kernel_without_arguments_carries_the_ops_issued_before_it(tmp_p
     assert first["blocking"].all()  # a receive among a batch's ops: the kernel is a wait
 
 
-def test_an_older_trace_reads_ops_from_annotations_and_says_the_layout_is_inferred(
+def test_an_older_trace_reads_ops_from_annotations_and_says_the_layout_is_unknown(
     tmp_path: Path,
 ) -> None:
     folder = tmp_path / "old"
@@ -270,24 +271,33 @@ def test_an_older_trace_reads_ops_from_annotations_and_says_the_layout_is_inferr
     (row,) = run.comms.to_dict("records")
     assert row["op"] == "all_to_all" and row["bytes"] == 384 * 8 * 2  # not `send`
     source = run.manifest.layout_source
-    assert source.startswith("inferred: no process groups") and "all-to-alls" in source
+    # one rank of 16 and an all-to-all: experts or context, of no size the trace gives
+    assert source.startswith("unknown: no process groups") and "all-to-alls" in source
+    assert run.manifest.groups == {}  # no group claimed
     report = diag.analyze_path(folder)
     assert report["run"]["layout_source"] == source
-    assert "layout inferred: no process groups" in headline(report)  # never silently
+    assert "layout unknown: no process groups" in headline(report)  # never silently
 
 
 def test_an_older_megatron_job_reads_its_ops_and_says_what_it_cannot_size(
     tmp_path: Path,
 ) -> None:
     """No group arguments, no pg_config: the ops from the annotations (a batch's too), and the
-    layout said to be inferred, naming the pipeline it cannot size."""
+    layout said to be unknown, naming what the placement shows and cannot size."""
     folder = write(tmp_path / "t", list(range(WORLD)), names=MEGATRON, with_args=False)
     run = load_trace_dir(folder, use_cache=False)
     counts = run.comms["op"].value_counts().to_dict()
     per_rank_step = {op: n // (WORLD * 2) for op, n in counts.items()}
     assert per_rank_step == {"all_reduce": 4, "send": 1, "recv": 1, "reduce_scatter": 1}
     source = run.manifest.layout_source
-    assert source.startswith("inferred: no process groups") and "sends and receives" in source
+    assert source.startswith("unknown: no process groups")
+    for shown in (
+        "tensor-parallel collectives inside the forward and backward passes",
+        "data-parallel gradient reduction",
+        "a pipeline's sends and receives",
+    ):
+        assert shown in source  # fmt: skip
+    assert run.manifest.layout.pp == 1 and run.manifest.groups == {}
 
 
 def test_given_layout_overrides_and_says_so(tmp_path: Path) -> None:
@@ -320,7 +330,12 @@ def test_real_traces_layout_and_ops() -> None:
     # NCCL runs the all-to-all as SendRecv; the `nccl:all_to_all` annotation names it
     assert set(ops) == {"all_to_all", "all_reduce", "all_gather"}
     assert ops["all_reduce"] > 0 and ops["all_to_all"] > 0
-    assert sampled.manifest.layout_source.startswith("inferred: no process groups")
+    assert sampled.manifest.layout_source.startswith("unknown: no process groups")
+    # a single rank's file of two early all-reduces (world 300) proves no tensor parallelism
+    gloo = load_trace_dir(REAL / "hta-cpu-only-gloo", use_cache=False)
+    assert gloo.manifest.layout_source.startswith("unknown:") and gloo.manifest.layout.tp == 1
+    # DDP: a broadcast of its buffers at the step's start, then the gradients' buckets
+    assert world2.manifest.layout_source.endswith("dp spans every rank)")
     alltoall = load_trace_dir(REAL / "hta-alltoall-world16", use_cache=False)
     counts = alltoall.comms["op"].value_counts().to_dict()
     assert counts.get("all_to_all", 0) == 45 and counts.get("send", 0) == 5
@@ -364,3 +379,72 @@ def test_a_collective_one_rank_lacks_shifts_no_match_and_messages_are_not_matche
     steps = pd.DataFrame([{"rank": r, "step": s} for r in (0, 1) for s in (1, 2, 3)])
     table = arrivals(comms, steps, Manifest(run_id="x", created="", world_size=2))
     assert table["late_median_s"].tolist() == [0.0, 0.0]
+
+
+def _messages(world: int, inner: int, ring: bool) -> tuple[list[dict], list[dict]]:
+    """Two steps of a dp x `inner` job (inner groups of consecutive ranks) as comm records:
+    six rounds of messages in each inner group, round a ring (`ring`: each rank sends to the
+    next, receives from the previous, the last sending to the first: ring attention's key and
+    value blocks) or along a pipeline (activations forward, gradients back, the ends trading
+    with one neighbour); and the gradients' all-reduce over the data-parallel group."""
+    comms: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    dp = world // inner
+    for rank in range(world):
+        base, i = rank - rank % inner, rank % inner
+        group = tuple(range(base, base + inner))
+        replicas = tuple(rank % inner + k * inner for k in range(dp))
+        for step in (1, 2):
+            t0 = step * 10_000
+            steps.append({"rank": rank, "step": step, "t0": t0, "t1": t0 + 9_000})
+            for n in range(6):
+                if ring:
+                    pairs = [("send", base + (i + 1) % inner), ("recv", base + (i - 1) % inner)]
+                elif n < 3:  # forward: from the previous stage, on to the next
+                    pairs = [("recv", rank - 1)] * (i > 0) + [("send", rank + 1)] * (i < inner - 1)
+                else:  # backward: the gradients the other way
+                    pairs = [("recv", rank + 1)] * (i < inner - 1) + [("send", rank - 1)] * (i > 0)
+                for op, peer in pairs:
+                    comms.append({"rank": rank, "step": step, "op": op, "t0": t0 + 500 + n * 900,
+                                  "group_ranks": group, "group": "pg1", "peer": peer})  # fmt: skip
+            comms.append({"rank": rank, "step": step, "op": "all_reduce", "t0": t0 + 8_000,
+                          "group_ranks": replicas, "group": "pg2", "peer": None})  # fmt: skip
+    return comms, steps
+
+
+def test_messages_round_a_ring_are_context_parallel_a_chain_is_a_pipeline() -> None:
+    comms, steps = _messages(8, 4, ring=True)
+    found = infer_layout(8, [], comms, steps)
+    layout = found.layout
+    assert (layout.dp, layout.cp, layout.pp, layout.tp) == (2, 4, 1, 1), found.source
+    assert found.groups["cp"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert "ring is context parallel" in found.source
+    comms, steps = _messages(8, 4, ring=False)
+    layout = infer_layout(8, [], comms, steps).layout
+    assert (layout.dp, layout.cp, layout.pp) == (2, 1, 4)
+
+
+def test_only_gradient_reduction_is_data_parallel_over_the_world(tmp_path: Path) -> None:
+    """An older trace (no groups) whose ranks all reduce gradient-sized buckets after the
+    forward pass and nothing else: every rank data parallel, said to be inferred."""
+    comms, steps = _messages(4, 1, ring=True)
+    comms = [c | {"group_ranks": None, "bytes": 1 << 24} for c in comms if c["op"] == "all_reduce"]
+    found = infer_layout(4, [], comms, steps)
+    assert found.layout.dp == 4 and found.groups["dp"] == [[0, 1, 2, 3]]
+    assert found.source.startswith("inferred: no process groups") and "dp spans" in found.source
+    nothing = infer_layout(4, [], [], steps)
+    assert nothing.source.startswith("unknown:") and nothing.groups == {}
+
+
+def test_a_window_left_open_has_no_status_the_traces_cannot_give(tmp_path: Path) -> None:
+    """Every traced rank's window closed at the same step: complete. One rank's trace stops
+    a step before the others' (it hung, died or was cut short: the traces cannot say which):
+    the status is left undecided, never 'completed'."""
+    folder = write(tmp_path / "t", list(range(WORLD)), names=MESH)
+    assert load_trace_dir(folder, use_cache=False).manifest.status == "complete"
+    trace = megatron_trace(3, MESH)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e["ts"] < 2 * STEP_US]
+    (folder / "rank3.pt.trace.json").write_text(json.dumps(trace))
+    run = load_trace_dir(folder, use_cache=False)
+    assert run.manifest.status == "unknown"
+    assert diag.analyze_path(folder)["summary"]["status"] != "completed"

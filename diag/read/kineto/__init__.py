@@ -28,6 +28,7 @@ from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
+from diag.read.kineto.placement import name_by_placement
 from diag.read.load import RunData, run_from_records, with_cache_note
 from diag.read.parallel import map_chunks
 
@@ -84,6 +85,8 @@ def load_trace_dir(
             "the others are not analysed"
         )
     name_groups_by_axis(records["comm"], manifest)
+    if layout is not None:  # an older trace's ops, named by none of its groups
+        name_by_placement(records["comm"], records["step"], manifest.layout)
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
         device_time=_device_table(traces),
@@ -174,8 +177,28 @@ def _manifest(
         groups=found.groups,
         layout_source=found.source,
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
-        status=schema.RunStatus.COMPLETE.value,
+        status=window_status(traces, records),
     )
+
+
+UNDECIDED = "unknown"
+"""A trace folder's status where its traces show work left open (the manifest's status words
+are a run's: failure.py reads any other as undecidable from the records)."""
+
+
+def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> str:
+    """`complete` where every traced rank's profiled window closed alike: each has steps and
+    the same last one; else UNDECIDED (a rank whose trace stops steps before the others':
+    it hung, died or was cut short, which the traces cannot tell apart). A trace folder says
+    no more: not whether the job finished, only whether the window it profiled did (each
+    kept step closed; a kernel launched outside every step is not read)."""
+    last: dict[int, int] = {}
+    for step in records["step"]:
+        rank = int(step["rank"])
+        last[rank] = max(last.get(rank, step["step"]), step["step"])
+    if any(int(t.rank or 0) not in last for t in traces) or len(set(last.values())) > 1:
+        return UNDECIDED
+    return schema.RunStatus.COMPLETE.value
 
 
 def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:

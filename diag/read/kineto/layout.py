@@ -1,11 +1,14 @@
-"""The job's layout (dp x tp x pp x ep) and its process groups, read from the traces.
+"""The job's layout (dp x tp x pp x ep x cp) and its process groups, read from the traces.
 
 Where the groups come from: `distributedInfo.pg_config` (each group the traced rank belongs
 to, with its ranks) and the `Process Group Ranks` of `record_param_comms`. Which axis a group is
 comes from what it carries and where, never from its name (Megatron's `TENSOR_MODEL_PARALLEL_
 GROUP`, DeviceMesh's `mesh_tp`, `pg3`: hints only, used when nothing else decides):
-- sends and receives: the pipeline;
-- all-to-alls: the experts;
+- sends and receives: the pipeline; round a ring (each rank sends to one member, receives
+  from another, the last sending to the first), context parallel (ring attention);
+- all-to-alls: the experts; of two groups carrying them, the one issuing more per step is
+  context parallel (Ulysses: the sequence's q, k, v and output, every layer), the other the
+  experts (dispatch and combine, every MoE layer);
 - other collectives: of two families of groups, the one issuing more of them per step (the
   activations' all-reduces of every layer, forward and backward) is tensor parallel, the
   other (the gradients' reduction, a few large buckets) data parallel; a single family is
@@ -28,14 +31,14 @@ from typing import Any
 
 from diag.contract import schema
 from diag.contract.names import DP, EP, PP, TP, WORLD
+from diag.read.kineto import placement
+from diag.read.kineto.placement import COLLECTIVE_OPS, FORWARD_SHARE, FROM_GROUPS, FoundLayout
 
-FROM_GROUPS = "from the traces' process groups"
 GIVEN = "given"
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
+CP = "cp"
+"""Context parallelism's groups (the manifest's axis; the simulator writes none)."""
 MAX_GROUPS = 4096
 """Distinct process groups read from a folder's traces (more: the rest ignored)."""
-FORWARD_SHARE = 0.25
-"""A collective starting in this first share of its step's window is inside the forward pass."""
 NAME_HINTS = (
     (TP, ("tensor", "mesh_tp", "tp")),
     (PP, ("pipeline", "mesh_pp", "pp")),
@@ -55,6 +58,8 @@ class Family:
     per_step: Counter[tuple[int, int]] = field(default_factory=Counter)  # (rank, step) -> ops
     early: int = 0  # collectives that start in their step's first quarter
     collectives: int = 0
+    sent_to: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    received_from: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     @property
     def size(self) -> int:
@@ -63,19 +68,26 @@ class Family:
     def ops_per_step(self) -> float:
         return sum(self.per_step.values()) / max(len(self.per_step), 1)
 
+    def ring(self) -> bool:
+        """Whether its messages go round a ring: each rank sends to one member and receives
+        from another (context parallelism's blocks of keys and values, passed on every step
+        of a layer's attention), where a pipeline's middle stages send both ways (activations
+        forward, gradients back) and its ends trade with one neighbour only. Unknown (False)
+        in groups of two, where both look alike, and where no message names its peer."""
+        if self.size < 3 or not self.sent_to or not self.received_from:
+            return False
+        for rank in set(self.sent_to) | set(self.received_from):
+            to, came = self.sent_to.get(rank, set()), self.received_from.get(rank, set())
+            if len(to) != 1 or len(came) != 1 or to == came:
+                return False
+        return True
+
     def hinted(self) -> str | None:
         words = " ".join(self.names).lower()
         for axis, hints in NAME_HINTS:
             if any(hint in words for hint in hints):
                 return axis
         return None
-
-
-@dataclass
-class FoundLayout:
-    layout: schema.Layout
-    groups: dict[str, list[list[int]]]
-    source: str
 
 
 def infer_layout(
@@ -91,11 +103,23 @@ def infer_layout(
     placed: dict[str, Family] = {}
     reasons: list[str] = []
     carrying = [f for f in families.values() if f.ops]
+    rings = [f for f in carrying if f.ring() and _p2p(f) > sum(f.ops.values()) / 2]
+    if rings:  # sends and receives round a ring: context parallel, not a pipeline
+        placed[CP] = max(rings, key=_p2p)
+        reasons.append("the group passing messages round a ring is context parallel")
     for axis, wanted in ((PP, _p2p), (EP, _all_to_all)):
         for family in sorted(carrying, key=lambda f: -wanted(f)):
             if wanted(family) > sum(family.ops.values()) / 2 and _orthogonal(family, placed):
                 placed[axis] = family
                 break
+    if EP in placed and CP not in placed:  # two groups' all-to-alls: experts and Ulysses
+        mostly = [f for f in carrying if _all_to_all(f) > sum(f.ops.values()) / 2]
+        other = next((f for f in sorted(mostly, key=lambda f: -_all_to_all(f))
+                      if _orthogonal(f, placed)), None)  # fmt: skip
+        if other is not None:  # the sequence's, four a layer's attention (q, k, v, out),
+            pair = sorted((placed[EP], other), key=lambda f: -f.ops_per_step())  # beat the
+            placed[CP], placed[EP] = pair  # tokens' two a MoE layer
+            reasons.append("of two groups' all-to-alls, the more frequent is context parallel")
     collective = [f for f in carrying if f.collectives and _orthogonal(f, placed)]
     collective.sort(key=lambda f: (-f.ops_per_step(), f.size))
     if collective:
@@ -109,8 +133,7 @@ def infer_layout(
             placed[axis] = first
             reasons.append(why)
     listed = bool(config_groups) or any(c.get("group_ranks") for c in comms)
-    seen_ops = {c.get("op") for c in comms if not c.get("from_name")}
-    return _built(world, placed, families, reasons, listed, seen_ops)
+    return _built(world, placed, families, reasons, listed, comms, steps)
 
 
 def _p2p(family: Family) -> int:
@@ -186,6 +209,9 @@ def _families(
             continue
         family.ops[op] += 1
         family.per_step[(comm["rank"], comm["step"])] += 1
+        peer = comm.get("peer")
+        if peer is not None and op in ("send", "recv"):
+            (family.sent_to if op == "send" else family.received_from)[comm["rank"]].add(peer)
         if op in COLLECTIVE_OPS:
             family.collectives += 1
             t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))
@@ -199,53 +225,37 @@ def _built(
     families: dict[Any, Family],
     reasons: list[str],
     listed: bool,
-    seen_ops: set[Any],
+    comms: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
 ) -> FoundLayout:
     """The layout from the families placed: each tiled over the world, data parallel from
-    what they leave; pure data parallel, saying why, when nothing fits."""
+    what they leave; without groups but the world's, what the placement of the ops tells
+    (placement.py); unknown, saying why, when nothing fits."""
     tiled: dict[str, list[list[int]]] = {}
     for axis, family in placed.items():
         groups = _tiled(world, family)
         if groups is not None:
             tiled[axis] = groups
     sizes = {axis: len(groups[0]) for axis, groups in tiled.items()}
-    inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1)
-    if not families and listed:  # only the world's group: data parallel, as the traces say
-        return FoundLayout(schema.Layout(dp=world), {}, FROM_GROUPS + " (the world's only)")
-    if not families:
-        return _data_parallel(world, "no process groups in the traces (PyTorch before 2.2 "
-                                     "writes none)" + _unsized(seen_ops))  # fmt: skip
+    inner = sizes.get(TP, 1) * sizes.get(PP, 1) * sizes.get(EP, 1) * sizes.get(CP, 1)
+    if not families:  # no group but the world's: what the world's group carries tells
+        return placement.from_placement(world, comms, steps, listed)
     if not tiled or world % inner:
-        return _data_parallel(world, "the traces' process groups carry no communication that "
-                                     "tells their axis")  # fmt: skip
+        return placement.unknown(world, "the traces' process groups carry no communication "
+                                        "that tells their axis")  # fmt: skip
     tiled.pop(DP, None)  # what the others leave, so the product is the world
     dp_groups = _complement(world, tiled)
     if dp_groups is None:
-        return _data_parallel(world, "the traces' process groups do not form a grid")
+        return placement.unknown(world, "the traces' process groups do not form a grid")
     if len(dp_groups[0]) > 1:
         tiled[DP] = dp_groups
     tiled[WORLD] = [list(range(world))]
     layout = schema.Layout(
-        dp=world // inner, tp=sizes.get(TP, 1), pp=sizes.get(PP, 1), ep=sizes.get(EP, 1)
-    )
+        dp=world // inner, tp=sizes.get(TP, 1), pp=sizes.get(PP, 1), ep=sizes.get(EP, 1),
+        cp=sizes.get(CP, 1),
+    )  # fmt: skip
     source = FROM_GROUPS + (f" ({'; '.join(reasons)})" if reasons else "")
     return FoundLayout(layout, tiled, source)
-
-
-def _unsized(ops: set[Any]) -> str:
-    """What the ops alone show of the axes whose size nothing in the traces gives."""
-    shown = []
-    if ops & {"send", "recv"}:
-        shown.append("sends and receives (a pipeline?)")
-    if "all_to_all" in ops:
-        shown.append("all-to-alls (experts or context?)")
-    return f"; they show {' and '.join(shown)} of unknown size" if shown else ""
-
-
-def _data_parallel(world: int, why: str) -> FoundLayout:
-    return FoundLayout(
-        schema.Layout(dp=world), {}, f"inferred: {why}; every rank read as data parallel"
-    )
 
 
 def _tiled(world: int, family: Family) -> list[list[int]] | None:

@@ -265,6 +265,8 @@ def stragglers(ctx: RuleContext) -> list[dict[str, Any]]:
     """`find_stragglers` at BAL001's limits as configured, once a run (BAL001, BAL002 and the
     rules that ask whether a straggler explains their finding all read it)."""
     limits = ctx.limits_of(STRAGGLER_RULE)
+    if ctx.run.manifest.layout_unknown:  # whose peers a rank is (its stage, its role): unknown
+        return []
     return list(ctx.derived_once("stragglers", lambda: find_stragglers(ctx.metrics, limits)))
 
 
@@ -473,6 +475,8 @@ def busy_imbalance(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Fi
     imbalance = float(ranks["busy_s"].max()) / mean_busy if mean_busy > 0 else None
     pp = ctx.run.manifest.layout.pp or 1
     if pp > 1 or imbalance is None or len(ranks) < 2 or imbalance < limits["imbalance"]:
+        return []
+    if ctx.run.manifest.layout_unknown:  # ranks of different roles need not be equally busy
         return []
     if stragglers(ctx):
         return []  # BAL001 names the rank (at its limits as configured)

@@ -88,7 +88,7 @@ def few_microbatches(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[
     layout = ctx.run.manifest.layout
     p, m, v = layout.pp or 1, layout.microbatches or 1, layout.virtual_stages or 1
     wanted = int(limits["per_stage"] * p)
-    if p <= 1 or m >= wanted:
+    if p <= 1 or m >= wanted or not ctx.run.manifest.schedule_known:
         return []
     theory = ledger.bubble_fraction(p, m, v)
     severity = "high" if theory >= limits["high_bubble"] else "medium"
