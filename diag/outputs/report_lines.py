@@ -122,8 +122,8 @@ def _layout_source(run: dict[str, Any]) -> list[str]:
     """`layout from the traces' process groups` (a trace folder's layout: never silently
     assumed); nothing for a run directory, whose manifest holds its layout."""
     source = run.get("layout_source")
-    if not source:
-        return []
+    if not source or source.startswith("unknown"):
+        return []  # an unknown layout: the ranks' parenthesis says `layout unknown` already
     return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
 
 
