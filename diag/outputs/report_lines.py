@@ -55,7 +55,7 @@ def headline(report: dict[str, Any]) -> str:
     parts = [
         run.get("run_id") or "(unnamed run)",
         _ranks(report, " ".join(dims) or _no_axis(run)),
-        *_layout_source(run),
+        *_layout_source(run, said_unknown=not dims and _no_axis(run) == "layout unknown"),
         _steps_analysed(summary),
         *_step(summary),
         *_model_flops(run, summary),
@@ -118,12 +118,12 @@ def status_line(summary: dict[str, Any]) -> str:
     return f"{status.upper()}" + (f": {reason} --" if reason else " --")
 
 
-def _layout_source(run: dict[str, Any]) -> list[str]:
+def _layout_source(run: dict[str, Any], said_unknown: bool = False) -> list[str]:
     """`layout from the traces' process groups` (a trace folder's layout: never silently
     assumed); nothing for a run directory, whose manifest holds its layout."""
     source = run.get("layout_source")
-    if not source or source.startswith("unknown"):
-        return []  # an unknown layout: the ranks' parenthesis says `layout unknown` already
+    if not source or (said_unknown and source.startswith("unknown")):
+        return []  # the ranks' parenthesis says `layout unknown` already
     return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
 
 
