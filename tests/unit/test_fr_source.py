@@ -71,3 +71,26 @@ def test_dumps_that_agree_are_undecidable_not_running(tmp_path: Path) -> None:
     assert report["run"]["status"] == "unknown"
     assert report["summary"]["status"] == "undecidable", report["summary"]
     assert not [f for f in report["findings"] if f["rule"].startswith("FLR")]
+
+
+def test_a_dump_that_is_not_a_regular_file_or_grows_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A FIFO named like a dump is refused, not waited on; a file read in chunks past its size
+    plus the growth a writer may add is refused as it is read (the one bounded read of input:
+    diag/contract/files.py, which a streaming reader iterates too)."""
+    import os
+
+    from diag.contract.files import NotReadable, open_regular, regular_chunks
+    from diag.read.flight_recorder import read_dump, read_dumps
+
+    folder = _dumps(tmp_path / "dumps", {0: 2}, {})
+    os.mkfifo(folder / "rank-00001.json")
+    assert read_dumps(folder).ranks == [0]  # the FIFO is not a dump: skipped, not waited on
+    with pytest.raises(NotReadable, match="a FIFO, not a regular file"):
+        read_dump(folder / "rank-00001.json")
+    # the chunks of a file that says its size, read to its end, and a bound that stops a read
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 3000)
+    with open_regular(big, 10_000) as fh:
+        assert b"".join(regular_chunks(fh, big, 10_000, chunk_bytes=512)) == b"x" * 3000
+    with open_regular(big, 10_000) as fh, pytest.raises(NotReadable, match="goes on past"):
+        list(regular_chunks(fh, big, 1000, chunk_bytes=512))  # past its bound as it is read
