@@ -20,15 +20,12 @@ nothing at all.
 
 from __future__ import annotations
 
-import atexit
 import os
-import signal
 import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -36,10 +33,9 @@ import torch.distributed as dist
 
 from collectors.clock import Clock
 from collectors.comm import CollectiveTracer, CommEvent
+from collectors.comm_records import GroupRecords
 from collectors.contexts import CollectiveContext, SpanContext, StepContext, TagContext
 from collectors.device import CudaSpanTimer, NvmlSampler
-from collectors.exits import exception_fields
-from collectors.exits import install as install_exit_hooks
 from collectors.host import HostSampler
 from collectors.inflight import InFlight
 from collectors.manifest import (
@@ -51,23 +47,21 @@ from collectors.manifest import (
 from collectors.memory import SavedTensorTracker, memory_breakdown
 from collectors.null import NullContext, NullRecorder
 from collectors.parts import RecorderParts
-from collectors.pending import PENDING
+from collectors.recorder_end import RecorderEnd, track_open
 from collectors.safety import guarded, report_once
 from collectors.watchdog import (
     Watchdog,
     WatchdogConfig,
-    dump_flight_recorder,
     watchdog_enabled,
 )
 from collectors.writer import RankFormat, open_rank_writer
-from diag.contract.names import WORLD
-from diag.contract.schema import MEMORY_CATEGORIES, Phase, RunStatus, write_manifest
+from diag.contract.schema import MEMORY_CATEGORIES, Phase, write_manifest
 
 _PHASES = {p.value for p in Phase}
 Batch = TypeVar("Batch")
 
 
-class Recorder:
+class Recorder(RecorderEnd):
     """Writes one rank's records; create it with `Recorder.from_env` after init_process_group."""
 
     def __init__(
@@ -121,7 +115,7 @@ class Recorder:
         # The device budget the six categories are checked against at every step end (oom_risk).
         self.memory_budget_bytes = memory_budget_bytes
         self.phase: str | None = None  # the phase of the innermost open span (fwd, bwd, ...)
-        self._group_names: dict[int, tuple[str, Any]] = {}
+        self.groups = GroupRecords(world_size)  # names, sizes and `seq` of the process groups
         self._close_callbacks: list[Callable[[], None]] = []
         self._tracer: CollectiveTracer | None = None
         # The parameter list is read once: listing a deep module's parameters costs more than
@@ -134,11 +128,7 @@ class Recorder:
         # watchdog reads it, every flush writes it (collectors/inflight.py).
         self.inflight = InFlight()
         self.main_thread_id = threading.get_ident()  # the training thread: a stall keeps its stack
-        self._seq: dict[int, int] = {}  # group key -> collectives issued on it so far
-        self._group_info: dict[int, tuple[int, list[int] | None]] = {}  # key -> size, ranks
-        self._announced: set[int] = set()  # groups whose ranks a comm record gave already
-        _OPEN_RECORDERS.add(self)
-        install_exit_hooks(_record_uncaught, _flush_on_signal)
+        track_open(self)
         self._watchdog: Watchdog | None = None
         if watchdog_enabled(watchdog):
             config = WatchdogConfig.resolve(stall_factor, stall_floor_s, heartbeat_s)
@@ -265,7 +255,7 @@ class Recorder:
     # ----------------------------------------------------------------- groups
     def register_group(self, name: str, group: Any) -> None:
         """Name a process group by its parallel dimension (`dp`, `tp`, `pp`, `ep`)."""
-        self._group_names[id(group)] = (name, group)
+        self.groups.register(name, group)
 
     @guarded()
     def declare_data_parallel(self, dp: DataParallel) -> None:
@@ -275,7 +265,7 @@ class Recorder:
 
         Every rank must call it (a DP group smaller than the world is gathered from all ranks).
         """
-        if id(dp.group) not in self._group_names:
+        if not self.groups.is_named(dp.group):
             self.register_group("dp", dp.group)
         all_groups = declare_data_parallel(dist, dp, self.world_size)
         if self._manifest is not None:
@@ -292,12 +282,7 @@ class Recorder:
         )  # fmt: skip
 
     def group_name(self, group: Any) -> str:
-        entry = self._group_names.get(id(group))
-        if entry is not None:
-            return entry[0]
-        if group is None or group is getattr(dist.GroupMember, "WORLD", None):
-            return WORLD
-        return WORLD if dist.get_world_size(group) == self.world_size else "other"
+        return self.groups.name(group)
 
     # ----------------------------------------------------------------- steps and spans
     def step(self, tokens: int | None = None) -> StepContext | NullContext:
@@ -405,67 +390,19 @@ class Recorder:
         )  # fmt: skip
         return CollectiveContext(self, event)
 
-    def _group(self, group: Any) -> tuple[int, int, list[int] | None]:
-        """(key, size, global ranks or None) of a process group; the key counts its `seq`."""
-        world = getattr(dist.GroupMember, "WORLD", None)
-        key = -1 if group is None or group is world else id(group)
-        info = self._group_info.get(key)
-        if info is None:
-            if dist.is_initialized():
-                pg = world if key == -1 else group
-                info = (dist.get_world_size(pg), list(dist.get_process_group_ranks(pg)))
-            else:
-                info = (1, None)
-            self._group_info[key] = info
-        return key, info[0], info[1]
-
-    def _assign_seq(self, e: CommEvent, key: int) -> None:
-        if e.seq is None:
-            e.seq = self._seq[key] = self._seq.get(key, 0) + 1
-
     @guarded()
     def comm_issued(self, e: CommEvent) -> None:
         """A collective issued (called before it is launched): it gets its `seq` and stays in
         the in-flight state until `record_comm_event` records it completed."""
-        key, size, ranks = self._group(e.group)
-        self._assign_seq(e, key)
-        fields: dict[str, Any] = {
-            "op": e.op, "group": self.group_name(e.group), "group_size": size,
-            "group_ranks": ranks, "seq": e.seq, "bytes": e.bytes, "dtype": e.dtype, "tag": e.tag,
-        }  # fmt: skip
-        if e.peer is not None:
-            fields["peer"] = e.peer
+        fields = self.groups.issued_fields(e)
         self.inflight.comms[id(e)] = (self.step_index, e, fields)
         self.inflight.progress_ns = max(self.inflight.progress_ns, e.t0)
 
     @guarded()
     def record_comm_event(self, e: CommEvent) -> None:
-        key, group_size, ranks = self._group(e.group)
-        self._assign_seq(e, key)
+        record = self.groups.comm_record(e, self.step_index)
         self.inflight.comms.pop(id(e), None)
         self.inflight.progress_ns = max(self.inflight.progress_ns, e.t1)
-        record = {
-            **(e.fields or {}),
-            "kind": "comm",
-            "step": self.step_index,
-            "op": e.op,
-            "group": self.group_name(e.group),
-            "group_size": group_size,
-            "bytes": e.bytes,
-            "dtype": e.dtype,
-            "t0": e.t0,
-            "t1": e.t1,
-            "expected_bytes": e.expected_bytes,
-            "tag": e.tag,
-            "async": e.is_async,
-            "blocking": e.blocking,
-            "seq": e.seq,
-        }
-        if e.peer is not None:
-            record["peer"] = e.peer
-        if key not in self._announced:  # the group's members, on its first record
-            self._announced.add(key)
-            record["group_ranks"] = ranks
         self.parts.writer.write(record)
 
     def _record_wait(self, t0: int, t1: int) -> None:
@@ -524,131 +461,3 @@ class Recorder:
     @guarded()
     def event(self, name: str, **fields: Any) -> None:
         self.parts.writer.write({"kind": "event", "step": self.step_index, "name": name, **fields})
-
-    # ----------------------------------------------------------------- end
-    @guarded()
-    def flush(self) -> None:
-        if self.parts.cuda_timer is not None:
-            for record in self.parts.cuda_timer.resolve():
-                self.parts.writer.write(record)
-        self._write_open_state()
-        self.parts.writer.flush()
-        self.inflight.flushed_ns = self.clock.now()
-
-    def _write_open_state(self) -> None:
-        """What is still open (step, spans, issued collectives), before each flush."""
-        if self.inflight.any_open():
-            for record in self.inflight.open_records():
-                self.parts.writer.write(record)
-
-    def flush_from_thread(self, records: list[dict[str, Any]], timeout_s: float) -> bool:
-        """Write `records` and the open state, and flush, from a thread that is not the
-        training thread (the watchdog, the SIGTERM flush): the flush gives up after
-        `timeout_s` if a training-thread flush holds the file (the records go out with the
-        next one). Never raises."""
-        try:
-            for record in records:
-                self.parts.writer.write(record)
-            self._write_open_state()
-            done = self.parts.writer.flush(timeout_s=timeout_s)
-            if done:
-                self.inflight.flushed_ns = self.clock.now()
-            return done
-        except Exception as err:
-            report_once("Recorder.flush_from_thread", err)
-            return False
-
-    _recorded_exception: tuple[int, str] | None = None
-
-    @guarded()
-    def record_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
-        """An `exception` event (type, message, last frames) for an exception leaving the
-        training loop, flushed at once: the process may be about to die. Once per exception
-        (the step context and sys.excepthook both see it)."""
-        if isinstance(exc, (SystemExit, GeneratorExit)):
-            return
-        mark = (id(exc), type(exc).__qualname__)
-        if self._closed or mark == self._recorded_exception:
-            return
-        self._recorded_exception = mark
-        fields = exception_fields(exc, tb)
-        if dist.is_available() and dist.is_initialized():
-            # the collectives' state as PyTorch saw it when this rank failed (a peer lost
-            # mid-collective ends the survivors with an error here, before any stall)
-            fields["fr_file"], fields["fr_error"] = dump_flight_recorder(self.run_dir, self.rank)
-        self.event("exception", t_ns=self.clock.now(), **fields)
-        self.flush()
-
-    def record_signal(self, signum: int) -> None:
-        """A `signal` event, flushed (from the SIGTERM helper thread: collectors/exits.py)."""
-        if self._closed:
-            return
-        event = {"kind": "event", "step": self.step_index, "name": "signal",
-                 "t_ns": self.clock.now(), "signal": signal.Signals(signum).name}  # fmt: skip
-        self.flush_from_thread([event], timeout_s=1.0)
-
-    @guarded()
-    def close(self, status: str = RunStatus.COMPLETE.value) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        _OPEN_RECORDERS.discard(self)
-        self.inflight.closed = True
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        # The callbacks handed to communication futures (the tracer's, the DDP hook's) write
-        # records and are freed on backend threads: wait for them here, before the writer
-        # closes and before the user destroys the process group (collectors/pending.py)
-        PENDING.drain()
-        for callback in self._close_callbacks:
-            try:
-                callback()
-            except Exception as err:
-                report_once("close callback", err)
-        if self._tracer is not None:
-            self._tracer.uninstall()
-        if self.parts.cuda_timer is not None:
-            for record in self.parts.cuda_timer.resolve(wait=True):
-                self.parts.writer.write(record)
-        self._write_open_state()  # whatever never completed (a failed run's last collective)
-        self.event("rank_closed", t_ns=self.clock.now(),
-                   status="failed" if status == RunStatus.FAILED.value else "complete")  # fmt: skip
-        self.parts.writer.close()
-        self.parts.host.close()
-        if self._manifest is not None:
-            self._manifest.status = status
-            self._manifest.steps_completed = self.steps_completed
-            write_manifest(self.run_dir, self._manifest)
-
-    def __enter__(self) -> Recorder:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None:
-            self.record_exception(exc, tb)
-        self.close(RunStatus.FAILED.value if exc_type else RunStatus.COMPLETE.value)
-
-
-_OPEN_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
-"""Recorders not yet closed; held weakly, so that exit does not keep a recorder (nor what it
-measures) alive past the user's own teardown."""
-
-
-def _flush_open_recorders() -> None:
-    """At exit, flush the records of recorders the job never closed."""
-    for recorder in list(_OPEN_RECORDERS):
-        recorder.flush()
-
-
-atexit.register(_flush_open_recorders)
-
-
-def _record_uncaught(exc: BaseException, tb: TracebackType | None) -> None:
-    """sys.excepthook's part: the exception that ends the process, in every open recorder."""
-    for recorder in list(_OPEN_RECORDERS):
-        recorder.record_exception(exc, tb)
-
-
-def _flush_on_signal(signum: int) -> None:
-    for recorder in list(_OPEN_RECORDERS):
-        recorder.record_signal(signum)

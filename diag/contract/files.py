@@ -15,9 +15,9 @@ The refusals are `NotReadable`, an `OSError` whose `strerror` is the reason, so 
 from __future__ import annotations
 
 import errno
-import io
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -90,18 +90,33 @@ def read_regular(
     soon as it passes `max_bytes`."""
     with open_regular(path, max_bytes, follow_links=follow_links) as fh:
         size = os.fstat(fh.fileno()).st_size
-        first = fh.read(size) if size else b""
-        more = _rest(fh, path, max_bytes, len(first))
-    return first if not more else first + more
+        return b"".join(regular_chunks(fh, path, max_bytes, first_bytes=size))
 
 
-def _rest(fh: BinaryIO, path: str | os.PathLike[str], max_bytes: int, have: int) -> bytes:
-    """What follows the first read (empty for a file read whole by it), bounded by the file's
-    bound and by its size plus GROWTH_BYTES: a file being written grows a little while read,
-    a `/proc` file that says 0 goes on."""
-    out = io.BytesIO()
-    bound = min(max_bytes, have + GROWTH_BYTES)
-    while chunk := fh.read(READ_CHUNK_BYTES):
+def regular_chunks(
+    fh: BinaryIO,
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    *,
+    first_bytes: int = 0,
+    chunk_bytes: int = READ_CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """An opened regular file (`open_regular`) a chunk at a time: `first_bytes` in one read
+    (its size, to read it whole), then `chunk_bytes` at a time, refused (NotReadable) as soon
+    as it passes `max_bytes`, or what was read first plus GROWTH_BYTES: a file being written
+    grows a little while read, a `/proc` file that says 0 goes on. The one bounded read of
+    input files, whole (`read_regular`) or streamed."""
+    # NOTE: diag/read/kineto/stream.py's `inflated` still reads a plain trace with a loop of
+    # its own, bounded only by the size `open_regular` checked: it should iterate this one
+    # (left to that module's rewrite, which another change owns, to keep the merge clean)
+    size, have = os.fstat(fh.fileno()).st_size, 0
+    if first_bytes > 0:
+        first = fh.read(first_bytes)
+        have = len(first)
+        if first:
+            yield first
+    bound = min(max_bytes, (have if first_bytes > 0 else size) + GROWTH_BYTES)
+    while chunk := fh.read(chunk_bytes):
         have += len(chunk)
         if have > bound:
             raise NotReadable(
@@ -110,8 +125,7 @@ def _rest(fh: BinaryIO, path: str | os.PathLike[str], max_bytes: int, have: int)
                 f"({size_words(os.fstat(fh.fileno()).st_size)}; a /proc file?) or the "
                 f"{size_words(max_bytes)} a file of its kind may be",
             )
-        out.write(chunk)
-    return out.getvalue()
+        yield chunk
 
 
 def read_regular_text(path: str | os.PathLike[str], max_bytes: int) -> str:

@@ -93,6 +93,9 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     COMPLETE = "complete"
     FAILED = "failed"
+    UNKNOWN = "unknown"
+    """An input that does not say (a folder of Flight Recorder dumps): never written by a run;
+    the status the analysis derives from the data (`summary.status`) is the one shown."""
 
 
 TRAINERS = ("dp", "tp", "pp", "ep", "zero3", "lightning", "hf", "custom")
@@ -189,9 +192,10 @@ class Manifest:
     steps_completed: int | None = None
     schema: str = RUN_SCHEMA
     layout_source: str | None = None
-    """Where the layout came from when diag read it (a profiler trace folder): `given`, `from
-    the traces' process groups (...)`, `inferred: <reason>` or `unknown: <reason>`; None in a
-    run's own manifest."""
+    """Where the layout came from when diag read it (a profiler trace folder, Flight Recorder
+    dumps): `given`, `from the traces' process groups (...)`, `inferred: <reason>` or `unknown:
+    <reason>` (the layout is then one rank per axis, a placeholder); None in a run's own
+    manifest."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

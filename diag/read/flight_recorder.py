@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 
 import pandas as pd
 
+from diag.contract.files import read_regular
 from diag.contract.limits import (
     MAX_FR_DEPTH,
     MAX_FR_DUMP_BYTES,
@@ -108,7 +109,10 @@ def read_dumps(folder: Path) -> FlightRecords:
     for rank, path in dump_files(folder):
         try:
             dump = read_dump(path)
-        except (OSError, ValueError) as err:
+        except OSError as err:
+            notes.append(f"{path}: cannot read ({err.strerror or err})")
+            continue
+        except ValueError as err:
             notes.append(f"{path}: {err}")
             continue
         ranks.append(rank)
@@ -119,10 +123,9 @@ def read_dumps(folder: Path) -> FlightRecords:
 
 def read_dump(path: Path) -> dict[str, Any]:
     """One dump as plain data; ValueError (the reason, one line) when it cannot be read safely."""
-    size = path.stat().st_size
-    if size > MAX_FR_DUMP_BYTES:
-        raise ValueError(f"{size:,} bytes, above the limit of {MAX_FR_DUMP_BYTES:,}: not read")
-    data = path.read_bytes()
+    # regular files only, bounded as they are read (a FIFO or a /proc file named like a dump
+    # is refused, not waited on): NotReadable, an OSError, says why
+    data = read_regular(path, MAX_FR_DUMP_BYTES)
     if data.lstrip()[:1] != b"{":  # not JSON: a pickle of any protocol, read without globals
         try:
             value = load_plain(data, MAX_FR_DUMP_BYTES, MAX_FR_OBJECTS, MAX_FR_DEPTH)

@@ -6,8 +6,11 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.distributed.readme_runs import FailedRuns, hang_run
 
 pytestmark = pytest.mark.dist
 
@@ -62,3 +65,18 @@ def run_tp():
 @pytest.fixture
 def run_ep():
     return functools.partial(diag_run, trainer="ep")
+
+
+@pytest.fixture(scope="session")
+def readme_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The README loop with rank 2 hanging in step 3 (tests/distributed/readme_runs.py), once
+    per session: what it leaves (test_failure_evidence.py) and what diag names from it
+    (test_failures_e2e.py) are read from the same launch."""
+    return hang_run(tmp_path_factory.mktemp("readme-hang"))
+
+
+@pytest.fixture(scope="session")
+def readme_failures(tmp_path_factory: pytest.TempPathFactory) -> FailedRuns:
+    """`readme_failures.get(modes)`: the README loop crashing, desynchronising, killed or
+    healthy, each launched once per session, when a test first asks for it."""
+    return FailedRuns(tmp_path_factory.mktemp("readme-failed"))

@@ -7,6 +7,10 @@ completed records with `seq`, `comm_issued` before a collective, `span_open`, he
 RUN/flight-recorder/rank-NNNNN.json (TORCH_FR_BUFFER_SIZE set before torch starts).
 
     python fr_job.py RUN MODE RANKS
+    python fr_job.py ROOT hang,desync,healthy RANKS   # each job in ROOT/MODE, one after another
+
+The ranks are forked from the launcher once it has imported torch (each still its own process,
+with its own process group).
 """
 
 from __future__ import annotations
@@ -134,22 +138,49 @@ def main(run: str, mode: str, rank: int, world: int) -> None:
     os._exit(0)  # no teardown: a peer may be gone
 
 
+def launch(run: str, mode: str, ranks: int, deadline: float) -> int:
+    """The job of `mode`: its manifest, then its ranks forked from this process (torch is
+    imported once, here, not in every rank: the import is most of a small job's time)."""
+    os.makedirs(run, exist_ok=True)
+    manifest = {"schema": "diag.run/1", "run_id": f"fr-{mode}",
+                "created": "2026-12-06T00:00:00Z", "trainer": "custom",
+                "world_size": ranks, "backend": "gloo", "device_type": "cpu",
+                "layout": {"dp": ranks}, "groups": {"world": [list(range(ranks))]},
+                "status": "running"}  # fmt: skip
+    with open(os.path.join(run, "manifest.json"), "w") as handle:
+        json.dump(manifest, handle)
+    pids = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:  # the rank: it ends with os._exit, never returns here
+            try:
+                main(run, mode, rank, ranks)
+            finally:
+                os._exit(1)
+        pids.append(pid)
+    codes: dict[int, int] = {}
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done == pid:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            for pid in pids:
+                if pid not in codes:
+                    os.kill(pid, 9)
+            return 1
+        time.sleep(0.05)
+    return max(codes.values())
+
+
 if __name__ == "__main__":
     os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
-    run_dir, mode_name, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if len(sys.argv) > 4:
-        main(run_dir, mode_name, int(sys.argv[4]), ranks)
-    else:
-        os.makedirs(run_dir, exist_ok=True)
-        manifest = {"schema": "diag.run/1", "run_id": f"fr-{mode_name}",
-                    "created": "2026-12-06T00:00:00Z", "trainer": "custom",
-                    "world_size": ranks, "backend": "gloo", "device_type": "cpu",
-                    "layout": {"dp": ranks}, "groups": {"world": [list(range(ranks))]},
-                    "status": "running"}  # fmt: skip
-        with open(os.path.join(run_dir, "manifest.json"), "w") as handle:
-            json.dump(manifest, handle)
-        import subprocess
+    target, modes, world = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+    import torch  # noqa: F401  (before the forks: every rank inherits it)
 
-        procs = [subprocess.Popen([sys.executable, __file__, run_dir, mode_name, str(ranks),
-                                   str(r)]) for r in range(ranks)]  # fmt: skip
-        sys.exit(max(p.wait(timeout=200) for p in procs))
+    limit = time.monotonic() + 100 * len(modes)
+    if len(modes) == 1:  # fr_job.py RUN MODE RANKS
+        sys.exit(launch(target, modes[0], world, limit))
+    # fr_job.py ROOT MODE,MODE,... RANKS: one job after the other, in ROOT/MODE
+    sys.exit(max(launch(os.path.join(target, m), m, world, limit) for m in modes))

@@ -1,84 +1,39 @@
 """A job that does not finish leaves its evidence (issue 40, item 1): the README's own loop on 3
-gloo ranks, rank 2 hanging (or raising) in its forward of step 3, an 8 s process-group timeout.
+gloo ranks, rank 2 hanging (or raising) in its forward of step 3, a 10 s process-group timeout.
 
 While rank 2 hangs, its rank file says it is inside `fwd` of step 3 and the others' say they
 wait in the same DDP all-reduce (`comm_issued`, same group and seq); each rank writes one
 `stall` with its stack and a Flight Recorder dump; torchrun's SIGTERM is flushed; the survivors'
 errors name the collective. A crash leaves an `exception` with the rank's frames. One launch per
-failure, shared by the tests of the module. Then a reference trainer with `--inject hang:...`.
+failure, shared with tests/distributed/test_failures_e2e.py (tests/distributed/readme_runs.py);
+a reference trainer's injected hang leaves its stall there too (`--inject hang:...`, pp).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from diag.rankfile.convert import rank_file, rank_records
+from tests.distributed.readme_runs import HEARTBEAT_S, JOB, RANKS, STALL_FLOOR_S, events, records
+from tests.distributed.readme_runs import RANK as FAILING_RANK
+from tests.distributed.readme_runs import STEP as FAILING_STEP
 
 pytestmark = pytest.mark.dist
 
-JOB = Path(__file__).with_name("readme_job.py")
-RANKS = 3
-FAILING_RANK, FAILING_STEP = 2, 3
-ENV = {"DIAG_STALL_FLOOR_S": "1.5", "DIAG_HEARTBEAT_S": "0.5"}
-"""A stall after 1.5 s of silence (the steps take milliseconds): well inside the timeout."""
 
-
-def records(run: Path, rank: int) -> list[dict[str, Any]]:
-    """The rank's records so far (a file still being written has no end-of-stream yet)."""
-    path = rank_file(run, rank)
-    return [] if path is None else rank_records(path, [])
-
-
-def events(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [r for r in recs if r["kind"] == "event" and r.get("name") == name]
-
-
-def launch(cwd: Path, kind: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={RANKS}", str(JOB), "--steps", "6", "--fail", kind,
-               "--fail-rank", str(FAILING_RANK), "--fail-step", str(FAILING_STEP),
-               "--pg-timeout-s", "8"]  # fmt: skip
-    return subprocess.Popen(command, cwd=cwd, env={**os.environ, **ENV}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+@pytest.fixture(scope="module")
+def hang(readme_hang: dict[str, Any]) -> dict[str, Any]:
+    """The hang, launched once per session (tests/distributed/readme_runs.py): every rank's
+    records read while it hangs (once each has a stall), then the run directory and the
+    output once torchrun has ended the job."""
+    return readme_hang
 
 
 @pytest.fixture(scope="module")
-def hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The hang: every rank's records read while it hangs (once each has a stall), then the
-    run directory and the output once torchrun has ended the job."""
-    cwd = tmp_path_factory.mktemp("hang")
-    run = cwd / "runs" / "my-job"
-    job = launch(cwd, "hang")
-    try:
-        during: list[list[dict[str, Any]]] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and job.poll() is None:
-            during = [records(run, rank) for rank in range(RANKS)]
-            if all(events(recs, "stall") for recs in during):
-                break
-            time.sleep(0.5)
-        output, _ = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    yield {"during": during, "run": run, "output": output, "returncode": job.returncode}
-
-
-@pytest.fixture(scope="module")
-def crash(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    cwd = tmp_path_factory.mktemp("crash")
-    job = launch(cwd, "crash")
-    output, _ = job.communicate(timeout=180)
-    return {"run": cwd / "runs" / "my-job", "output": output, "returncode": job.returncode}
+def crash(readme_failures: Any) -> dict[str, Any]:
+    return readme_failures.get(["crash"])["crash"]
 
 
 def last_flush(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -110,7 +65,7 @@ def test_while_it_hangs_the_rank_files_say_where_each_rank_is(hang: dict[str, An
         waiting.append((issued["seq"], issued["bytes"]))
     assert len(set(waiting)) == 1, waiting  # the same collective on every waiting rank
     heartbeats = events(stuck, "heartbeat")
-    assert heartbeats and heartbeats[-1]["interval_s"] == 0.5
+    assert heartbeats and heartbeats[-1]["interval_s"] == HEARTBEAT_S
 
 
 def test_each_rank_writes_one_stall_with_its_stack_and_a_flight_recorder_dump(
@@ -120,7 +75,7 @@ def test_each_rank_writes_one_stall_with_its_stack_and_a_flight_recorder_dump(
     for rank in range(RANKS):
         (stall,) = events(records(run, rank), "stall")  # once per episode
         assert stall["step"] == FAILING_STEP
-        assert stall["idle_s"] >= stall["threshold_s"] == 1.5
+        assert stall["idle_s"] >= stall["threshold_s"] == STALL_FLOOR_S
         functions = [frame["function"] for frame in stall["stack"]]
         assert all(set(frame) == {"file", "line", "function"} for frame in stall["stack"])
         if rank == FAILING_RANK:  # where it stopped: the model's forward, in its sleep
@@ -164,19 +119,3 @@ def test_a_crash_records_the_exception_before_the_process_dies(crash: dict[str, 
     assert exception["frames"][-1]["function"] == "forward"
     assert len(exception["frames"]) <= 20
     assert not [r for r in recs if r["kind"] == "step" and r["step"] == FAILING_STEP]
-
-
-def test_a_reference_trainer_injects_a_hang(tmp_path: Path) -> None:
-    """`diag run tp --inject hang:rank=1,step=1` on 2 ranks: rank 1 stalls in its forward,
-    inside the injection; rank 0 waits in a tp collective; the short timeout ends the job."""
-    run = tmp_path / "run"
-    env = {**os.environ, **ENV, "DIAG_PG_TIMEOUT_S": "6"}
-    command = [sys.executable, "-m", "diag", "run", "tp", "--nproc=2", "--steps", "3",
-               "--out", str(run), "--inject", "hang:rank=1,step=1"]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode != 0
-    (stall,) = events(records(run, 1), "stall")
-    assert stall["step"] == 1
-    assert stall["stack"][-1]["function"] == "apply_failure"
-    waiting = events(records(run, 0), "comm_issued")
-    assert waiting and waiting[-1]["step"] == 1 and waiting[-1]["group"] == "tp"

@@ -5,7 +5,8 @@ trainer other than dp (pp) hanging. The first finding names the rank, the step a
 no steps: the rank and the collective) and from both; the healthy loop raises no failure finding;
 `diag watch`, run beside the hanging job, names the silent rank within 3 median steps + 5 s of
 the hang's start and exits 1 once the job died; `diag check` exits 1 on every failed run.
-One launch per failure, shared by the module (benchmarks/failure_matrix.py runs all of them).
+One launch per failure, shared with test_failure_evidence.py (tests/distributed/readme_runs.py;
+benchmarks/failure_matrix.py runs all of them).
 """
 
 from __future__ import annotations
@@ -14,102 +15,35 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from diag.api import analyze_path
+from diag.cli.main import main as diag_main
 from diag.rankfile.convert import rank_file, rank_records
 from diag.read.flight_recorder import FR_DIR
+from tests.distributed.readme_runs import ENV, FAILURES, RANK, STEP, STEPS, events, records
 
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = Path(__file__).with_name("readme_job.py")
-RANKS, STEPS, RANK, STEP = 3, 5, 2, 3
-PG_TIMEOUT_S = 10
-ENV = {
-    "DIAG_STALL_FLOOR_S": "1.5",
-    "DIAG_HEARTBEAT_S": "0.5",
-    "DIAG_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
-}
-"""A stall after 1.5 s of silence (the steps take milliseconds), well inside the timeout."""
-FAILURES = ("crash", "desync", "kill")
-
-
-def _readme(cwd: Path, failure: str | None) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={RANKS}", str(JOB), "--steps", str(STEPS),
-               "--pg-timeout-s", str(PG_TIMEOUT_S)]  # fmt: skip
-    if failure is not None:
-        command += ["--fail", failure, "--fail-rank", str(RANK), "--fail-step", str(STEP)]
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(command, cwd=cwd, env={**os.environ, **ENV}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-
-
-def _finish(job: subprocess.Popen[str]) -> str:
-    try:
-        output, _ = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    return output
-
-
-def _watch(run: Path) -> tuple[subprocess.Popen[str], list[tuple[int, str]]]:
-    """`diag watch RUN` started now, its lines with the wall time each arrived (ns)."""
-    watch = subprocess.Popen(
-        [sys.executable, "-m", "diag", "watch", str(run), "--interval", "0.5", "--wait", "120"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    lines: list[tuple[int, str]] = []
-
-    def read() -> None:
-        assert watch.stdout is not None
-        for line in watch.stdout:
-            lines.append((time.time_ns(), line.rstrip()))
-
-    threading.Thread(target=read, daemon=True).start()
-    return watch, lines
 
 
 @pytest.fixture(scope="module")
-def hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The hanging loop alone on the machine (its timing is measured), `diag watch` beside it."""
-    cwd = tmp_path_factory.mktemp("hang")
-    run = cwd / "runs" / "my-job"
-    job = _readme(cwd, "hang")
-    watch, lines = _watch(run)
-    try:
-        output = _finish(job)
-        watch_rc = watch.wait(timeout=120)
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-    time.sleep(0.2)  # the reader's last line
-    yield {"run": run, "output": output, "watch_rc": watch_rc, "watch_lines": lines}
+def hang(readme_hang: dict[str, Any]) -> dict[str, Any]:
+    """The hanging loop alone on the machine (its timing is measured), `diag watch` beside it:
+    launched once per session (tests/distributed/readme_runs.py)."""
+    return readme_hang
 
 
 @pytest.fixture(scope="module")
-def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The crash, the desync, the kill and the healthy loop, two at a time (more at once would
-    starve a rank of two cores past the group's timeout)."""
-    root = tmp_path_factory.mktemp("failed")
-    runs: dict[str, Path] = {}
-    modes: list[str | None] = [*FAILURES, None]
-    for pair in (modes[:2], modes[2:]):
-        jobs = [(m or "healthy", _readme(root / (m or "healthy"), m)) for m in pair]
-        for name, job in jobs:
-            output = _finish(job)
-            runs[name] = root / name / "runs" / "my-job"
-            assert runs[name].is_dir(), f"{name}: no run directory\n{output[-3000:]}"
-    return runs
+def failed(readme_failures: Any) -> dict[str, Path]:
+    """The crash, the desync, the kill and the healthy loop (each launched once per session)."""
+    runs = readme_failures.get([*FAILURES, "healthy"])
+    return {name: run["run"] for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +55,7 @@ def pp_hang(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=ROOT, env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)}, capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
-    assert out.is_dir(), (done.stdout + done.stderr)[-3000:]
+    assert out.is_dir() and done.returncode != 0, (done.stdout + done.stderr)[-3000:]
     return out
 
 
@@ -146,11 +80,9 @@ def _collective(first: dict[str, Any]) -> dict[str, Any]:
 
 def _check(run: Path) -> int:
     # a limit every run holds: the check of a finished run has something to check (exit 0),
-    # and a run that did not finish fails whatever its limits (exit 1)
-    return subprocess.run([sys.executable, "-m", "diag", "check", str(run), "--max-comm-share",
-                           "1"], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True).returncode  # fmt: skip
+    # and a run that did not finish fails whatever its limits (exit 1); in process: the
+    # command's exit code without a Python start per run
+    return CliRunner().invoke(diag_main, ["check", str(run), "--max-comm-share", "1"]).exit_code
 
 
 def _assert_hang_named(run: Path, tmp: Path, op: str | None = None, p2p: bool = False) -> None:
@@ -220,6 +152,13 @@ def test_a_failure_is_named_from_the_records_the_dumps_and_both(failure, failed,
 
 def test_a_reference_trainer_other_than_dp_hangs_and_is_named(pp_hang, tmp_path) -> None:
     _assert_hang_named(pp_hang, tmp_path, p2p=True)
+    # the evidence it leaves: the hanging rank stalls inside the injection, and a rank it
+    # holds up waits in a collective of that step (its last in-flight record)
+    (stall,) = events(records(pp_hang, RANK), "stall")
+    assert stall["step"] == STEP and stall["stack"][-1]["function"] == "apply_failure"
+    held = [e[-1] for r in range(4) if r != RANK and (e := events(records(pp_hang, r),
+                                                                   "comm_issued"))]  # fmt: skip
+    assert any(issued["step"] == STEP for issued in held), held
 
 
 def test_the_healthy_loop_raises_no_failure_finding(failed) -> None:

@@ -63,6 +63,6 @@ def test_htas_figures_beside_diags_on_a_real_gpu_trace() -> None:
     gpu_check = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up there
     spec.loader.exec_module(gpu_check)
-    beside = gpu_check._beside_hta(analyze_path(REAL_NCCL, hta=True))
+    beside = gpu_check.beside_hta(analyze_path(REAL_NCCL, hta=True))
     assert beside["worst_points"] <= 1.0 and beside["idle_split"]["worst_points"] <= 1.0, beside
     assert beside["idle_split"]["hta"][0] > 99  # host wait, as HTA splits it

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from collections.abc import Iterable
 from pathlib import Path
 
 from diag.contract import schema
@@ -17,6 +16,9 @@ from diag.errors import InputError
 from diag.read.flight_recorder import dump_files, looks_like_dump, read_dumps
 from diag.read.load import RunData, empty_run
 from diag.read.sources.base import LoadOptions
+
+GIVEN = "given"
+UNKNOWN_LAYOUT = "unknown: Flight Recorder dumps name their groups, not the axis of each"
 
 
 class FlightRecorderDumps:
@@ -37,7 +39,10 @@ class FlightRecorderDumps:
             raise InputError(path, f"no Flight Recorder dump could be read ({reason})")
         members = [m for ms in dumps.table["members"].dropna() for m in ms]
         world = min(max([*dumps.ranks, *members]) + 1, MAX_WORLD_SIZE)
-        layout = options.layout or _layout(dumps.table["members"].dropna(), world)
+        # a dump names its groups but not which of dp, tp, pp or ep each is, nor whether the
+        # job ran on: both unknown until given (--layout) or derived (the failure analysis
+        # derives the status from the entries: `summary.status`, which the report shows)
+        layout = options.layout or schema.Layout()
         manifest = schema.Manifest(
             run_id=path.resolve().name,
             created=_dt.datetime.fromtimestamp(_newest(path), _dt.UTC).isoformat(),
@@ -45,7 +50,8 @@ class FlightRecorderDumps:
             trainer="flight-recorder",
             layout=layout,
             ranks=[schema.RankInfo(rank=r) for r in dumps.ranks],
-            status=schema.RunStatus.RUNNING.value,
+            status=schema.RunStatus.UNKNOWN.value,
+            layout_source=GIVEN if options.layout else UNKNOWN_LAYOUT,
         )
         missing = sorted(set(range(world)) - set(dumps.ranks))
         notes = list(dumps.notes)
@@ -53,7 +59,7 @@ class FlightRecorderDumps:
             shown = ", ".join(str(r) for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
             notes.append(f"{path}: no Flight Recorder dump of rank(s) {shown}")
         notes.append(f"{path}: Flight Recorder dumps alone: no steps, the failure only")
-        if options.layout is None and layout.dp != world:
+        if options.layout is None and world > 1:
             notes.append(f"{path}: layout unknown (the dumps' groups do not say which axis each "
                          "is): --layout gives it")  # fmt: skip
         run = empty_run(manifest, path, notes)
@@ -67,16 +73,6 @@ class FlightRecorderDumps:
 
     def profiler_window(self, path: Path) -> Path | None:
         return None
-
-
-def _layout(members: Iterable[tuple[int, ...]], world: int) -> schema.Layout:
-    """dp=world when every group of several ranks the dumps name holds all of them (plain data
-    parallelism); otherwise unknown, one rank per axis (the headline says so): a dump names its
-    groups but not which of tp, pp, ep or dp each one is."""
-    groups = {tuple(m) for m in members if len(m) > 1}
-    if all(len(set(m)) == world for m in groups):
-        return schema.Layout(dp=world)
-    return schema.Layout()
 
 
 def _newest(folder: Path) -> float:

@@ -1,0 +1,96 @@
+"""A folder of Flight Recorder dumps alone (diag/read/sources/flight_recorder.py) assumes
+nothing it cannot read: its manifest's status is `unknown` (a dump does not say whether the job
+ran on) and its layout unknown (a dump names its groups, not their axes; `--layout` gives it);
+the status the analysis derives from the entries is the one the report shows. Dumps written by
+hand in torch's JSON shape (the real ones: tests/distributed/test_flight_recorder.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diag.api import analyze_path
+from diag.contract import schema
+from diag.outputs.report_lines import headline
+from diag.read.sources.base import LoadOptions
+from diag.read.sources.flight_recorder import FLIGHT_RECORDER
+
+
+def _entry(seq: int, retired: bool) -> dict[str, Any]:
+    return {"process_group": ["0", "default_pg"], "collective_seq_id": seq, "p2p_seq_id": 0,
+            "is_p2p": False, "profiling_name": "gloo:all_reduce", "input_sizes": [[8]],
+            "input_dtypes": ["Float"], "state": "completed" if retired else "scheduled",
+            "retired": retired, "time_created_ns": 10**18 + seq * 10**9}  # fmt: skip
+
+
+def _dumps(folder: Path, last_seq: dict[int, int], open_seq: dict[int, int]) -> Path:
+    """Rank r retired collectives 1..last_seq[r] and waits in open_seq[r] (when given)."""
+    folder.mkdir()
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(sorted(last_seq))}}
+    for rank, last in last_seq.items():
+        entries = [_entry(s, True) for s in range(1, last + 1)]
+        if rank in open_seq:
+            entries.append(_entry(open_seq[rank], False))
+        dump = {"version": "2.10", "pg_config": config, "entries": entries}
+        (folder / f"rank-{rank:05d}.json").write_text(json.dumps(dump))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # every group holds the world: once read as dp=world, now unknown
+    return _dumps(tmp_path_factory.mktemp("fr") / "hung", {0: 2, 1: 2, 2: 1}, {0: 3, 1: 3})
+
+
+def test_the_dumps_status_and_layout_are_unknown_until_derived_or_given(hung: Path) -> None:
+    run = FLIGHT_RECORDER.load(hung, LoadOptions())
+    assert run.manifest.status == schema.RunStatus.UNKNOWN.value
+    assert run.manifest.layout == schema.Layout()
+    assert (run.manifest.layout_source or "").startswith("unknown")
+    given = FLIGHT_RECORDER.load(hung, LoadOptions(layout=schema.Layout(tp=3)))
+    assert given.manifest.layout.tp == 3 and given.manifest.layout_source == "given"
+    assert given.manifest.status == schema.RunStatus.UNKNOWN.value
+
+
+def test_the_derived_status_overrides_the_unknown_one(hung: Path) -> None:
+    report = analyze_path(hung)
+    assert report["run"]["status"] == "unknown"
+    assert report["summary"]["status"] == "hung", report["summary"]
+    assert report["findings"][0]["rule"] == "FLR001" and report["findings"][0]["ranks"] == [2]
+    line = headline(report)
+    assert line.startswith("HUNG: rank 2 never joined"), line
+    assert "3 ranks (layout unknown)" in line and "status unknown" not in line, line
+    assert "layout unknown: " not in line, line  # said once, in the ranks' parenthesis
+
+
+def test_dumps_that_agree_are_undecidable_not_running(tmp_path: Path) -> None:
+    report = analyze_path(_dumps(tmp_path / "quiet", {0: 3, 1: 3}, {}))
+    assert report["run"]["status"] == "unknown"
+    assert report["summary"]["status"] == "undecidable", report["summary"]
+    assert not [f for f in report["findings"] if f["rule"].startswith("FLR")]
+
+
+def test_a_dump_that_is_not_a_regular_file_or_grows_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A FIFO named like a dump is refused, not waited on; a file read in chunks past its size
+    plus the growth a writer may add is refused as it is read (the one bounded read of input:
+    diag/contract/files.py, which a streaming reader iterates too)."""
+    import os
+
+    from diag.contract.files import NotReadable, open_regular, regular_chunks
+    from diag.read.flight_recorder import read_dump, read_dumps
+
+    folder = _dumps(tmp_path / "dumps", {0: 2}, {})
+    os.mkfifo(folder / "rank-00001.json")
+    assert read_dumps(folder).ranks == [0]  # the FIFO is not a dump: skipped, not waited on
+    with pytest.raises(NotReadable, match="a FIFO, not a regular file"):
+        read_dump(folder / "rank-00001.json")
+    # the chunks of a file that says its size, read to its end, and a bound that stops a read
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 3000)
+    with open_regular(big, 10_000) as fh:
+        assert b"".join(regular_chunks(fh, big, 10_000, chunk_bytes=512)) == b"x" * 3000
+    with open_regular(big, 10_000) as fh, pytest.raises(NotReadable, match="goes on past"):
+        list(regular_chunks(fh, big, 1000, chunk_bytes=512))  # past its bound as it is read
