@@ -62,7 +62,7 @@ def test_the_derived_status_overrides_the_unknown_one(hung: Path) -> None:
     assert report["findings"][0]["rule"] == "FLR001" and report["findings"][0]["ranks"] == [2]
     line = headline(report)
     assert line.startswith("HUNG: rank 2 never joined"), line
-    assert "3 ranks (layout unknown)" in line and "status unknown" not in line, line
+    assert "3 ranks (layout unknown: Flight Recorder dumps" in line and "status unknown" not in line, line
     assert "layout unknown: " not in line, line  # said once, in the ranks' parenthesis
 
 
