@@ -31,7 +31,7 @@ from diag.outputs.report_lines import cache_notes, finding_head, headline, input
 from diag.outputs.sparkline import rank_steps_line
 from diag.outputs.units import aligned, mib, num, pct, size
 from diag.read.load import RunData
-from diag.rules.engine import Diagnosis
+from diag.rules.engine import Diagnosis, Finding
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -62,13 +62,22 @@ def build_report(
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
-        "findings": list(findings),
+        "findings": [finding_dict(f) for f in findings],
         # why a cache entry beside the data was not used: this read's, apart from the input's
         **({"cache_notes": list(run.cache_notes)} if run.cache_notes else {}),
         "skipped": [*run.skipped, *metrics.skipped, *notes],
         **failure_fields(metrics),  # a run that did not finish: where each rank stopped
     }
     return json_safe(report)
+
+
+def finding_dict(finding: Finding | dict[str, Any]) -> dict[str, Any]:
+    """A finding as the report writes it: its fields, `cost_range_s` only where the cost is a
+    range (the reports of every other run as they were)."""
+    out = dict(finding) if isinstance(finding, dict) else dataclasses.asdict(finding)
+    if out.get("cost_range_s") is None:
+        out.pop("cost_range_s", None)
+    return out
 
 
 def _step_time_line(metrics: RunMetrics) -> str | None:
