@@ -135,7 +135,12 @@ def attach_costs(
             **_explanation(finding, attribution),
         }
         if finding.cost_range_s is not None:
-            finding.evidence["cost_range_reason"] = ambiguity_reason(attribution)
+            where, reason = ambiguity_reason(attribution)
+            finding.evidence["cost_range_where"] = where
+            finding.evidence["cost_range_share"] = [
+                c / attribution.measured_step_s for c in finding.cost_range_s
+            ]
+            finding.evidence["cost_range_reason"] = reason
 
 
 RANGE_RESOLUTION_S = 5e-5
@@ -158,23 +163,26 @@ def _range(
     return sorted([finding.cost_s, float(cost)])
 
 
-def ambiguity_reason(attribution: Attribution) -> str:
-    """`the 11.0 ms per step in no record before all_reduce (cp) on ranks 1-3 may be waiting`:
-    where the gaps whose reading decides the range are (the largest first, at most three)."""
+def ambiguity_reason(attribution: Attribution) -> tuple[str, str]:
+    """Where the gaps whose reading decides the range are, in a few words (`the gaps before
+    all_reduce (cp)`) and in a sentence with their time and ranks (the largest first, at most
+    three places)."""
     table = attribution.ambiguous
     if table.empty:
-        return "some time in no record may be waiting"
+        return "some time in no record", "some time in no record may be waiting"
     per_place = table.groupby("before", sort=True).agg(
         gap_s=("gap_s", "max"), ranks=("rank", lambda r: sorted(int(x) for x in r))
     )
     places = per_place.sort_values("gap_s", ascending=False).head(3)
+    where = "the gaps before " + ", ".join(str(before) for before in places.index)
     said = [f"up to {row.gap_s * 1e3:.1f} ms per step before {before} on "
             f"{ranks_phrase(list(row.ranks))}" for before, row in places.iterrows()]  # fmt: skip
-    return (
-        f"the time in no record ({'; '.join(said)}) may be waiting for the last of its "
+    reason = (
+        f"the time in no record ({'; '.join(said)}) may be waiting for the last of the "
         "group to arrive: the ranks resumed there closer together than they arrived, though "
-        "not together"
+        "not together; the low end reads it as each rank's own time, the high end as waiting"
     )
+    return where, reason
 
 
 def _explanation(finding: Finding, attribution: Attribution) -> dict[str, Any]:
