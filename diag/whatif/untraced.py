@@ -82,15 +82,23 @@ def inferred_syncs(
     used: dict[int, set[int]] = {}  # per rank, the ends of its gaps already in a sync
     searched = [axis == PIPELINE_AXIS or axis in labels or frozenset(members) in recorded
                 for axis, members in groups]  # fmt: skip
-    for (axis, members), lone_only in zip(groups, searched, strict=True):
-        found += _group_syncs(axis, members, lone if lone_only else gaps, used)
-    # then the ambiguous ones, among the gaps no clear synchronisation explains
-    ambiguous: list[dict] = []
-    for (axis, members), lone_only in zip(groups, searched, strict=True):
-        ambiguous += _group_syncs(axis, members, lone if lone_only else gaps, used, loose=True)
-    for row in ambiguous:
-        row["ambiguous"] = True
-    return _described(_rows(found + ambiguous), comms, spans, steps)
+    # which group's synchronisation a gap joins: the one found in the most steps (the job
+    # calls its collectives every step; ranks of another group resuming together in one step
+    # is chance), then a clear one before an ambiguous one, then the narrowest group
+    order = []
+    for loose in (False, True):
+        for place, ((axis, members), lone_only) in enumerate(zip(groups, searched, strict=True)):
+            seen = _group_syncs(axis, members, lone if lone_only else gaps, {}, loose=loose)
+            recurring = len({row["step"] for row in seen})
+            if recurring:
+                order.append((-recurring, loose, len(members), place, lone_only))
+    for _, loose, _, place, lone_only in sorted(order):
+        axis, members = groups[place]
+        rows = _group_syncs(axis, members, lone if lone_only else gaps, used, loose=loose)
+        for row in rows:
+            row["ambiguous"] = loose
+        found += rows
+    return _described(_rows(found), comms, spans, steps)
 
 
 def _with_dependency(comms: pd.DataFrame, manifest: schema.Manifest) -> np.ndarray:
@@ -190,17 +198,22 @@ def _group_syncs(
     matched &= last_start - first_start >= np.maximum(MIN_GAP_NS, tolerance)
     for m in members:  # and nobody resumed before the last arrived
         matched &= gaps[m][1][nearest[m]] >= last_start - tolerance
+    together = matched.copy()
+    for m in members:
+        together &= np.abs(gaps[m][1][nearest[m]] - candidates) <= tolerance
     if loose:
-        # resumed closer together than they arrived, in one step
-        first_end = np.min([gaps[m][1][nearest[m]] for m in members], axis=0)
-        last_end = np.max([gaps[m][1][nearest[m]] for m in members], axis=0)
+        # resumed closer together than they arrived, in one step; and not the gaps of a
+        # clear synchronisation (another candidate of the cluster finds them together)
+        ends = np.array([gaps[m][1][nearest[m]] for m in members])
+        first_end, last_end = ends.min(axis=0), ends.max(axis=0)
         matched &= last_end - first_end <= CONTRACTION * (last_start - first_start)
-        step_of = [gaps[m][2][nearest[m]] for m in members]
-        matched &= np.all([s == step_of[0] for s in step_of], axis=0)
+        step_of = np.array([gaps[m][2][nearest[m]] for m in members])
+        matched &= (step_of == step_of[0]).all(axis=0)
+        keys = _gap_set_keys(nearest, members)
+        matched &= ~np.isin(keys, keys[together])
         reach = last_end
     else:
-        for m in members:
-            matched &= np.abs(gaps[m][1][nearest[m]] - candidates) <= tolerance
+        matched = together
         reach = candidates + tolerance
     syncs: list[dict] = []
     used_until = np.iinfo(np.int64).min
@@ -218,6 +231,17 @@ def _group_syncs(
                           "tag": None, "t0": int(starts[j]), "t1": int(ends[j]),
                           "async": False})  # fmt: skip
     return syncs
+
+
+def _gap_set_keys(nearest: dict[int, np.ndarray], members: list[int]) -> np.ndarray:
+    """Per candidate, one number for the set of gaps it takes (each member's gap index): equal
+    sets give equal keys; distinct sets a collision only by a chance of about 2**-64."""
+    weights = np.random.default_rng(len(members)).integers(1, 2**63, size=len(members),
+                                                          dtype=np.uint64)  # fmt: skip
+    key = np.zeros(len(nearest[members[0]]), dtype=np.uint64)
+    for m, weight in zip(members, weights, strict=True):
+        key += nearest[m].astype(np.uint64) * weight  # wraps around: a hash, not a sum
+    return key
 
 
 def _rows(found: list[dict]) -> pd.DataFrame:
