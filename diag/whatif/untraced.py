@@ -13,9 +13,11 @@ Every group of the manifest is searched, pipeline groups included, but only at g
 at a record with no recorded dependency: a collective no other member recorded (a one-member
 group's, one traced rank per tensor-parallel group), a span, a step's end. A gap that ends at
 a recorded collective or message is read from that record (diag/whatif/timeline.py,
-`_waiting_gaps`). A rank's gap joins one synchronisation only: groups are searched from the
-smallest, the one whose members resume together is the narrowest that explains it (the last
-member to arrive is the one they waited for).
+`_waiting_gaps`). A rank's gap joins one synchronisation only: the group's whose
+synchronisations recur in the most steps (a job calls its collectives every step; ranks of
+another group resuming together in one step is chance), among equals a clear one before an
+ambiguous one and the narrowest group first (the last member to arrive is the one they waited
+for).
 
 Where the evidence is ambiguous the synchronisation is kept apart (`ambiguous`): the members'
 gaps end apart by more than the tolerance, but every one of them resumes after the last
