@@ -8,10 +8,13 @@ The truth is the same job simulated without its straggler, both rewritten alike
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diag.api import diagnose, load_any
 from diag.whatif import timeline as tl
@@ -112,6 +115,46 @@ def test_resuming_together_gives_one_cost(runs_together: dict[str, Any]) -> None
     first = report["findings"][0]
     assert (first["rule"], first["ranks"]) == ("BAL001", [0])
     assert first["cost_s"] == pytest.approx(saving, rel=0.2)
+
+
+LAYOUTS = [(4, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 2), (2, 2, 2)]
+"""(dp, tp, pp) of the simulated jobs the property draws from."""
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    where=st.integers(min_value=0, max_value=63),
+    ms=st.sampled_from([5.0, 10.0, 20.0]),
+    seed=st.integers(min_value=0, max_value=1000),
+)
+def test_a_straggler_s_range_holds_what_removing_it_saves(
+    layout: tuple[int, int, int], where: int, ms: float, seed: int
+) -> None:
+    """A straggler anywhere in a simulated dp x tp x pp job whose data-parallel waits are
+    hidden and whose ranks resume up to 0.3x its excess apart after them: the straggler's
+    cost range holds the saving measured by simulating the job without it."""
+    from simulator import ModelSpec, SimConfig, simulate
+    from simulator.reshape import hide_waits
+
+    dp, tp, pp = layout
+    rank = where % (dp * tp * pp)
+    steps: dict[str, float] = {}
+    reports: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, inject in (("straggler", (f"straggler:rank={rank},ms={ms:g}",)), ("ok", ())):
+            out = Path(tmp) / name
+            config = SimConfig(dp=dp, tp=tp, pp=pp, microbatches=4 if pp > 1 else 1, steps=5,
+                               seed=seed, inject=inject,
+                               model=ModelSpec(layers=8, hidden=1024, lm_head=False))  # fmt: skip
+            simulate(config, out, format="jsonl")
+            hide_waits(out, "dp", resume_spread_ms=0.3 * ms, seed=seed)
+            _, reports[name] = diagnose(load_any(out))
+            steps[name] = reports[name]["attribution"]["measured_step_s"]
+    saving = steps["straggler"] - steps["ok"]
+    causes = reports["straggler"]["attribution"]["causes"]
+    (cause,) = [c for c in causes if c["kind"] in ("straggler", "host") and c["ranks"] == [rank]]
+    assert _contains(cause["cost_range_s"], saving), (cause["cost_range_s"], saving)
 
 
 def _solo_run(runs: Any, starts_ms: list[float], ends_ms: list[float]) -> Path:
