@@ -84,16 +84,18 @@ def inferred_syncs(
     used: dict[int, set[int]] = {}  # per rank, the ends of its gaps already in a sync
     searched = [axis == PIPELINE_AXIS or axis in labels or frozenset(members) in recorded
                 for axis, members in groups]  # fmt: skip
-    # which group's synchronisation a gap joins: the one found in the most steps (the job
-    # calls its collectives every step; ranks of another group resuming together in one step
-    # is chance), then a clear one before an ambiguous one, then the narrowest group
+    # which group's synchronisation a gap joins: that of the group found synchronising in
+    # the most steps, clearly or not (the job calls its collectives every step; ranks of
+    # another group resuming together in one step is chance), then a clear one before an
+    # ambiguous one, then the narrowest group
     order = []
-    for loose in (False, True):
-        for place, ((axis, members), lone_only) in enumerate(zip(groups, searched, strict=True)):
-            seen = _group_syncs(axis, members, lone if lone_only else gaps, {}, loose=loose)
-            recurring = len({row["step"] for row in seen})
-            if recurring:
-                order.append((-recurring, loose, len(members), place, lone_only))
+    for place, ((axis, members), lone_only) in enumerate(zip(groups, searched, strict=True)):
+        found_in = [{row["step"] for row in _group_syncs(axis, members, lone if lone_only else
+                                                         gaps, {}, loose=loose)}
+                    for loose in (False, True)]  # fmt: skip
+        recurring = len(found_in[0] | found_in[1])
+        order += [(-recurring, loose, len(members), place, lone_only)
+                  for loose in (False, True) if found_in[loose]]  # fmt: skip
     for _, loose, _, place, lone_only in sorted(order):
         axis, members = groups[place]
         rows = _group_syncs(axis, members, lone if lone_only else gaps, used, loose=loose)
