@@ -40,6 +40,11 @@ RANKING_POLICY = (
     "share thresholds). Communication findings claim only transfer time: the time a rank waits",
     "for a late peer is the late rank's (BAL001, BAL005), the stage's (PIP003) or the data's",
     "(BAL004). Memory (pattern 5), MoE quality (4) and pitfalls keep their own severity classes.",
+    "Where the evidence leaves time in no record open (a rank's own work, or waiting for a peer:",
+    "its group's ranks resumed closer together than they arrived, not together), the replay",
+    "runs both readings and the finding's cost is a range, `cost_range_s` (`cost_s` reads that",
+    "time as the rank's own); the cost then lowers its severity only as far as the high end",
+    "allows.",
 )
 
 

@@ -27,11 +27,18 @@ from diag.outputs.failure_report import (
     stopped_title,
 )
 from diag.outputs.html_charts import Chart
-from diag.outputs.report_lines import cache_notes, finding_head, headline, input_notes, ms
+from diag.outputs.report_lines import (
+    cache_notes,
+    finding_head,
+    headline,
+    input_notes,
+    ms,
+    range_reason,
+)
 from diag.outputs.sparkline import rank_steps_line
-from diag.outputs.units import aligned, mib, num, pct, size
+from diag.outputs.units import aligned, mib, num, pct, pct_range, size
 from diag.read.load import RunData
-from diag.rules.engine import Diagnosis
+from diag.rules.engine import Diagnosis, Finding
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -62,13 +69,22 @@ def build_report(
         "experts": metrics.experts.to_dict("records"),
         **({"device": metrics.device.to_dict("records")} if not metrics.device.empty else {}),
         **({"attribution": metrics.attribution.to_dict()} if metrics.attribution else {}),
-        "findings": list(findings),
+        "findings": [finding_dict(f) for f in findings],
         # why a cache entry beside the data was not used: this read's, apart from the input's
         **({"cache_notes": list(run.cache_notes)} if run.cache_notes else {}),
         "skipped": [*run.skipped, *metrics.skipped, *notes],
         **failure_fields(metrics),  # a run that did not finish: where each rank stopped
     }
     return json_safe(report)
+
+
+def finding_dict(finding: Finding | dict[str, Any]) -> dict[str, Any]:
+    """A finding as the report writes it: its fields, `cost_range_s` only where the cost is a
+    range (the reports of every other run as they were)."""
+    out = dict(finding) if isinstance(finding, dict) else dataclasses.asdict(finding)
+    if out.get("cost_range_s") is None:
+        out.pop("cost_range_s", None)
+    return out
 
 
 def _step_time_line(metrics: RunMetrics) -> str | None:
@@ -142,10 +158,19 @@ def attribution_section(report: dict[str, Any]) -> Section:
     if not attribution:
         return Section("", [], [])
     measured, ideal = attribution["replayed_step_s"], attribution["ideal_step_s"]
-    causes = [c for c in attribution["causes"] if c["cost_s"] > 0]
+    causes = [c for c in attribution["causes"] if c["cost_s"] > 0 or _range_of(c)]
     overlap = measured - ideal - sum(c["cost_s"] for c in causes)
     rows = [["ideal step (every imbalance and transfer removed)", ms(ideal), pct(ideal / measured)]]
-    rows += [[f"+ {c['label']}", ms(c["cost_s"]), pct(c["cost_share"])] for c in causes]
+    for c in causes:
+        low_high = _range_of(c)
+        if low_high is None:
+            rows.append([f"+ {c['label']}", ms(c["cost_s"]), pct(c["cost_share"])])
+            continue
+        # a range: the ambiguous gaps read as each rank's own time, and as waiting
+        low, high = low_high
+        rows.append([f"+ {c['label']} (a range: gaps that may be waiting)",
+                     f"{low * 1e3:.1f}-{high * 1e3:.1f} ms",
+                     pct_range(low / measured, high / measured)])  # fmt: skip
     if abs(overlap) >= 0.0005 * measured:  # a remainder that rounds to nothing is not shown
         rows.append(["- overlap of the causes above" if overlap < 0 else "+ not attributed",
                      ms(abs(overlap)), pct(abs(overlap) / measured)])  # fmt: skip
@@ -158,6 +183,15 @@ def attribution_section(report: dict[str, Any]) -> Section:
     return Section(title, ["", "per step", "share"], rows)
 
 
+def _range_of(cause: dict[str, Any]) -> tuple[float, float] | None:
+    """A cause's cost range where its two readings differ (to a tenth of a millisecond)."""
+    low_high = cause.get("cost_range_s")
+    if not isinstance(low_high, list) or len(low_high) != 2:
+        return None
+    low, high = float(low_high[0]), float(low_high[1])
+    return (low, high) if high - low >= 5e-5 else None
+
+
 def finding_lines(report: dict[str, Any]) -> list[str]:
     """Per finding for the terminal: the head, `      why: ...` where the cost is explained
     (a rank's excess against what of it reaches the step's end), `      advice: ...` where
@@ -168,6 +202,8 @@ def finding_lines(report: dict[str, Any]) -> list[str]:
         explained = (finding.get("evidence") or {}).get("cost_explained")
         if isinstance(explained, str):
             lines.append(f"      why: {explained}")
+        if reason := range_reason(finding):
+            lines.append(f"      range: {reason}")
         if finding.get("advice"):
             lines.append(f"      advice: {finding['advice']}")
     return lines
@@ -386,6 +422,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Findings", ""]
         for finding in report["findings"]:
             lines.append(f"- {_md(finding_head(finding))}")
+            if reason := range_reason(finding):
+                lines.append(f"  - range: {_md(reason)}")
             if finding.get("advice"):
                 lines.append(f"  - advice: {_md(finding['advice'])}")
     for section in sections(report):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.contract import schema
-from diag.outputs.units import num, pct, ranks_phrase, si
+from diag.outputs.units import num, pct, pct_range, ranks_phrase, si
 
 
 def _steps_analysed(summary: dict[str, Any]) -> str:
@@ -166,10 +166,35 @@ def finding_head(finding: dict[str, Any]) -> str:
     if ranks:
         head += f"  {ranks_phrase(ranks)}"
     if finding.get("cost_s") is not None:
-        head += f"  costs {pct(finding.get('cost_share'))} of the step ({ms(finding['cost_s'])})"
+        head += f"  {cost_words(finding)}"
     pattern = finding.get("pattern")
     where = f", pattern {pattern}: {PATTERN_NAMES.get(pattern, '?')}" if pattern is not None else ""
     return f"{head}  [{finding.get('rule', '')}{where}]"
+
+
+def cost_words(finding: dict[str, Any]) -> str:
+    """`costs 36% of the step (38.8 ms)`; where the cost is a range (gaps whose reading is
+    ambiguous), `costs 0.6-10.0 ms per step (3-59% of the step; the gaps before all_reduce
+    (cp) may be waiting)`."""
+    low_high = finding.get("cost_range_s")
+    if not (isinstance(low_high, list) and len(low_high) == 2):
+        return f"costs {pct(finding.get('cost_share'))} of the step ({ms(finding.get('cost_s'))})"
+    low, high = (float(x) for x in low_high)
+    evidence = finding.get("evidence") or {}
+    in_shares = evidence.get("cost_range_share")
+    shares = ""
+    if isinstance(in_shares, list) and len(in_shares) == 2:
+        shares = f"{pct_range(float(in_shares[0]), float(in_shares[1]))} of the step; "
+    where = evidence.get("cost_range_where") or "some time in no record"
+    return f"costs {low * 1e3:.1f}-{high * 1e3:.1f} ms per step ({shares}{where} may be waiting)"
+
+
+def range_reason(finding: dict[str, Any]) -> str:
+    """Why a finding's cost is a range (where the gaps whose reading is ambiguous are), or ""."""
+    if finding.get("cost_range_s") is None:
+        return ""
+    reason = (finding.get("evidence") or {}).get("cost_range_reason")
+    return reason if isinstance(reason, str) else ""
 
 
 def ms(seconds: float | None) -> str:

@@ -20,6 +20,11 @@ def pct(value: Any) -> str:
     return "n/a" if value is None else f"{100 * value:.0f}%"
 
 
+def pct_range(low: float, high: float) -> str:
+    """`3-59%`: two shares as one range."""
+    return f"{100 * low:.0f}-{100 * high:.0f}%"
+
+
 def si(value: Any) -> str:
     if value is None:
         return "n/a"

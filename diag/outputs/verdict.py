@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diag.outputs.failure_report import STOPPED_HEADER, stopped_rows
-from diag.outputs.report_lines import PATTERN_NAMES, ms
+from diag.outputs.report_lines import PATTERN_NAMES, cost_words, ms, range_reason
 from diag.outputs.units import num, pct, rank_list, si
 
 SEVERITY_WORDS = {"high": "HIGH", "medium": "MEDIUM", "low": "LOW"}
@@ -76,8 +76,10 @@ def verdict(finding: dict[str, Any], ranks: set[int]) -> Verdict:
             who += " (every rank: the whole job)"
     cost = ""
     if finding.get("cost_s") is not None:
-        cost = f"costs {pct(finding.get('cost_share'))} of the step ({ms(finding['cost_s'])})"
+        cost = cost_words(finding)
     explained = (finding.get("evidence") or {}).get("cost_explained")
+    if reason := range_reason(finding):  # the cost is a range: where the reading is unsure
+        explained = f"{explained}; {reason}" if isinstance(explained, str) else reason
     pattern = finding.get("pattern")
     catalogue = str(finding.get("rule") or "")
     catalogue += (

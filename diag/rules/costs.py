@@ -7,6 +7,12 @@ the lower of what the rule's evidence grades and what the cost's share of the st
 `high` from 25%, `medium` from 10%, `low` below (configurable as the `[cost]` table).
 Communication findings claim only transfer time; waiting for a late peer is the late rank's,
 stage's or the data's.
+
+Where the evidence leaves some gaps' reading ambiguous (time in no record that may be the
+rank's own work or waiting for a peer: diag/whatif/untraced.py), the replay gives a cost in
+each reading and the finding carries both as `cost_range_s` (`cost_s` is the first reading's,
+the gaps as the rank's own); the cost lowers a severity then only as far as the higher end
+allows, since the lower end may be the reading that is wrong.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from diag.outputs.units import ranks_phrase
 from diag.rules.model import Finding, Threshold
 from diag.whatif.attribution import Attribution
 from diag.whatif.causes import CauseKind
@@ -116,15 +123,66 @@ def attach_costs(
             continue
         finding.cost_s = float(cost_s)
         finding.cost_share = float(cost_s) / attribution.measured_step_s
+        finding.cost_range_s = _range(finding, measure, attribution)
+        highest = finding.cost_s if finding.cost_range_s is None else finding.cost_range_s[1]
         # the cost may lower a severity, never raise it above what the rule's own evidence
         # grades: a verdict that only noise on a loaded host makes costly stays as it was
-        earned = severity_of(finding.cost_share, limits)
+        earned = severity_of(highest / attribution.measured_step_s, limits)
         finding.severity = max(finding.severity, earned, key=SEVERITY_ORDER.index)
         finding.evidence = {
             **finding.evidence,
             "counterfactual": _counterfactual(finding),
             **_explanation(finding, attribution),
         }
+        if finding.cost_range_s is not None:
+            where, reason = ambiguity_reason(attribution)
+            finding.evidence["cost_range_where"] = where
+            finding.evidence["cost_range_share"] = [
+                c / attribution.measured_step_s for c in finding.cost_range_s
+            ]
+            finding.evidence["cost_range_reason"] = reason
+
+
+RANGE_RESOLUTION_S = 5e-5
+"""Costs in the two readings closer than this (s per step) are one cost, not a range."""
+
+
+def _range(
+    finding: Finding,
+    measure: Callable[[Finding, Attribution], float | None],
+    attribution: Attribution,
+) -> list[float] | None:
+    """The finding's cost in both readings of the ambiguous gaps, lower first; None where no
+    gap is ambiguous or the two agree."""
+    other = attribution.alternative
+    if other is None or finding.cost_s is None:
+        return None
+    cost = measure(finding, other)
+    if cost is None or abs(float(cost) - finding.cost_s) < RANGE_RESOLUTION_S:
+        return None
+    return sorted([finding.cost_s, float(cost)])
+
+
+def ambiguity_reason(attribution: Attribution) -> tuple[str, str]:
+    """Where the gaps whose reading decides the range are, in a few words (`the gaps before
+    all_reduce (cp)`) and in a sentence with their time and ranks (the largest first, at most
+    three places)."""
+    table = attribution.ambiguous
+    if table.empty:
+        return "some time in no record", "some time in no record may be waiting"
+    per_place = table.groupby("before", sort=True).agg(
+        gap_s=("gap_s", "max"), ranks=("rank", lambda r: sorted(int(x) for x in r))
+    )
+    places = per_place.sort_values("gap_s", ascending=False).head(3)
+    where = "the gaps before " + ", ".join(str(before) for before in places.index)
+    said = [f"up to {row.gap_s * 1e3:.1f} ms per step before {before} on "
+            f"{ranks_phrase(list(row.ranks))}" for before, row in places.iterrows()]  # fmt: skip
+    reason = (
+        f"the time in no record ({'; '.join(said)}) may be waiting for the last of the "
+        "group to arrive: the ranks resumed there closer together than they arrived, though "
+        "not together; the low end reads it as each rank's own time, the high end as waiting"
+    )
+    return where, reason
 
 
 def _explanation(finding: Finding, attribution: Attribution) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class Finding:
         None  # step time (s per step) removing the cause saves (diag.rules.costs)
     )
     cost_share: float | None = None  # cost_s over the measured step
+    cost_range_s: list[float] | None = None
+    """[low, high]: cost_s in the two readings of gaps whose reading is ambiguous (as the
+    rank's own time, as waiting); None where none is, or the finding's cost is the same in
+    both (the report then writes no range)."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -94,25 +94,68 @@ said: if it waited there for something nobody recorded, every cost misses that w
 
 
 def own_gap_notes(attribution: Attribution) -> list[str]:
-    """One note per rank whose own time in gaps is above OWN_GAP_SHARE of the step."""
+    """One note per rank whose own time in gaps is above OWN_GAP_SHARE of the step; where
+    part of it is in gaps whose reading is ambiguous, where those end and that the costs are
+    ranges for it."""
     step = attribution.measured_step_s
     gaps = attribution.gaps
     if step <= 0 or gaps.empty:
         return []
     large = gaps[gaps["own_s"] > OWN_GAP_SHARE * step].sort_values("own_s", ascending=False)
-    return [
-        f"rank {int(row.rank)}: {row.own_s * 1e3:.1f} ms per step ({row.own_s / step:.0%} of "
-        "the step) in no record, read as its own work (it resumed when no other rank's event "
-        "could have released it); if it waited there, the costs do not include that wait"
-        for row in large.itertuples()
-    ]
+    unsure = attribution.ambiguous
+    notes = []
+    for row in large.itertuples():
+        share = row.own_s / step
+        head = (f"rank {int(row.rank)}: {row.own_s * 1e3:.1f} ms per step ({share:.0%} of "
+                "the step) in no record, read as its own work")  # fmt: skip
+        mine = unsure[unsure["rank"] == row.rank] if not unsure.empty else unsure
+        if mine.empty:
+            notes.append(f"{head} (it resumed when no other rank's event could have released "
+                         "it); if it waited there, the costs do not include that wait")  # fmt: skip
+            continue
+        largest = mine.sort_values("gap_s", ascending=False)
+        where = ", ".join(f"{gap.gap_s * 1e3:.1f} ms before {gap.before}"
+                          for gap in largest.itertuples())  # fmt: skip
+        notes.append(f"{head}; of it, {where} may be waiting: its group's ranks resumed "
+                     "there closer together than they arrived, though not together; the "
+                     "costs are ranges, that time read as its own at one end and as waiting "
+                     "for the last to arrive at the other")  # fmt: skip
+    return notes
 
 
 def attribute_chunk(
     run: RunData, records: RunData, steps: pd.DataFrame, host: pd.DataFrame
 ) -> chunks.Part | None:
-    """The attribution of some steps, their spans and collectives read from `records`."""
-    timeline = tl.build(records, steps)
+    """The attribution of some steps, their spans and collectives read from `records`; where
+    some gaps' reading is ambiguous (diag/whatif/untraced.py), with the attribution of the
+    other reading, those gaps read as waiting, as its `alternative` (the costs' ranges)."""
+    timeline, waiting = tl.readings(records, steps)
+    part = _attributed(run, timeline, steps, host)
+    if part is None or waiting is None:
+        return part
+    other = _attributed(run, waiting, steps, host)
+    if other is None:
+        return part
+    steps_replayed = max(part.attribution.steps_replayed, 1)
+    part.attribution.ambiguous = ambiguous_table(timeline.ambiguous, steps_replayed)
+    part.attribution.alternative = other.attribution
+    return part
+
+
+def ambiguous_table(gaps: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """Per rank and what its gaps ended at, the time per step in gaps whose reading is
+    ambiguous (rank, before, gap_s)."""
+    if gaps.empty:
+        return pd.DataFrame(columns=["rank", "before", "gap_s"])
+    table = gaps.groupby(["rank", "before"], as_index=False, sort=True)["gap_ns"].sum()
+    table["gap_s"] = table.pop("gap_ns").astype(np.float64) / NS_PER_S / max(steps, 1)
+    return table
+
+
+def _attributed(
+    run: RunData, timeline: tl.Timeline, steps: pd.DataFrame, host: pd.DataFrame
+) -> chunks.Part | None:
+    """The attribution of one reading of the steps (`timeline`)."""
     base = Durations.measured(timeline)
     measured = step_times_ns(timeline, relative_ns(timeline))
     replayed = step_times_ns(timeline, replay(timeline, base))

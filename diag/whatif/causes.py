@@ -66,6 +66,13 @@ class Attribution:
     """rank, waiting_s, own_s: per step, the rank's time in no record right before a blocking
     event, read as waiting for a dependency or as its own host time (docs/metrics.md,
     "Dependencies")."""
+    ambiguous: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """rank, before, gap_s: per step, the time in gaps this attribution reads as the rank's own
+    though the evidence does not decide (its group's ranks resumed closer together than they
+    arrived, not together: diag/whatif/untraced.py), by what the gap ended at."""
+    alternative: Attribution | None = None
+    """The attribution with those gaps read as waiting in a synchronisation of their group
+    (None where no gap's reading is ambiguous): the other end of every cost's range."""
 
     def cause(self, kind: CauseKind, **match: Any) -> Cause | None:
         for cause in self.causes:
@@ -74,7 +81,7 @@ class Attribution:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "measured_step_s": self.measured_step_s,
             "replayed_step_s": self.replayed_step_s,
             "replay_error": self.replay_error,
@@ -87,6 +94,36 @@ class Attribution:
             "gaps": self.gaps.to_dict("records"),
             "notes": self.notes,
         }
+        if self.alternative is not None:  # only then: the report of every other run as it was
+            out["causes"] = cause_ranges(self.causes, self.alternative.causes)
+            out["ambiguous_gaps"] = self.ambiguous.to_dict("records")
+            out["ideal_step_range_s"] = sorted([self.ideal_step_s, self.alternative.ideal_step_s])
+        return out
+
+
+def cause_key(cause: Cause) -> tuple[Any, ...]:
+    """One counterfactual across the readings: a rank's excess is one whether the replay
+    calls it compute or host time in either."""
+    family = "rank" if cause.kind in (CauseKind.STRAGGLER, CauseKind.HOST) else cause.kind
+    return (family, tuple(cause.ranks), cause.stage, cause.group)
+
+
+def cause_ranges(causes: list[Cause], other: list[Cause]) -> list[dict[str, Any]]:
+    """The causes as the report writes them, each with `cost_range_s`: its cost in this
+    reading and in the `other` (0 where that reading did not find it), lower first; then the
+    causes only the other reading found, their cost here 0."""
+    theirs = {cause_key(c): c for c in other}
+    ours = {cause_key(c) for c in causes}
+    out = []
+    for cause in causes:
+        found = theirs.get(cause_key(cause))
+        cost = 0.0 if found is None else found.cost_s
+        out.append(vars(cause) | {"cost_range_s": sorted([cause.cost_s, cost])})
+    for cause in other:
+        if cause_key(cause) not in ours:
+            out.append(vars(cause) | {"cost_s": 0.0, "cost_share": 0.0,
+                                      "cost_range_s": [0.0, cause.cost_s]})  # fmt: skip
+    return out
 
 
 def straggler_explained(excess_ns: float, saved_ns: float, queued_ns: float = 0.0) -> str:

@@ -263,7 +263,18 @@ def combined(parts: list[Part], notes: list[str]) -> Attribution:
         ),
         notes=seen,
         gaps=_per_step(parts, weights, "gaps", ["rank"], ["waiting_s", "own_s"], []),
+        ambiguous=_per_step(parts, weights, "ambiguous", ["rank", "before"], ["gap_s"], []),
+        alternative=_alternative(parts, notes),
     )
+
+
+def _alternative(parts: list[Part], notes: list[str]) -> Attribution | None:
+    """The chunks' other reading combined (a chunk without ambiguous gaps reads the same
+    either way: its own attribution stands for it); None where no chunk has one."""
+    if all(p.attribution.alternative is None for p in parts):
+        return None
+    return combined([Part(p.attribution.alternative or p.attribution, p.errors)
+                     for p in parts], notes)  # fmt: skip
 
 
 def _causes(parts: list[Part], weights: np.ndarray, replayed_s: float) -> list[Cause]:

@@ -97,6 +97,9 @@ class Timeline:
     """Per entry of wait_event: the wait is released by that collective's last arrival, not
     its completion."""
     notes: list[str] = field(default_factory=list)
+    ambiguous: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The gaps this timeline reads as the rank's own time though its group's ranks resumed
+    closer together than they arrived (`readings`): rank, step, before, gap_ns."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """What readers of the finished timeline compute from it once and keep for their next call
     (the replay's input arrays, diag/whatif/replay.py); the events do not change after
@@ -110,11 +113,44 @@ records of the analysed steps are taken with these only."""
 
 
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
-    """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
-    notes: list[str] = []
+    """The timeline of `steps` (the analysed step records: rank, step, t0, t1), every gap
+    whose reading is ambiguous read as the rank's own time (`readings`)."""
+    return readings(run, steps)[0]
+
+
+def readings(run: RunData, steps: pd.DataFrame) -> tuple[Timeline, Timeline | None]:
+    """The timeline of `steps`, and where the evidence leaves some gaps' reading ambiguous
+    (diag/whatif/untraced.py), the timeline with those gaps read as waiting in a
+    synchronisation of their group (None where none is). The first keeps, in `ambiguous`, the
+    time of each such gap: rank, step, before (what it ended at), gap_ns."""
     comms = run.comms.loc[in_steps(run.comms, steps), COMMS_COLUMNS]
     spans = run.spans.loc[in_steps(run.spans, steps), SPANS_COLUMNS]
     inferred = inferred_syncs(comms, spans, steps, run.manifest)
+    unsure = inferred["ambiguous"].to_numpy(dtype=bool)
+    own = _built(run, steps, comms, spans, inferred[~unsure])
+    if not unsure.any():
+        return own, None
+    gaps = inferred[unsure]
+    own.ambiguous = pd.DataFrame({
+        "rank": gaps["rank"].to_numpy(dtype=np.int64),
+        "step": gaps["step"].to_numpy(dtype=np.int64),
+        "before": gaps["before"].astype(str).to_numpy(dtype=object),
+        "gap_ns": (gaps["t1"] - gaps["t0"]).to_numpy(dtype=np.int64),
+    })  # fmt: skip
+    return own, _built(run, steps, comms, spans, inferred)
+
+
+def _built(
+    run: RunData,
+    steps: pd.DataFrame,
+    comms: pd.DataFrame,
+    spans: pd.DataFrame,
+    inferred: pd.DataFrame,
+) -> Timeline:
+    """The timeline of `steps` from their records and the synchronisations `inferred` in
+    them (untraced.COLUMNS)."""
+    notes: list[str] = []
+    inferred = inferred[COMMS_COLUMNS]
     if not inferred.empty:
         groups = ", ".join(sorted(set(inferred["group"])))
         per_rank = len(inferred) / inferred["rank"].nunique()

@@ -135,3 +135,5 @@ def test_hiding_the_waits_changes_neither_verdict_nor_cost(
     assert (first[1]["rule"], first[1]["ranks"]) == (first[0]["rule"], first[0]["ranks"])
     assert first[0]["rule"] == "BAL001" and first[0]["ranks"] == [where % world]
     assert first[1]["cost_s"] == pytest.approx(first[0]["cost_s"], rel=WITHIN)
+    # the ranks resume together after the hidden waits: nothing ambiguous, one cost
+    assert "cost_range_s" not in first[1]
