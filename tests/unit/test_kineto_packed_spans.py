@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import diag.read.kineto as kineto
+import diag.read.kineto.packed_comms as packed_comms
 from diag.cli.main import main
 from diag.read.kineto import load_trace_dir
 
@@ -31,13 +32,16 @@ def test_packed_spans_give_the_plain_columns_table(
     traces: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     packed = load_trace_dir(traces, use_cache=False, workers=1)
-    (first, spans), *_ = kineto._parse_all(kineto.trace_files(traces), kineto.KernelPatterns(), 1)
+    files = kineto.trace_files(traces)
+    (first, spans, comms), *_ = kineto._parse_all(files, kineto.KernelPatterns(), 1)
     assert first.records["span"] == [] and isinstance(spans["t0"], np.ndarray)
+    assert first.records["comm"] == [] and isinstance(comms.columns["t0"], np.ndarray)
 
     def refuse(*_: Any, **__: Any) -> Any:
         raise TypeError("a column that will not pack")
 
     monkeypatch.setattr(kineto, "pack", refuse)  # every trace falls back to plain columns
+    monkeypatch.setattr(packed_comms, "pack", refuse)
     plain = load_trace_dir(traces, use_cache=False, workers=1)
     assert len(packed.spans) > 50
     pd.testing.assert_frame_equal(packed.spans, plain.spans)

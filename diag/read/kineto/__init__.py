@@ -13,7 +13,7 @@ import datetime as _dt
 import gc
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -28,6 +28,14 @@ from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
+from diag.read.kineto.packed_comms import (
+    MESSAGE_COLUMNS,
+    LayoutView,
+    PackedComms,
+    message_column,
+    named_by_axis,
+    pack_comms,
+)
 from diag.read.load import RunData, run_from_records, with_cache_note
 from diag.read.parallel import map_chunks
 
@@ -57,18 +65,18 @@ def load_trace_dir(
         return found.value
     skipped: list[str] = []
     parsed = _parse_all(files, patterns, workers)
-    spans_of = {id(trace): spans for trace, spans in parsed}
-    traces = assign_ranks(folder, [trace for trace, _ in parsed], skipped)
+    packed_of = {id(trace): (spans, comms) for trace, spans, comms in parsed}
+    traces = assign_ranks(folder, [trace for trace, _, _ in parsed], skipped)
     del parsed
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
-    span_parts = [spans_of.pop(id(trace)) for trace in traces]
-    spans_of.clear()  # a skipped trace's spans go with it
+    span_parts, comm_parts = zip(*[packed_of.pop(id(trace)) for trace in traces], strict=True)
+    packed_of.clear()  # a skipped trace's records go with it
     for trace in traces:
         for kind, rows in trace.records.items():
             records[kind] += rows
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = _manifest(folder, traces, layout, records)
+    manifest = _manifest(folder, traces, layout, records, list(comm_parts))
     grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
     if layout is not None and grid != manifest.world_size:
         raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
@@ -80,12 +88,17 @@ def load_trace_dir(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
-    name_groups_by_axis(records["comm"], manifest)
+    axis_of = _axis_of(manifest)
+    comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
     run = dataclasses.replace(
-        run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
+        run_from_records(
+            manifest, folder, records, skipped, {"span": list(span_parts), "comm": comm_columns}
+        ),
         device_time=_device_table(traces),
     )
-    _add_message_columns(run.comms, records["comm"])
+    del comm_columns
+    for name in MESSAGE_COLUMNS:  # `peer` and `seq` (null where unknown)
+        run.comms[name] = message_column(list(comm_parts), name, len(run.comms))
     if use_cache:
         cache.write(folder, key, run)
     return with_cache_note(run, found.note)
@@ -93,8 +106,8 @@ def load_trace_dir(
 
 def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
-) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
-    """Every file parsed (its spans packed: `_spans_packed`), in parallel processes when
+) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
+    """Every file parsed (its spans and collectives packed: `_packed`), in parallel processes when
     there are several and enough bytes to repay starting them (`workers` forces a count);
     progress on a terminal after a while (`diag.read.progress`)."""
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
@@ -110,8 +123,17 @@ def _parse_all(
 
 def _parse_chunk(
     chunk: list[tuple[int, Path]], patterns: KernelPatterns
-) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
-    return [_spans_packed(parse_file(path, patterns)) for _, path in chunk]
+) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
+    return [_packed(parse_file(path, patterns)) for _, path in chunk]
+
+
+def _packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed], PackedComms]:
+    """The trace with its spans and collectives packed (`_spans_packed`, `pack_comms`): no
+    record dicts but the steps' cross to the gathering process."""
+    trace, spans = _spans_packed(trace)
+    comms = pack_comms(trace.records.pop("comm", []), trace.records.get("step", []))
+    trace.records["comm"] = []
+    return trace, spans, comms
 
 
 def _spans_packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed]]:
@@ -145,6 +167,7 @@ def _manifest(
     traces: list[ParsedTrace],
     layout: schema.Layout | None,
     records: dict[str, list[dict]],
+    comm_parts: list[PackedComms],
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
     world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
@@ -155,7 +178,9 @@ def _manifest(
         found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
     else:
         configs = [group for t in traces for group in t.pg_groups]
-        found = infer_layout(world_size, configs, records["comm"], records["step"])
+        # the collectives as the inference counts them (packed_comms.LayoutView: exact)
+        comms = cast(list[dict[str, Any]], LayoutView([p.layout_rows for p in comm_parts]))
+        found = infer_layout(world_size, configs, comms, records["step"])
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
@@ -175,33 +200,17 @@ def _manifest(
     )
 
 
-def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:
-    """Each collective whose process group's ranks are one of the manifest's groups is named
-    by that group's axis (`dp`, `tp`, ...; an axis before `world` where both hold the same
-    ranks): the trace's own names (`mesh_dp`, `pg3`, or one description for many groups) say
-    nothing the analysis may rely on, the members do. Others keep the trace's name. The ranks
-    are dropped from the records either way."""
+def _axis_of(manifest: schema.Manifest) -> dict[tuple[int, ...], str]:
+    """Each manifest group's sorted ranks -> its axis (the first axis of equal ranks). A
+    collective whose process group's ranks are one of these is named by that axis (`dp`,
+    `tp`, ...; `packed_comms.named_by_axis`): the trace's own names (`mesh_dp`, `pg3`, or one
+    description for many groups) say nothing the analysis may rely on, the members do. Others
+    keep the trace's name."""
     axis_of: dict[tuple[int, ...], str] = {}
     for axis, groups in manifest.groups.items():
         for members in groups:
             axis_of.setdefault(tuple(sorted(members)), axis)
-    for comm in comms:
-        members = comm.pop("group_ranks", None)
-        named = axis_of.get(members) if members else None
-        if named is not None:
-            comm["group"] = named
-
-
-MESSAGE_COLUMNS = ("peer", "seq")
-"""Comm columns only a trace gives (not in the rank files' format): a message's other side
-(global rank) and each record's place in its process group's order (comm_ops.py)."""
-
-
-def _add_message_columns(comms: pd.DataFrame, records: list[dict]) -> None:
-    """`peer` and `seq` on the comm table (rows in record order; null where unknown)."""
-    for name in MESSAGE_COLUMNS:
-        values = [record.get(name) for record in records]
-        comms[name] = pd.array(values, dtype="Int64") if len(comms) == len(values) else pd.NA
+    return axis_of
 
 
 def _newest_mtime(traces: list[ParsedTrace]) -> float:
