@@ -36,8 +36,16 @@ from diag.read.kineto.packed_comms import (
     named_by_axis,
     pack_comms,
 )
-from diag.read.load import RunData, run_from_records, with_cache_note
-from diag.read.parallel import map_chunks
+from diag.read.kineto.window import note as window_note
+from diag.read.kineto.window import reduce_traces, window_end
+from diag.read.load import (
+    REDUCE_SPANS_FROM_BYTES,
+    Breakdown,
+    RunData,
+    run_from_records,
+    with_cache_note,
+)
+from diag.read.parallel import file_sizes, map_chunks
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
@@ -51,15 +59,21 @@ def load_trace_dir(
     layout: schema.Layout | None = None,
     use_cache: bool = True,
     workers: int | None = None,
+    breakdown: Breakdown | None = None,
 ) -> RunData:
-    """Load a folder of Kineto traces; raises InputError (one line) when it is unusable."""
+    """Load a folder of Kineto traces; raises InputError (one line) when it is unusable.
+    `breakdown` (the metrics' `reduce_rank_files`, as `diag.api` hands it): a folder of more
+    than REDUCE_SPANS_FROM_BYTES is reduced with it, as a large run directory is (window.py);
+    without one every record is kept."""
     folder = Path(path)
     patterns = patterns or KernelPatterns()
     files = trace_files(folder)
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
     layout = layout or _layout_beside(folder)
-    key = cache.key(files, patterns, layout) if use_cache else ""
+    large = sum(file_sizes([(0, f) for f in files])) >= REDUCE_SPANS_FROM_BYTES
+    reduce = breakdown if large else None
+    key = cache.key(files, patterns, layout, reduce is not None) if use_cache else ""
     found = cache.read(folder, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value
@@ -90,15 +104,30 @@ def load_trace_dir(
         )
     axis_of = _axis_of(manifest)
     comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
+    spans, comms, reduced = list(span_parts), list(comm_parts), None
+    del span_parts, comm_parts
+    if reduce is not None:
+        # a large folder: every step reduced, the records kept for a window (window.py)
+        records_count = sum(len(p["t0"]) for p in spans) + sum(len(p) for p in comms)
+        end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
+        reduced = reduce_traces(reduce, [t.records["step"] for t in traces], spans, comms,
+                                comm_columns, end)  # fmt: skip
+        spans, comms = reduced.spans, reduced.comms
+        comm_columns = [part.columns for part in comms]
+        first = min((s["step"] for s in records["step"]), default=0)
+        skipped.append(window_note(folder, end, first))
     run = dataclasses.replace(
-        run_from_records(
-            manifest, folder, records, skipped, {"span": list(span_parts), "comm": comm_columns}
-        ),
+        run_from_records(manifest, folder, records, skipped, {"span": spans, "comm": comm_columns}),
         device_time=_device_table(traces),
     )
     del comm_columns
     for name in MESSAGE_COLUMNS:  # `peer` and `seq` (null where unknown)
-        run.comms[name] = message_column(list(comm_parts), name, len(run.comms))
+        run.comms[name] = message_column(comms, name, len(run.comms))
+    if reduced is not None:
+        run = dataclasses.replace(
+            run, rank_steps=reduced.rank_steps, comm_totals=reduced.comm_totals,
+            span_steps=reduced.keep_below,
+        )  # fmt: skip
     if use_cache:
         cache.write(folder, key, run)
     return with_cache_note(run, found.note)
