@@ -17,12 +17,16 @@ plus one LARGE folder built here (the 216k-event trace copied `--large-ranks` ti
 temporary folder, `distributedInfo.rank` rewritten to 0..N-1 and `world_size` to N, gzipped),
 it measures:
 
-1. cold analysis: `load_trace_dir(use_cache=False)` + `compute_metrics` (ours) against
-   `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours (goal >= 5x);
+1. cold analysis: `load_trace_dir(use_cache=False, breakdown=reduce_rank_files)` (as `diag
+   analyze` loads: a folder over 128 MiB reduced, kineto/window.py) + `compute_metrics` (ours)
+   against `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours
+   (goal >= 5x);
 2. peak memory of that cold analysis, MiB: the measuring process's own max RSS plus the largest
    max RSS among its finished children (both loaders parse several files in forked workers),
    read by `getrusage` right after the cold analysis; an upper bound, as pages a forked worker
-   shares with its parent are counted twice (goal: ours <= 0.5x HTA's);
+   shares with its parent are counted twice (goal: ours <= 0.5x HTA's); and the summed RSS of
+   the process and all its descendants, sampled every 50 ms (`TreeRss`: every process
+   together, the summary's figure);
 3. second analysis: ours served from diag's cache (a first `analyze_path` writes the tables
    and the report beside the traces; the timed call is the whole `analyze_path` again, which
    finds the report for the unchanged traces, code and options) against HTA's re-parse (a
