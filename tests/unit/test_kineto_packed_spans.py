@@ -46,3 +46,21 @@ def test_packed_spans_give_the_plain_columns_table(
     assert len(packed.spans) > 50
     pd.testing.assert_frame_equal(packed.spans, plain.spans)
     pd.testing.assert_frame_equal(packed.comms, plain.comms)
+
+
+def test_the_layout_counts_the_packed_collectives_as_it_counted_the_dicts(traces: Path) -> None:
+    from diag.read.kineto.files import parse_file
+    from diag.read.kineto.layout import infer_layout
+    from diag.read.kineto.packed_comms import LayoutView, pack_comms
+
+    parsed = [parse_file(path, kineto.KernelPatterns()) for path in kineto.trace_files(traces)]
+    comms = [comm for trace in parsed for comm in trace.records["comm"]]
+    steps = [step for trace in parsed for step in trace.records["step"]]
+    configs = [group for trace in parsed for group in trace.pg_groups]
+    assert any(comm.get("group_ranks") for comm in comms) and len(comms) > 50
+    view = LayoutView([pack_comms(t.records["comm"], t.records["step"]).layout_rows
+                       for t in parsed])  # fmt: skip
+    assert len(view.rows) < len(comms) and sum(1 for _ in view) <= len(comms)
+    from_dicts = infer_layout(len(parsed), configs, comms, steps)
+    from_view = infer_layout(len(parsed), configs, list(view), steps)
+    assert from_view == from_dicts and from_dicts.layout.pp == 2
