@@ -17,12 +17,16 @@ plus one LARGE folder built here (the 216k-event trace copied `--large-ranks` ti
 temporary folder, `distributedInfo.rank` rewritten to 0..N-1 and `world_size` to N, gzipped),
 it measures:
 
-1. cold analysis: `load_trace_dir(use_cache=False)` + `compute_metrics` (ours) against
-   `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours (goal >= 5x);
+1. cold analysis: `load_trace_dir(use_cache=False, breakdown=reduce_rank_files)` (as `diag
+   analyze` loads: a folder over 128 MiB reduced, kineto/window.py) + `compute_metrics` (ours)
+   against `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours
+   (goal >= 5x);
 2. peak memory of that cold analysis, MiB: the measuring process's own max RSS plus the largest
    max RSS among its finished children (both loaders parse several files in forked workers),
    read by `getrusage` right after the cold analysis; an upper bound, as pages a forked worker
-   shares with its parent are counted twice (goal: ours <= 0.5x HTA's);
+   shares with its parent are counted twice (goal: ours <= 0.5x HTA's); and the summed RSS of
+   the process and all its descendants, sampled every 50 ms (`TreeRss`: every process
+   together, the summary's figure);
 3. second analysis: ours served from diag's cache (a first `analyze_path` writes the tables
    and the report beside the traces; the timed call is the whole `analyze_path` again, which
    finds the report for the unchanged traces, code and options) against HTA's re-parse (a
@@ -52,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +93,55 @@ def _peak_mib() -> tuple[float, float]:
     return own_kib / KIB_PER_MIB, children_kib / KIB_PER_MIB
 
 
+class TreeRss(threading.Thread):
+    """The summed RSS of this process and all its descendants, sampled every SAMPLE_S while
+    running: the memory of every process of an analysis together (pages a forked worker
+    shares with its parent counted in both: an upper bound)."""
+
+    SAMPLE_S = 0.05
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.SAMPLE_S):
+            self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, _tree(os.getpid()))))
+
+    def stop(self) -> float:
+        """Stop sampling; the peak in MiB."""
+        self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, _tree(os.getpid()))))
+        self.done.set()
+        self.join()
+        return self.peak_kib / KIB_PER_MIB
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux: /proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        found.append(here)
+        for task in Path(f"/proc/{here}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _silence_hta() -> None:
     import logging
     import warnings
@@ -100,15 +154,20 @@ def _silence_hta() -> None:
 
 def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     from diag import analyze_path, compute_metrics
+    from diag.metrics.file_reduction import reduce_rank_files
     from diag.read.kineto import cache, load_trace_dir  # the loader itself, its cache off
     from diag.read.kineto.files import trace_files
     from diag.read.kineto.kernels import KernelPatterns
 
+    tree = TreeRss()
+    tree.start()
     started = time.perf_counter()
-    run = load_trace_dir(folder, use_cache=False)
+    # as `diag analyze` loads it: a large folder reduced (kineto/window.py)
+    run = load_trace_dir(folder, use_cache=False, breakdown=reduce_rank_files)
     loaded = time.perf_counter()
     compute_metrics(run)
     cold_s, cold_metrics_s = time.perf_counter() - started, time.perf_counter() - loaded
+    tree_mib = tree.stop()
     own_mib, children_mib = _peak_mib()
     second_s: list[float] = []
     second_metrics_s: list[float] = []
@@ -123,7 +182,7 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
             second_s.append(time.perf_counter() - started)
             second_metrics_s.append(0.0)
     return {"cold_s": cold_s, "cold_metrics_s": [cold_metrics_s], "own_mib": own_mib,
-            "children_mib": children_mib, "second_s": second_s,
+            "children_mib": children_mib, "tree_mib": tree_mib, "second_s": second_s,
             "second_metrics_s": second_metrics_s, "cache_hit": cache_hit}  # fmt: skip
 
 
@@ -132,11 +191,14 @@ def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> di
     from hta.trace_analysis import TraceAnalysis
 
     _silence_hta()  # again: importing HTA may configure its loggers
+    tree = TreeRss()
+    tree.start()
     started = time.perf_counter()
     analysis = TraceAnalysis(trace_dir=str(folder))
     if breakdown:  # what diag's metrics give at least: the time classes of every rank
         analysis.get_temporal_breakdown(visualize=False)
     cold_s = time.perf_counter() - started
+    tree_mib = tree.stop()
     own_mib, children_mib = _peak_mib()
     second_s = []
     for _ in range(second_repeats):
@@ -144,7 +206,7 @@ def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> di
         TraceAnalysis(trace_dir=str(folder))
         second_s.append(time.perf_counter() - started)
     return {"cold_s": cold_s, "own_mib": own_mib, "children_mib": children_mib,
-            "second_s": second_s}  # fmt: skip
+            "tree_mib": tree_mib, "second_s": second_s}  # fmt: skip
 
 
 def _child_main(kind: str, folder: Path, second_repeats: int, out: Path) -> None:
@@ -170,6 +232,7 @@ class Measured:
     peak_mib: list[float] = field(default_factory=list)  # own + children, per cold run
     own_mib: list[float] = field(default_factory=list)
     children_mib: list[float] = field(default_factory=list)
+    tree_mib: list[float] = field(default_factory=list)  # every process together, sampled
     second_s: list[float] = field(default_factory=list)
     cold_metrics_s: list[float] = field(default_factory=list)  # ours: the metrics' share
     second_metrics_s: list[float] = field(default_factory=list)
@@ -185,6 +248,7 @@ class FolderResult:
     repeats: int
     ours: Measured
     hta: Measured
+    load: str = ""  # the machine's load average around the measurement
 
 
 def _run_child(kind: str, folder: Path, second_repeats: int, env: dict[str, str]) -> dict:
@@ -211,6 +275,7 @@ def _add(measured: Measured, result: dict[str, Any]) -> None:
     measured.cold_s.append(result["cold_s"])
     measured.own_mib.append(result["own_mib"])
     measured.children_mib.append(result["children_mib"])
+    measured.tree_mib.append(result.get("tree_mib", 0.0))
     measured.peak_mib.append(result["own_mib"] + result["children_mib"])
     measured.second_s += result["second_s"]
     measured.cold_metrics_s += result.get("cold_metrics_s", [])
@@ -253,6 +318,7 @@ def measure_folder(
     files = _trace_files(folder)
     disk_mib = sum(p.stat().st_size for p in files) / 2**20
     ours, hta = Measured(), Measured()
+    load = _load_average()
     for index in range(repeats):
         if not ours.error:
             second = 0 if generated else (repeats if index == 0 else 0)
@@ -260,7 +326,8 @@ def measure_folder(
         if not hta.error:
             _add(hta, _run_child("hta-breakdown" if generated else "hta", folder,
                                  0 if generated else 1, env))  # fmt: skip
-    return FolderResult(name, len(files), disk_mib, repeats, ours, hta)
+    return FolderResult(name, len(files), disk_mib, repeats, ours, hta,
+                        f"{load} before, {_load_average()} after")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -358,14 +425,15 @@ def _memory(measured: Measured) -> str:
     if not measured.peak_mib:
         return "-"
     return (f"{_median(measured.peak_mib):.0f} (self {_median(measured.own_mib):.0f}"
-            f" + children {_median(measured.children_mib):.0f})")  # fmt: skip
+            f" + children {_median(measured.children_mib):.0f}; all processes together"
+            f" {_median(measured.tree_mib):.0f})")  # fmt: skip
 
 
 def print_folder(result: FolderResult) -> None:
     """Median seconds, spread (max / min) and, in brackets, the metrics' share of ours."""
     ours, hta = result.ours, result.hta
     print(f"\n{result.name}: {result.files} file(s), {result.disk_mib:.1f} MiB on disk, "
-          f"{result.repeats} repeat(s)")  # fmt: skip
+          f"{result.repeats} repeat(s); {result.load}")  # fmt: skip
     if ours.error:
         print(f"  ours failed: {ours.error}")
         return
@@ -405,8 +473,8 @@ def print_table(results: list[FolderResult], cores: str) -> None:
         cold = _ratio(r.hta.cold_s, r.ours.cold_s)
         second = _ratio(r.hta.second_s, r.ours.second_s)
         ours_mib, hta_mib = (
-            _median(r.ours.peak_mib),
-            (_median(r.hta.peak_mib) if r.hta.peak_mib else None),
+            _median(r.ours.tree_mib),
+            (_median(r.hta.tree_mib) if r.hta.tree_mib else None),
         )
         met = hta_mib is not None and ours_mib <= PEAK_GOAL_SHARE * hta_mib
         mem_met = "  -" if hta_mib is None else ("yes" if met else " NO")
@@ -414,7 +482,8 @@ def print_table(results: list[FolderResult], cores: str) -> None:
         print(f"{r.name:<26}{r.repeats:>3} {_ratio_text(cold):>8} {_goal(cold, COLD_GOAL_X):>4}"
               f"  {ours_mib:8.0f} {hta_text} {mem_met:>4}"
               f"  {_ratio_text(second):>8} {_goal(second, CACHE_GOAL_X):>4}")  # fmt: skip
-    print("(n: repeats; cold/cached: HTA time / ours; MiB: median peak, self + children)")
+    print("(n: repeats; cold/cached: HTA time / ours; MiB: median peak of every process "
+          "together, sampled)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- main

@@ -13,6 +13,7 @@ from diag.outputs.report import build_report, json_safe
 from diag.read import cache
 from diag.read.load import RunData, with_cache_note
 from diag.read.sources import LoadOptions, Source, find_source
+from diag.read.sources.profiler_traces import ProfilerTraces
 from diag.rules import run_rules
 
 
@@ -35,7 +36,11 @@ def analyze_path(
     """
     folder = Path(path)
     source = find_source(folder)
-    options = LoadOptions(layout, steps, reduce_rank_files)
+    # a large trace folder keeps a window of records, and is not read again a chunk of steps at
+    # a time as a run directory is (record_spill.py reads rank files): replaying every step
+    # of one keeps every record
+    whole = replay_all and isinstance(source, ProfilerTraces)
+    options = LoadOptions(layout, steps, None if whole else reduce_rank_files)
     key, found = None, cache.Lookup()
     if source.cache_report(folder):
         options_key = (dict(config or {}), hta, layout, steps) + (("replay", "all"),) * replay_all

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diag.numeric.compiled import compiled, for_size
+from diag.numeric.compiled import compiled, for_size, is_loaded
 from diag.rankfile.records import Encoded
 from diag.read.load import RunData
 
@@ -57,7 +57,11 @@ def totals_of(keys: list[Codes], numbers: dict[str, np.ndarray]) -> dict[str, An
     (`_record_keys`), and one pass sums over it (`_summed_by_key`: float sums of integers,
     exact below 2**53: 104 days of ns, 9 PB of bytes, per key)."""
     record_key, space, key_columns = _record_keys(keys)
-    summed = for_size(_summed_by_key, len(record_key))
+    # compiled where it is loaded (a large run's workers) or for a large input; else numpy,
+    # the same sums, without importing numba (a trace folder's reduction: issue 43)
+    summed = for_size(_summed_by_key, len(record_key)) if is_loaded(_summed_by_key) else (
+        _summed_in_numpy
+    )  # fmt: skip
     present, count, bytes_, measured, expected_bytes, expected, duration_ns = summed(
         np.ascontiguousarray(record_key, dtype=np.int64), space,
         *(np.ascontiguousarray(numbers[name], dtype) for name, dtype in _SUMMED.items()),
@@ -147,6 +151,31 @@ def _summed_by_key(
             expected[g] += 1
         duration[g] += t1[i] - t0[i]
     return present, count, bytes_sum, measured, expected_sum, expected, duration
+
+
+def _summed_in_numpy(
+    key: np.ndarray, space: int, bytes_: np.ndarray, expected_bytes: np.ndarray,
+    t0: np.ndarray, t1: np.ndarray,
+) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """`_summed_by_key` in numpy: the same keys and sums (`bincount` adds its weights in record
+    order, as the loop does)."""
+    seen = np.bincount(key, minlength=space) > 0
+    present = np.flatnonzero(seen).astype(np.int64)
+    slot = np.zeros(space, dtype=np.int64)
+    slot[present] = np.arange(len(present))
+    group = slot[key]
+    groups = len(present)
+    known, known_expected = bytes_ == bytes_, expected_bytes == expected_bytes
+    return (
+        present,
+        np.bincount(group, minlength=groups).astype(np.int64),
+        np.bincount(group[known], weights=bytes_[known], minlength=groups),
+        np.bincount(group[known], minlength=groups).astype(np.int64),
+        np.bincount(group[known_expected], weights=expected_bytes[known_expected],
+                    minlength=groups),
+        np.bincount(group[known_expected], minlength=groups).astype(np.int64),
+        np.bincount(group, weights=(t1 - t0).astype(np.float64), minlength=groups),
+    )  # fmt: skip
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import diag.read.kineto as kineto
+import diag.read.kineto.packed_comms as packed_comms
 from diag.cli.main import main
 from diag.read.kineto import load_trace_dir
 
@@ -31,14 +32,35 @@ def test_packed_spans_give_the_plain_columns_table(
     traces: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     packed = load_trace_dir(traces, use_cache=False, workers=1)
-    (first, spans), *_ = kineto._parse_all(kineto.trace_files(traces), kineto.KernelPatterns(), 1)
+    files = kineto.trace_files(traces)
+    (first, spans, comms), *_ = kineto._parse_all(files, kineto.KernelPatterns(), 1)
     assert first.records["span"] == [] and isinstance(spans["t0"], np.ndarray)
+    assert first.records["comm"] == [] and isinstance(comms.columns["t0"], np.ndarray)
 
     def refuse(*_: Any, **__: Any) -> Any:
         raise TypeError("a column that will not pack")
 
     monkeypatch.setattr(kineto, "pack", refuse)  # every trace falls back to plain columns
+    monkeypatch.setattr(packed_comms, "pack", refuse)
     plain = load_trace_dir(traces, use_cache=False, workers=1)
     assert len(packed.spans) > 50
     pd.testing.assert_frame_equal(packed.spans, plain.spans)
     pd.testing.assert_frame_equal(packed.comms, plain.comms)
+
+
+def test_the_layout_counts_the_packed_collectives_as_it_counted_the_dicts(traces: Path) -> None:
+    from diag.read.kineto.files import parse_file
+    from diag.read.kineto.layout import infer_layout
+    from diag.read.kineto.packed_comms import LayoutView, pack_comms
+
+    parsed = [parse_file(path, kineto.KernelPatterns()) for path in kineto.trace_files(traces)]
+    comms = [comm for trace in parsed for comm in trace.records["comm"]]
+    steps = [step for trace in parsed for step in trace.records["step"]]
+    configs = [group for trace in parsed for group in trace.pg_groups]
+    assert any(comm.get("group_ranks") for comm in comms) and len(comms) > 50
+    view = LayoutView([pack_comms(t.records["comm"], t.records["step"]).layout_rows
+                       for t in parsed])  # fmt: skip
+    assert len(view.rows) < len(comms) and sum(1 for _ in view) <= len(comms)
+    from_dicts = infer_layout(len(parsed), configs, comms, steps)
+    from_view = infer_layout(len(parsed), configs, list(view), steps)
+    assert from_view == from_dicts and from_dicts.layout.pp == 2

@@ -13,7 +13,7 @@ import datetime as _dt
 import gc
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -28,9 +28,25 @@ from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
-from diag.read.kineto.placement import name_by_placement
-from diag.read.load import RunData, run_from_records, with_cache_note
-from diag.read.parallel import map_chunks
+from diag.read.kineto.packed_comms import (
+    MESSAGE_COLUMNS,
+    LayoutView,
+    PackedComms,
+    message_column,
+    named_by_axis,
+    named_by_placement,
+    pack_comms,
+)
+from diag.read.kineto.window import note as window_note
+from diag.read.kineto.window import reduce_traces, window_end
+from diag.read.load import (
+    REDUCE_SPANS_FROM_BYTES,
+    Breakdown,
+    RunData,
+    run_from_records,
+    with_cache_note,
+)
+from diag.read.parallel import file_sizes, map_chunks
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
@@ -44,35 +60,41 @@ def load_trace_dir(
     layout: schema.Layout | None = None,
     use_cache: bool = True,
     workers: int | None = None,
+    breakdown: Breakdown | None = None,
 ) -> RunData:
     """Load a folder of Kineto traces, or one trace file (a single rank's, as a user often
-    has it); raises InputError (one line) when it is unusable."""
+    has it); raises InputError (one line) when it is unusable. `breakdown` (the metrics'
+    `reduce_rank_files`, as `diag.api` hands it): a folder of more than
+    REDUCE_SPANS_FROM_BYTES is reduced with it, as a large run directory is (window.py);
+    without one every record is kept."""
     folder = Path(path)
     patterns = patterns or KernelPatterns()
     # one file is read as a folder of that file alone; its cache sits beside it, in its folder
+    beside = folder.parent if folder.is_file() else folder
     files = [folder] if folder.is_file() else trace_files(folder)
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
-    layout = layout or _layout_beside(folder.parent if folder.is_file() else folder)
-    beside = folder.parent if folder.is_file() else folder
-    key = cache.key(files, patterns, layout) if use_cache else ""
+    layout = layout or _layout_beside(beside)
+    large = sum(file_sizes([(0, f) for f in files])) >= REDUCE_SPANS_FROM_BYTES
+    reduce = breakdown if large else None
+    key = cache.key(files, patterns, layout, reduce is not None) if use_cache else ""
     found = cache.read(beside, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value
     skipped: list[str] = []
     parsed = _parse_all(files, patterns, workers)
-    spans_of = {id(trace): spans for trace, spans in parsed}
-    traces = assign_ranks(folder, [trace for trace, _ in parsed], skipped)
+    packed_of = {id(trace): (spans, comms) for trace, spans, comms in parsed}
+    traces = assign_ranks(folder, [trace for trace, _, _ in parsed], skipped)
     del parsed
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
-    span_parts = [spans_of.pop(id(trace)) for trace in traces]
-    spans_of.clear()  # a skipped trace's spans go with it
+    span_parts, comm_parts = zip(*[packed_of.pop(id(trace)) for trace in traces], strict=True)
+    packed_of.clear()  # a skipped trace's records go with it
     for trace in traces:
         for kind, rows in trace.records.items():
             records[kind] += rows
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = _manifest(folder, traces, layout, records)
+    manifest = _manifest(folder, traces, layout, records, list(comm_parts))
     grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
     if layout is not None and grid != manifest.world_size:
         raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
@@ -84,14 +106,34 @@ def load_trace_dir(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
-    name_groups_by_axis(records["comm"], manifest)
+    axis_of = _axis_of(manifest)
+    comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
     if layout is not None:  # an older trace's ops, named by none of its groups
-        name_by_placement(records["comm"], records["step"], manifest.layout)
+        comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
+    spans, comms, reduced = list(span_parts), list(comm_parts), None
+    del span_parts, comm_parts
+    if reduce is not None:
+        # a large folder: every step reduced, the records kept for a window (window.py)
+        records_count = sum(len(p["t0"]) for p in spans) + sum(len(p) for p in comms)
+        end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
+        reduced = reduce_traces(reduce, [t.records["step"] for t in traces], spans, comms,
+                                comm_columns, end)  # fmt: skip
+        spans, comms = reduced.spans, reduced.comms
+        comm_columns = [part.columns for part in comms]
+        first = min((s["step"] for s in records["step"]), default=0)
+        skipped.append(window_note(folder, end, first))
     run = dataclasses.replace(
-        run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
+        run_from_records(manifest, folder, records, skipped, {"span": spans, "comm": comm_columns}),
         device_time=_device_table(traces),
     )
-    _add_message_columns(run.comms, records["comm"])
+    del comm_columns
+    for name in MESSAGE_COLUMNS:  # `peer` and `seq` (null where unknown)
+        run.comms[name] = message_column(comms, name, len(run.comms))
+    if reduced is not None:
+        run = dataclasses.replace(
+            run, rank_steps=reduced.rank_steps, comm_totals=reduced.comm_totals,
+            span_steps=reduced.keep_below,
+        )  # fmt: skip
     if use_cache:
         cache.write(beside, key, run)
     return with_cache_note(run, found.note)
@@ -99,8 +141,8 @@ def load_trace_dir(
 
 def _parse_all(
     files: list[Path], patterns: KernelPatterns, workers: int | None
-) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
-    """Every file parsed (its spans packed: `_spans_packed`), in parallel processes when
+) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
+    """Every file parsed (its spans and collectives packed: `_packed`), in parallel processes when
     there are several and enough bytes to repay starting them (`workers` forces a count);
     progress on a terminal after a while (`diag.read.progress`)."""
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
@@ -116,8 +158,17 @@ def _parse_all(
 
 def _parse_chunk(
     chunk: list[tuple[int, Path]], patterns: KernelPatterns
-) -> list[tuple[ParsedTrace, dict[str, Packed]]]:
-    return [_spans_packed(parse_file(path, patterns)) for _, path in chunk]
+) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
+    return [_packed(parse_file(path, patterns)) for _, path in chunk]
+
+
+def _packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed], PackedComms]:
+    """The trace with its spans and collectives packed (`_spans_packed`, `pack_comms`): no
+    record dicts but the steps' cross to the gathering process."""
+    trace, spans = _spans_packed(trace)
+    comms = pack_comms(trace.records.pop("comm", []), trace.records.get("step", []))
+    trace.records["comm"] = []
+    return trace, spans, comms
 
 
 def _spans_packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed]]:
@@ -151,6 +202,7 @@ def _manifest(
     traces: list[ParsedTrace],
     layout: schema.Layout | None,
     records: dict[str, list[dict]],
+    comm_parts: list[PackedComms],
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
     world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
@@ -161,7 +213,9 @@ def _manifest(
         found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
     else:
         configs = [group for t in traces for group in t.pg_groups]
-        found = infer_layout(world_size, configs, records["comm"], records["step"])
+        # the collectives as the inference counts them (packed_comms.LayoutView: exact)
+        comms = cast(list[dict[str, Any]], LayoutView([p.layout_rows for p in comm_parts]))
+        found = infer_layout(world_size, configs, comms, records["step"])
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
@@ -181,14 +235,9 @@ def _manifest(
     )
 
 
-UNDECIDED = "unknown"
-"""A trace folder's status where its traces show work left open (the manifest's status words
-are a run's: failure.py reads any other as undecidable from the records)."""
-
-
 def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> str:
     """`complete` where every traced rank's profiled window closed alike: each has steps and
-    the same last one; else UNDECIDED (a rank whose trace stops steps before the others':
+    the same last one; else unknown (a rank whose trace stops steps before the others':
     it hung, died or was cut short, which the traces cannot tell apart). A trace folder says
     no more: not whether the job finished, only whether the window it profiled did (each
     kept step closed; a kernel launched outside every step is not read)."""
@@ -197,37 +246,21 @@ def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> 
         rank = int(step["rank"])
         last[rank] = max(last.get(rank, step["step"]), step["step"])
     if any(int(t.rank or 0) not in last for t in traces) or len(set(last.values())) > 1:
-        return UNDECIDED
+        return schema.RunStatus.UNKNOWN.value
     return schema.RunStatus.COMPLETE.value
 
 
-def name_groups_by_axis(comms: list[dict], manifest: schema.Manifest) -> None:
-    """Each collective whose process group's ranks are one of the manifest's groups is named
-    by that group's axis (`dp`, `tp`, ...; an axis before `world` where both hold the same
-    ranks): the trace's own names (`mesh_dp`, `pg3`, or one description for many groups) say
-    nothing the analysis may rely on, the members do. Others keep the trace's name. The ranks
-    are dropped from the records either way."""
+def _axis_of(manifest: schema.Manifest) -> dict[tuple[int, ...], str]:
+    """Each manifest group's sorted ranks -> its axis (the first axis of equal ranks). A
+    collective whose process group's ranks are one of these is named by that axis (`dp`,
+    `tp`, ...; `packed_comms.named_by_axis`): the trace's own names (`mesh_dp`, `pg3`, or one
+    description for many groups) say nothing the analysis may rely on, the members do. Others
+    keep the trace's name."""
     axis_of: dict[tuple[int, ...], str] = {}
     for axis, groups in manifest.groups.items():
         for members in groups:
             axis_of.setdefault(tuple(sorted(members)), axis)
-    for comm in comms:
-        members = comm.pop("group_ranks", None)
-        named = axis_of.get(members) if members else None
-        if named is not None:
-            comm["group"] = named
-
-
-MESSAGE_COLUMNS = ("peer", "seq")
-"""Comm columns only a trace gives (not in the rank files' format): a message's other side
-(global rank) and each record's place in its process group's order (comm_ops.py)."""
-
-
-def _add_message_columns(comms: pd.DataFrame, records: list[dict]) -> None:
-    """`peer` and `seq` on the comm table (rows in record order; null where unknown)."""
-    for name in MESSAGE_COLUMNS:
-        values = [record.get(name) for record in records]
-        comms[name] = pd.array(values, dtype="Int64") if len(comms) == len(values) else pd.NA
+    return axis_of
 
 
 def _newest_mtime(traces: list[ParsedTrace]) -> float:

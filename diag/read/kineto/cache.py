@@ -16,8 +16,12 @@ CONVERTER = "diag.read.kineto"
 """The package whose code (with every diag module it imports) shapes the cached tables."""
 
 
-def key(files: list[Path], patterns: KernelPatterns, layout: schema.Layout | None) -> str:
-    return cache.table_key(cache.file_stamps(files), (patterns, layout), CONVERTER)
+def key(
+    files: list[Path], patterns: KernelPatterns, layout: schema.Layout | None, reduced: bool = False
+) -> str:
+    """`reduced`: the folder is reduced to a window (window.py), its tables not the whole's."""
+    options = (patterns, layout) + (("reduced",),) * reduced
+    return cache.table_key(cache.file_stamps(files), options, CONVERTER)
 
 
 def read(folder: Path, wanted: str) -> cache.Lookup:

@@ -108,7 +108,34 @@ def collective(params: Args) -> dict[str, Any]:
     """op, group, group_size, bytes, dtype, peer and seq of a record_param_comms event (or a
     kernel carrying its arguments), and the global ranks of its process group where the trace
     lists them (`group_ranks`, read by the loader to name the group by its axis and to build the
-    layout; never kept in the tables)."""
+    layout; never kept in the tables). A rank's collectives repeat a few argument sets (one
+    per bucket and layer): described once each (`_described`), but for their `seq`."""
+    seq = count(params.seq, default=-1)
+    fields = (
+        params.collective, params.dtype, params.in_nelems, params.out_nelems,
+        params.group_desc, params.group_name, params.group_size, params.group_ranks,
+        params.rank_start, params.rank_stride, params.dst, params.src,
+    )  # fmt: skip
+    try:  # the types too: 1, 1.0 and True are one key, and read differently
+        described = _described(fields, tuple(map(type, fields)))
+    except TypeError:  # a list among them (unhashable): described as it is
+        described = _describe(params)
+    return {**described, "seq": seq if seq >= 0 else None}
+
+
+_DESCRIBED_FIELDS = ("collective", "dtype", "in_nelems", "out_nelems", "group_desc",
+                     "group_name", "group_size", "group_ranks", "rank_start", "rank_stride",
+                     "dst", "src")  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(fields: tuple[Any, ...], _types: tuple[type, ...]) -> dict[str, Any]:
+    """`_describe` of the arguments with these fields (only read: callers copy the dict)."""
+    return _describe(Args(**dict(zip(_DESCRIBED_FIELDS, fields, strict=True))))
+
+
+def _describe(params: Args) -> dict[str, Any]:
+    """`collective` but `seq`."""
     op = _op(label(params.collective))
     dtype = label(params.dtype).lower()
     nelems = max(count(params.in_nelems), count(params.out_nelems))
@@ -124,7 +151,6 @@ def collective(params: Args) -> dict[str, Any]:
         peer = _global_rank(params.dst)
     elif op == schema.CollectiveOp.RECV.value:
         peer = _global_rank(params.src)
-    seq = count(params.seq, default=-1)
     return {
         "op": op,
         "group": group or None,
@@ -132,7 +158,6 @@ def collective(params: Args) -> dict[str, Any]:
         "bytes": nelems * element_bytes if element_bytes and nelems else None,
         "dtype": dtype or None,
         "peer": peer,
-        "seq": seq if seq >= 0 else None,
         "group_ranks": ranks,
     }
 

@@ -130,6 +130,7 @@ class DeviceScan:
     def add(self, events: Iterable[Kept]) -> None:
         cpu_start, cpu_correlation = self.cpu_start, self.cpu_correlation
         step_starts, device, labels = self.step_starts, self.device, self.labels
+        isfinite = math.isfinite
         for event in events:
             ts = event.ts
             if type(ts) is not int:
@@ -137,9 +138,10 @@ class DeviceScan:
             duration, category = event.dur, event.cat
             if ts is None or duration is None or category is None or category == "Trace":
                 continue
-            if (type(ts) is not int and not _finite(ts)) or (
-                type(duration) is not int and not _finite(duration)
-            ):
+            if (type(ts) is not int and (type(ts) is not float or not isfinite(ts))) or (
+                type(duration) is not int
+                and (type(duration) is not float or not isfinite(duration))
+            ):  # an int, or a finite float
                 continue  # a NaN or a string where a time should be
             args = event.args
             stream, correlation = (args.stream, args.correlation) if args else (-1, -1)
@@ -271,10 +273,6 @@ def _launches_before_last_step(
         starts, last_start = np.ceil(starts), math.ceil(last_start)
     launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
     return [min(launches.get(c, 0), MAX_LAUNCHES_PER_KERNEL) for c in device_correlation]
-
-
-def _finite(value: Any) -> bool:
-    return type(value) is int or (type(value) is float and math.isfinite(value))
 
 
 def _length(merged: np.ndarray) -> float:

@@ -25,7 +25,7 @@ class ProfilerTraces:
         if options.steps is not None:
             raise InputError(path, "--steps is for run directories; a trace holds its own window")
         folder, notes = _traces_of(path)
-        run = load_trace_dir(folder, layout=options.layout)
+        run = load_trace_dir(folder, layout=options.layout, breakdown=options.breakdown)
         return dataclasses.replace(run, skipped=[*run.skipped, *notes]) if notes else run
 
     def cache_report(self, path: Path) -> bool:

@@ -1,0 +1,226 @@
+"""A trace's collectives as they cross from the worker that parsed it: packed columns, not
+one dict each (issue 43: the dicts were most of a large trace folder's memory in the
+gathering process, about 650 bytes a collective, and they were pickled there).
+
+What the gathering process still needs of each collective, besides its table row:
+- its process group's ranks (`group_ranks`), to name the group by its axis once the layout
+  is known (`named_by_axis`): kept as one code per row into the file's few distinct
+  rank lists (`PackedComms.members`);
+- `peer` and `seq`, the two comm columns only a trace gives: int64 values and a null mask;
+- what the layout's inference counts (`layout.infer_layout` and `placement` read, per
+  collective, its group's ranks and name, op, rank, step, whether it starts in its step's
+  first quarter, whether its op came from a kernel's name, its peer and its bytes):
+  those fields counted per distinct value (`LayoutRows`), which `LayoutView` hands to
+  `infer_layout` as the same collectives again, one shared dict per distinct value repeated
+  as often as it occurred, so the inference counts exactly what it counted from the records,
+  in memory that grows with the distinct values (a few per step and rank), not the records.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.contract import schema
+from diag.rankfile.rank_file import KEPT_COLUMNS
+from diag.rankfile.records import Encoded, Packed, pack, unpack
+from diag.read.kineto.layout import FORWARD_SHARE
+from diag.read.kineto.placement import name_by_placement
+
+COMM = "comm"
+MESSAGE_COLUMNS = ("peer", "seq")
+"""Comm columns only a trace gives (not in the rank files' format): a message's other side
+(global rank) and each record's place in its process group's order (comm_ops.py)."""
+
+LayoutKey = tuple[Any, ...]
+"""(group's ranks or None, group name, op, rank, step, t0 as the inference reads it, from_name,
+peer, bytes)"""
+
+
+@dataclass
+class Message:
+    """An integer column that may be null: values (0 where null) and the null mask."""
+
+    values: np.ndarray
+    null: np.ndarray
+
+
+@dataclass
+class PackedComms:
+    """One trace's collectives, packed (the module's docstring says what and why)."""
+
+    columns: dict[str, Packed]
+    members: list[tuple[int, ...] | None]  # the distinct group rank lists (None: unknown)
+    member_codes: np.ndarray  # per row, its index into `members`
+    messages: dict[str, Message | list[Any]]  # peer, seq (a list where they are not ints)
+    layout_rows: Counter[LayoutKey] = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.member_codes)
+
+
+def pack_comms(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> PackedComms:
+    """A trace's comm records (converted, named by the trace) packed, with what the layout's
+    inference counts of them; `steps`: the same trace's step records (their windows)."""
+    layout_rows = _layout_rows(comms, steps)
+    distinct: dict[tuple[int, ...] | None, int] = {}
+    member_codes = np.fromiter(
+        (distinct.setdefault(comm.get("group_ranks"), len(distinct)) for comm in comms),
+        np.int32, count=len(comms),
+    )  # fmt: skip
+    plain: dict[str, list[Any]] = {
+        name: [comm.get(name) for comm in comms] for name in KEPT_COLUMNS[COMM]
+    }
+    try:
+        columns = pack({COMM: dict(plain)})[COMM]
+    except (TypeError, ValueError, OverflowError):  # a value of an unexpected type: as is
+        columns = dict(plain)
+    messages = {name: _message([comm.get(name) for comm in comms]) for name in MESSAGE_COLUMNS}
+    return PackedComms(columns, list(distinct), member_codes, messages, layout_rows)
+
+
+def _message(values: list[Any]) -> Message | list[Any]:
+    null = np.array([v is None for v in values], dtype=bool)
+    try:
+        numbers = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return values
+    if not all(type(v) is int for v in values if v is not None):  # floats, bools: as written
+        return values
+    return Message(numbers, null)
+
+
+def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Counter[LayoutKey]:
+    """What `layout._families` and `infer_layout` read of each collective, counted per distinct
+    value. The start is kept only as the inference reads it: the step window's start when the
+    collective starts in its first quarter (FORWARD_SHARE), the window's end when not, so that
+    the inference's test gives the same answer from the same step windows (the trace's own
+    step records, the last of a repeated step, as its `windows` keeps)."""
+    windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
+    rows: Counter[LayoutKey] = Counter()
+    for comm in comms:
+        rank, step = comm["rank"], comm["step"]
+        t0, t1 = windows.get((rank, step), (0, 0))
+        early = t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+        rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
+              t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
+              comm.get("bytes"))] += 1  # fmt: skip
+    return rows
+
+
+class LayoutView:
+    """The collectives of some traces as `infer_layout` reads them (its `comms`): each distinct
+    `LayoutKey` as one dict, repeated as often as it occurred. Iterable any number of times;
+    nothing reads the dicts' other fields, and nothing changes them."""
+
+    def __init__(self, parts: list[Counter[LayoutKey]]) -> None:
+        self.rows = [
+            ({"group_ranks": members, "group": group, "op": op, "rank": rank, "step": step,
+              "t0": t0, "from_name": from_name, "peer": peer, "bytes": size}, count)
+            for part in parts
+            for (members, group, op, rank, step, t0, from_name, peer, size), count in part.items()
+        ]  # fmt: skip
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for row, count in self.rows:
+            for _ in range(count):
+                yield row
+
+
+def named_by_axis(part: PackedComms, axis_of: dict[tuple[int, ...], str]) -> dict[str, Packed]:
+    """The part's columns with each collective whose group's ranks are one of the manifest's
+    groups (`axis_of`: sorted ranks -> axis) named by that axis; the others keep the trace's
+    name (`kineto._axis_of`, on codes: one lookup per distinct rank list)."""
+    named = [axis_of.get(m) if m else None for m in part.members]
+    if not any(name is not None for name in named):
+        return part.columns
+    group = part.columns["group"]
+    labels, codes = (
+        (group.values, group.codes) if isinstance(group, Encoded) else _encoded(list(group))
+    )
+    if labels is None:  # unhashable labels: row by row
+        values = list(group)
+        renamed = [named[m] if named[m] is not None else v
+                   for m, v in zip(part.member_codes.tolist(), values, strict=True)]  # fmt: skip
+        return {**part.columns, "group": renamed}
+    pairs = part.member_codes.astype(np.int64) * max(len(labels), 1) + codes
+    distinct, inverse = np.unique(pairs, return_inverse=True)
+    new_labels = [
+        named[int(pair) // max(len(labels), 1)]
+        if named[int(pair) // max(len(labels), 1)] is not None
+        else labels[int(pair) % max(len(labels), 1)]
+        for pair in distinct.tolist()
+    ]
+    merged: dict[Any, int] = {}
+    remap = np.fromiter((merged.setdefault(v, len(merged)) for v in new_labels), np.int32,
+                        count=len(new_labels))  # fmt: skip
+    return {**part.columns, "group": Encoded(list(merged), remap[inverse].astype(np.int32))}
+
+
+def named_by_placement(
+    parts: list[PackedComms], columns: list[dict[str, Packed]], layout: schema.Layout
+) -> list[dict[str, Packed]]:
+    """The columns with each op no group names (an older trace's) named by the axis its kind
+    and size say in the given layout (`placement.name_by_placement`, on light rows of the
+    fields it reads, made only where some op has neither a group nor its ranks)."""
+    if not any(m is None for part in parts for m in part.members):
+        return columns
+    rows = []
+    for part, table in zip(parts, columns, strict=True):
+        fields = {name: _listed(table[name]) for name in ("op", "bytes", "rank", "group")}
+        members = [part.members[code] for code in part.member_codes.tolist()]
+        rows.append([
+            {"op": op, "bytes": size, "rank": rank, "group": group, "group_ranks": ranks}
+            for op, size, rank, group, ranks in zip(
+                fields["op"], fields["bytes"], fields["rank"], fields["group"], members,
+                strict=True,
+            )
+        ])  # fmt: skip
+    name_by_placement([row for part in rows for row in part], [], layout)
+    return [
+        {**table, "group": [row["group"] for row in part]}
+        for table, part in zip(columns, rows, strict=True)
+    ]
+
+
+def _listed(values: Packed) -> list[Any]:
+    """A packed column as a plain list, NaN read as null (a size the trace does not give)."""
+    column = unpack([values])
+    listed = column.tolist() if isinstance(column, np.ndarray) else list(column)
+    return [None if isinstance(v, float) and v != v else v for v in listed]
+
+
+def _encoded(values: list[Any]) -> tuple[list[Any] | None, np.ndarray]:
+    try:
+        distinct = dict.fromkeys(values)
+    except TypeError:
+        return None, np.zeros(0, dtype=np.int64)
+    code = {value: i for i, value in enumerate(distinct)}
+    return list(distinct), np.fromiter(map(code.__getitem__, values), np.int64, len(values))
+
+
+def message_column(parts: list[PackedComms], name: str, rows: int) -> Any:
+    """`peer` or `seq` of the gathered comm table (`rows` long): Int64, null where unknown."""
+    found = [part.messages[name] for part in parts]
+    if sum(len(part) for part in parts) != rows:
+        return pd.NA
+    if all(isinstance(m, Message) for m in found):
+        messages = [m for m in found if isinstance(m, Message)]
+        if not messages:
+            return pd.array([], dtype="Int64")
+        return pd.arrays.IntegerArray(
+            np.concatenate([m.values for m in messages]),
+            np.concatenate([m.null for m in messages]),
+        )
+    values: list[Any] = []
+    for m in found:
+        values += (
+            [None if n else v for v, n in zip(m.values.tolist(), m.null.tolist(), strict=True)]
+            if isinstance(m, Message) else m
+        )  # fmt: skip
+    return pd.array(values, dtype="Int64")

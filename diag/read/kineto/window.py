@@ -1,0 +1,136 @@
+"""A large trace folder reduced as a large run directory is (issue 43): every step's time
+breakdown and collective totals (`RunData.rank_steps`, `comm_totals`), and the spans and
+collectives themselves only for a window of first steps (`RunData.span_steps`).
+
+The reduction is the run directories' (`metrics.file_reduction.reduce_rank_files`, from
+packed columns, one trace at a time) and the window is theirs (`record_window`): the records
+of the steps below the window's end, every comm_wait span, and the records of steps without
+a step record. A trace is reduced in the gathering process once the layout is known, since
+its collectives' groups are named by axis first (the breakdown tells pipeline waits from the
+others by that name); each trace's whole columns are dropped as soon as it is reduced.
+Its loops are not compiled here (numba is not imported: about 100 MiB in this process): the
+unions of a trace's intervals and the sums of its collectives run in numpy, the same totals.
+
+What is reduced, said in the report's notes (`note`): which steps keep their records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.contract.schema import RecordKind
+from diag.rankfile.records import Packed
+from diag.read import record_window
+from diag.read.kineto.packed_comms import MESSAGE_COLUMNS, Message, PackedComms
+from diag.read.load import Breakdown
+
+STEP, SPAN, COMM = RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value
+NULL_SUFFIX = ":null"
+"""A message column's null mask rides beside it through the window under this suffix."""
+
+
+@dataclass
+class Reduced:
+    """What a large trace folder keeps: per trace the window's spans and collectives (with
+    `peer` and `seq`), the reductions of every step, and the window's end."""
+
+    spans: list[dict[str, Packed]]
+    comms: list[PackedComms]
+    rank_steps: pd.DataFrame
+    comm_totals: pd.DataFrame
+    keep_below: int
+
+
+def window_end(steps: list[list[dict[str, Any]]], records: int, world_size: int) -> int:
+    """The first step that keeps no records: the folder's first step plus `record_window`'s
+    number of steps for this many records per rank and step (`records` over all traces)."""
+    found = [s["step"] for part in steps for s in part]
+    first = min(found, default=0)
+    per_step = max(records / max(len(found), 1), 1.0) * max(world_size, len(steps))
+    fitting = int(record_window.WINDOW_RECORDS / per_step)
+    low, high = record_window.MIN_WINDOW_STEPS, record_window.SPAN_WINDOW_STEPS
+    return int(first) + max(min(high, low), min(high, fitting))
+
+
+def reduce_traces(
+    breakdown: Breakdown,
+    steps: list[list[dict[str, Any]]],
+    spans: list[dict[str, Packed]],
+    comms: list[PackedComms],
+    comm_columns: list[dict[str, Packed]],
+    keep_below: int,
+) -> Reduced:
+    """Each trace (its step records, packed spans, packed collectives and their columns with
+    groups named by axis) reduced by `breakdown` (`load.Breakdown`: the metrics'
+    `reduce_rank_files`, handed in, as the readers import no metric code), then cut to the
+    window; the input lists are emptied as they are taken, so that one trace's whole columns
+    are alive at a time."""
+    kept_spans: list[dict[str, Packed]] = []
+    kept_comms: list[PackedComms] = []
+
+    def each_trace() -> Iterator[dict[str, dict[str, Packed]]]:
+        for _ in range(len(steps)):
+            columns = {
+                STEP: _step_columns(steps.pop(0)),
+                SPAN: spans.pop(0),
+                COMM: {**comm_columns.pop(0), **_message_columns(comms[0])},
+            }
+            yield columns
+            kept_spans.append(record_window.kept_records(columns, SPAN, keep_below))
+            kept_comms.append(_kept_comms(comms.pop(0), columns, keep_below))
+
+    reduced = breakdown(each_trace(), True)
+    return Reduced(kept_spans, kept_comms, reduced["rank_steps"], reduced["comm_totals"],
+                   keep_below)  # fmt: skip
+
+
+def _step_columns(rows: list[dict[str, Any]]) -> dict[str, Packed]:
+    """What the reduction reads of a trace's step records, as int64 arrays."""
+    return {
+        name: np.array([row[name] for row in rows], dtype=np.int64)
+        for name in ("rank", "step", "t0", "t1")
+    }
+
+
+def _message_columns(part: PackedComms) -> dict[str, Packed]:
+    """`peer` and `seq` as columns that the window cuts with the others."""
+    out: dict[str, Packed] = {}
+    for name in MESSAGE_COLUMNS:
+        found = part.messages[name]
+        if isinstance(found, Message):
+            out[name], out[name + NULL_SUFFIX] = found.values, found.null
+        else:
+            out[name] = found
+    return out
+
+
+def _kept_comms(
+    part: PackedComms, columns: dict[str, dict[str, Packed]], keep_below: int
+) -> PackedComms:
+    """The trace's collectives in the window, as a PackedComms whose columns are the named
+    ones (the layout's counts are no longer needed: emptied)."""
+    kept = record_window.kept_records(columns, COMM, keep_below)
+    messages: dict[str, Message | list[Any]] = {}
+    for name in MESSAGE_COLUMNS:
+        values = kept.pop(name)
+        null = kept.pop(name + NULL_SUFFIX, None)
+        messages[name] = (
+            Message(np.asarray(values), np.asarray(null)) if null is not None else list(values)
+        )
+    rows = len(kept["step"])
+    return PackedComms(kept, [None], np.zeros(rows, dtype=np.int32), messages)
+
+
+def note(folder: Any, keep_below: int, first: int) -> str:
+    """The report's note on what a large folder keeps."""
+    return (
+        f"{folder}: a large trace folder: every step's time breakdown and collective totals "
+        f"kept, the spans and collectives themselves for steps {first}..{keep_below - 1} "
+        "(and every comm_wait span); the replay, late arrival, COM003 and the Timeline read "
+        "those steps"
+    )
