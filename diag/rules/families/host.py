@@ -13,7 +13,17 @@ import pandas as pd
 
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
-from diag.rules.families.balance import straggler_ranks
+from diag.rules.families.balance import (
+    MIN_OWN_PART,
+    PERSISTENT_RATIO,
+    PERSISTENT_SHARE,
+    STRAGGLER_RULE,
+    own_part,
+    queued_excess_per_step_s,
+    steps_needed,
+    straggler_ranks,
+)
+from diag.whatif.causes import Cause, CauseKind
 
 HOST_RULE = "HST001"
 
@@ -66,13 +76,21 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         midway). The cost is the replay's "every rank had its cores". Where BAL001 finds a
         straggler, the finding is low: a rank slower than its peers is the diagnosis, and
         the waiting they all share is its context (the timings are still inflated by it).
+        So is it where the replay finds a fault of specific ranks, persistent and mostly
+        their own rather than their waiting for a core beyond their peers': a rank's host
+        time (BAL005: a loader stall) or a heavy pipeline stage (PIP003). Waiting for a core
+        spread over every rank does not make one rank or stage slow; `context_for` names
+        those faults, whose cost this one's overlaps (the replay's "every rank had its
+        cores" shrinks their time too, a sleep or a stall included).
     """
     table = ctx.metrics.host
     if table.empty:
         return []
-    # a rank slower than its peers on the same host is the diagnosis (BAL001): the waiting
-    # for a core is shared by all of them and is context there, never ahead of it
-    stragglers = straggler_ranks(ctx)
+    # a rank slower than its peers on the same host is the diagnosis (BAL001), and so is a
+    # rank's or a stage's own persistent excess: the waiting for a core is shared by all of
+    # them and is context there, never ahead of it
+    faults = own_faults(ctx)
+    stragglers = straggler_ranks(ctx) or sorted({r for ranks in faults.values() for r in ranks})
     findings = []
     for row in table.itertuples(index=False):
         share = float(row.descheduled_share)
@@ -88,8 +106,61 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         else:
             severity = "medium" if share >= limits["medium_share"] else "low"
         onset = onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
-        findings.append(_finding(row, share, severity, oversubscribed and not stragglers, onset))
+        finding = _finding(row, share, severity, oversubscribed and not stragglers, onset)
+        if faults:
+            finding.evidence["context_for"] = faults
+        findings.append(finding)
     return findings
+
+
+def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
+    """The faults of specific ranks the replay finds beside the waiting for a core, by the
+    rule that names them: a rank's host time (BAL005's cause) or a pipeline stage's excess
+    (PIP003's), each costing BAL001's `min_cost_share` of the step or more, replayed over
+    enough steps (`steps_needed`), persistent (a rank's typical excess is its median over the
+    steps; a stage's ranks stand out in most steps) and mostly their own: at most half of
+    the excess is their waiting for a core beyond their peers'."""
+    attribution = ctx.metrics.attribution
+    if attribution is None or attribution.measured_step_s <= 0:
+        return {}
+    limits = ctx.limits_of(STRAGGLER_RULE)
+    if attribution.steps_replayed < steps_needed(ctx.metrics, limits):
+        return {}
+    queued = queued_excess_per_step_s(ctx.metrics)
+    found: dict[str, list[int]] = {}
+    for cause in attribution.causes:
+        if cause.cost_share < limits["min_cost_share"] or not cause.ranks:
+            continue
+        if cause.kind == CauseKind.HOST and own_part(cause, queued) >= MIN_OWN_PART:
+            found.setdefault("BAL005", []).extend(cause.ranks)
+        elif cause.kind == CauseKind.STAGE and _own_stage(ctx, cause, queued, limits):
+            found.setdefault("PIP003", []).extend(cause.ranks)
+    return {rule_: sorted(set(ranks)) for rule_, ranks in found.items()}
+
+
+def _own_stage(
+    ctx: RuleContext, cause: Cause, queued: Mapping[int, float], limits: Mapping[str, float]
+) -> bool:
+    """The stage's excess over the other stages' mean is mostly its own, and its ranks' busy
+    time (their median) is PERSISTENT_RATIO x the other stages' ranks' (their median) in
+    PERSISTENT_SHARE of the steps and in `steps_needed` of them."""
+    local = float(cause.evidence.get("stage_local_s") or 0.0)
+    others = float(cause.evidence.get("mean_stage_local_s") or 0.0)
+    if own_part(cause, queued, local - others) < MIN_OWN_PART:
+        return False
+    steps = ctx.metrics.rank_steps
+    if steps is None or steps.empty:
+        return False
+    table = steps.pivot_table(index="step", columns="rank", values="busy_s")
+    mine = [r for r in cause.ranks if r in table.columns]
+    rest = [r for r in table.columns if r not in set(cause.ranks)]
+    if not mine or not rest:
+        return False
+    standing_out = table[mine].median(axis=1) >= PERSISTENT_RATIO * table[rest].median(axis=1)
+    count = int(standing_out.sum())
+    return bool(
+        standing_out.mean() >= PERSISTENT_SHARE and count >= steps_needed(ctx.metrics, limits)
+    )
 
 
 def _others_took_cores(row: Any, limits: Mapping[str, float]) -> bool:
