@@ -62,6 +62,16 @@ class Outcome:
     fault_found: bool
     host_cost_s: float | None
     fault_cost_s: float | None
+    step_s: float | None  # the measured step the costs are of
+
+    def line(self) -> str:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+        return (f"{self.main}: fault {'main' if self.main_is_fault else 'not main'}, "
+                f"{'reported' if self.fault_found else 'not reported'}; HST001 "
+                f"{ms(self.host_cost_s)}, fault {ms(self.fault_cost_s)} of a "
+                f"{ms(self.step_s)} step")  # fmt: skip
 
 
 def _is_fault(finding: dict[str, Any], job: Job) -> bool:
@@ -78,7 +88,9 @@ def outcome(job: Job, out: Path) -> Outcome:
     command = [sys.executable, "-m", "diag", "run", job.trainer, *job.args, *inject,
                "--out", str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, timeout=600)
-    findings = analyze_path(out)["findings"]
+    report = analyze_path(out)
+    findings = report["findings"]
+    step = (report.get("attribution") or {}).get("measured_step_s")
     host = next((f.get("cost_s") for f in findings if f["rule"] == HOST_RULE), None)
     if job.rules:
         faults = [f for f in findings if _is_fault(f, job)]
@@ -88,7 +100,7 @@ def outcome(job: Job, out: Path) -> Outcome:
         found = any(_names_a_rank(f) for f in findings)
         fault_cost, is_fault = None, not found
     main = f"{findings[0]['rule']} {findings[0]['ranks']}" if findings else "none"
-    return Outcome(main, is_fault, found, host, fault_cost)
+    return Outcome(main, is_fault, found, host, fault_cost, step)
 
 
 def _median_ms(values: list[float | None]) -> str:
@@ -110,7 +122,13 @@ def main() -> None:
                 job = JOBS[name]
                 load = os.getloadavg()[0]
                 started = time.perf_counter()
-                runs = [outcome(job, Path(tmp) / f"{name}-{i}") for i in range(options.runs)]
+                runs = []
+                for i in range(options.runs):
+                    runs.append(outcome(job, Path(tmp) / f"{name}-{i}"))
+                    print(
+                        f"  {name} {i}: {runs[-1].line()} (load1 {os.getloadavg()[0]:.1f})",
+                        file=sys.stderr,
+                    )
                 seen = collections.Counter(r.main for r in runs)
                 verdict, agree = seen.most_common(1)[0]
                 rows.append((name, job, verdict, agree, runs, seen, load,

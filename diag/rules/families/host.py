@@ -26,6 +26,8 @@ from diag.rules.families.balance import (
 from diag.whatif.causes import Cause, CauseKind
 
 HOST_RULE = "HST001"
+HOST_TIME_RULE = "BAL005"  # a rank's host time (diag/rules/families/lost_time.py)
+STAGE_RULE = "PIP003"  # a heavy pipeline stage (diag/rules/families/pipeline.py)
 
 
 HOST_THRESHOLDS = {
@@ -116,10 +118,10 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
 def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
     """The faults of specific ranks the replay finds beside the waiting for a core, by the
     rule that names them: a rank's host time (BAL005's cause) or a pipeline stage's excess
-    (PIP003's), each costing BAL001's `min_cost_share` of the step or more, replayed over
-    enough steps (`steps_needed`), persistent (a rank's typical excess is its median over the
-    steps; a stage's ranks stand out in most steps) and mostly their own: at most half of
-    the excess is their waiting for a core beyond their peers'."""
+    (PIP003's), each costing what its rule needs to name it, replayed over enough steps
+    (`steps_needed`), persistent (a rank's typical excess is its median over the steps; a
+    stage's ranks stand out in most steps) and mostly their own: at most half of the excess
+    is their waiting for a core beyond their peers'."""
     attribution = ctx.metrics.attribution
     if attribution is None or attribution.measured_step_s <= 0:
         return {}
@@ -127,14 +129,18 @@ def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
     if attribution.steps_replayed < steps_needed(ctx.metrics, limits):
         return {}
     queued = queued_excess_per_step_s(ctx.metrics)
+    host_share = ctx.limits_of(HOST_TIME_RULE)["min_share"]
+    stage_share = ctx.limits_of(STAGE_RULE)["min_cost_share"]
     found: dict[str, list[int]] = {}
     for cause in attribution.causes:
-        if cause.cost_share < limits["min_cost_share"] or not cause.ranks:
+        if not cause.ranks:
             continue
-        if cause.kind == CauseKind.HOST and own_part(cause, queued) >= MIN_OWN_PART:
-            found.setdefault("BAL005", []).extend(cause.ranks)
-        elif cause.kind == CauseKind.STAGE and _own_stage(ctx, cause, queued, limits):
-            found.setdefault("PIP003", []).extend(cause.ranks)
+        if (cause.kind == CauseKind.HOST and cause.cost_share >= host_share
+                and own_part(cause, queued) >= MIN_OWN_PART):  # fmt: skip
+            found.setdefault(HOST_TIME_RULE, []).extend(cause.ranks)
+        elif (cause.kind == CauseKind.STAGE and cause.cost_share >= stage_share
+              and _own_stage(ctx, cause, queued, limits)):  # fmt: skip
+            found.setdefault(STAGE_RULE, []).extend(cause.ranks)
     return {rule_: sorted(set(ranks)) for rule_, ranks in found.items()}
 
 
