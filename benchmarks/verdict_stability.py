@@ -63,11 +63,17 @@ class Outcome:
     host_cost_s: float | None
     fault_cost_s: float | None
     step_s: float | None  # the measured step the costs are of
+    healthy: bool = False  # a job without a fault: `fault_found` is a rank named
 
     def line(self) -> str:
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value * 1e3:.0f} ms"
 
+        if self.healthy:
+            named = "a BAL/PIP finding names a rank" if self.fault_found else "no rank named"
+            return (
+                f"{self.main}: {named}; HST001 {ms(self.host_cost_s)} of a {ms(self.step_s)} step"
+            )
         return (f"{self.main}: fault {'main' if self.main_is_fault else 'not main'}, "
                 f"{'reported' if self.fault_found else 'not reported'}; HST001 "
                 f"{ms(self.host_cost_s)}, fault {ms(self.fault_cost_s)} of a "
@@ -100,7 +106,7 @@ def outcome(job: Job, out: Path) -> Outcome:
         found = any(_names_a_rank(f) for f in findings)
         fault_cost, is_fault = None, not found
     main = f"{findings[0]['rule']} {findings[0]['ranks']}" if findings else "none"
-    return Outcome(main, is_fault, found, host, fault_cost, step)
+    return Outcome(main, is_fault, found, host, fault_cost, step, healthy=not job.rules)
 
 
 def _median_ms(values: list[float | None]) -> str:
