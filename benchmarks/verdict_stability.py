@@ -64,13 +64,14 @@ class Outcome:
     fault_cost_s: float | None
     step_s: float | None  # the measured step the costs are of
     healthy: bool = False  # a job without a fault: `fault_found` is a rank named
+    named: str = ""  # in a healthy job, the balance and pipeline findings that name a rank
 
     def line(self) -> str:
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value * 1e3:.0f} ms"
 
         if self.healthy:
-            named = "a BAL/PIP finding names a rank" if self.fault_found else "no rank named"
+            named = f"{self.named} name a rank" if self.fault_found else "no rank named"
             return (
                 f"{self.main}: {named}; HST001 {ms(self.host_cost_s)} of a {ms(self.step_s)} step"
             )
@@ -98,15 +99,16 @@ def outcome(job: Job, out: Path) -> Outcome:
     findings = report["findings"]
     step = (report.get("attribution") or {}).get("measured_step_s")
     host = next((f.get("cost_s") for f in findings if f["rule"] == HOST_RULE), None)
+    naming = [f"{f['rule']} {f['ranks']}" for f in findings if _names_a_rank(f)]
     if job.rules:
         faults = [f for f in findings if _is_fault(f, job)]
         found, fault_cost = bool(faults), faults[0].get("cost_s") if faults else None
         is_fault = bool(findings) and _is_fault(findings[0], job)
     else:  # healthy: the "fault" is a balance or pipeline finding naming a rank
-        found = any(_names_a_rank(f) for f in findings)
+        found = bool(naming)
         fault_cost, is_fault = None, not found
     main = f"{findings[0]['rule']} {findings[0]['ranks']}" if findings else "none"
-    return Outcome(main, is_fault, found, host, fault_cost, step, healthy=not job.rules)
+    return Outcome(main, is_fault, found, host, fault_cost, step, not job.rules, ", ".join(naming))
 
 
 def _median_ms(values: list[float | None]) -> str:
@@ -119,18 +121,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--jobs", default=DEFAULT_JOBS, help=f"of {', '.join(JOBS)}")
     parser.add_argument("--no-hog", action="store_true", help="run without the CPU hog")
+    parser.add_argument("--keep", type=Path, help="keep the run directories in this folder")
     options = parser.parse_args()
     hog = None if options.no_hog else subprocess.Popen(HOG)
     try:
         rows = []
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = options.keep or Path(scratch)
+            tmp.mkdir(parents=True, exist_ok=True)
             for name in options.jobs.split(","):
                 job = JOBS[name]
                 load = os.getloadavg()[0]
                 started = time.perf_counter()
                 runs = []
                 for i in range(options.runs):
-                    runs.append(outcome(job, Path(tmp) / f"{name}-{i}"))
+                    runs.append(outcome(job, tmp / f"{name}-{i}"))
                     print(
                         f"  {name} {i}: {runs[-1].line()} (load1 {os.getloadavg()[0]:.1f})",
                         file=sys.stderr,

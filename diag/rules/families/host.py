@@ -119,8 +119,8 @@ def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
     """The faults of specific ranks the replay finds beside the waiting for a core, by the
     rule that names them: a rank's host time (BAL005's cause) or a pipeline stage's excess
     (PIP003's), each costing what its rule needs to name it, replayed over enough steps
-    (`steps_needed`), persistent (a rank's typical excess is its median over the steps; a
-    stage's ranks stand out in most steps) and mostly their own: at most half of the excess
+    (`steps_needed`), persistent (the rank's host time, or the stage's busy time, stands out
+    in most steps) and mostly their own: at most half of the excess
     is their waiting for a core beyond their peers'."""
     attribution = ctx.metrics.attribution
     if attribution is None or attribution.measured_step_s <= 0:
@@ -136,12 +136,49 @@ def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
         if not cause.ranks:
             continue
         if (cause.kind == CauseKind.HOST and cause.cost_share >= host_share
-                and own_part(cause, queued) >= MIN_OWN_PART):  # fmt: skip
+                and own_part(cause, queued) >= MIN_OWN_PART
+                and _host_time_persists(ctx, cause.ranks, limits)):  # fmt: skip
             found.setdefault(HOST_TIME_RULE, []).extend(cause.ranks)
         elif (cause.kind == CauseKind.STAGE and cause.cost_share >= stage_share
               and _own_stage(ctx, cause, queued, limits)):  # fmt: skip
             found.setdefault(STAGE_RULE, []).extend(cause.ranks)
     return {rule_: sorted(set(ranks)) for rule_, ranks in found.items()}
+
+
+NS_PER_S = 1e9
+
+
+def _host_time_persists(ctx: RuleContext, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """Each of `ranks` spends more time on the host than its peers (their median) by BAL001's
+    `min_excess_s` and by PERSISTENT_RATIO, in PERSISTENT_SHARE of the steps and in
+    `steps_needed` of them: its time between the previous step's end and this step's start
+    and in its data spans. On a loaded host the rank the scheduler keeps off a core between
+    two steps changes from step to step; a loader that stalls one rank does it every step."""
+    steps = ctx.run.steps
+    if steps.empty:
+        return False
+    steps = steps[["rank", "step", "t0", "t1"]].sort_values(["rank", "step"])
+    before = steps["t0"] - steps.groupby("rank")["t1"].shift()
+    table = steps.assign(host_s=before.to_numpy(dtype=np.float64) / NS_PER_S).dropna()
+    spans = ctx.run.spans
+    data = spans[spans["phase"] == "data"]
+    if not data.empty:
+        fetched = ((data["t1"] - data["t0"]) / NS_PER_S).groupby([data["rank"], data["step"]]).sum()
+        keys = pd.MultiIndex.from_arrays([table["rank"], table["step"]])
+        table = table.assign(host_s=table["host_s"] + fetched.reindex(keys).fillna(0.0).to_numpy())
+    wide = table.pivot_table(index="step", columns="rank", values="host_s")
+    needed = steps_needed(ctx.metrics, limits)
+    for rank in ranks:
+        if rank not in wide.columns or wide.shape[1] < 2:
+            return False
+        others = wide.drop(columns=rank).median(axis=1)
+        floor = np.maximum(PERSISTENT_RATIO * others, others + limits["min_excess_s"])
+        standing_out = (wide[rank] >= floor)[wide[rank].notna()]
+        if standing_out.empty or standing_out.mean() < PERSISTENT_SHARE:
+            return False
+        if int(standing_out.sum()) < needed:
+            return False
+    return bool(ranks)
 
 
 def _own_stage(
