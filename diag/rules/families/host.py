@@ -120,8 +120,8 @@ def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
     rule that names them: a rank's host time (BAL005's cause) or a pipeline stage's excess
     (PIP003's), each costing what its rule needs to name it, replayed over enough steps
     (`steps_needed`), persistent (the rank's host time, or the stage's busy time, stands out
-    in most steps) and mostly their own: at most half of the excess
-    is their waiting for a core beyond their peers'."""
+    in most steps) and mostly their own: at most half of the excess is their waiting for a
+    core beyond their peers'."""
     attribution = ctx.metrics.attribution
     if attribution is None or attribution.measured_step_s <= 0:
         return {}
