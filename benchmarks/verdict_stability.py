@@ -1,76 +1,169 @@
 """One verdict per job (issue 41): run the same faulty jobs N times beside a CPU hog and count how
-often the main finding (rule and ranks) agrees with the most common one.
+often the main finding (rule and ranks) agrees with the most common one, and whether it is the
+injected fault.
 
     python benchmarks/verdict_stability.py [--runs 10] [--jobs straggler,loader-stall,slow-stage]
+                                           [--no-hog]
 
-Each job is a real `diag run` (gloo, CPU) of 4 ranks; the hog is one process spinning a core
-for the whole benchmark (on a 2-core machine: 4 ranks and the hog on 2 cores). Prints one row
-per job: the most common main finding, how many runs agree with it, and the others seen.
+Each job is a real `diag run` (gloo, CPU) of 4 ranks; the hog is one shell spinning a core for
+the whole benchmark (on a 2-core machine: 4 ranks and the hog on 2 cores). Prints one row per
+job: the most common main finding, how many runs agree with it, how many runs lead with the
+injected fault (its rule on its ranks) and how many report it at all, the median cost of the
+host's waiting for a core (HST001) beside the fault's, the others seen, the load average at
+the job's start. The `healthy` job (no injection, not run by default) counts the runs with no
+balance or pipeline finding that names a rank.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diag.api import analyze_path
 
+
+@dataclass(frozen=True)
+class Job:
+    trainer: str
+    args: tuple[str, ...]
+    inject: str | None
+    rules: tuple[str, ...]  # the rules that name the injected fault (none: a healthy job)
+    ranks: tuple[int, ...]  # the ranks it is on
+
+
+DP = ("--nproc", "4", "--steps", "8")
 JOBS = {
-    # name: (trainer, its arguments, the injection)
-    "straggler": ("dp", ["--nproc", "4", "--steps", "8"], "straggler:rank=3,ms=60"),
-    "loader-stall": ("dp", ["--nproc", "4", "--steps", "8"], "loader-stall:rank=2,ms=60"),
-    "slow-stage": ("pp", ["--nproc", "4", "--steps", "8", "--microbatches", "4"],
-                   "stage-slow:stage=2,ms=20"),
+    "straggler": Job("dp", DP, "straggler:rank=3,ms=60", ("BAL001",), (3,)),
+    "loader-stall": Job("dp", DP, "loader-stall:rank=2,ms=60", ("BAL005",), (2,)),
+    # 4 stages, one rank each: stage 2 is rank 2
+    "slow-stage": Job("pp", (*DP, "--microbatches", "4"), "stage-slow:stage=2,ms=20",
+                      ("PIP003",), (2,)),
+    "healthy": Job("dp", DP, None, (), ()),
 }  # fmt: skip
-HOG = "import time\nwhile True:\n    sum(range(10_000))\n"
+DEFAULT_JOBS = "straggler,loader-stall,slow-stage"
+HOG = ["sh", "-c", "while :; do :; done"]
+HOST_RULE = "HST001"
+NAMING_FAMILIES = ("BAL", "PIP")  # a healthy run has none of these naming a rank
 
 
-def main_finding(trainer: str, args: list[str], inject: str, out: Path) -> str:
-    """`RULE ranks` of one fresh run's main finding ("none" without findings)."""
-    command = [sys.executable, "-m", "diag", "run", trainer, *args, "--inject", inject,
+@dataclass(frozen=True)
+class Outcome:
+    main: str  # `RULE ranks` of the main finding ("none" without findings)
+    main_is_fault: bool
+    fault_found: bool
+    host_cost_s: float | None
+    fault_cost_s: float | None
+    step_s: float | None  # the measured step the costs are of
+    healthy: bool = False  # a job without a fault: `fault_found` is a rank named
+    named: str = ""  # in a healthy job, the balance and pipeline findings that name a rank
+
+    def line(self) -> str:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+        if self.healthy:
+            named = f"{self.named} name a rank" if self.fault_found else "no rank named"
+            return (
+                f"{self.main}: {named}; HST001 {ms(self.host_cost_s)} of a {ms(self.step_s)} step"
+            )
+        return (f"{self.main}: fault {'main' if self.main_is_fault else 'not main'}, "
+                f"{'reported' if self.fault_found else 'not reported'}; HST001 "
+                f"{ms(self.host_cost_s)}, fault {ms(self.fault_cost_s)} of a "
+                f"{ms(self.step_s)} step")  # fmt: skip
+
+
+def _is_fault(finding: dict[str, Any], job: Job) -> bool:
+    return finding["rule"] in job.rules and tuple(finding["ranks"]) == job.ranks
+
+
+def _names_a_rank(finding: dict[str, Any]) -> bool:
+    return finding["rule"].startswith(NAMING_FAMILIES) and bool(finding["ranks"])
+
+
+def outcome(job: Job, out: Path) -> Outcome:
+    """One fresh run of `job` into `out`, analysed."""
+    inject = ["--inject", job.inject] if job.inject else []
+    command = [sys.executable, "-m", "diag", "run", job.trainer, *job.args, *inject,
                "--out", str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, timeout=600)
-    findings = analyze_path(out)["findings"]
-    if not findings:
-        return "none"
-    first = findings[0]
-    return f"{first['rule']} {first['ranks']}"
+    report = analyze_path(out)
+    findings = report["findings"]
+    step = (report.get("attribution") or {}).get("measured_step_s")
+    host = next((f.get("cost_s") for f in findings if f["rule"] == HOST_RULE), None)
+    naming = [f"{f['rule']} {f['ranks']}" for f in findings if _names_a_rank(f)]
+    if job.rules:
+        faults = [f for f in findings if _is_fault(f, job)]
+        found, fault_cost = bool(faults), faults[0].get("cost_s") if faults else None
+        is_fault = bool(findings) and _is_fault(findings[0], job)
+    else:  # healthy: the "fault" is a balance or pipeline finding naming a rank
+        found = bool(naming)
+        fault_cost, is_fault = None, not found
+    main = f"{findings[0]['rule']} {findings[0]['ranks']}" if findings else "none"
+    return Outcome(main, is_fault, found, host, fault_cost, step, not job.rules, ", ".join(naming))
+
+
+def _median_ms(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known) * 1e3:.0f}" if known else "-"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--jobs", default=",".join(JOBS))
+    parser.add_argument("--jobs", default=DEFAULT_JOBS, help=f"of {', '.join(JOBS)}")
+    parser.add_argument("--no-hog", action="store_true", help="run without the CPU hog")
+    parser.add_argument("--keep", type=Path, help="keep the run directories in this folder")
     options = parser.parse_args()
-    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    hog = None if options.no_hog else subprocess.Popen(HOG)
     try:
         rows = []
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = options.keep or Path(scratch)
+            tmp.mkdir(parents=True, exist_ok=True)
             for name in options.jobs.split(","):
-                trainer, args, inject = JOBS[name]
+                job = JOBS[name]
+                load = os.getloadavg()[0]
                 started = time.perf_counter()
-                seen = collections.Counter(
-                    main_finding(trainer, args, inject, Path(tmp) / f"{name}-{i}")
-                    for i in range(options.runs)
-                )
+                runs = []
+                for i in range(options.runs):
+                    runs.append(outcome(job, tmp / f"{name}-{i}"))
+                    print(
+                        f"  {name} {i}: {runs[-1].line()} (load1 {os.getloadavg()[0]:.1f})",
+                        file=sys.stderr,
+                    )
+                seen = collections.Counter(r.main for r in runs)
                 verdict, agree = seen.most_common(1)[0]
-                others = ", ".join(f"{k} x{v}" for k, v in seen.items() if k != verdict)
-                rows.append((name, inject, verdict, agree, options.runs, others,
+                rows.append((name, job, verdict, agree, runs, seen, load,
                              time.perf_counter() - started))  # fmt: skip
                 print(f"{name}: {verdict} in {agree}/{options.runs}", file=sys.stderr)
     finally:
-        hog.kill()
-        hog.wait()
-    print("| job | injection | main finding | agree | other verdicts | s |")
-    print("|---|---|---|---|---|---|")
-    for name, inject, verdict, agree, runs, others, seconds in rows:
-        print(f"| {name} | `{inject}` | {verdict} | {agree}/{runs} | {others or '-'} | "
-              f"{seconds:.0f} |")  # fmt: skip
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    print("| job | injection | main finding | agree | main is the fault | fault reported | "
+          "HST001 ms | fault ms | other verdicts | load1 | s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, job, verdict, agree, runs, seen, load, seconds in rows:
+        n = len(runs)
+        others = ", ".join(f"{k} x{v}" for k, v in seen.items() if k != verdict)
+        expected = (f"{'/'.join(job.rules)} {list(job.ranks)}" if job.rules
+                    else "no BAL/PIP naming a rank")  # fmt: skip
+        is_fault = sum(r.main_is_fault for r in runs)
+        found = sum(r.fault_found for r in runs) if job.rules else "-"
+        print(f"| {name} | `{job.inject or '-'}` | {verdict} | {agree}/{n} | "
+              f"{is_fault}/{n} ({expected}) | {found}{f'/{n}' if job.rules else ''} | "
+              f"{_median_ms([r.host_cost_s for r in runs])} | "
+              f"{_median_ms([r.fault_cost_s for r in runs])} | {others or '-'} | "
+              f"{load:.1f} | {seconds:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ def straggler_ranks(ctx: RuleContext) -> list[int]:
     return sorted({r for f in _replayed_stragglers(ctx, limits) for r in f.ranks})
 
 
-def _queued_excess_per_step_s(metrics: RunMetrics) -> dict[int, float]:
+def queued_excess_per_step_s(metrics: RunMetrics) -> dict[int, float]:
     """Per rank, how much longer per step its training thread waited for a core than its
     peers' median (empty where not recorded)."""
     on_host = metrics.host_steps
@@ -296,13 +296,16 @@ MIN_OWN_PART = 0.5
 """A replayed straggler's excess must be at least this much its own (not waiting for a core)."""
 
 
-def _own_part(cause: Any, queued: Mapping[int, float]) -> float:
-    """The part of a replayed straggler's excess that is not its waiting for a core."""
-    excess = float(cause.evidence.get("typical_excess_per_step_s") or 0.0)
-    if excess <= 0:
+def own_part(cause: Any, queued: Mapping[int, float], excess_s: float | None = None) -> float:
+    """The part of a replayed cause's excess per step (its typical excess, or `excess_s`) that
+    is not its ranks' waiting for a core beyond their peers' (their mean: a stage's ranks each
+    carry the stage's excess)."""
+    if excess_s is None:
+        excess_s = float(cause.evidence.get("typical_excess_per_step_s") or 0.0)
+    if excess_s <= 0 or not cause.ranks:
         return 1.0
-    waited = sum(queued.get(int(r), 0.0) for r in cause.ranks)
-    return max(1.0 - waited / excess, 0.0)
+    waited = sum(queued.get(int(r), 0.0) for r in cause.ranks) / len(cause.ranks)
+    return max(1.0 - waited / excess_s, 0.0)
 
 
 def _costly(ctx: RuleContext, ranks: list[int], limits: Mapping[str, float]) -> bool:
@@ -347,7 +350,7 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     noise_s = noise.cost_s if noise else 0.0
     # a persistent straggler costs more than the per-step noise around it; otherwise a few
     # steps of random draws could name a rank (BAL004 says it)
-    queued = _queued_excess_per_step_s(ctx.metrics)
+    queued = queued_excess_per_step_s(ctx.metrics)
     # and one whose excess is mostly its waiting for a core is the host's (HST001); a rank
     # waking from a sleep on a loaded host queues more too, so a part of it does not count
     # unless the rank's excess persists: slower than its peers in nearly every step is a
@@ -356,7 +359,7 @@ def _replayed_stragglers(ctx: RuleContext, limits: Mapping[str, float]) -> list[
     causes = [c for c in attribution.causes if c.kind == CauseKind.STRAGGLER
               and c.cost_share >= limits["min_cost_share"]
               and (c.cost_s > noise_s or _persistent(ctx.metrics, c.ranks, limits))
-              and _own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
+              and own_part(c, queued) >= MIN_OWN_PART]  # fmt: skip
     if not causes:
         return []
     blamed = sorted(r for c in causes for r in c.ranks)

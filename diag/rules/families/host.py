@@ -13,9 +13,21 @@ import pandas as pd
 
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
-from diag.rules.families.balance import straggler_ranks
+from diag.rules.families.balance import (
+    MIN_OWN_PART,
+    PERSISTENT_RATIO,
+    PERSISTENT_SHARE,
+    STRAGGLER_RULE,
+    own_part,
+    queued_excess_per_step_s,
+    steps_needed,
+    straggler_ranks,
+)
+from diag.whatif.causes import Cause, CauseKind
 
 HOST_RULE = "HST001"
+HOST_TIME_RULE = "BAL005"  # a rank's host time (diag/rules/families/lost_time.py)
+STAGE_RULE = "PIP003"  # a heavy pipeline stage (diag/rules/families/pipeline.py)
 
 
 HOST_THRESHOLDS = {
@@ -66,13 +78,21 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         midway). The cost is the replay's "every rank had its cores". Where BAL001 finds a
         straggler, the finding is low: a rank slower than its peers is the diagnosis, and
         the waiting they all share is its context (the timings are still inflated by it).
+        So is it where the replay finds a fault of specific ranks, persistent and mostly
+        their own rather than their waiting for a core beyond their peers': a rank's host
+        time (BAL005: a loader stall) or a heavy pipeline stage (PIP003). Waiting for a core
+        spread over every rank does not make one rank or stage slow; `context_for` names
+        those faults, whose cost this one's overlaps (the replay's "every rank had its
+        cores" shrinks their time too, a sleep or a stall included).
     """
     table = ctx.metrics.host
     if table.empty:
         return []
-    # a rank slower than its peers on the same host is the diagnosis (BAL001): the waiting
-    # for a core is shared by all of them and is context there, never ahead of it
-    stragglers = straggler_ranks(ctx)
+    # a rank slower than its peers on the same host is the diagnosis (BAL001), and so is a
+    # rank's or a stage's own persistent excess: the waiting for a core is shared by all of
+    # them and is context there, never ahead of it
+    faults = own_faults(ctx)
+    stragglers = straggler_ranks(ctx) or sorted({r for ranks in faults.values() for r in ranks})
     findings = []
     for row in table.itertuples(index=False):
         share = float(row.descheduled_share)
@@ -88,8 +108,102 @@ def host_contention(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         else:
             severity = "medium" if share >= limits["medium_share"] else "low"
         onset = onset_step(ctx.metrics.host_steps, list(row.ranks), limits)
-        findings.append(_finding(row, share, severity, oversubscribed and not stragglers, onset))
+        finding = _finding(row, share, severity, oversubscribed and not stragglers, onset)
+        if faults:
+            finding.evidence["context_for"] = faults
+        findings.append(finding)
     return findings
+
+
+def own_faults(ctx: RuleContext) -> dict[str, list[int]]:
+    """The faults of specific ranks the replay finds beside the waiting for a core, by the
+    rule that names them: a rank's host time (BAL005's cause) or a pipeline stage's excess
+    (PIP003's), each costing what its rule needs to name it, replayed over enough steps
+    (`steps_needed`), persistent (the rank's host time, or the stage's busy time, stands out
+    in most steps) and mostly their own: at most half of the excess is their waiting for a
+    core beyond their peers'."""
+    attribution = ctx.metrics.attribution
+    if attribution is None or attribution.measured_step_s <= 0:
+        return {}
+    limits = ctx.limits_of(STRAGGLER_RULE)
+    if attribution.steps_replayed < steps_needed(ctx.metrics, limits):
+        return {}
+    queued = queued_excess_per_step_s(ctx.metrics)
+    host_share = ctx.limits_of(HOST_TIME_RULE)["min_share"]
+    stage_share = ctx.limits_of(STAGE_RULE)["min_cost_share"]
+    found: dict[str, list[int]] = {}
+    for cause in attribution.causes:
+        if not cause.ranks:
+            continue
+        if (cause.kind == CauseKind.HOST and cause.cost_share >= host_share
+                and own_part(cause, queued) >= MIN_OWN_PART
+                and _host_time_persists(ctx, cause.ranks, limits)):  # fmt: skip
+            found.setdefault(HOST_TIME_RULE, []).extend(cause.ranks)
+        elif (cause.kind == CauseKind.STAGE and cause.cost_share >= stage_share
+              and _own_stage(ctx, cause, queued, limits)):  # fmt: skip
+            found.setdefault(STAGE_RULE, []).extend(cause.ranks)
+    return {rule_: sorted(set(ranks)) for rule_, ranks in found.items()}
+
+
+NS_PER_S = 1e9
+
+
+def _host_time_persists(ctx: RuleContext, ranks: list[int], limits: Mapping[str, float]) -> bool:
+    """Each of `ranks` spends more time on the host than its peers (their median) by BAL001's
+    `min_excess_s` and by PERSISTENT_RATIO, in PERSISTENT_SHARE of the steps and in
+    `steps_needed` of them: its time between the previous step's end and this step's start
+    and in its data spans. On a loaded host the rank the scheduler keeps off a core between
+    two steps changes from step to step; a loader that stalls one rank does it every step."""
+    steps = ctx.run.steps
+    if steps.empty:
+        return False
+    steps = steps[["rank", "step", "t0", "t1"]].sort_values(["rank", "step"])
+    before = steps["t0"] - steps.groupby("rank")["t1"].shift()
+    table = steps.assign(host_s=before.to_numpy(dtype=np.float64) / NS_PER_S).dropna()
+    spans = ctx.run.spans
+    data = spans[spans["phase"] == "data"]
+    if not data.empty:
+        fetched = ((data["t1"] - data["t0"]) / NS_PER_S).groupby([data["rank"], data["step"]]).sum()
+        keys = pd.MultiIndex.from_arrays([table["rank"], table["step"]])
+        table = table.assign(host_s=table["host_s"] + fetched.reindex(keys).fillna(0.0).to_numpy())
+    wide = table.pivot_table(index="step", columns="rank", values="host_s")
+    needed = steps_needed(ctx.metrics, limits)
+    for rank in ranks:
+        if rank not in wide.columns or wide.shape[1] < 2:
+            return False
+        others = wide.drop(columns=rank).median(axis=1)
+        floor = np.maximum(PERSISTENT_RATIO * others, others + limits["min_excess_s"])
+        standing_out = (wide[rank] >= floor)[wide[rank].notna()]
+        if standing_out.empty or standing_out.mean() < PERSISTENT_SHARE:
+            return False
+        if int(standing_out.sum()) < needed:
+            return False
+    return bool(ranks)
+
+
+def _own_stage(
+    ctx: RuleContext, cause: Cause, queued: Mapping[int, float], limits: Mapping[str, float]
+) -> bool:
+    """The stage's excess over the other stages' mean is mostly its own, and its ranks' busy
+    time (their median) is PERSISTENT_RATIO x the other stages' ranks' (their median) in
+    PERSISTENT_SHARE of the steps and in `steps_needed` of them."""
+    local = float(cause.evidence.get("stage_local_s") or 0.0)
+    others = float(cause.evidence.get("mean_stage_local_s") or 0.0)
+    if own_part(cause, queued, local - others) < MIN_OWN_PART:
+        return False
+    steps = ctx.metrics.rank_steps
+    if steps is None or steps.empty:
+        return False
+    table = steps.pivot_table(index="step", columns="rank", values="busy_s")
+    mine = [r for r in cause.ranks if r in table.columns]
+    rest = [r for r in table.columns if r not in set(cause.ranks)]
+    if not mine or not rest:
+        return False
+    standing_out = table[mine].median(axis=1) >= PERSISTENT_RATIO * table[rest].median(axis=1)
+    count = int(standing_out.sum())
+    return bool(
+        standing_out.mean() >= PERSISTENT_SHARE and count >= steps_needed(ctx.metrics, limits)
+    )
 
 
 def _others_took_cores(row: Any, limits: Mapping[str, float]) -> bool:
