@@ -433,6 +433,11 @@ class _Scenarios:
 
     def descheduled(self) -> list[Cause]:
         share = ds.shares_per_event(self.host_steps, self.rank, self.step)
+        if share is not None:
+            # a step's waiting for a core is measured inside its window: the time before it
+            # opens (between steps: where a loader stall sits) is not shrunk by it
+            before_step = self.timeline.events["kind"].to_numpy() == tl.Kind.START
+            share = np.where(before_step, 0.0, share)
         ranks = [] if share is None else ds.waiting_ranks(self.rank, share)
         if share is None or not ranks:
             return []

@@ -101,10 +101,10 @@ def test_a_loader_stall_leads_the_waiting_for_a_core_every_rank_shares(runs: Any
     host = found["HST001"]
     assert host["severity"] == "low"
     assert host["evidence"]["context_for"] == {"BAL005": [2]}
-    # the ranking does not rest on the host's cost being the smaller: the replay's "every
-    # rank had its cores" shrinks the stall (time in no record, unmeasured) by rank 2's
-    # waiting share too, so it comes out above the stall's own cost here
-    assert host["cost_s"] > main["cost_s"] > 0.05
+    # the replay's "every rank had its cores" leaves the time before a step opens (where the
+    # stall sits, and no waiting for a core is measured) as it was: the host's saving is the
+    # waiting inside the steps only, below the stall's own cost here
+    assert main["cost_s"] > host["cost_s"] > 0
 
 
 def test_the_same_waiting_without_a_fault_stays_the_hosts(runs: Any) -> None:
