@@ -104,12 +104,15 @@ COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
 SPANS_COLUMNS = ["rank", "step", "phase", "t0", "t1"]
 """The columns the timeline reads (and the matching of collectives and messages): the
 records of the analysed steps are taken with these only."""
+PEER_COLUMN = "peer"
+"""A message's other side where the records name it (profiler traces): read too when there."""
 
 
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
     """The timeline of `steps` (the analysed step records: rank, step, t0, t1)."""
     notes: list[str] = []
-    comms = run.comms.loc[in_steps(run.comms, steps), COMMS_COLUMNS]
+    columns = COMMS_COLUMNS + [PEER_COLUMN] * (PEER_COLUMN in run.comms.columns)
+    comms = run.comms.loc[in_steps(run.comms, steps), columns]
     spans = run.spans.loc[in_steps(run.spans, steps), SPANS_COLUMNS]
     inferred = inferred_syncs(comms, spans, steps, run.manifest)
     if not inferred.empty:

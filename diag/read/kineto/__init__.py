@@ -24,6 +24,7 @@ from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
 from diag.read.cache import Lookup
 from diag.read.kineto import cache
+from diag.read.kineto.batches import split_batches
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
@@ -81,6 +82,7 @@ def load_trace_dir(
             "the others are not analysed"
         )
     name_groups_by_axis(records["comm"], manifest)
+    split_batches(records["comm"])
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped, {"span": span_parts}),
         device_time=_device_table(traces),
