@@ -10,7 +10,8 @@ the rank waited for the late receiver too, and a counterfactual that moves that 
 moves this rank with it (the straggler's cost read 28% low, benchmarks/kineto_equivalence.py).
 
 Where the ops name their peers (`Dst Rank` / `Src Rank`, PyTorch >= 2.5), the k-th send of a
-step from rank a to rank b is the k-th receive of that step on b from a. A message moves once
+step from rank a to rank b in a process group is the k-th receive of that step on b from a in
+that group. A message moves once
 both its ops have started: the batch waited from its start until the last of its ops' peers
 started (the last member's start), and the rest of the kernel is transfer. So each op ends
 the transfer after the later of its own start and its peer's, and the kernel's end is its
@@ -65,7 +66,7 @@ def _rank(value: Any) -> int | None:
 
 def _partner_starts(comms: list[dict[str, Any]], messages: list[int]) -> dict[int, int]:
     """For each send and receive that names its peer (index into `comms`), the start of the
-    other side's op: the n-th, by start, of the step's messages on its link."""
+    other side's op: the n-th, by start, of the step's messages on its link in its group."""
     if not messages:
         return {}
     rows = np.asarray(messages, dtype=np.int64)
@@ -74,11 +75,14 @@ def _partner_starts(comms: list[dict[str, Any]], messages: list[int]) -> dict[in
     step = np.array([comms[i]["step"] for i in messages], dtype=np.int64)
     start = np.array([comms[i]["t0"] for i in messages], dtype=np.int64)
     send = np.array([comms[i]["op"] == SEND for i in messages], dtype=bool)
+    codes: dict[Any, int] = {}
+    group = np.array([codes.setdefault(comms[i].get("group"), len(codes)) for i in messages],
+                     dtype=np.int64)  # fmt: skip
     source, target = np.where(send, rank, peer), np.where(send, peer, rank)
     # ties at one start (one batch's ops): in record order, as each rank issued them
-    n = occurrence(dense_key(send, step, source, target), start)
-    by_message = lexicographic(step, source, target, n, send)  # its receive, then its send
-    key = np.stack([step, source, target, n])[:, by_message]
+    n = occurrence(dense_key(send, group, step, source, target), start)
+    by_message = lexicographic(group, step, source, target, n, send)  # its receive, its send
+    key = np.stack([group, step, source, target, n])[:, by_message]
     is_send = send[by_message]
     pair = (key[:, 1:] == key[:, :-1]).all(axis=0) & ~is_send[:-1] & is_send[1:]
     receives, sends = by_message[:-1][pair], by_message[1:][pair]
