@@ -99,11 +99,16 @@ class Shape:
     its block of keys and values to the next member and receives the previous one's (the
     last sending to the first), each with its peer (`Dst Rank` / `Src Rank`, PyTorch 2.4 on),
     over the collective's interval. The layout's truth: cp = the simulated tp, tp = 1."""
+    p2p_peers: bool = False
+    """A send's or receive's `record_param_comms` names its peer: `Rank` (in its group) and
+    `Dst Rank` / `Src Rank` (global), as PyTorch >= 2.5 writes them (profiler/util.cpp's
+    saveNcclMeta); without, only the group says who the peer may be (PyTorch 2.4 and
+    older)."""
 
 
 SHAPES = {
     "devicemesh": Shape(),
-    "megatron": Shape(megatron_names=True, batched_p2p=True),
+    "megatron": Shape(megatron_names=True, batched_p2p=True, p2p_peers=True),
     "old": Shape(group_args=False, pg_config=False),
     "host-bound": Shape(host_bound=True),
     "ring-cp": Shape(tp_as_cp_ring=True),
@@ -211,7 +216,7 @@ def _trace(
     form: Shape,
 ) -> dict[str, Any]:
     device = rank % _gpus_per_node(manifest)
-    events = _Events(pid=_pid(rank), device=device, form=form)
+    events = _Events(pid=_pid(rank), device=device, form=form, rank=rank)
     steps = [r for r in records if r.get("kind") == "step"]
     comms = [r for r in records if r.get("kind") == "comm"]
     blocking = sorted((int(c["t0"]), int(c["t1"])) for c in comms if c.get("blocking"))
@@ -311,6 +316,24 @@ def _batches(comms: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
+FORWARD_TAGS = frozenset({"act"})
+"""The simulator's tag of a message that goes forward (an activation, to the next stage);
+its others (`grad`) go backward."""
+
+
+def _peer(op: str, tag: Any, rank: int, ranks: list[int]) -> int | None:
+    """The global rank at the other end of a simulated send or receive of a pipeline group
+    (`ranks`, by stage): activations go to the next stage and come from the previous one,
+    gradients the other way, around the ring (an interleaved schedule's last stage feeds the
+    first's next chunk). None for other ops, or a rank outside the group."""
+    if op not in P2P or rank not in ranks or len(ranks) < 2:
+        return None
+    forward = str(tag) in FORWARD_TAGS
+    ahead = forward == (op == "send")  # a forward send, or a backward receive: the next stage
+    at = ranks.index(rank)
+    return ranks[(at + (1 if ahead else -1)) % len(ranks)]
+
+
 def _outside(
     t0: int, t1: int, blocking: list[tuple[int, int]], ends: list[int]
 ) -> Iterable[tuple[int, int]]:
@@ -331,8 +354,10 @@ def _outside(
 class _Events:
     """A rank's trace events, with the ids (correlation, external) a profiler gives them."""
 
-    def __init__(self, pid: int, device: int, form: Shape = SHAPES["devicemesh"]) -> None:
-        self.pid, self.device, self.form = pid, device, form
+    def __init__(
+        self, pid: int, device: int, form: Shape = SHAPES["devicemesh"], rank: int = 0
+    ) -> None:
+        self.pid, self.device, self.form, self.rank = pid, device, form, rank
         self.events: list[dict[str, Any]] = []
         self._correlation = 1
         self._cpu_free_at = -(2**62)  # the main thread's operators never overlap
@@ -392,6 +417,10 @@ class _Events:
                 "Process Group Description": group["pg_desc"],
                 "Process Group Ranks": str(group["ranks"]),
             })  # fmt: skip
+            peer = _peer(op, comm.get("tag"), self.rank, group["ranks"])
+            if self.form.p2p_peers and peer is not None:
+                args["Rank"] = group["ranks"].index(peer)  # in the group, as c10d gives it
+                args["Dst Rank" if op == "send" else "Src Rank"] = peer
         return args
 
     def _stream(self, group: dict[str, Any] | None) -> int:

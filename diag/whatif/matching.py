@@ -9,7 +9,10 @@ from a tag's text (tags are free: `act`, `forward-send`, none at all in a profil
   neighbour (two stages) is the peer; between two, the one whose opposite record (a receive
   for a send, a send for a receive) ends nearest the same moment: both sides of a message
   complete together;
-- without a pipeline, in a world of two ranks, the other rank.
+- without a pipeline, in a world of two ranks, the other rank;
+- where the record names its peer (a profiler trace's `Dst Rank` / `Src Rank`, column `peer`),
+  that rank, before any guess: a batch's ops (Megatron's `batch_isend_irecv`: one kernel, its
+  ops ending together) name theirs where nothing in time tells the two neighbours apart.
 docs/metrics.md ("Dependencies") says more, and where this can go wrong.
 """
 
@@ -157,6 +160,7 @@ def _neighbour_peers(
     their rank that is the other side: the only one, or of two the one whose opposite records
     end nearest in time; -1 where the rank has none."""
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    named = _named_peers(comms, rows)
     size = max(int(rank.max()) + 1, 2)
     before, after = np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64)
     for r, (previous, following) in pipeline_peers(manifest).items():
@@ -165,8 +169,10 @@ def _neighbour_peers(
     if not (after >= 0).any() and manifest.world_size == 2:  # no pipeline known: the other rank
         before[:2], after[:2] = [1, 0], [1, 0]
     previous, following = before[rank], after[rank]
-    peer = np.where(previous == following, previous, -1)
-    ambiguous = np.flatnonzero((previous >= 0) & (following >= 0) & (previous != following))
+    peer = np.where(named >= 0, named, np.where(previous == following, previous, -1))
+    ambiguous = np.flatnonzero(
+        (named < 0) & (previous >= 0) & (following >= 0) & (previous != following)
+    )
     if len(ambiguous):
         t1 = comms["t1"].to_numpy(dtype=np.int64)[rows]
         near_previous = _closeness(rank, send, t1, ambiguous, previous[ambiguous])
@@ -180,6 +186,21 @@ def _neighbour_peers(
         alternative = np.where(peer == previous, following, previous)
         _balance_links(peer, ambiguous, margin, alternative[ambiguous], rank, step, send)
     return peer
+
+
+def _named_peers(comms: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """For the records at `rows`, the peer their record names (column `peer`, a global rank
+    other than their own), -1 where none is named."""
+    out = np.full(len(rows), -1, dtype=np.int64)
+    if "peer" not in comms.columns or not len(rows):
+        return out
+    named = pd.to_numeric(comms["peer"].iloc[rows], errors="coerce").to_numpy(
+        dtype=np.float64, na_value=np.nan
+    )
+    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    known = np.isfinite(named) & (named >= 0) & (named != rank)
+    out[known] = named[known].astype(np.int64)
+    return out
 
 
 MAX_REPAIR_ROUNDS = 64

@@ -110,6 +110,8 @@ COMMS_COLUMNS = ["rank", "step", "op", "group", "tag", "t0", "t1", "async"]
 SPANS_COLUMNS = ["rank", "step", "phase", "t0", "t1"]
 """The columns the timeline reads (and the matching of collectives and messages): the
 records of the analysed steps are taken with these only."""
+PEER_COLUMN = "peer"
+"""A message's other side where the records name it (profiler traces): read too when there."""
 
 
 def build(run: RunData, steps: pd.DataFrame) -> Timeline:
@@ -123,7 +125,8 @@ def readings(run: RunData, steps: pd.DataFrame) -> tuple[Timeline, Timeline | No
     (diag/whatif/untraced.py), the timeline with those gaps read as waiting in a
     synchronisation of their group (None where none is). The first keeps, in `ambiguous`, the
     time of each such gap: rank, step, before (what it ended at), gap_ns."""
-    comms = run.comms.loc[in_steps(run.comms, steps), COMMS_COLUMNS]
+    columns = COMMS_COLUMNS + [PEER_COLUMN] * (PEER_COLUMN in run.comms.columns)
+    comms = run.comms.loc[in_steps(run.comms, steps), columns]
     spans = run.spans.loc[in_steps(run.spans, steps), SPANS_COLUMNS]
     inferred = inferred_syncs(comms, spans, steps, run.manifest)
     unsure = inferred["ambiguous"].to_numpy(dtype=bool)

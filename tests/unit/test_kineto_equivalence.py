@@ -37,16 +37,8 @@ CASES = [
 """A slice of benchmarks/kineto_equivalence.py's matrix: each fault, each layout, each
 schedule at least once (jitter needs a few more steps to be told from the schedule)."""
 READER_PENDING = {
-    "megatron": "the reader does not yet split a batch's SendRecv kernel into its sends and "
-    "receives (issue 39, item 3)",
     "old": "traces without group arguments give no layout (unknown: the placement shows its "
     "axes, not their sizes) and no group per op: the layout is given by hand",
-}
-
-KNOWN_MISSES = {
-    ("interleaved", "megatron"): "a Megatron batch's ops end together and its kernel names no "
-    "peer: in an interleaved schedule the pairing by nearest end cannot tell which neighbour a "
-    "receive came from, and the straggler's cost reads low (issue 39, left open)",
 }
 
 
@@ -97,18 +89,15 @@ SHAPE_ARGS = {
 def test_every_trace_shape_gives_the_run_directorys_verdict(
     case: Case, shape: str, expected: dict[Case, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """In the shapes READER_PENDING names, the verdict waits for the reader to give a batch's
-    kernel (and an old trace's) its ops: read as a send of no group, a batch kernel under
-    which the device computes is launched and awaited, its exposed time the stage's."""
+    """In the shapes READER_PENDING names, the verdict waits for the reader to give an old
+    trace's kernel its op and group: read as a send of no group, a kernel under which the
+    device computes is launched and awaited, its exposed time the stage's."""
     traces = _traces(case, SHAPE_ARGS[shape], tmp_path / "traces")
     report, _ = read_traces(traces, case.layout)
     got, want = verdict(report), expected[case]
     pending = _reader_pending(traces, case, shape)
     if pending and misses(want, got):
         pytest.xfail(pending)
-    known = KNOWN_MISSES.get((case.schedule, shape))
-    if known and misses(want, got):
-        pytest.xfail(known)
     assert misses(want, got) == []
 
 
@@ -182,6 +171,59 @@ def test_a_batch_is_one_sendrecv_kernel_without_arguments(shapes: dict[str, Path
         assert any(c["ts"] <= launch["ts"] <= c["ts"] + c["dur"] for c in coalesced)
     sends = [p for p in params if p["args"].get("Collective name") in ("send", "recv")]
     assert {p["args"]["Collective name"] for p in sends} == {"send", "recv"}
+
+
+def test_a_batchs_ops_name_their_peers_as_pytorch_writes_them(shapes: dict[str, Path]) -> None:
+    """PyTorch >= 2.5 (profiler/util.cpp, saveNcclMeta): a send's `record_param_comms` has
+    `Rank` (the peer in its group) and `Dst Rank` (its global rank), a receive `Src Rank`."""
+    trace = _trace(shapes["megatron"], 2)  # rank 2: stage 1 of its pipeline, [0, 2]
+    ops = [p["args"] for p in _events(trace, "cpu_op", "record_param_comms")
+           if p["args"].get("Collective name") in ("send", "recv")]  # fmt: skip
+    assert ops
+    for args in ops:
+        peer = args["Dst Rank" if args["Collective name"] == "send" else "Src Rank"]
+        ranks = json.loads(args["Process Group Ranks"])
+        assert ranks[args["Rank"]] == peer == 0 and ranks == [0, 2]
+
+
+@pytest.fixture(scope="module")
+def interleaved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 4-stage interleaved pipeline (v = 2) with a straggler on stage 1, as a run directory
+    and as Megatron-shaped traces: every batch sends to one neighbour and receives from the
+    other."""
+    work = tmp_path_factory.mktemp("interleaved")
+    args = ["--ranks", "4", "--layout", "dp=1,tp=1,pp=4", "--layers", "8", "--microbatches",
+            "8", "--steps", "2", "--schedule", "interleaved", "--virtual-stages", "2",
+            "--inject", "straggler:rank=1,ms=5"]  # fmt: skip
+    run = simulate(work / "run", [*args, "--format", "arrow"])
+    return run, simulate(work / "traces", [*args, "--format", "kineto", *SHAPE_ARGS["megatron"]])
+
+
+def _messages(comms: Any) -> Any:
+    """The sends and receives, numbered by start within rank, step and op."""
+    p2p = comms[comms["op"].astype(str).isin(["send", "recv"])]
+    p2p = p2p.assign(op=p2p["op"].astype(str)).sort_values(["rank", "step", "op", "t0", "t1"])
+    return p2p.assign(n=p2p.groupby(["rank", "step", "op"]).cumcount()).set_index(
+        ["rank", "step", "op", "n"]
+    )[["t0", "t1", "async"]]
+
+
+def test_a_batchs_ops_get_their_own_ends_and_waits(interleaved: tuple[Path, Path]) -> None:
+    """Each op of a batch's one kernel ends when its own message is through (the later of
+    its start and its peer op's, plus the batch's transfer) and only what the rank waited for
+    is its wait: the receive, not the send to a late receiver that the rank computed under.
+    The run directory holds each op's own interval: the trace's must be the same."""
+    run_dir, traces = interleaved
+    want = _messages(load_any(run_dir).comms)
+    got = _messages(load_any(traces, layout=Layout(pp=4, microbatches=8,
+                                                   virtual_stages=2)).comms)  # fmt: skip
+    assert len(got) == len(want) > 0
+    offset = int((want["t0"] - got["t0"]).median())  # the trace's clock starts elsewhere
+    assert np.abs(got["t0"] + offset - want["t0"]).max() <= 1_000
+    assert np.abs(got["t1"] + offset - want["t1"]).max() <= 1_000
+    assert (got["async"].astype(bool) == want["async"].astype(bool)).all()
+    # the trace had batches to split: ops of one kernel (rank, start) now end apart
+    assert got.reset_index().groupby(["rank", "t0"])["t1"].nunique().max() > 1
 
 
 def test_the_group_names_are_megatrons_or_the_device_meshs(shapes: dict[str, Path]) -> None:

@@ -36,6 +36,7 @@ from diag.read.kineto.packed_comms import (
     named_by_axis,
     named_by_placement,
     pack_comms,
+    split_packed_batches,
 )
 from diag.read.kineto.window import note as window_note
 from diag.read.kineto.window import reduce_traces, window_end
@@ -110,6 +111,8 @@ def load_trace_dir(
     comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
     if layout is not None:  # an older trace's ops, named by none of its groups
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
+    # a batched kernel's ops given their own ends and waits from their peers' ops (batches.py)
+    comm_columns = split_packed_batches(comm_parts, comm_columns)
     spans, comms, reduced = list(span_parts), list(comm_parts), None
     del span_parts, comm_parts
     if reduce is not None:

@@ -36,6 +36,7 @@ from diag.contract.limits import (
     MAX_STEP,
 )
 from diag.numeric import intervals
+from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
@@ -246,6 +247,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             busy_union, t0[comm]
         )
         waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
+        busy_starts = np.sort(t0[busy])
         for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
@@ -259,11 +261,14 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
+            # a batch's ops get their own ends from their peers' once every rank is read
+            # (batches.py): which kernel ran them, and when the computation resumed after it
+            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0[i])}
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
                     "t1": int(t1[i]), "expected_bytes": None, "tag": None,
-                    "async": not own_wait, "blocking": own_wait,
+                    "async": not own_wait, "blocking": own_wait, **batch,
                 })  # fmt: skip
         own = np.array(own_waits, dtype=bool)
         awaited = comm[~own & ~np.array(unawaited, dtype=bool)] if len(comm) else comm
@@ -279,6 +284,12 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     rank.comm_sources = attribution.counts
     number_in_group(records["comm"])
     return records
+
+
+def _next(starts: np.ndarray, after: int) -> int | None:
+    """The first of the sorted `starts` later than `after`; None where none is."""
+    i = int(np.searchsorted(starts, after, side="right"))
+    return int(starts[i]) if i < len(starts) else None
 
 
 def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:

@@ -29,6 +29,7 @@ import pandas as pd
 from diag.contract import schema
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Encoded, Packed, pack, unpack
+from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY, split_batches
 from diag.read.kineto.layout import FORWARD_SHARE
 from diag.read.kineto.placement import name_by_placement
 
@@ -36,6 +37,9 @@ COMM = "comm"
 MESSAGE_COLUMNS = ("peer", "seq")
 """Comm columns only a trace gives (not in the rank files' format): a message's other side
 (global rank) and each record's place in its process group's order (comm_ops.py)."""
+BATCH_COLUMNS = (KERNEL_KEY, RESUME_KEY)
+"""What a batched kernel's ops carry until their split (batches.py): the kernel's index on its
+rank and when the rank's computation resumed after it; not columns of the table."""
 
 LayoutKey = tuple[Any, ...]
 """(group's ranks or None, group name, op, rank, step, t0 as the inference reads it, from_name,
@@ -80,7 +84,10 @@ def pack_comms(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Pack
         columns = pack({COMM: dict(plain)})[COMM]
     except (TypeError, ValueError, OverflowError):  # a value of an unexpected type: as is
         columns = dict(plain)
-    messages = {name: _message([comm.get(name) for comm in comms]) for name in MESSAGE_COLUMNS}
+    messages = {
+        name: _message([comm.get(name) for comm in comms])
+        for name in (*MESSAGE_COLUMNS, *BATCH_COLUMNS)
+    }
     return PackedComms(columns, list(distinct), member_codes, messages, layout_rows)
 
 
@@ -186,6 +193,67 @@ def named_by_placement(
         {**table, "group": [row["group"] for row in part]}
         for table, part in zip(columns, rows, strict=True)
     ]
+
+
+def split_packed_batches(
+    parts: list[PackedComms], columns: list[dict[str, Packed]]
+) -> list[dict[str, Packed]]:
+    """The columns with each op of a batched point-to-point kernel given its own end and wait
+    from its peer's op (`batches.split_batches`, on light rows of the sends and receives that
+    name a peer and the batched ops: the others are not read), made only where some kernel
+    ran several ops."""
+    if not any(_has_values(part.messages[KERNEL_KEY]) for part in parts):
+        return columns
+    picked: list[tuple[int, list[int]]] = []
+    rows: list[dict[str, Any]] = []
+    for index, (part, table) in enumerate(zip(parts, columns, strict=True)):
+        kernel = _values(part.messages[KERNEL_KEY])
+        peer = _values(part.messages["peer"])
+        ops = _listed(table["op"])
+        keep = [
+            i for i, op in enumerate(ops)
+            if kernel[i] is not None or (op in ("send", "recv") and peer[i] is not None)
+        ]  # fmt: skip
+        if not keep:
+            continue
+        named = ("rank", "step", "group", "t0", "t1", "async", "blocking")
+        fields = {name: _listed(table[name]) for name in named}
+        resume = _values(part.messages[RESUME_KEY])
+        picked.append((index, keep))
+        rows += [
+            {**{name: values[i] for name, values in fields.items()}, "op": ops[i],
+             "peer": peer[i], KERNEL_KEY: kernel[i], RESUME_KEY: resume[i]}
+            for i in keep
+        ]  # fmt: skip
+    if not split_batches(rows):
+        return columns
+    out = list(columns)
+    at = 0
+    for index, keep in picked:
+        table = dict(columns[index])
+        changed = {name: _listed(table[name]) for name in ("t1", "async", "blocking")}
+        for i, row in zip(keep, rows[at : at + len(keep)], strict=True):
+            for name, values in changed.items():
+                values[i] = row[name]
+        at += len(keep)
+        table["t1"] = np.asarray(changed["t1"], dtype=np.int64)
+        table["async"], table["blocking"] = changed["async"], changed["blocking"]
+        out[index] = table
+    return out
+
+
+def _has_values(column: Message | list[Any]) -> bool:
+    if isinstance(column, Message):
+        return bool((~column.null).any())
+    return any(v is not None for v in column)
+
+
+def _values(column: Message | list[Any]) -> list[Any]:
+    """A message column as a list, None where null."""
+    if isinstance(column, Message):
+        return [None if n else v for v, n in zip(column.values.tolist(), column.null.tolist(),
+                                                  strict=True)]  # fmt: skip
+    return list(column)
 
 
 def _listed(values: Packed) -> list[Any]:

@@ -1,0 +1,128 @@
+"""Each op of a batched point-to-point kernel given its own end and its own wait, read from
+its peer's op on the other rank.
+
+Megatron sends and receives through `batch_isend_irecv`: one `ncclDevKernel_SendRecv` runs
+every op of the batch and ends when the last is done, so each op read from the kernel
+(comm_ops.py) has the kernel's interval. In an interleaved schedule a batch sends to one
+neighbour and receives from the other: the receive the rank waits for may end long before a
+send that waits for a late receiver, and the rank computes meanwhile. Read as one interval,
+the rank waited for the late receiver too, and a counterfactual that moves that receiver
+moves this rank with it (the straggler's cost read 28% low, benchmarks/kineto_equivalence.py).
+
+Where the ops name their peers (`Dst Rank` / `Src Rank`, PyTorch >= 2.5), the k-th send of a
+step from rank a to rank b in a process group is the k-th receive of that step on b from a in
+that group. A message moves once
+both its ops have started: the batch waited from its start until the last of its ops' peers
+started (the last member's start), and the rest of the kernel is transfer. So each op ends
+the transfer after the later of its own start and its peer's, and the kernel's end is its
+latest op's. A receive stays its rank's wait; a send is one only where the rank's computation
+did not resume before the send's end (the rank waited for the whole batch, as Megatron's
+`wait_on_reqs` does), else the rank launched it and went on. A batch with an op whose peer
+is unknown or untraced keeps the kernel's interval for every op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from diag.contract import schema
+from diag.numeric.ordering import dense_key, lexicographic, occurrence
+
+KERNEL_KEY = "kernel"
+"""A record's key (dropped by `split_batches`): the index, on its rank, of the kernel that
+ran it, where that kernel ran several ops (a batch)."""
+RESUME_KEY = "resume"
+"""A batched record's key (dropped by `split_batches`): when the rank's next computing kernel
+after the batch's start started (ns; None: none in the step)."""
+RESUME_WITHIN_NS = 10_000
+"""A computation that started this much before a send's end at the latest waited for it."""
+SEND, RECV = schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value
+
+
+def split_batches(comms: list[dict[str, Any]]) -> int:
+    """Give each op of a batched kernel its own end and wait (in place, `comms`: every
+    rank's comm records); drop the keys the conversion left for this. The number of
+    batches split."""
+    batched = [i for i, c in enumerate(comms) if c.get(KERNEL_KEY) is not None]
+    if not batched:
+        return 0
+    messages = [i for i, c in enumerate(comms)
+                if c.get("op") in (SEND, RECV) and _rank(c.get("peer")) is not None]  # fmt: skip
+    partner_start = _partner_starts(comms, messages)
+    split = 0
+    for batch in _batches(comms, batched):
+        split += _split(comms, batch, partner_start)
+    for i in batched:
+        comms[i].pop(KERNEL_KEY, None)
+        comms[i].pop(RESUME_KEY, None)
+    return split
+
+
+def _rank(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _partner_starts(comms: list[dict[str, Any]], messages: list[int]) -> dict[int, int]:
+    """For each send and receive that names its peer (index into `comms`), the start of the
+    other side's op: the n-th, by start, of the step's messages on its link in its group."""
+    if not messages:
+        return {}
+    rows = np.asarray(messages, dtype=np.int64)
+    rank = np.array([comms[i]["rank"] for i in messages], dtype=np.int64)
+    peer = np.array([comms[i]["peer"] for i in messages], dtype=np.int64)
+    step = np.array([comms[i]["step"] for i in messages], dtype=np.int64)
+    start = np.array([comms[i]["t0"] for i in messages], dtype=np.int64)
+    send = np.array([comms[i]["op"] == SEND for i in messages], dtype=bool)
+    codes: dict[Any, int] = {}
+    group = np.array([codes.setdefault(comms[i].get("group"), len(codes)) for i in messages],
+                     dtype=np.int64)  # fmt: skip
+    source, target = np.where(send, rank, peer), np.where(send, peer, rank)
+    # ties at one start (one batch's ops): in record order, as each rank issued them
+    n = occurrence(dense_key(send, group, step, source, target), start)
+    by_message = lexicographic(group, step, source, target, n, send)  # its receive, its send
+    key = np.stack([group, step, source, target, n])[:, by_message]
+    is_send = send[by_message]
+    pair = (key[:, 1:] == key[:, :-1]).all(axis=0) & ~is_send[:-1] & is_send[1:]
+    receives, sends = by_message[:-1][pair], by_message[1:][pair]
+    out = dict(zip(rows[receives].tolist(), start[sends].tolist(), strict=True))
+    out.update(zip(rows[sends].tolist(), start[receives].tolist(), strict=True))
+    return out
+
+
+def _batches(comms: list[dict[str, Any]], batched: list[int]) -> list[list[int]]:
+    """The batched records grouped by the kernel that ran them (rank, kernel index)."""
+    found: dict[tuple[Any, Any], list[int]] = {}
+    for i in batched:
+        found.setdefault((comms[i].get("rank"), comms[i][KERNEL_KEY]), []).append(i)
+    return list(found.values())
+
+
+def _split(comms: list[dict[str, Any]], batch: list[int], partner_start: dict[int, int]) -> int:
+    """One batch's ops their own ends and waits, where every op's peer op is known."""
+    if len(batch) < 2 or any(i not in partner_start for i in batch):
+        return 0
+    first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
+    met = {i: max(first, partner_start[i]) for i in batch}  # both sides there
+    last = max(met.values())
+    transfer = max(end - last, 0)
+    for i in batch:
+        comms[i]["t1"] = min(end, met[i] + transfer) if last <= end else min(end, met[i])
+    received = [int(comms[i]["t1"]) for i in batch if comms[i]["op"] == RECV]
+    if not received:
+        return 1  # sends only: the kernel's own reading says whether the rank waited
+    resume = comms[batch[0]].get(RESUME_KEY)
+    for i in batch:
+        comm = comms[i]
+        if comm["op"] != SEND:
+            continue
+        # the receive made the kernel the rank's wait; a send is part of it where it ends
+        # last and the rank computed nothing before its end. One that ends with or before a
+        # receive is covered by the wait for that receive (the computation resuming then
+        # says nothing of the send): launched, not awaited apart
+        waited = comm["t1"] > max(received) + RESUME_WITHIN_NS and (
+            resume is None or resume >= comm["t1"] - RESUME_WITHIN_NS
+        )
+        comm["blocking"], comm["async"] = waited, not waited
+    return 1
