@@ -6,8 +6,8 @@ Simulated runs as the collectors write them: 4 DP ranks on 2 cores, each waiting
 for a core, with rank 2 stalled 60 ms before every step (its data fetch, in no record); two
 pipeline stages on one core, each waiting 45 ms a step, stage 1 taking 40 ms longer than stage
 0. The replay's "every rank had its cores" shrinks every piece of a rank's step by its waiting
-share, the stall and the stage's excess included, so the host's cost comes out above the
-fault's; the fault is still what makes one rank late, and leads.
+share inside the steps (not the stall before a step opens); the fault is what makes one rank
+late, and leads. A rank late only because the scheduler kept it off a core longer is the host's.
 """
 
 from __future__ import annotations
@@ -22,31 +22,36 @@ WAIT_MS = 40.0
 CPU_MS = 30.0
 
 
-def _dp(runs: Any, stall_ms: float, now_and_then: bool = False, steps: int = 8) -> Path:
+def _dp(
+    runs: Any, stall_ms: float, now_and_then: bool = False, steps: int = 8,
+    descheduled_ms: dict[int, float] | None = None,
+) -> Path:  # fmt: skip
     """4 DP ranks on 2 cores; each computes CPU_MS and waits WAIT_MS for a core in its fwd,
     then a blocking all-reduce; rank 2 first sleeps `stall_ms` outside its step (every step,
-    or with `now_and_then` in 5 of the 8: steps 1, 2, 4, 5, 7)."""
+    or with `now_and_then` in 5 of the 8: steps 1, 2, 4, 5, 7); `descheduled_ms`: a rank's
+    extra waiting for a core in its fwd (the scheduler keeping it off a core longer)."""
     records: dict[int, list[dict[str, Any] | str]] = {r: [] for r in range(4)}
     t = 0.0
     for step in range(steps):
-        end = t + stall_ms + CPU_MS + WAIT_MS + 5
+        extra = descheduled_ms or {}
+        end = t + stall_ms + CPU_MS + WAIT_MS + max(extra.values(), default=0.0) + 5
         for rank, rows in records.items():
             stalled = rank == 2 and not (now_and_then and step % 3 == 0)
             t0 = t + (stall_ms if stalled else 0.0)
-            computed = t0 + CPU_MS + WAIT_MS
+            waited = WAIT_MS + extra.get(rank, 0.0)
+            computed = t0 + CPU_MS + waited
             rows += [runs.span(step, "fwd", t0, computed),
                      runs.comm(step, computed, end, op="all_reduce", group="dp", group_size=4,
                                blocking=True),
-                     runs.step(step, t0, end, cpu_ns=int(CPU_MS * MS), runq_ns=int(WAIT_MS * MS),
+                     runs.step(step, t0, end, cpu_ns=int(CPU_MS * MS), runq_ns=int(waited * MS),
                                proc_cpu_ns=int((CPU_MS + 2) * MS),
-                               proc_runq_ns=int(WAIT_MS * MS), nivcsw=3, load1=4.0)]  # fmt: skip
+                               proc_runq_ns=int(waited * MS), nivcsw=3, load1=4.0)]  # fmt: skip
         t = end + 1
     manifest = runs.manifest(world_size=4, groups={"dp": [[0, 1, 2, 3]]})
     manifest["ranks"] = [{"rank": r, "host": "h0", "machine": "h0", "usable_cores": 2}
                          for r in range(4)]  # fmt: skip
-    return runs.write(
-        records, manifest, name=f"dp-stall-{stall_ms:g}{'-sometimes' if now_and_then else ''}"
-    )
+    name = f"dp-stall-{stall_ms:g}{'-sometimes' if now_and_then else ''}"
+    return runs.write(records, manifest, name=name + "".join(f"-q{r}" for r in extra))
 
 
 def _pp(runs: Any, steps: int = 6) -> Path:
@@ -130,3 +135,12 @@ def test_a_slow_stage_leads_the_waiting_for_a_core_both_stages_share(runs: Any) 
     assert (main["rule"], main["ranks"]) == ("PIP003", [1]), findings
     assert found["HST001"]["severity"] == "low"
     assert found["HST001"]["evidence"]["context_for"] == {"PIP003": [1]}
+
+
+def test_a_rank_late_only_by_waiting_for_a_core_is_the_hosts(runs: Any) -> None:
+    # beside a hog the scheduler keeps some rank off a core longer: it arrives last at every
+    # collective, by exactly its extra waiting, which its own work does not explain
+    findings = analyze_path(_dp(runs, stall_ms=0.0, descheduled_ms={1: 30.0}))["findings"]
+    assert findings[0]["rule"] == "HST001", findings
+    naming = [f for f in findings if f["rule"][:3] in ("BAL", "PIP") and 1 in f["ranks"]]
+    assert naming == [], naming

@@ -417,7 +417,9 @@ def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
         Profile the named rank's host side before the collective (data loader workers, pinned
         memory, synchronous logging); if its compute also stands out, treat it as a straggler.
     Evidence:
-        Per rank: collectives matched, median lateness (s) and the share started last.
+        Per rank: collectives matched, median lateness (s) and the share started last. A
+        rank whose extra waiting for a core (beyond its peers', where recorded) is more than
+        half its lateness is the host's (HST001), not named here.
     """
     table = arrivals(ctx.run.comms, ctx.metrics.rank_steps, ctx.run.manifest)
     table = table[table["matched"] >= limits["min_matched"]]
@@ -429,7 +431,15 @@ def late_arrival(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Find
         & (table["late_median_s"].to_numpy() >= limits["min_late_s"])
         & (table["late_median_s"].to_numpy() >= limits["late_ratio"] * others)
     )
-    found = [int(r) for r in table["rank"].to_numpy()[standing_out]]
+    # a rank late by its waiting for a core beyond its peers' is the host's (HST001), not
+    # its own: beside a CPU hog the scheduler makes some rank late in any healthy job
+    queued = queued_excess_per_step_s(ctx.metrics)
+    late_s = dict(zip(table["rank"].tolist(), table["late_median_s"].tolist(), strict=True))
+    found = [
+        int(r) for r in table["rank"].to_numpy()[standing_out]
+        # the median collective's lateness: a rank late at each is late by about that a step
+        if queued.get(int(r), 0.0) < (1.0 - MIN_OWN_PART) * late_s[r]
+    ]  # fmt: skip
     if not found:
         return []
     worst = table.set_index("rank").loc[found, "late_median_s"].max()
