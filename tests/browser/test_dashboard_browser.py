@@ -209,7 +209,8 @@ def test_overview_draws_the_step_time_and_no_labels_overlap(
         if run == "dp-straggler":
             assert "rank 1 !" in legend, legend  # the straggler's own line, named
         graphs, overlaps = label_overlaps(browser, "#page .js-plotly-plot")
-        assert graphs >= 2, (run, graphs)
+        # the real traces' layout is unknown (no process groups): no replay, so no waterfall
+        assert graphs >= (1 if run in traces else 2), (run, graphs)
         assert overlaps == [], (run, overlaps)
     assert not _console_errors(browser)
 
