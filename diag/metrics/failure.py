@@ -255,6 +255,15 @@ def _status(
         return "undecidable", "Flight Recorder dumps alone agree: nothing left open on any rank"
     last = [i.last_step for i in ranks.values() if i.last_step is not None]
     where = f"at step {max(last)}" if last else "before any step"
+    behind = sorted(r for r, i in ranks.items() if last and (i.last_step or -1) < max(last))
+    if behind:  # some ranks stop steps before the others: where the job went wrong, unsaid
+        stops = ", ".join(f"rank {r} at step {ranks[r].last_step}" for r in behind[:8])
+        more = f" and {len(behind) - 8} more" if len(behind) > 8 else ""
+        return "undecidable", (
+            f"{ranks_phrase(behind)} stop{'s' if len(behind) == 1 else ''} before the others "
+            f"({stops}{more}; the others {where}) with nothing open, no exception and no "
+            "close: hung, died or cut short, which the records cannot tell apart"
+        )
     return "undecidable", (f"the records stop {where} with nothing open, no exception and no "
                            "close: killed with the whole job, or written by a collector that "
                            "does not close")  # fmt: skip

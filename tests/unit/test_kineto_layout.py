@@ -449,4 +449,8 @@ def test_a_window_left_open_has_no_status_the_traces_cannot_give(tmp_path: Path)
     (folder / "rank3.pt.trace.json").write_text(json.dumps(trace))
     run = load_trace_dir(folder, use_cache=False)
     assert run.manifest.status == "unknown"
-    assert diag.analyze_path(folder)["summary"]["status"] != "completed"
+    report = diag.analyze_path(folder)
+    assert report["summary"]["status"] == "undecidable"
+    # the rank whose trace stops early is named, in the reason and the finding
+    assert report["summary"]["status_reason"].startswith("rank 3 stops before the others")
+    assert (report["findings"][0]["rule"], report["findings"][0]["ranks"]) == ("FLR005", [3])

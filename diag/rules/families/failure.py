@@ -216,13 +216,18 @@ def undecidable(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         Record with a collector that writes in-flight state and heartbeats (docs/collectors.md),
         or dump PyTorch's Flight Recorder beside the run (RUN/flight-recorder/).
     Evidence:
-        The status reason: where the records stop and what is missing to decide.
+        The status reason: where the records stop and what is missing to decide; the ranks
+        whose records stop steps before the others' (a trace cut short, a rank hung or dead)
+        are named.
     """
     state = _state(ctx)
     if state is None or state.status != "undecidable" or not state.suspect:
         return
+    # the ranks whose records stop steps before the others' are where to look first
+    last = [w.step for w in state.ranks if w.step is not None]
+    behind = sorted(w.rank for w in state.ranks if w.step is not None and w.step < max(last))
     yield Finding(severity="medium", title=f"did not complete, cause undecidable: {state.reason}",
-                  evidence={"reason": state.reason},
+                  ranks=behind, evidence={"reason": state.reason},
                   advice="record in-flight state (the collectors' watchdog) or dump the Flight "
                   "Recorder beside the run")  # fmt: skip
 
