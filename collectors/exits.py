@@ -8,6 +8,11 @@ interpreter's C-level handler writes the signal number to at once, wherever the 
 is. No stack is read and no lock is taken in the handler. Where the wakeup fd is already taken
 (asyncio), the handler starts the helper itself. The previous handler runs afterwards, so
 torchrun's behaviour is kept (the default: the process ends by SIGTERM).
+
+A child forked from the process (a multiprocessing pool's worker) has none of the helper
+threads and shares the wakeup pipe: in it, the previous handler is put back and the wakeup fd
+let go at the fork, so SIGTERM ends the child at once (a pool's `terminate` waits on that) and
+never wakes the parent's flush.
 """
 
 from __future__ import annotations
@@ -85,18 +90,36 @@ def _install_sigterm(on_signal: Callable[[int], None]) -> None:
             _flushed.set()
 
     woken = _wakeup_thread(flush)
+    owner = os.getpid()
 
     def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a forked child (if the reset at the fork did not run)
+            _chain(previous, signum, frame)
+            return
         if not woken:
             threading.Thread(target=flush, name="diag-sigterm", daemon=True).start()
         _flushed.wait(SIGNAL_FLUSH_S)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)  # end as the default would have
+        _chain(previous, signum, frame)
+
+    def in_child() -> None:
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, previous)
+        except ValueError:  # forked from a thread other than the main one: the pid check
+            pass
 
     signal.signal(signal.SIGTERM, handler)
+    os.register_at_fork(after_in_child=in_child)
+
+
+def _chain(previous: Any, signum: int, frame: Any) -> None:
+    """What SIGTERM did before the collectors' handler: the previous Python handler, or the
+    default (the process ends by the signal)."""
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # end as the default would have
 
 
 def _wakeup_thread(flush: Callable[[], None]) -> bool:
