@@ -86,17 +86,30 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     absent = {m for s in stuck for m in s.missing}
     if absent or state.desync:
         blocked |= {r for r, info in ranks.items() if info.issued}
-    state.crashed = [
-        {"rank": r, **e} for r, info in ranks.items()
-        if (e := info.exception) is not None and r not in blocked
-    ]  # fmt: skip
+    # and so is one raised in a collective a member of it had already left by raising: the
+    # first to raise there is the candidate cause, the later ones waited for it
+    for s in stuck:
+        raised = sorted(
+            (t, r) for r in s.waiting
+            if (e := ranks[r].exception) is not None and (t := e.get("t_ns")) is not None
+        )  # fmt: skip
+        blocked |= {r for t, r in raised if t > raised[0][0]}
+    state.crashed = sorted(
+        ({"rank": r, **e} for r, info in ranks.items()
+         if (e := info.exception) is not None and r not in blocked),
+        key=lambda e: (e["t_ns"] is None, e["t_ns"] or 0, e["rank"]),
+    )  # fmt: skip
+    # (the first to raise comes first: the status names it)
     state.timed_out = [
         {"rank": r, **e} for r, info in ranks.items()
         if (e := info.exception) is not None and r in blocked
     ]  # fmt: skip
     end_ns = max((r.last_alive_ns for r in ranks.values() if r.last_alive_ns), default=None)
     state.lost = _lost(ranks, stuck, end_ns, window_s)
-    state.ranks = [_where(r, info, stuck, state.lost, end_ns) for r, info in ranks.items()]
+    timed_out = {row["rank"] for row in state.timed_out}
+    state.ranks = [
+        _where(r, info, stuck, state.lost, end_ns, r in timed_out) for r, info in ranks.items()
+    ]
     state.failed_step = _failed_step(state, ranks)
     state.status, state.reason = _status(run, ranks, state, now, window_s)
     return state
@@ -131,8 +144,14 @@ def _lost(
 
 
 def _where(
-    rank: int, info: RankRecords, stuck: list[Stuck], lost: list[int], end_ns: int | None
+    rank: int,
+    info: RankRecords,
+    stuck: list[Stuck],
+    lost: list[int],
+    end_ns: int | None,
+    timed_out: bool,
 ) -> RankWhere:
+    """Where `rank` stopped; `timed_out`: its exception was raised waiting for a peer."""
     waiting = [s for s in stuck if rank in s.waiting]
     missing = [s for s in stuck if rank in s.missing]
     stall = info.stall or {}
@@ -161,11 +180,6 @@ def _where(
         (end_ns - info.last_alive_ns) / NS_PER_S
         if end_ns is not None and info.last_alive_ns is not None
         else None
-    )
-    timed_out = (
-        info.exception is not None
-        and bool(waiting)
-        and any(s.missing or s.mismatched for s in waiting)
     )
     state = (
         "timed out" if timed_out

@@ -105,7 +105,10 @@ def stuck_collectives(
         # broadcast where the others all-reduce passed through, and left them waiting
         waited = {w.rank: waited_s(w, ranks) for w in waiting}
         longest = max((s for s in waited.values() if s is not None), default=None)
-        if longest is not None and longest < window_s and not missing and window_s > 0:
+        if (
+            longest is not None and longest < window_s and not missing and window_s > 0
+            and not any(ended(ranks, w.rank) for w in waiting)
+        ):  # fmt: skip
             continue  # in flight for less than a few steps: a live job's ordinary state
         keys = [signature(w.op, w.bytes, w.dtype) for w in waiting]
         # the most common signature; a tie (two ranks) goes to the one the group's earlier
@@ -160,12 +163,22 @@ def stuck_p2p(issued: list[Issued], ranks: dict[int, RankRecords], window_s: flo
         waited = {one.rank: waited_s(one, ranks)}
         missing = [] if one.peer in waiting_ranks else [one.peer]
         longest = waited[one.rank]
-        if longest is not None and longest < window_s and not missing and window_s > 0:
+        if (
+            longest is not None and longest < window_s and not missing and window_s > 0
+            and not ended(ranks, one.rank)
+        ):  # fmt: skip
             continue  # in flight for less than a few steps: a live job's ordinary state
         found.append(Stuck(one.group, one.seq, one.op, one.bytes, one.dtype, one.step,
                            [one.rank], missing, sorted({one.rank, one.peer}), waited, [],
                            one.source))  # fmt: skip
     return found
+
+
+def ended(ranks: dict[int, RankRecords], rank: int) -> bool:
+    """Whether `rank` raised or closed: a collective it was left in will never complete,
+    however short its wait (a group timeout shorter than the window ends it early)."""
+    info = ranks.get(rank)
+    return info is not None and (info.exception is not None or info.closed is not None)
 
 
 def passed_as(ranks: dict[int, RankRecords], rank: int, group: str, seq: int) -> Issued | None:

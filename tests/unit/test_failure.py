@@ -97,6 +97,32 @@ def test_a_crash_names_the_exception_and_the_ranks_left_waiting(
     assert rules.index("FLR002") < rules.index("FLR001")
 
 
+@pytest.mark.parametrize(
+    ("kind", "rule", "status"),
+    [
+        ("timeout-hang", "FLR001", "hung"),
+        ("timeout-desync", "FLR003", "failed"),
+        ("timeout-crash", "FLR002", "failed"),
+    ],
+)
+def test_a_group_timeout_is_the_consequence_not_the_crash(
+    tmp_path: Path, kind: str, rule: str, status: str
+) -> None:
+    """Ranks whose collective raised the group's timeout (read while their files are fresh, the
+    timeout shorter than the window) waited for rank 2, which never joined, joined with
+    another op or raised in it first: rank 2 is named, the others timed out."""
+    from tests.conftest import RunWriter
+
+    report = analyze_path(failure_run(RunWriter(tmp_path), kind, name=kind))
+    summary = report["summary"]
+    assert summary["status"] == status, summary["status_reason"]
+    rules = [f["rule"] for f in report["findings"]]
+    assert rules[0] == rule and rules.count("FLR002") == (rule == "FLR002"), rules
+    assert report["findings"][0]["ranks"] == [2]
+    states = {row["rank"]: row["state"] for row in report["where_stopped"]}
+    assert [states[r] for r in (0, 1, 3)] == ["timed out"] * 3, states
+
+
 @pytest.mark.parametrize("kind", ["completed", "late", "running"])
 def test_finished_and_running_runs_raise_no_failure_finding(
     reports: dict[str, dict[str, Any]], kind: str

@@ -63,6 +63,50 @@ def _waiting(runs: Any, step: int, ranks: int, **issued: Any) -> list[dict[str, 
     return rows
 
 
+TIMEOUT_MS = 3_000.0
+"""The group timeout of the `timeout-*` runs: below the window (3 median steps + 5 s)."""
+
+
+def _timed_out(runs: Any, step: int, ranks: int) -> list[dict[str, Any] | str]:
+    """A rank whose all-reduce #7 of dp raised the group's timeout after TIMEOUT_MS."""
+    t = step * STEP_MS
+    rows = _waiting(runs, step, ranks)[:4]
+    end = t + 80 + TIMEOUT_MS
+    rows += [_event(step, "heartbeat", t_ns=run_ns(t + 80 + HEARTBEAT_MS), interval_s=2.0),
+             _event(step, "exception", t_ns=run_ns(end), type="RuntimeError",
+                    message="[Rank 0] Timed out waiting 3000ms for recv operation to complete",
+                    frames=STACK[:1]),
+             _event(step, "rank_closed", t_ns=run_ns(end + 1), status="failed")]  # fmt: skip
+    return rows
+
+
+def _raised_in_collective(runs: Any, step: int, ranks: int) -> list[dict[str, Any] | str]:
+    """A rank whose all-reduce #7 of dp raised an NCCL error 5 ms after it issued it."""
+    raised = run_ns(step * STEP_MS + 85)
+    return [*_waiting(runs, step, ranks)[:4],
+            _event(step, "exception", t_ns=raised, type="DistBackendError",
+                   message="NCCL error: unhandled cuda error", frames=STACK[:1]),
+            _event(step, "rank_closed", t_ns=raised + MS, status="failed")]  # fmt: skip
+
+
+def _late_rank(runs: Any, step: int, kind: str) -> list[dict[str, Any] | str]:
+    """Rank 2 of a `timeout-*` run: in its loader until after the others timed out, then (a
+    desync) a broadcast as #7 of dp; alive (heartbeats) to the end of the records."""
+    t = step * STEP_MS
+    rows: list[dict[str, Any] | str] = [
+        _event(step, "step_open", t0=run_ns(t)),
+        _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None, t0=run_ns(t)),
+    ]  # fmt: skip
+    late = t + 80 + TIMEOUT_MS + 1_000
+    if kind == "timeout-desync":
+        rows += [runs.span(step, "fwd", t, late - 1),
+                 _event(step, "comm_issued", op="broadcast", group="dp", group_size=4,
+                        seq=step + 1, bytes=BYTES, dtype="float32", t0=run_ns(late))]  # fmt: skip
+    rows += [_event(step, "heartbeat", t_ns=run_ns(t + k * HEARTBEAT_MS), interval_s=2.0)
+             for k in range(1, 4)]  # fmt: skip
+    return rows
+
+
 ENDED_S = 3600.0
 """How long ago a run that ended wrote its files (no record arrives any more)."""
 
@@ -77,7 +121,13 @@ def failure_run(
     - `lost`: its records stop inside fwd, nothing after (SIGKILL);
     - `undecidable`: every rank stops after step 5 with nothing open and no close;
     - `completed`: no failure, every rank closes complete;
-    - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary.
+    - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary;
+    - `timeout-hang`: sleeps in its loader; the others' group timeout (3 s, below the window)
+      ends them in all-reduce #7 with an exception, read just after (files fresh);
+    - `timeout-crash`: raises inside all-reduce #7 (an NCCL error), the others time out in it
+      3 s later (files fresh);
+    - `timeout-desync`: kept off a core, it issues a broadcast as #7 of dp only after the
+      others timed out in their all-reduce #7 (files fresh).
     The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s. `ended`: the
     files dated an hour ago (records no longer arrive); by default every kind but `late`."""
     records = _good_steps(runs, ranks)
@@ -91,6 +141,14 @@ def failure_run(
         if kind == "late":
             rows += _waiting(runs, step, ranks)[:4]
             rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 1080), interval_s=2.0))
+            continue
+        if kind.startswith("timeout"):
+            if rank != 2:
+                rows += _timed_out(runs, step, ranks)
+            elif kind == "timeout-crash":
+                rows += _raised_in_collective(runs, step, ranks)
+            else:
+                rows += _late_rank(runs, step, kind)
             continue
         if rank != 2:
             rows += _waiting(runs, step, ranks)
@@ -113,7 +171,7 @@ def failure_run(
     status = "complete" if kind == "completed" else "running"
     manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
     path = runs.write(records, manifest, name=name)
-    if ended if ended is not None else kind != "late":
+    if ended if ended is not None else kind != "late" and not kind.startswith("timeout"):
         past = time.time() - ENDED_S
         for file in path.iterdir():
             os.utime(file, (past, past))
