@@ -154,11 +154,19 @@ def with_overrides(
     model = parse_model(model_spec, base) if model_spec is not None else base
     tokens_per_s = summary.get("tokens_per_s")
     layout_fields = {f.name for f in dataclasses.fields(schema.Layout)}
+    stated = run.get("layout") or {}
     layout = schema.Layout(
-        **{k: v for k, v in (run.get("layout") or {}).items() if k in layout_fields}
+        **{k: v for k, v in stated.items() if k in layout_fields and v is not None}
     )
+    # the report's null is a size diag could not read: the job's tokens are unknown then
+    unknown = any(stated.get(k, 0) is None for k in ("dp", "ep", "microbatches"))
     step_s = summary.get("step_time_s")
-    if tokens_per_s is None and step_s and (per_step := tokens_per_step(model, layout)):
+    if (
+        tokens_per_s is None
+        and step_s
+        and not unknown
+        and (per_step := tokens_per_step(model, layout))
+    ):
         tokens_per_s = per_step / step_s
     peak = peak_tflops if peak_tflops is not None else summary.get("peak_tflops_per_gpu")
     world = int(summary.get("world_size") or run.get("world_size") or 0)

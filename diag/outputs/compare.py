@@ -110,6 +110,8 @@ _DIMS = ("dp", "tp", "pp", "ep", "cp")
 def layout_label(run: dict[str, Any]) -> str:
     """`dp=2 tp=2`, naming every dimension above 1 (`dp=1` for a single rank)."""
     layout = run.get("layout") or {}
+    if any(layout.get(d, 1) is None for d in _DIMS):  # the report could not read it
+        return "layout unknown"
     return " ".join(f"{d}={layout[d]}" for d in _DIMS if (layout.get(d) or 1) > 1) or "dp=1"
 
 

@@ -48,6 +48,22 @@ TEXT_MAX_ROWS = 32
 """Per-rank tables longer than this are cut in the text rendering (JSON keeps every row)."""
 
 
+AXES = ("dp", "tp", "pp", "ep", "cp")
+SCHEDULE = ("microbatches", "virtual_stages")
+
+
+def reported_layout(manifest: schema.Manifest, layout: Any) -> Any:
+    """The layout as the report states it: what diag could not read is null, never the
+    placeholder the analysis carries (the axes of a layout read as unknown; the micro-batches
+    and virtual stages of a pipeline whose schedule the traces do not say)."""
+    if not isinstance(layout, dict):
+        return layout
+    unknown = set(AXES) if manifest.layout_unknown else set()
+    if not manifest.schedule_known and (manifest.layout_unknown or manifest.layout.pp > 1):
+        unknown |= set(SCHEDULE)
+    return {k: (None if k in unknown else v) for k, v in layout.items()}
+
+
 def build_report(
     run: RunData, metrics: RunMetrics, diagnosis: Diagnosis | None = None
 ) -> dict[str, Any]:
@@ -59,6 +75,7 @@ def build_report(
     report = {
         "schema": schema.REPORT_SCHEMA,
         "run": {name: manifest.get(name) for name in RUN_FIELDS}
+        | {"layout": reported_layout(run.manifest, manifest.get("layout"))}
         # where a trace folder's layout came from (a run directory's is its manifest's)
         | ({"layout_source": source} if (source := manifest.get("layout_source")) else {}),
         # the step time over steps as one line of text, so a trend can be checked by eye

@@ -179,6 +179,12 @@ def _median_of(values: pd.Series, rank: int) -> float:
 def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibration:
     """Calibrate the cost model on `run` (a loaded RunData; `model` for a trace folder);
     InputError when it lacks steps or compute."""
+    manifest = run.manifest
+    if manifest.layout_unknown:
+        raise InputError(path, f"its layout is {manifest.layout_source}: give it with --run-layout")
+    if manifest.layout.pp > 1 and not manifest.schedule_known:
+        why = "its traces do not say the micro-batches per step: give them with --run-layout"
+        raise InputError(path, f"{why} (m=N, and v=N for an interleaved schedule)")
     job, layout = job_of(run, path, model)
     steps = run.steps
     first = int(steps["step"].min()) if not steps.empty else 0

@@ -77,6 +77,9 @@ def check_against_plan(
 ) -> tuple[list[str], str | None]:
     """(violations, problem): one line when the run is slower than its plan by more than
     `tolerance`; `problem` says why the plan cannot be used (no entry for the layout)."""
+    stated = report.get("run", {}).get("layout") or {}
+    if any(stated.get(k, 1) is None for k in ("dp", "tp", "pp", "ep", "cp", "microbatches")):
+        return [], "the run's layout is unknown (its report could not read it): give --layout"
     layout = run_layout(report)
     entry = planned_layout(plan, layout)
     if entry is None:
