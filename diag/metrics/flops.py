@@ -171,6 +171,8 @@ def with_overrides(
     peak = peak_tflops if peak_tflops is not None else summary.get("peak_tflops_per_gpu")
     world = int(summary.get("world_size") or run.get("world_size") or 0)
     summary.update(mfu_summary(model, tokens_per_s, world, peak))
+    if unknown and tokens_per_s is None and summary.get("model_flops_per_token"):
+        summary["mfu_note"] = "tokens per second unknown: the layout (dp, micro-batches) is unknown"
     run["model"] = dataclasses.asdict(model)
     return {**report, "run": run, "summary": summary}
 
