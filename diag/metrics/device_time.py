@@ -15,6 +15,8 @@ COLUMNS = ["rank", "kernel_time_s", "idle_share", "compute_share", "non_compute_
            # the device's own idle (every stream together) the host caused, and per step
            "device_host_wait_share", "steps", "step_s", "host_wait_per_step_s",
            "host_gaps_per_step",
+           # the device's own idle with its next kernel already launched (a dependency)
+           "device_queued_wait_share", "queued_wait_per_step_s", "longest_queued_gap_s",
            # what the CPU did over the same steps
            "kernels_per_step", "kernel_median_us", "launch_mean_us", "launch_per_step_s",
            "sync_calls_per_step", "scalar_reads_per_step", "sync_per_step_s",
@@ -47,6 +49,9 @@ def device_time(measured: pd.DataFrame | None) -> pd.DataFrame:
         "step_s": kernel_us / steps / 1e6,
         "host_wait_per_step_s": m["device_host_wait_us"] / steps / 1e6,
         "host_gaps_per_step": m["device_host_gaps"] / steps,
+        "device_queued_wait_share": m["device_queued_wait_us"] / kernel_us,
+        "queued_wait_per_step_s": m["device_queued_wait_us"] / steps / 1e6,
+        "longest_queued_gap_s": m["device_longest_queued_gap_us"] / 1e6,
         "kernels_per_step": m["kernels"] / steps,
         "kernel_median_us": m["kernel_median_us"].astype("float64"),
         "launch_mean_us": m["launch_us"] / launches.where(launches > 0),

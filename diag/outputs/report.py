@@ -315,11 +315,12 @@ def device_section(report: dict[str, Any]) -> Section:
     return Section(
         "device time per rank (HTA's definitions; diag's kernel classes)",
         ["rank", "kernel time s", "idle", "compute", "non-compute", "comm s", "comm under compute",
-         "idle: host/kernel/other wait", "waiting for the host"],
+         "idle: host/kernel/other wait", "waiting for the host", "waiting, work queued"],
         [
             [str(d["rank"]), num(d["kernel_time_s"]), pct(d["idle_share"]),
              pct(d["compute_share"]), pct(d["non_compute_share"]), num(d["comm_s"]),
-             pct(d["comm_overlap"]), _idle_split(d), pct(d.get("device_host_wait_share"))]
+             pct(d["comm_overlap"]), _idle_split(d), pct(d.get("device_host_wait_share")),
+             pct(d.get("device_queued_wait_share"))]
             for d in report.get("device") or []
         ],
     )  # fmt: skip

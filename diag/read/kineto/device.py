@@ -71,6 +71,8 @@ class DeviceTime:
     device_host_wait_us: float = 0.0  # of the device's own idle time, the host's (the cost)
     device_gaps: int = 0
     device_host_gaps: int = 0
+    device_queued_wait_us: float = 0.0  # of the device's idle, with its next kernel launched
+    device_longest_queued_gap_us: float = 0.0
     steps: int = 1  # ProfilerSteps the kept events cover (1: the whole trace)
     kernels: int = 0  # kernels (category `kernel`) kept
     kernel_median_us: float | None = None

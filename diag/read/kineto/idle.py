@@ -17,7 +17,10 @@ own idle time; they say what the idle was, not how long the device was idle.
 The device-level split (`device_host_wait_us`) reads the gaps of the union of every stream's
 kernels instead, each judged by the kernel that ends it: launched after the gap began, the
 whole device waited for its host. That is the time a step loses to the host, the cost of the
-finding (diag/rules/families/host.py, HST002).
+finding (diag/rules/families/host.py, HST002). Launched before the gap began, the device had
+work queued and did not run it: it waited on a dependency the trace does not record (an event
+of another stream or process, a CUDA graph's internal edge), `device_queued_wait_us`
+(diag/rules/families/gpu_waits.py, HST003).
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class IdleSplit:
     device_host_wait_us: float  # gaps in every stream's work that the host left (the cost)
     device_gaps: int  # gaps in every stream's work
     device_host_gaps: int  # of those, the host's
+    # gaps in every stream's work whose next kernel was already launched (not the host's): the
+    # device had work and waited on a dependency the trace does not record
+    device_queued_wait_us: float = 0.0
+    device_longest_queued_gap_us: float = 0.0
 
 
 NO_IDLE = IdleSplit(0.0, 0.0, 0.0, 0.0, 0, 0)
@@ -64,29 +71,48 @@ def idle_split(
     totals[0] = gap[host].sum()
     totals[1] = gap[kernel].sum()
     totals[2] = gap[~host & ~kernel].sum()
-    host_us, gaps, host_gaps = _device_gaps(start, end, launched)
+    gaps = _device_gaps(start, end, launched)
     return IdleSplit(
         host_wait_us=float(totals[0]),
         kernel_wait_us=float(totals[1]),
         other_idle_us=float(totals[2]),
-        device_host_wait_us=host_us,
-        device_gaps=gaps,
-        device_host_gaps=host_gaps,
+        device_host_wait_us=gaps.host_us,
+        device_gaps=gaps.count,
+        device_host_gaps=gaps.host_count,
+        device_queued_wait_us=gaps.queued_us,
+        device_longest_queued_gap_us=gaps.longest_queued_us,
     )
 
 
-def _device_gaps(
-    start: np.ndarray, end: np.ndarray, launched: np.ndarray
-) -> tuple[float, int, int]:
-    """The time, count and host-caused count of the gaps between the device's busy runs (every
-    stream together): a gap is the host's when the first kernel after it was launched after the
-    gap began (of kernels starting together, the one launched first)."""
+@dataclass(frozen=True)
+class DeviceGaps:
+    """The gaps between the device's busy runs (every stream together)."""
+
+    count: int
+    host_count: int  # the next kernel was launched after the gap began: the host's
+    host_us: float
+    queued_us: float  # the next kernel was launched before the gap began: work was waiting
+    longest_queued_us: float
+
+
+def _device_gaps(start: np.ndarray, end: np.ndarray, launched: np.ndarray) -> DeviceGaps:
+    """A gap is the host's when the first kernel after it was launched after the gap began (of
+    kernels starting together, the one launched first); queued when it was launched before (a
+    kernel without its launch in the trace is neither: nothing says when it was queued)."""
     order = np.lexsort((launched, start))
     t0, t1, cpu = start[order], end[order], launched[order]
     reach = np.maximum.accumulate(t1)
     opens = np.flatnonzero(t0[1:] > reach[:-1]) + 1  # kernels that end a gap
     if len(opens) == 0:
-        return 0.0, 0, 0
+        return DeviceGaps(0, 0, 0.0, 0.0, 0.0)
     gap_start = reach[opens - 1]
+    gap = t0[opens] - gap_start
     host = cpu[opens] > gap_start
-    return float((t0[opens] - gap_start)[host].sum()), len(opens), int(host.sum())
+    queued = cpu[opens] <= gap_start  # NaN compares False: an unknown launch is not queued
+    return DeviceGaps(
+        count=len(opens),
+        host_count=int(host.sum()),
+        host_us=float(gap[host].sum()),
+        queued_us=float(gap[queued].sum()),
+        longest_queued_us=float(gap[queued].max()) if queued.any() else 0.0,
+    )

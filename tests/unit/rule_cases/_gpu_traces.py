@@ -45,6 +45,7 @@ class Shape:
     launch_us: float = 5.0
     loader_us: float = 40.0
     allreduce_us: float = 150.0  # the transfer, once the last rank has launched it
+    queued_wait_us: float = 0.0  # a kernel each step waits this long on an unrecorded event
 
 
 def host_bound(world: int = 8) -> Shape:
@@ -54,9 +55,11 @@ def host_bound(world: int = 8) -> Shape:
                  kernel_us=8.0, kernel_name=ELEMENTWISE)  # fmt: skip
 
 
-def gpu_bound(world: int = 8) -> Shape:
-    """400 us GEMMs issued in 6 us each: the GPU always has work queued."""
-    return Shape(cpu_us=[6.0] * world, kernel_us=400.0, kernel_name=GEMM, ops=40)
+def gpu_bound(world: int = 8, queued_wait_us: float = 0.0) -> Shape:
+    """400 us GEMMs issued in 6 us each: the GPU always has work queued (`queued_wait_us`:
+    one each step waits that long on a dependency no trace event records)."""
+    return Shape(cpu_us=[6.0] * world, kernel_us=400.0, kernel_name=GEMM, ops=40,
+                 queued_wait_us=queued_wait_us)  # fmt: skip
 
 
 @dataclass
@@ -118,7 +121,14 @@ def write_job(folder: Path, shape: Shape) -> Path:
                     r.item()
                 r.cpu("aten::add", r.t, cpu)
                 at = r.t + cpu - shape.launch_us - 1.0
-                r.gpu_free = r.launch(at, shape.kernel_name, dur=shape.kernel_us,
+                # a kernel a quarter into the step (the CPU well ahead) may wait on an event no
+                # trace event records: queued since its launch, it starts that long after its
+                # stream ran dry
+                held = (
+                    shape.queued_wait_us if op == shape.ops // 4 and shape.queued_wait_us else None
+                )
+                start = None if held is None else max(at + shape.launch_us, r.gpu_free) + held
+                r.gpu_free = r.launch(at, shape.kernel_name, dur=shape.kernel_us, start=start,
                                       launch_us=shape.launch_us)  # fmt: skip
                 r.t += cpu + 1.0
             launches.append(r.t + 20.0)  # the all-reduce's launch inside record_param_comms
