@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
@@ -365,6 +364,12 @@ _LENGTH_PREFIXED: dict[bytes, tuple[Callable[[_Reader, int], None], int]] = {
 """The opcodes whose operand is a length (`width` bytes, little-endian) and then that many bytes:
 what reads the value from them, and the width."""
 
+
+def _sized(read: Callable[[_Reader, int], None], width: int) -> Callable[[_Reader], None]:
+    """The handler of a length-prefixed opcode: `read` with its length's width."""
+    return lambda reader: read(reader, width)
+
+
 _HANDLERS: dict[bytes, Any] = {
     b"\x80": _proto,
     b"\x95": _frame,
@@ -380,7 +385,7 @@ _HANDLERS: dict[bytes, Any] = {
     b"J": _int4,
     b"K": lambda r: r.push(r.unsigned(1)),
     b"M": lambda r: r.push(r.unsigned(2)),
-    **{code: partial(read, width=width) for code, (read, width) in _LENGTH_PREFIXED.items()},
+    **{code: _sized(read, width) for code, (read, width) in _LENGTH_PREFIXED.items()},
     b"F": _float_line,
     b"G": _float8,
     b"V": _unicode_line,
