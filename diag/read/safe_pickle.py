@@ -21,6 +21,7 @@ a stack and a memo: no recursion anywhere.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
@@ -273,36 +274,33 @@ def _tuple(reader: _Reader, size: int) -> None:
     reader.push(tuple(reversed(items)))
 
 
+def _top_of(reader: _Reader, kind: type, does: str) -> Any:
+    """The container on top of the stack, which an opcode that `does` something to it needs
+    to be a `kind` (exactly: no subclass is plain data)."""
+    target = reader.top()
+    if type(target) is not kind:
+        raise reader.broken(f"{does} a {type(target).__name__}, not a {kind.__name__}")
+    return target
+
+
 def _append(reader: _Reader) -> None:
     value = reader.pop()
-    target = reader.top()
-    if type(target) is not list:
-        raise reader.broken(f"appends to a {type(target).__name__}, not a list")
-    target.append(value)
+    _top_of(reader, list, "appends to").append(value)
 
 
 def _extend(reader: _Reader) -> None:
     items = reader.pop_mark()
-    target = reader.top()
-    if type(target) is not list:
-        raise reader.broken(f"appends to a {type(target).__name__}, not a list")
-    target.extend(items)
+    _top_of(reader, list, "appends to").extend(items)
 
 
 def _set_item(reader: _Reader) -> None:
     value, key = reader.pop(), reader.pop()
-    target = reader.top()
-    if type(target) is not dict:
-        raise reader.broken(f"sets an item of a {type(target).__name__}, not a dict")
-    target[reader.key(key)] = value
+    _top_of(reader, dict, "sets an item of")[reader.key(key)] = value
 
 
 def _set_items(reader: _Reader) -> None:
     items = reader.pop_mark()
-    target = reader.top()
-    if type(target) is not dict:
-        raise reader.broken(f"sets items of a {type(target).__name__}, not a dict")
-    reader.set_items(target, items)
+    reader.set_items(_top_of(reader, dict, "sets items of"), items)
 
 
 def _dict_from_mark(reader: _Reader) -> None:
@@ -313,10 +311,7 @@ def _dict_from_mark(reader: _Reader) -> None:
 
 def _add_items(reader: _Reader) -> None:
     items = reader.pop_mark()
-    target = reader.top()
-    if type(target) is not set:
-        raise reader.broken(f"adds items to a {type(target).__name__}, not a set")
-    target.update(reader.key(item) for item in items)
+    _top_of(reader, set, "adds items to").update(reader.key(item) for item in items)
 
 
 def _frozenset(reader: _Reader) -> None:
@@ -350,6 +345,31 @@ def _float8(reader: _Reader) -> None:
     reader.push(struct.unpack(">d", reader.take(8))[0])
 
 
+def _bytes(reader: _Reader, width: int) -> None:
+    reader.push(reader.take(reader.unsigned(width)))
+
+
+_LENGTH_PREFIXED: dict[bytes, tuple[Callable[[_Reader, int], None], int]] = {
+    b"\x8a": (_long, 1),  # LONG1
+    b"\x8b": (_long, 4),  # LONG4
+    b"U": (_ascii, 1),  # SHORT_BINSTRING
+    b"T": (_ascii, 4),  # BINSTRING
+    b"C": (_bytes, 1),  # SHORT_BINBYTES
+    b"B": (_bytes, 4),  # BINBYTES
+    b"\x8e": (_bytes, 8),  # BINBYTES8
+    b"\x8c": (_text, 1),  # SHORT_BINUNICODE
+    b"X": (_text, 4),  # BINUNICODE
+    b"\x8d": (_text, 8),  # BINUNICODE8
+}
+"""The opcodes whose operand is a length (`width` bytes, little-endian) and then that many bytes:
+what reads the value from them, and the width."""
+
+
+def _sized(read: Callable[[_Reader, int], None], width: int) -> Callable[[_Reader], None]:
+    """The handler of a length-prefixed opcode: `read` with its length's width."""
+    return lambda reader: read(reader, width)
+
+
 _HANDLERS: dict[bytes, Any] = {
     b"\x80": _proto,
     b"\x95": _frame,
@@ -365,19 +385,10 @@ _HANDLERS: dict[bytes, Any] = {
     b"J": _int4,
     b"K": lambda r: r.push(r.unsigned(1)),
     b"M": lambda r: r.push(r.unsigned(2)),
-    b"\x8a": lambda r: _long(r, 1),
-    b"\x8b": lambda r: _long(r, 4),
+    **{code: _sized(read, width) for code, (read, width) in _LENGTH_PREFIXED.items()},
     b"F": _float_line,
     b"G": _float8,
-    b"U": lambda r: _ascii(r, 1),
-    b"T": lambda r: _ascii(r, 4),
-    b"C": lambda r: r.push(r.take(r.unsigned(1))),
-    b"B": lambda r: r.push(r.take(r.unsigned(4))),
-    b"\x8e": lambda r: r.push(r.take(r.unsigned(8))),
     b"V": _unicode_line,
-    b"\x8c": lambda r: _text(r, 1),
-    b"X": lambda r: _text(r, 4),
-    b"\x8d": lambda r: _text(r, 8),
     b"]": lambda r: r.push([]),
     b"l": lambda r: r.push(r.pop_mark()),
     b"a": _append,

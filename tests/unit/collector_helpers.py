@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import collectors.memory
@@ -36,6 +38,27 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if leftover is not None:
         leftover.uninstall()  # so that one failure does not cascade into the next tests
     assert leftover is None, "a test left the collective tracer installed"
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a gloo group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(name="world")
+def gloo_world() -> Iterator[None]:
+    """The fixture `world`: a 1-rank gloo world for the test, destroyed after it (imported as
+    `gloo_world`, so that the tests' `world` argument does not shadow the import)."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def read_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from diag.api import diagnose, load_any
 from diag.whatif import timeline as tl
+from tests.unit.simulated_jobs import STRAGGLER_DRAWS, straggler_job
 
 STRAGGLER_MS = 10.0
 """The straggler's extra time per step (the simulator adds it to its forward)."""
@@ -30,16 +30,14 @@ REPLAY_SLACK = 0.05
 
 def _measured(root: Path, spread_ms: float) -> dict[str, Any]:
     """The straggler run's report and the saving measured by simulating without it."""
-    from simulator import ModelSpec, SimConfig, simulate
+    from simulator import simulate
     from simulator.reshape import hide_waits
 
     steps: dict[str, float] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name, inject in (("straggler", (f"straggler:rank=0,ms={STRAGGLER_MS:g}",)), ("ok", ())):
         out = root / f"{name}-{spread_ms:g}"
-        config = SimConfig(dp=4, steps=5, seed=1, inject=inject,
-                           model=ModelSpec(layers=8, hidden=1024, lm_head=False))  # fmt: skip
-        simulate(config, out, format="jsonl")
+        simulate(straggler_job((4, 1, 1), seed=1, inject=inject), out, format="jsonl")
         hide_waits(out, "dp", resume_spread_ms=spread_ms, seed=3)
         _, reports[name] = diagnose(load_any(out))
         steps[name] = reports[name]["attribution"]["measured_step_s"]
@@ -117,24 +115,15 @@ def test_resuming_together_gives_one_cost(runs_together: dict[str, Any]) -> None
     assert first["cost_s"] == pytest.approx(saving, rel=0.2)
 
 
-LAYOUTS = [(4, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 2), (2, 2, 2)]
-"""(dp, tp, pp) of the simulated jobs the property draws from."""
-
-
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layout=st.sampled_from(LAYOUTS),
-    where=st.integers(min_value=0, max_value=63),
-    ms=st.sampled_from([5.0, 10.0, 20.0]),
-    seed=st.integers(min_value=0, max_value=1000),
-)
+@given(**STRAGGLER_DRAWS)
 def test_a_straggler_s_range_holds_what_removing_it_saves(
     layout: tuple[int, int, int], where: int, ms: float, seed: int
 ) -> None:
     """A straggler anywhere in a simulated dp x tp x pp job whose data-parallel waits are
     hidden and whose ranks resume up to 0.3x its excess apart after them: the straggler's
     cost range holds the saving measured by simulating the job without it."""
-    from simulator import ModelSpec, SimConfig, simulate
+    from simulator import simulate
     from simulator.reshape import hide_waits
 
     dp, tp, pp = layout
@@ -144,10 +133,7 @@ def test_a_straggler_s_range_holds_what_removing_it_saves(
     with tempfile.TemporaryDirectory() as tmp:
         for name, inject in (("straggler", (f"straggler:rank={rank},ms={ms:g}",)), ("ok", ())):
             out = Path(tmp) / name
-            config = SimConfig(dp=dp, tp=tp, pp=pp, microbatches=4 if pp > 1 else 1, steps=5,
-                               seed=seed, inject=inject,
-                               model=ModelSpec(layers=8, hidden=1024, lm_head=False))  # fmt: skip
-            simulate(config, out, format="jsonl")
+            simulate(straggler_job(layout, seed, inject), out, format="jsonl")
             hide_waits(out, "dp", resume_spread_ms=0.3 * ms, seed=seed)
             _, reports[name] = diagnose(load_any(out))
             steps[name] = reports[name]["attribution"]["measured_step_s"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from benchmarks.hidden_waits import measured
+from tests.unit.simulated_jobs import STRAGGLER_DRAWS, straggler_job
 
 WITHIN = 0.20
 """The straggler's cost against the saving measured by simulating without it (issue 41)."""
@@ -100,17 +100,8 @@ def test_a_rank_s_own_time_in_gaps_is_said(runs: Any) -> None:
     assert said and not [n for n in report["skipped"] if n.startswith("rank 1:")]
 
 
-LAYOUTS = [(4, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 2), (2, 2, 2)]
-"""(dp, tp, pp) of the simulated jobs the property draws from."""
-
-
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layout=st.sampled_from(LAYOUTS),
-    where=st.integers(min_value=0, max_value=63),
-    ms=st.sampled_from([5.0, 10.0, 20.0]),
-    seed=st.integers(min_value=0, max_value=1000),
-)
+@given(**STRAGGLER_DRAWS)
 def test_hiding_the_waits_changes_neither_verdict_nor_cost(
     layout: tuple[int, int, int], where: int, ms: float, seed: int
 ) -> None:
@@ -118,14 +109,12 @@ def test_hiding_the_waits_changes_neither_verdict_nor_cost(
     cost within 20%, whether the data-parallel waits are recorded or only the ranks'
     resuming together after time in no record shows them (simulator.reshape.hide_waits)."""
     from diag.api import diagnose, load_any
-    from simulator import ModelSpec, SimConfig, simulate
+    from simulator import simulate
     from simulator.reshape import hide_waits
 
     dp, tp, pp = layout
     world = dp * tp * pp
-    config = SimConfig(dp=dp, tp=tp, pp=pp, microbatches=4 if pp > 1 else 1, steps=5,
-                       seed=seed, inject=(f"straggler:rank={where % world},ms={ms:g}",),
-                       model=ModelSpec(layers=8, hidden=1024, lm_head=False))  # fmt: skip
+    config = straggler_job(layout, seed, inject=(f"straggler:rank={where % world},ms={ms:g}",))
     with tempfile.TemporaryDirectory() as tmp:
         recorded, hidden = Path(tmp) / "recorded", Path(tmp) / "hidden"
         simulate(config, recorded, format="jsonl")

@@ -9,23 +9,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 import diag.read.kineto as kineto
 import diag.read.kineto.packed_comms as packed_comms
-from diag.cli.main import main
 from diag.read.kineto import load_trace_dir
+from tests.unit.simulated_jobs import trace_folder
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("packed") / "traces"
-    result = CliRunner().invoke(main, [
-        "simulate", "--layout", "dp=2,pp=2", "-m", "4", "--steps", "2", "--format", "kineto",
-        "--out", str(out),
-    ])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    return out
+    return trace_folder(tmp_path_factory, "packed", steps=2)
 
 
 def test_packed_spans_give_the_plain_columns_table(

@@ -11,28 +11,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 import diag.read.kineto as kineto
 from diag.api import diagnose
-from diag.cli.main import main
 from diag.metrics import comm_totals
 from diag.metrics.file_reduction import reduce_rank_files
 from diag.read import record_window
 from diag.read.kineto import load_trace_dir
+from tests.unit.simulated_jobs import trace_folder
 
 WINDOW = 3
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("window") / "traces"
-    result = CliRunner().invoke(main, [
-        "simulate", "--layout", "dp=2,pp=2", "-m", "4", "--steps", "8", "--format", "kineto",
-        "--out", str(out),
-    ])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    return out
+    return trace_folder(tmp_path_factory, "window", steps=8)
 
 
 def test_a_large_folder_keeps_a_window_and_gives_the_same_analysis(

@@ -5,36 +5,17 @@ mechanism on a real gloo group and on the DDP hook a real DDP model calls."""
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from collector_helpers import free_port, gloo_world  # noqa: F401 - gloo_world: the fixture `world`
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collectors import Recorder, register_recording_hook
 from collectors.pending import PENDING, PendingCallbacks
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def world() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_callbacks_on_gloo_futures_are_counted_until_freed(world: None) -> None:
@@ -107,7 +88,7 @@ def test_closing_after_the_process_group_is_destroyed(tmp_path: Path) -> None:
     """The user's order is theirs: the group destroyed first, the recorder closed after, and
     the run is still complete."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     model = DDP(torch.nn.Linear(16, 4))
     rec = Recorder(tmp_path / "run", rank=0, world_size=1, model=model)

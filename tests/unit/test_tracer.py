@@ -3,19 +3,18 @@ collectives) and the recording DDP hook, in a 1-rank gloo world (and a fake 4-ra
 
 from __future__ import annotations
 
-import socket
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from collector_helpers import (  # noqa: F401 - _clean_env is an autouse fixture
+from collector_helpers import (  # noqa: F401 - fixtures: _clean_env (autouse), gloo_world (`world`)
     SIX,
     MiB,
     _clean_env,
+    gloo_world,
     of_kind,
     open_recorder,
     read_manifest,
@@ -30,27 +29,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collectors import Recorder, register_recording_hook
 from collectors.comm import CollectiveTracer
-
-# ---------------------------------------------------------------- 1-rank gloo world
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def world() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 TRACED_NAMES = (
     "all_reduce",

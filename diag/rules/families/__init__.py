@@ -4,6 +4,7 @@ from diag.rules.families import (  # noqa: F401
     balance,
     communication,
     failure,
+    gpu_starved,
     gpu_waits,
     host,
     lost_time,

@@ -1,5 +1,5 @@
-"""Cases for the host rules: ranks waiting for a core (the step records' run-queue wait); GPUs
-waiting for their host to launch work (profiler traces in the real traces' shape)."""
+"""Cases for the host rules: ranks waiting for a core (the step records' run-queue wait). GPUs
+waiting for their host to launch work: rule_cases/gpu_starved.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from rule_cases import RuleCase
-from rule_cases._gpu_traces import gpu_bound, host_bound, write_job
 
 MS = 1_000_000
 
@@ -82,9 +81,4 @@ CASES = [
     RuleCase("BAL001", True, lambda runs: _one_rank_delayed(runs, queued=False),
              "the same 25 ms on the rank's own (no queueing): a straggler", severity="high",
              ranks=(2,)),
-    RuleCase("HST002", True, lambda runs: write_job(runs.root / "host-bound", host_bound()),
-             "8 GPUs idle 29-84% between small kernels their CPUs launch too slowly",
-             severity="high", ranks=tuple(range(8))),
-    RuleCase("HST002", False, lambda runs: write_job(runs.root / "gpu-bound", gpu_bound()),
-             "8 GPUs kept busy by long GEMMs queued well ahead of them"),
 ]  # fmt: skip

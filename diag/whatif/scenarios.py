@@ -1,0 +1,332 @@
+"""The counterfactual replays of one timeline (diag/whatif/attribution.py runs them): each
+replays the measured run with some durations replaced, and returns the `Cause`s whose cost is
+the step time it saves (the list of scenarios: attribution.py's docstring)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.contract import ledger
+from diag.read.load import RunData
+from diag.read.roles import rank_roles
+from diag.whatif import descheduled as ds
+from diag.whatif import timeline as tl
+from diag.whatif.causes import (
+    Cause,
+    CauseKind,
+    imbalance_explained,
+    straggler_explained,
+)
+from diag.whatif.places import (
+    group_codes,
+    group_medians_per_element,
+    peer_medians,
+    stage_floors,
+    stage_means,
+)
+from diag.whatif.replay import Durations, replay, step_times_ns
+from diag.whatif.waits import NS_PER_S
+
+MAX_CANDIDATES = 4
+"""Ranks whose persistent excess is replayed one by one (the largest excesses)."""
+MIN_EXCESS_SHARE = 0.01
+"""A rank whose typical excess, or whose net excess over the whole step, is below this share of
+the step is no straggler candidate."""
+
+
+class Scenarios:
+    """The counterfactual replays of one timeline."""
+
+    def __init__(
+        self,
+        run: RunData,
+        timeline: tl.Timeline,
+        base: Durations,
+        ok: np.ndarray,
+        base_mean: float,
+        host: pd.DataFrame,
+    ) -> None:
+        self.run, self.timeline, self.base, self.ok, self.base_mean = (
+            run,
+            timeline,
+            base,
+            ok,
+            base_mean,
+        )
+        ev = timeline.events
+        self.rank = ev["rank"].to_numpy()
+        self.step = ev["step"].to_numpy()
+        self.j = ev["j"].to_numpy()
+        self.host = ev["host_ns"].to_numpy(dtype=np.float64)
+        none = pd.Series(0, index=ev.index)
+        self.absent_ns = ev.get("absent_ns", none).to_numpy(dtype=np.float64)
+        self.role = rank_roles(run, timeline.ranks)
+        self.peer_median = peer_medians(ev, self.role)
+        self.stage_mean = stage_means(ev, self.role)
+        self.stage_floor = stage_floors(ev, self.role)
+        self.balanced = 0.0  # set by `imbalance`
+        self.host_steps = host
+
+    def saving(self, durations: Durations) -> float:
+        times = step_times_ns(self.timeline, replay(self.timeline, durations))
+        return max(self.base_mean - float(times[self.ok].mean()), 0.0)
+
+    def _cause(self, kind: CauseKind, label: str, saved_ns: float, **fields: Any) -> Cause:
+        return Cause(kind, label, saved_ns / NS_PER_S, saved_ns / self.base_mean, **fields)
+
+    def all(self) -> list[Cause]:
+        causes = [*self.stragglers(), *self.imbalance(), *self.stages(), *self.transfers()]
+        causes += self.schedule() + self.descheduled()
+        return [c for c in causes if c.cost_s > 0]
+
+    # --- local time ------------------------------------------------------------------------
+
+    @cached_property
+    def _pieces(self) -> dict[str, np.ndarray]:
+        """The local time before each event, whole and split into host time and compute."""
+        seg = self.base.seg_ns
+        host = np.minimum(self.host, seg)
+        return {"all": seg, "host": host, "compute": seg - host}
+
+    @cached_property
+    def _typical(self) -> dict[str, np.ndarray]:
+        """Per piece, per event: the typical (median over steps) difference of its rank's
+        local time at this place of the step from its peers' median (0 without peers)."""
+        codes = group_codes(self.rank, self.j)
+        out = {}
+        for name, part in self._pieces.items():
+            peers = self._seg_peer_median if name == "all" else self.peer_median(part)
+            out[name] = np.nan_to_num(group_medians_per_element(codes, part - peers))
+        return out
+
+    @cached_property
+    def _excesses(self) -> dict[str, np.ndarray]:
+        """Per piece, per event: the typical excess (the positive difference), at most the
+        time itself."""
+        return {
+            name: np.minimum(np.clip(self._typical[name], 0, None), self._pieces[name])
+            for name in self._pieces
+        }
+
+    @cached_property
+    def _seg_peer_median(self) -> np.ndarray:
+        """The peers' median of the local time before each event (the excesses and the ideal
+        step both read it)."""
+        return self.peer_median(self.base.seg_ns)
+
+    def _without(self, ranks: list[int], part: str) -> Durations:
+        seg = self.base.seg_ns
+        mine = np.isin(self.rank, ranks)
+        excess = self._excesses[part]
+        return Durations(seg - np.where(mine, excess, 0), self.base.transfer_ns, self.base.post_ns)
+
+    @cached_property
+    def leveled(self) -> Durations:
+        """Every rank's persistent excess removed (the imbalance and stage replays share it)."""
+        return self._without(list(self.timeline.ranks), "all")
+
+    @cached_property
+    def leveled_saving(self) -> float:
+        return self.saving(self.leveled)
+
+    def _split(self, rank: int, saved: float) -> tuple[float, float]:
+        """What leveling only the rank's host time, and only its compute, would save (one
+        replay each; none where the rank has no excess of that kind: the other is all)."""
+        mine = self.rank == rank
+        host_excess = float(self._excesses["host"][mine].sum())
+        compute_excess = float(self._excesses["compute"][mine].sum())
+        host = self.saving(self._without([rank], "host")) if host_excess > 0 else 0.0
+        if compute_excess <= 0:
+            return host, 0.0
+        return host, self.saving(self._without([rank], "compute")) if host_excess > 0 else saved
+
+    def stragglers(self) -> list[Cause]:
+        """The ranks with the largest typical excess, among those whose local time over the
+        whole step is also above their peers' (net of the places where it is below): a rank
+        slower at some places and as much faster at others is not a straggler. With two
+        peers the excesses mirror each other, and on a loaded host the peer of a straggler
+        computes longer elsewhere in the step (docs/metrics.md): an excess, not a straggler."""
+        steps = max(int(self.ok.sum()), 1)
+        # measured once, on the chain: a launch's local time overlaps its chain's (it is timed
+        # from the chain's previous event), so summing it too counted the excess twice
+        on_chain = self.timeline.events["kind"].to_numpy() != tl.Kind.LAUNCH
+        per_rank = pd.Series(self._excesses["all"] * on_chain).groupby(self.rank).sum() / steps
+        net = pd.Series(self._typical["all"] * on_chain).groupby(self.rank).sum() / steps
+        floor = MIN_EXCESS_SHARE * self.base_mean
+        candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
+        causes = []
+        for rank in candidates.index:
+            saved = self.saving(self._without([int(rank)], "all"))
+            host, compute = self._split(int(rank), saved)
+            kind = CauseKind.HOST if host > compute else CauseKind.STRAGGLER
+            if kind == CauseKind.HOST:
+                label = f"rank {rank}: host time (data loading, work outside the recorded spans)"
+            else:
+                label = f"rank {rank}: slower compute than its peers"
+            # per step, never beyond the step: a rank's local time over several places of
+            # the step can add up to more than the step where other ranks' waits hid it
+            excess = min(float(candidates[rank]), self.base_mean)
+            queued = min(self._queued_excess_ns(int(rank)), excess)
+            causes.append(self._cause(kind, label, saved, ranks=[int(rank)], evidence={
+                "host_saving_s": host / NS_PER_S, "compute_saving_s": compute / NS_PER_S,
+                "typical_excess_per_step_s": excess / NS_PER_S,
+                "net_excess_per_step_s": min(float(net[rank]), self.base_mean) / NS_PER_S,
+                "reaching_step_end_s": saved / NS_PER_S,
+                "absorbed_per_step_s": max(excess - saved, 0.0) / NS_PER_S,
+                "queued_excess_per_step_s": queued / NS_PER_S,
+                "own_excess_per_step_s": (excess - queued) / NS_PER_S,
+                "explained": straggler_explained(excess, saved, queued),
+            }))  # fmt: skip
+        return causes
+
+    def _queued_excess_ns(self, rank: int) -> float:
+        """How much longer per step `rank`'s training thread waited for a core than the median
+        of its peers' (same stage), where the steps recorded it (0 elsewhere): part of its
+        excess that is the host's, not its own work (a rank waking from a sleep on a loaded
+        host waits for a core too)."""
+        table = self.host_steps
+        column = "thread_queued_s"
+        if table is None or table.empty or column not in table or table[column].isna().all():
+            return 0.0
+        mine = table[table["step"].isin(np.unique(self.step))]
+        mean = mine.groupby("rank")[column].mean().dropna()
+        stage = self.role["stage"]
+        peers = [int(r) for r in mean.index if int(r) != rank
+                 and stage.get(r) == stage.get(rank)]  # fmt: skip
+        if rank not in mean.index or not peers:
+            return 0.0
+        return max(float(mean[rank] - mean[peers].median()) * NS_PER_S, 0.0)
+
+    def imbalance(self) -> list[Cause]:
+        """Random imbalance: with every rank's persistent excess removed, each rank's local time
+        at each place of each step replaced by the mean over its stage's ranks (the ranks of
+        one stage do the same work; balancing data or sequence lengths moves work between them
+        and deletes none, so the mean, not the fastest rank, is what balance would give).
+
+        The evidence adds what the per-step variation costs if it is noise rather than work
+        (`if_noise_saves_s`): each place at the quickest its stage ever did it (any rank, any
+        step), as delays from noise (interrupts, other processes, pauses, a sleep) only add
+        time. It is a bound, not the cost: work that varies per batch is no noise, and a loaded
+        host's scheduling makes every piece vary (read beside HST001)."""
+        leveled, persistent = self.leveled, self.leveled_saving
+        seg = leveled.seg_ns
+        # the stage's mean of its ranks' own work: a traced rank's wait for members nobody
+        # traced (absent_ns) is theirs; the traced ranks' own work is a sample of the stage's
+        # (reading the untraced members' work from those waits did no better: 39 ms against
+        # 42 ms of the 53 ms all ranks' traces give, docs/metrics.md)
+        own = np.clip(seg - self.absent_ns, 0, None)
+        mean = self.stage_mean(own)
+        even = Durations(np.where(np.isnan(mean), seg, mean), leveled.transfer_ns, leveled.post_ns)
+        per_step = self.saving(even)
+        self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
+        random_part = max(per_step - persistent, 0.0)
+        floor = self.stage_floor(own)
+        quickest = np.minimum(seg, np.where(np.isnan(floor), seg, floor))
+        quick = self.saving(Durations(quickest, leveled.transfer_ns, leveled.post_ns))
+        if_noise = max(quick - persistent, random_part)
+        explained = imbalance_explained(random_part, if_noise)
+        return [self._cause(CauseKind.IMBALANCE, "random per-step imbalance across ranks (data or "
+                            "sequence lengths, jitter)", random_part, evidence={
+                                "every_step_balanced_s": per_step / NS_PER_S,
+                                "persistent_excess_removed_s": persistent / NS_PER_S,
+                                "if_noise_saves_s": if_noise / NS_PER_S,
+                                "explained": explained})]  # fmt: skip
+
+    def stages(self) -> list[Cause]:
+        """Each stage heavier than the others at their mean, replayed with every rank's
+        persistent excess already removed (so a straggler does not count as its stage's)."""
+        stage_of = self.role["stage"]
+        if stage_of.nunique() < 2:
+            return []
+        leveled, baseline = self.leveled, self.leveled_saving
+        # a stage's work is its time within steps: the time between steps (a loader, a
+        # profiler writing its trace) is no stage's; a launch's time overlaps its chain's
+        kind = self.timeline.events["kind"].to_numpy()
+        within = ~np.isin(kind, [tl.Kind.START, tl.Kind.LAUNCH])  # summed: each time once
+        in_step = kind != tl.Kind.START  # scaled: a launch's time too
+        seg = leveled.seg_ns
+        stage = stage_of.reindex(self.rank).to_numpy()
+        # a stage's typical rank (the median): one straggler does not make its stage heavy
+        per_rank = pd.DataFrame({"stage": stage, "rank": self.rank, "seg": seg * within}).groupby(
+            ["stage", "rank"])["seg"].sum()  # fmt: skip
+        per_stage = per_rank.groupby(level="stage").median()
+        steps = float(self.ok.sum())
+        causes = []
+        for s, total in per_stage.items():
+            mean = float(per_stage.drop(s).mean())  # the other stages: what this one should be
+            if total <= mean:
+                continue
+            scaled = np.where((stage == s) & in_step, seg * (mean / total), seg)
+            saved = self.saving(Durations(scaled, leveled.transfer_ns, leveled.post_ns))
+            ranks = sorted(int(r) for r in stage_of[stage_of == s].index)
+            evidence = {"stage_local_s": total / NS_PER_S / steps,
+                        "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
+            label = f"pipeline stage {s}: more work than the other stages"
+            saved_ns = max(saved - baseline, 0.0)
+            causes.append(self._cause(CauseKind.STAGE, label, saved_ns, ranks=ranks, stage=int(s),
+                                      evidence=evidence))  # fmt: skip
+        return causes
+
+    # --- communication and schedule --------------------------------------------------------
+
+    def transfers(self) -> list[Cause]:
+        groups = self.timeline.events["group"].to_numpy()
+        kinds = self.timeline.events["kind"].to_numpy()
+        moving = np.isin(kinds, [tl.Kind.SYNC, tl.Kind.LAUNCH, tl.Kind.RECV])
+        causes = []
+        for group in sorted(set(groups[moving]) - {""}):
+            mine = moving & (groups == group)
+            zero = np.where(mine, 0.0, self.base.transfer_ns)
+            saved = self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
+            label = f"{group} communication (transfers, the waiting for peers excluded)"
+            causes.append(self._cause(CauseKind.TRANSFER, label, saved, group=group))
+        return causes
+
+    def descheduled(self) -> list[Cause]:
+        share = ds.shares_per_event(self.host_steps, self.rank, self.step)
+        if share is not None:
+            # a step's waiting for a core is measured inside its window: the time before it
+            # opens (between steps: where a loader stall sits) is not shrunk by it
+            before_step = self.timeline.events["kind"].to_numpy() == tl.Kind.START
+            share = np.where(before_step, 0.0, share)
+        ranks = [] if share is None else ds.waiting_ranks(self.rank, share)
+        if share is None or not ranks:
+            return []
+        cores = ds.with_cores(self.base, share)
+        saved = self.saving(cores)
+        both = self.saving(Durations(cores.seg_ns, np.zeros_like(cores.transfer_ns), cores.post_ns))
+        label = "the host: ranks waited for a core (more threads than cores, or other work)"
+        return [self._cause(CauseKind.DESCHEDULED, label, saved, ranks=ranks, evidence={
+            "waiting_for_a_core_share": float(share.mean()),
+            "transfers_with_cores_s": max(both - saved, 0.0) / NS_PER_S})]  # fmt: skip
+
+    def all_transfers(self) -> float:
+        zero = np.zeros_like(self.base.transfer_ns)
+        return self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
+
+    def schedule(self) -> list[Cause]:
+        layout = self.run.manifest.layout
+        p, m, v = layout.pp or 1, layout.microbatches or 1, layout.virtual_stages or 1
+        if p < 2 or not self.run.manifest.schedule_known:  # m and v: unknown from traces
+            return []
+        now = ledger.bubble_fraction(p, m, v)
+        best = min(ledger.bubble_fraction(p, 4 * m, v), ledger.bubble_fraction(p, m, max(v, 2)))
+        saved = self.base_mean * (now - best) / max(1 - best, 1e-9)  # step = work / (1 - b)
+        label = (
+            f"pipeline bubble of the schedule (p={p}, m={m}, v={v}; {now:.0%} in theory, "
+            f"{best:.0%} with 4x micro-batches or v=2)"
+        )
+        evidence = {"bubble_theory": now, "bubble_better": best}
+        return [self._cause(CauseKind.SCHEDULE, label, saved, evidence=evidence)]
+
+    def ideal(self) -> float:
+        """The step with every local-time imbalance and every transfer removed."""
+        seg = self.base.seg_ns
+        level = np.minimum(seg, np.nan_to_num(self._seg_peer_median, nan=np.inf))
+        zero = np.zeros_like(self.base.transfer_ns)
+        times = step_times_ns(self.timeline, replay(self.timeline, Durations(level, zero, zero)))
+        return float(times[self.ok].mean())
