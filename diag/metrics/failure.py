@@ -14,6 +14,7 @@ world for a group of its size, the dump's `pg_config`).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,11 +105,16 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
         {"rank": r, **e} for r, info in ranks.items()
         if (e := info.exception) is not None and r in blocked
     ]  # fmt: skip
+    state.behind = _behind(ranks, state.crashed, median_s)
+    if state.behind:  # the raisers went on past them and waited: their timeouts, not crashes
+        state.timed_out = sorted([*state.timed_out, *state.crashed], key=lambda e: e["rank"])
+        state.crashed = []
     end_ns = max((r.last_alive_ns for r in ranks.values() if r.last_alive_ns), default=None)
     state.lost = _lost(ranks, stuck, end_ns, window_s)
     timed_out = {row["rank"] for row in state.timed_out}
     state.ranks = [
-        _where(r, info, stuck, state.lost, end_ns, r in timed_out) for r, info in ranks.items()
+        _where(r, info, stuck, state.lost, end_ns, r in timed_out, r in state.behind)
+        for r, info in ranks.items()
     ]
     state.failed_step = _failed_step(state, ranks)
     state.status, state.reason = _status(run, ranks, state, now, window_s)
@@ -121,6 +127,34 @@ def _median_step_s(steps: pd.DataFrame) -> float:
     walls = (steps["t1"].to_numpy() - steps["t0"].to_numpy()) / NS_PER_S
     walls = walls[np.isfinite(walls) & (walls > 0)]
     return float(np.median(walls)) if len(walls) else DEFAULT_STEP_S
+
+
+BEHIND_STEPS = 0.5
+"""A rank is behind the ones that raised when its last progress precedes all of theirs by more
+than this many median steps (ranks in one step finish its records close together)."""
+
+
+def _behind(
+    ranks: dict[int, RankRecords], crashed: list[dict[str, Any]], median_s: float
+) -> list[int]:
+    """Ranks that neither raised nor closed and stopped progressing before every rank that
+    raised did (and before the first raise): with no in-flight record to say who waited for
+    whom, the ranks that went on further and then raised waited for these. A rank that raised
+    first, behind the others (a crash in its forward pass), leaves the others ahead: none."""
+    if not crashed:
+        return []
+    raisers = {int(e["rank"]) for e in crashed}
+    progress = [ranks[r].last_progress_ns for r in raisers]
+    if any(p is None for p in progress):
+        return []  # a rank raised before any progress: nothing to compare
+    floor = min(p for p in progress if p is not None) - BEHIND_STEPS * median_s * NS_PER_S
+    first_raise = min((t for e in crashed if (t := e.get("t_ns")) is not None), default=None)
+    return [
+        r for r, info in ranks.items()
+        if r not in raisers and info.exception is None and info.closed is None
+        and info.last_progress_ns is not None and info.last_progress_ns < floor
+        and (first_raise is None or info.last_progress_ns < first_raise)
+    ]  # fmt: skip
 
 
 def _lost(
@@ -150,8 +184,10 @@ def _where(
     lost: list[int],
     end_ns: int | None,
     timed_out: bool,
+    behind: bool = False,
 ) -> RankWhere:
-    """Where `rank` stopped; `timed_out`: its exception was raised waiting for a peer."""
+    """Where `rank` stopped; `timed_out`: its exception was raised waiting for a peer;
+    `behind`: it stopped progressing before the ranks that raised (`_behind`)."""
     waiting = [s for s in stuck if rank in s.waiting]
     missing = [s for s in stuck if rank in s.missing]
     stall = info.stall or {}
@@ -188,7 +224,7 @@ def _where(
         else "failed" if info.closed == "failed"
         else "silent" if rank in lost
         else "waiting" if waiting
-        else "stalled" if missing or info.stall
+        else "stalled" if missing or info.stall or behind
         else "stopped" if info.last_alive_ns is None
         else "running"
     )  # fmt: skip
@@ -197,7 +233,7 @@ def _where(
 
 
 def _failed_step(state: RunState, ranks: dict[int, RankRecords]) -> int | None:
-    culprits = {r["rank"] for r in state.crashed} | set(state.lost)
+    culprits = {r["rank"] for r in state.crashed} | set(state.lost) | set(state.behind)
     culprits |= {r for s in state.stuck for r in s.missing}
     culprits |= {d["rank"] for d in state.desync}
     steps = [w.step for w in state.ranks if w.rank in culprits and w.step is not None]
@@ -226,6 +262,17 @@ def _status(
     if state.lost:
         return "failed", (f"{ranks_phrase(state.lost)}: records stop with no exception and no "
                           "close while others went on")  # fmt: skip
+    if state.behind:
+        behind = state.behind
+        steps = sorted({n for r in behind if (n := ranks[r].last_step) is not None})
+        at = f" after step {steps[0]}" if len(steps) == 1 else ""
+        alive = any((ranks[r].last_alive_ns or 0) > (ranks[r].last_progress_ns or 0)
+                    for r in behind)  # fmt: skip
+        raisers = ranks_phrase(e["rank"] for e in state.timed_out)
+        return "hung" if alive else "failed", (
+            f"{ranks_phrase(behind)} stopped making progress{at} while {raisers} went on, "
+            "waited and raised (their timeouts)"
+        )
     if state.desync:
         d = state.desync[0]
         return "hung" if hang else "failed", (

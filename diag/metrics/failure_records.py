@@ -103,6 +103,10 @@ class RunState:
     """Exceptions raised while waiting in a collective another rank never joined or joined
     differently (the process group's timeout): consequences, not the cause."""
     lost: list[int] = field(default_factory=list)
+    behind: list[int] = field(default_factory=list)
+    """Ranks that neither raised nor closed, whose progress stopped before that of every rank
+    that raised (records without in-flight state): the others went on, waited for them and
+    raised; their exceptions are the timeouts that followed."""
     failed_step: int | None = None
     flight_recorder: list[Stuck] = field(default_factory=list)
     """The stuck collectives the Flight Recorder dumps show on their own (a second witness)."""

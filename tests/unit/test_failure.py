@@ -103,6 +103,7 @@ def test_a_crash_names_the_exception_and_the_ranks_left_waiting(
         ("timeout-hang", "FLR001", "hung"),
         ("timeout-desync", "FLR003", "failed"),
         ("timeout-crash", "FLR002", "failed"),
+        ("timeout-bare", "FLR001", "failed"),
     ],
 )
 def test_a_group_timeout_is_the_consequence_not_the_crash(

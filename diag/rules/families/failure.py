@@ -71,6 +71,25 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
             advice="see where each missing rank stopped (its step, open span and stack): that "
             "line blocks; every rank must issue the same collectives in the same order",
         )  # fmt: skip
+    if state.behind:  # records without in-flight state: who stopped first, not the collective
+        where = {w.rank: w for w in state.ranks}
+        behind = [where[r] for r in state.behind if r in where]
+        raisers = sorted(e["rank"] for e in state.timed_out)
+        yield Finding(
+            severity="high",
+            title="hang: "
+            + (_stopped(behind[0]) if len(behind) == 1 else f"{ranks_phrase(state.behind)} "
+               "stopped")
+            + f", making no progress while {ranks_phrase(raisers)} went on, waited and raised: "
+            "their exceptions are the timeouts that followed (no in-flight record names the "
+            "collective)",
+            ranks=list(state.behind),
+            evidence={"behind_ranks": [_where_evidence(w) for w in behind],
+                      "timed_out_ranks": raisers},
+            advice="see where each named rank stopped (its step, span and stack): that line "
+            "blocks; record in-flight collectives (docs/collectors.md) or dump the Flight "
+            "Recorder to name the collective",
+        )  # fmt: skip
 
 
 @rule(CRASH, "failure.crash", None)

@@ -80,6 +80,18 @@ def _timed_out(runs: Any, step: int, ranks: int) -> list[dict[str, Any] | str]:
     return rows
 
 
+def _bare(runs: Any, step: int) -> list[dict[str, Any] | str]:
+    """A rank of records without in-flight state: fwd and bwd of `step`, then the exception
+    its collective's timeout raised 3 s later, and its close."""
+    t = step * STEP_MS
+    end = run_ns(t + 80 + TIMEOUT_MS)
+    return [runs.span(step, "fwd", t, t + 40), runs.span(step, "bwd", t + 40, t + 80),
+            _event(step, "exception", t_ns=end, type="RuntimeError",
+                   message="Timed out waiting 3000ms for recv operation to complete",
+                   frames=STACK[:1]),
+            _event(step, "rank_closed", t_ns=end + MS, status="failed")]  # fmt: skip
+
+
 def _raised_in_collective(runs: Any, step: int, ranks: int) -> list[dict[str, Any] | str]:
     """A rank whose all-reduce #7 of dp raised an NCCL error 5 ms after it issued it."""
     raised = run_ns(step * STEP_MS + 85)
@@ -126,6 +138,8 @@ def failure_run(
       ends them in all-reduce #7 with an exception, read just after (files fresh);
     - `timeout-crash`: raises inside all-reduce #7 (an NCCL error), the others time out in it
       3 s later (files fresh);
+    - `timeout-bare`: records without in-flight state (no `comm_issued`, no heartbeats): rank 2
+      stops before step 6's forward, the others record fwd and bwd, then raise 3 s later;
     - `timeout-desync`: kept off a core, it issues a broadcast as #7 of dp only after the
       others timed out in their all-reduce #7 (files fresh).
     The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s. `ended`: the
@@ -143,7 +157,9 @@ def failure_run(
             rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 1080), interval_s=2.0))
             continue
         if kind.startswith("timeout"):
-            if rank != 2:
+            if kind == "timeout-bare":
+                rows += _bare(runs, step) if rank != 2 else []
+            elif rank != 2:
                 rows += _timed_out(runs, step, ranks)
             elif kind == "timeout-crash":
                 rows += _raised_in_collective(runs, step, ranks)
