@@ -116,7 +116,7 @@ def test_rank_from_the_file_name_and_errors_that_list_files(tmp_path: Path) -> N
     _write(tmp_path / "twice", "x.json", _trace(1, events=_step_events()))
     _write(tmp_path / "twice", "y.json", _trace(1, events=_step_events()))
     with pytest.raises(
-        InputError, match=r"several trace files claim one rank \(rank 1: x.json, y.json\)"
+        InputError, match=r"several trace files claim rank 1 \(x.json, y.json\) and their"
     ):
         load_trace_dir(tmp_path / "twice")
     _write(tmp_path / "anon", "p.json", _trace(None, events=_step_events()))

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import re
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,11 +368,45 @@ def assign_ranks(folder: Path, parsed: list[ParsedTrace], skipped: list[str]) ->
     if not known:
         why = f" ({errors[0]}" + (f"; and {len(errors) - 1} more)" if len(errors) > 1 else ")")
         raise InputError(folder, "no readable Kineto trace in the folder" + (why if errors else ""))
-    by_rank: dict[int, list[str]] = {}
-    for trace in known:
-        by_rank.setdefault(int(trace.rank or 0), []).append(trace.path.name)
-    twice = {rank: names for rank, names in by_rank.items() if len(names) > 1}
-    if twice:
-        listed = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in sorted(twice.items()))
-        raise InputError(folder, f"several trace files claim one rank ({listed})")
+    known = one_window(folder, known, skipped)
     return sorted(known, key=lambda t: int(t.rank or 0))
+
+
+def one_window(folder: Path, known: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:
+    """One trace per rank. A profiler schedule that repeats (`schedule(..., repeat=2)`) writes
+    a file per rank per profiled window; files of one rank whose steps do not overlap are
+    those windows: the window most ranks have (the latest of equals) is analysed, and a note
+    names the others. Files of one rank that overlap, or carry no steps, cannot be told apart:
+    InputError naming them."""
+    by_rank: dict[int, list[ParsedTrace]] = {}
+    for trace in known:
+        by_rank.setdefault(int(trace.rank or 0), []).append(trace)
+    twice = {rank: traces for rank, traces in by_rank.items() if len(traces) > 1}
+    if not twice:
+        return known
+    spans = {id(t): _step_span(t) for t in known}
+    for rank, traces in sorted(twice.items()):
+        ordered = sorted((spans[id(t)] or (0, -1)) for t in traces)
+        apart = all(a[1] < b[0] for a, b in itertools.pairwise(ordered))
+        if any(spans[id(t)] is None for t in traces) or not apart:
+            listed = ", ".join(t.path.name for t in traces)
+            raise InputError(folder, f"several trace files claim rank {rank} ({listed}) and "
+                             "their profiled steps overlap or are absent")  # fmt: skip
+    # a window is known by its first step; the one most ranks have, the latest of equals
+    firsts = Counter(span[0] for t in known if (span := spans[id(t)]) is not None)
+    chosen = max(firsts, key=lambda first: (firsts[first], first))
+    kept = [t for t in known if (spans[id(t)] or (None,))[0] == chosen]
+    others = sorted({span for t in known if (span := spans[id(t)]) and span[0] != chosen})
+    shown = ", ".join(f"{a}-{b}" for a, b in others[:4]) + (" ..." if len(others) > 4 else "")
+    last = max(span[1] for t in kept if (span := spans[id(t)]))
+    skipped.append(
+        f"{folder}: the traces hold {len(others) + 1} profiled windows (a repeating profiler "
+        f"schedule); steps {chosen}-{last} are analysed ({len(kept)} ranks), not steps {shown}"
+    )
+    return kept
+
+
+def _step_span(trace: ParsedTrace) -> tuple[int, int] | None:
+    """The first and last `ProfilerStep` number of a trace; None without steps."""
+    steps = [s for row in trace.records.get("step", []) if isinstance(s := row.get("step"), int)]
+    return (min(steps), max(steps)) if steps else None
