@@ -333,9 +333,12 @@ def test_real_traces_layout_and_ops() -> None:
     assert set(ops) == {"all_to_all", "all_reduce", "all_gather"}
     assert ops["all_reduce"] > 0 and ops["all_to_all"] > 0
     assert sampled.manifest.layout_source.startswith("unknown: no process groups")
-    # a single rank's file of two early all-reduces (world 300) proves no tensor parallelism
+    # a single rank's file of two early all-reduces (world 300) on gloo's worker thread, the
+    # training thread computing meanwhile: asynchronous gradient reduction (DDP's), no
+    # tensor parallelism, over the world (its only group)
     gloo = load_trace_dir(REAL / "hta-cpu-only-gloo", use_cache=False)
-    assert gloo.manifest.layout_source.startswith("unknown:") and gloo.manifest.layout.tp == 1
+    assert set(gloo.comms["blocking"]) == {False}
+    assert gloo.manifest.layout.tp == 1 and gloo.manifest.layout.dp == 300
     # DDP: a broadcast of its buffers at the step's start, then the gradients' buckets
     assert world2.manifest.layout_source.endswith("dp spans every rank)")
     alltoall = load_trace_dir(REAL / "hta-alltoall-world16", use_cache=False)

@@ -43,7 +43,7 @@ rank and when the rank's computation resumed after it; not columns of the table.
 
 LayoutKey = tuple[Any, ...]
 """(group's ranks or None, group name, op, rank, step, t0 as the inference reads it, from_name,
-peer, bytes)"""
+peer, bytes, blocking)"""
 
 
 @dataclass
@@ -116,7 +116,7 @@ def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Co
         early = t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
         rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
               t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
-              comm.get("bytes"))] += 1  # fmt: skip
+              comm.get("bytes"), comm.get("blocking"))] += 1  # fmt: skip
     return rows
 
 
@@ -128,9 +128,11 @@ class LayoutView:
     def __init__(self, parts: list[Counter[LayoutKey]]) -> None:
         self.rows = [
             ({"group_ranks": members, "group": group, "op": op, "rank": rank, "step": step,
-              "t0": t0, "from_name": from_name, "peer": peer, "bytes": size}, count)
+              "t0": t0, "from_name": from_name, "peer": peer, "bytes": size,
+              "blocking": blocking}, count)
             for part in parts
-            for (members, group, op, rank, step, t0, from_name, peer, size), count in part.items()
+            for (members, group, op, rank, step, t0, from_name, peer, size, blocking), count
+            in part.items()
         ]  # fmt: skip
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -4,8 +4,9 @@ communication sits in its step and how large it is (issue 39).
 PyTorch before 2.2 writes no group arguments and no `pg_config`; a job whose only group is
 the world lists just that one. What the ops show then, per rank and step:
 - tensor parallel: all-reduces, all-gathers or reduce-scatters inside the forward pass
-  (starting in the step's first FORWARD_SHARE): every layer's, forward and backward (a
-  broadcast there is DDP's of its buffers);
+  (starting in the step's first FORWARD_SHARE) that block the computation (nothing computes
+  under them; where the trace cannot say, any): every layer's, forward and backward (a
+  broadcast there is DDP's of its buffers; DDP's bucket all-reduces overlap the backward);
 - data parallel: collectives of gradient size after the forward pass (larger than any of the
   forward's, or the only ones), of an op the forward pass never runs (sizes unknown), or a
   reduce-scatter and all-gather pair (ZeRO / FSDP around the optimizer);
@@ -83,8 +84,13 @@ def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set
             kinds.add("a2a")
         elif op in COLLECTIVE_OPS:
             t0, t1 = windows.get((comm.get("rank"), comm.get("step")), (0, 0))
-            # a broadcast at the step's start is DDP's of its buffers, not an activation's
-            early = op in ACTIVATION_OPS and t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+            # a broadcast at the step's start is DDP's of its buffers, not an activation's; an
+            # early collective the computation runs on under (not blocking: DDP's bucket
+            # all-reduces overlapping the backward pass) is no activation's either
+            early = (
+                op in ACTIVATION_OPS and comm.get("blocking") is not False
+                and t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+            )  # fmt: skip
             per_rank[comm.get("rank")].append((early, float(comm.get("bytes") or 0), str(op)))
     for ops in per_rank.values():
         early_sizes = [size for early, size, _ in ops if early]
