@@ -38,6 +38,7 @@ from diag.read.kineto.packed_comms import (
     pack_comms,
     split_packed_batches,
 )
+from diag.read.kineto.schedule import with_schedule
 from diag.read.kineto.window import note as window_note
 from diag.read.kineto.window import reduce_traces, window_end
 from diag.read.load import (
@@ -209,6 +210,8 @@ def _manifest(
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
     world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
+    # the collectives as the inference counts them (packed_comms.LayoutView: exact)
+    view = LayoutView([p.layout_rows for p in comm_parts])
     if layout is not None:
         # the groups a job on this grid forms: the pipeline's neighbours pair its messages
         grid = layout.dp * layout.pp * layout.ep * layout.tp == world_size
@@ -216,9 +219,10 @@ def _manifest(
         found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
     else:
         configs = [group for t in traces for group in t.pg_groups]
-        # the collectives as the inference counts them (packed_comms.LayoutView: exact)
-        comms = cast(list[dict[str, Any]], LayoutView([p.layout_rows for p in comm_parts]))
+        comms = cast(list[dict[str, Any]], view)
         found = infer_layout(world_size, configs, comms, records["step"])
+    # m and v: given, or from the pipeline's sends and receives per step (schedule.py)
+    found = with_schedule(found, layout, view.rows, records["step"])
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
