@@ -34,6 +34,9 @@ from diag.contract.schema import Layout
 
 COST_WITHIN = 0.20
 """Relative: the trace folder's main cost against the run directory's."""
+BUBBLE_RULE = "PIP002"
+"""Too few micro-batches: where the run directory names it (main or not), the trace folder
+must too, its cost within COST_WITHIN (it needs m and v, read from the traces)."""
 BUBBLE_WITHIN = 0.05
 """Absolute (5 points): the trace folder's measured bubble against the run directory's."""
 SHAPES = {
@@ -120,7 +123,9 @@ def simulate(out: Path, args: list[str]) -> Path:
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
     main = report["findings"][0] if report["findings"] else {}
+    bubble = next((f for f in report["findings"] if f.get("rule") == BUBBLE_RULE), None)
     return {
+        "bubble_rule_cost_s": None if bubble is None else bubble.get("cost_s"),
         "rule": main.get("rule"),
         "ranks": main.get("ranks"),
         "cost_s": main.get("cost_s"),
@@ -168,6 +173,10 @@ def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
     want, cost = expected["cost_s"], got["cost_s"]
     if want and (cost is None or abs(cost - want) > COST_WITHIN * abs(want)):
         out.append(f"cost {cost} vs {want}")
+    if expected["bubble_rule_cost_s"] is not None:  # the bubble's finding, main or not
+        want, cost = expected["bubble_rule_cost_s"], got["bubble_rule_cost_s"]
+        if cost is None or abs(cost - want) > COST_WITHIN * abs(want):
+            out.append(f"{BUBBLE_RULE} cost {cost} vs {want}")
     if expected["bubble"] is not None and (
         got["bubble"] is None or abs(got["bubble"] - expected["bubble"]) > BUBBLE_WITHIN
     ):
@@ -204,7 +213,10 @@ def _bubble(value: float | None) -> str:
 
 
 def _verdict(v: dict[str, Any]) -> str:
-    return f"{v['rule']} {v['ranks']}, {_cost(v['cost_s'])}, {_bubble(v['bubble'])}"
+    text = f"{v['rule']} {v['ranks']}, {_cost(v['cost_s'])}, {_bubble(v['bubble'])}"
+    if v["bubble_rule_cost_s"] is not None and v["rule"] != BUBBLE_RULE:
+        text += f" ({BUBBLE_RULE} {_cost(v['bubble_rule_cost_s'])})"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
