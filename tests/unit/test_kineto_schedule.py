@@ -21,6 +21,7 @@ import pytest
 from diag.api import analyze_path
 from diag.cli.options import parse_layout
 from diag.contract.schema import Manifest
+from diag.outputs.report_lines import headline
 from diag.read.kineto import load_trace_dir
 
 
@@ -190,3 +191,4 @@ def test_a_bubbles_trace_folder_reads_pip002_with_nothing_given(
     rules = [finding["rule"] for finding in report["findings"]]
     assert "PIP002" in rules
     assert report["summary"]["bubble_theory"] == pytest.approx(3 / 7)
+    assert "m=4, v=1 read from the sends per step" in headline(report)

@@ -170,22 +170,12 @@ def _ops(
 
 
 def _per_step(
-    ops: Counter[tuple[int, str, int | None]],
-    rank: int,
-    steps: list[int],
-    op: str,
-    peer: int | None,
-    total: bool,
+    by_step: dict[int, int], rank: int, steps: list[int], op: str
 ) -> tuple[int | None, str]:
-    """The rank's count per whole step of `op` with the peer stage `peer` (`total`: with any
-    peer): its inner steps' where it has three or more (the first and last may be cut
-    short), else every step's; None where they differ, with the counts."""
-    counts = [
-        sum(n for (s, o, _), n in ops.items() if s == step and o == op)
-        if total
-        else ops.get((step, op, peer), 0)
-        for step in steps
-    ]
+    """The rank's count per whole step (`by_step`: step -> ops): its inner steps' where it
+    has three or more (the first and last may be cut short), else every step's; None where
+    they differ, with the counts."""
+    counts = [by_step.get(step, 0) for step in steps]
     whole = counts[1:-1] if len(counts) >= 3 else counts
     if len(set(whole)) == 1:
         return whole[0], ""
@@ -208,9 +198,16 @@ def _observe(
 ) -> None:
     """What the rank's counts (`mine`: (step, op, peer's stage) -> ops) say of A, B and
     A + B (the module's docstring)."""
+    by_link: dict[tuple[str, int | None], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for (step, op, peer), ops in mine.items():
+        by_link[(op, None if unnamed else peer)][step] += ops
+    # the links the schedule may use from this stage, and any other the ops name
+    others = {stage - 1, stage + 1} | ({0, p - 1} if stage in (0, p - 1) else set())
+    others |= {peer for _, peer in by_link if peer is not None}
+    others = {other for other in others if 0 <= other < p and other != stage}
     for op in (SEND, RECV):
         if unnamed:  # its sends (receives) to both neighbours together
-            n, problem = _per_step(mine, rank, steps, op, None, total=True)
+            n, problem = _per_step(by_link.get((op, None), {}), rank, steps, op)
             if n is None:
                 counts.problems.append(problem)
             elif p == 2 or stage in (0, p - 1):
@@ -220,10 +217,8 @@ def _observe(
             else:
                 counts.a.setdefault(n // 2, f"{n} {_word(op)} per step on stage {stage}")
             continue
-        for other in range(p):
-            if other == stage:
-                continue
-            n, problem = _per_step(mine, rank, steps, op, other, total=False)
+        for other in sorted(others):
+            n, problem = _per_step(by_link.get((op, other), {}), rank, steps, op)
             where = (f"{n} sends per step from stage {stage} to stage {other}" if op == SEND
                      else f"{n} receives per step on stage {stage} from stage {other}")  # fmt: skip
             if n is None:
