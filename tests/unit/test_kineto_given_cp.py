@@ -44,6 +44,15 @@ def test_a_given_cp_axis_lays_its_groups_as_the_traces_rings_do(rings: Path) -> 
     assert manifest.schedule_known
 
 
+def test_a_ring_of_two_read_as_a_pipeline_leaves_m_unknown(rings: Path) -> None:
+    """From the traces alone the rings of two read as the pipeline (the layout's limit): the
+    messages of the real pipeline's groups, which the layout placed nowhere, say that which
+    messages are the pipeline's is not known (m read from the rings' would be 64)."""
+    manifest = load_any(rings).manifest
+    assert not manifest.schedule_known
+    assert "schedule unknown: sends and receives in a group of ranks" in str(manifest.layout_source)
+
+
 def test_the_cli_takes_cp_in_the_layout(rings: Path) -> None:
     result = CliRunner().invoke(main, ["analyze", str(rings), "--layout", "dp=2,pp=2,cp=2"])
     assert result.exit_code == 0, result.output

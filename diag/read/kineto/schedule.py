@@ -14,10 +14,13 @@ each way (activations forward, gradients back). Megatron-LM issues them so
 the last model chunk's output), whether batched through `batch_isend_irecv` or one by one.
 So m = A - B and v = A / m.
 
-What is counted: the sends and receives of the pipeline's groups (an op of another group,
-a context-parallel ring's, is not; an op no group names counts where the pipeline is the
-only axis that sends), not the few-byte ones (Megatron's shape exchange before each message
-when sequence lengths vary, SHAPE_EXCHANGE_BYTES), per traced rank and step:
+What is counted: the sends and receives of the pipeline's groups, or of the world's (older
+Megatron sends on the default group) or of none (an older trace's) where the pipeline is the
+only axis that sends; not a context-parallel ring's, not a kernel no CPU op describes, not
+the few-byte ones (Megatron's shape exchange before each message when sequence lengths vary,
+SHAPE_EXCHANGE_BYTES); per traced rank and step. Sends in a group that is none of these (the
+layout read a ring of two as the pipeline, and the pipeline's groups as nothing) leave m and
+v unknown: which messages are the pipeline's is then not known. Counted:
 - where the ops name their peers (`Dst Rank` / `Src Rank`): per link, A between neighbours,
   B between the last stage and the first, none between other stages;
 - where they do not (an older PyTorch): per rank, its sends, 2A on a middle stage and A + B
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diag.contract import schema
-from diag.contract.names import PP
+from diag.contract.names import CP, PP
 from diag.read.kineto.placement import FoundLayout
 
 SHAPE_EXCHANGE_BYTES = 64
@@ -96,7 +99,8 @@ def with_schedule(
     if given_m and given_v:
         return _placed(found, given_m, given_v, None)
     groups = found.groups.get(PP) or []
-    read = read_schedule(rows, steps, groups, layout.cp or 1)
+    rings = found.groups.get(CP) or []
+    read = read_schedule(rows, steps, groups, layout.cp or 1, rings)
     m, v = given_m or read.microbatches, given_v or read.virtual_stages
     if given_m and v is None:
         return _placed(found, given_m, 1, None)
@@ -112,7 +116,11 @@ def _placed(found: FoundLayout, m: int, v: int, text: str | None) -> FoundLayout
 
 
 def read_schedule(
-    rows: Iterable[Row], steps: list[dict[str, Any]], groups: list[list[int]], cp: int = 1
+    rows: Iterable[Row],
+    steps: list[dict[str, Any]],
+    groups: list[list[int]],
+    cp: int = 1,
+    rings: list[list[int]] | None = None,
 ) -> Schedule:
     """m and v of the pipeline whose groups (`groups`: each pipeline's ranks by stage) are
     given, from the sends and receives among `rows` and each rank's `steps` (step records)."""
@@ -121,6 +129,12 @@ def read_schedule(
     p = len(groups[0])
     stage_of = {rank: (i, s) for i, group in enumerate(groups) for s, rank in enumerate(group)}
     members = {tuple(sorted(group)) for group in groups}
+    known = members | {tuple(sorted(group)) for group in rings or []}
+    rows = list(rows)
+    other = _other_group(rows, known, len(stage_of))
+    if other is not None:  # a pipeline the layout did not place (a ring of two read as one)
+        why = f"sends and receives in a group of ranks {list(other)}, neither the pipeline's "
+        return Schedule(None, None, why + "nor a ring's, may be the pipeline's")
     ops, peers_unknown = _ops(rows, stage_of, members, cp)
     if not ops:
         return Schedule(None, None, "no sends or receives between pipeline stages in the traces")
@@ -134,6 +148,22 @@ def read_schedule(
             _observe(rank, stage_of[rank][1], p, ops[rank], steps_of, rank in peers_unknown,
                      counts)  # fmt: skip
     return _solved(counts, p)
+
+
+def _other_group(
+    rows: list[Row], known: set[tuple[int, ...]], world: int
+) -> tuple[int, ...] | None:
+    """The ranks of a group, neither the pipeline's nor context parallel's nor the world's,
+    whose sends and receives a CPU op describes, if any."""
+    for row, _ in rows:
+        ranks = row.get("group_ranks")
+        if ranks is not None and len(ranks) >= world:
+            continue
+        if row.get("op") in (SEND, RECV) and not row.get("from_name") and ranks is not None:
+            members = tuple(sorted(ranks))
+            if members not in known:
+                return members
+    return None
 
 
 def _ops(
@@ -156,6 +186,8 @@ def _ops(
         if isinstance(size, int | float) and 0 < size <= SHAPE_EXCHANGE_BYTES:
             continue
         ranks = row.get("group_ranks")
+        if ranks is not None and len(ranks) >= len(stage_of):
+            ranks = None  # the world's (older Megatron sends on the default group): by peer
         if ranks is not None and tuple(sorted(ranks)) not in members:
             continue  # another group's (a context-parallel ring's)
         if ranks is None and cp > 1:
