@@ -8,10 +8,13 @@ its bubble within 5 points, and the layout right.
 Prints one line per (layout, schedule, fault, shape) and exits 1 when one misses.
 tests/unit/test_kineto_equivalence.py runs the small cases of the same matrix.
 
-Every folder is analysed with the true layout's micro-batches and virtual stages, which no
-trace says (as `diag analyze FOLDER --layout ...` would); the `layout` column says whether the
-reader derived the job's axes (dp, tp, pp, ep, cp) from the traces (`derived`) or could not
-(`given`: an older trace without process groups reads `unknown`).
+Every folder is read as a user reads it: with nothing given where the traces say the job's
+axes (dp, tp, pp, ep, cp), the micro-batches per step (m) and the virtual stages (v, read
+from the pipeline's sends and receives per step: diag/read/kineto/schedule.py). Only what
+the traces cannot say is given (an older trace without process groups reads its layout
+`unknown`: its axes are given, as `--layout dp=..,tp=..,pp=..` would, never m or v); the
+`given` column says what was, the `m, v` column what the reader took (`read`) or that it
+could not (`unknown`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from diag.contract.schema import Layout
 
 COST_WITHIN = 0.20
 """Relative: the trace folder's main cost against the run directory's."""
+BUBBLE_RULE = "PIP002"
+"""Too few micro-batches: where the run directory names it (main or not), the trace folder
+must too, its cost within COST_WITHIN (it needs m and v, read from the traces)."""
 BUBBLE_WITHIN = 0.05
 """Absolute (5 points): the trace folder's measured bubble against the run directory's."""
 SHAPES = {
@@ -117,7 +123,9 @@ def simulate(out: Path, args: list[str]) -> Path:
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
     main = report["findings"][0] if report["findings"] else {}
+    bubble = next((f for f in report["findings"] if f.get("rule") == BUBBLE_RULE), None)
     return {
+        "bubble_rule_cost_s": None if bubble is None else bubble.get("cost_s"),
         "rule": main.get("rule"),
         "ranks": main.get("ranks"),
         "cost_s": main.get("cost_s"),
@@ -126,13 +134,30 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_traces(folder: Path, truth: Layout) -> tuple[dict[str, Any], str]:
-    """The report of a trace folder, read with the true layout's micro-batches and virtual
-    stages (no trace says them: a user gives them with `--layout`), and where its axes came
-    from: `derived` where the reader derives the true dp, tp, pp, ep and cp from the traces,
-    else `given` (an older trace's unknown layout)."""
-    derived = _axes(load_any(folder).manifest.layout) == _axes(truth)
-    return analyze_path(folder, layout=truth), "derived" if derived else "given"
+def read_traces(folder: Path, truth: Layout) -> tuple[dict[str, Any], str, str]:
+    """The report of a trace folder read as a user reads it, what was given and how m and v
+    were taken: nothing is given where the reader derives the true dp, tp, pp, ep and cp from
+    the traces; else (an older trace's unknown layout) those axes are, as `--layout
+    dp=..,tp=..,pp=..` gives them, never m or v (`read_schedule` reads them or says unknown)."""
+    manifest = load_any(folder).manifest
+    layout: Layout | None = None
+    if _axes(manifest.layout) != _axes(truth):
+        layout = Layout(dp=truth.dp, tp=truth.tp, pp=truth.pp, ep=truth.ep, cp=truth.cp,
+                        microbatches=0, virtual_stages=0)  # fmt: skip
+        manifest = load_any(folder, layout=layout).manifest
+    given = "-" if layout is None else "dp,tp,pp"
+    return analyze_path(folder, layout=layout), given, read_schedule(manifest, truth)
+
+
+def read_schedule(manifest: Any, truth: Layout) -> str:
+    """`m, v read` where the reader took the truth's micro-batches and virtual stages from the
+    traces, `unknown` where it could not, `wrong: m=.., v=..` where it took others."""
+    if not manifest.schedule_known:
+        return "unknown"
+    got = (manifest.layout.microbatches, manifest.layout.virtual_stages)
+    if got != (truth.microbatches, truth.virtual_stages):
+        return f"wrong: m={got[0]}, v={got[1]}"
+    return f"m={got[0]}, v={got[1]} read"
 
 
 def _axes(layout: Layout) -> tuple[int, ...]:
@@ -148,6 +173,10 @@ def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
     want, cost = expected["cost_s"], got["cost_s"]
     if want and (cost is None or abs(cost - want) > COST_WITHIN * abs(want)):
         out.append(f"cost {cost} vs {want}")
+    if expected["bubble_rule_cost_s"] is not None:  # the bubble's finding, main or not
+        want, cost = expected["bubble_rule_cost_s"], got["bubble_rule_cost_s"]
+        if cost is None or abs(cost - want) > COST_WITHIN * abs(want):
+            out.append(f"{BUBBLE_RULE} cost {cost} vs {want}")
     if expected["bubble"] is not None and (
         got["bubble"] is None or abs(got["bubble"] - expected["bubble"]) > BUBBLE_WITHIN
     ):
@@ -165,11 +194,13 @@ def compare(case: Case, shape: str, work: Path, expected: dict[str, Any] | None 
     traces = simulate(
         work / f"traces-{shape}", [*case.args(), "--format", "kineto", *SHAPES[shape]]
     )
-    report, layout_from = read_traces(traces, case.layout)
+    report, given, schedule = read_traces(traces, case.layout)
     got = verdict(report)
     shutil.rmtree(traces, ignore_errors=True)
+    # every job of the matrix has a middle stage and an end stage traced: m and v are read
+    wrong = [f"m, v {schedule}"] if schedule != f"m={case.m}, v={case.virtual} read" else []
     return {"case": case.name(), "shape": shape, "expected": expected, "got": got,
-            "layout_from": layout_from, "misses": misses(expected, got),
+            "given": given, "schedule": schedule, "misses": misses(expected, got) + wrong,
             "seconds": time.monotonic() - started}  # fmt: skip
 
 
@@ -182,7 +213,10 @@ def _bubble(value: float | None) -> str:
 
 
 def _verdict(v: dict[str, Any]) -> str:
-    return f"{v['rule']} {v['ranks']}, {_cost(v['cost_s'])}, {_bubble(v['bubble'])}"
+    text = f"{v['rule']} {v['ranks']}, {_cost(v['cost_s'])}, {_bubble(v['bubble'])}"
+    if v["bubble_rule_cost_s"] is not None and v["rule"] != BUBBLE_RULE:
+        text += f" ({BUBBLE_RULE} {_cost(v['bubble_rule_cost_s'])})"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     failed = 0
     print(
-        "| ranks | job | fault | shape | layout | run dir: finding, cost ms, bubble % "
+        "| ranks | job | fault | shape | given | m, v | run dir: finding, cost ms, bubble % "
         "| traces: finding, cost ms, bubble % | ok |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for ranks in options.ranks:
         for case in matrix(ranks):
             if options.faults and case.fault not in options.faults:
@@ -226,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                     failed += bool(row["misses"])
                     job = case.name().rsplit(" ", 1)[0]
                     print(f"| {case.ranks} | {job} | {case.fault} | {shape} "
-                          f"| {row['layout_from']} | {_verdict(e)} | {_verdict(g)} | {ok} |",
+                          f"| {row['given']} | {row['schedule']} | {_verdict(e)} "
+                          f"| {_verdict(g)} | {ok} |",
                           flush=True)  # fmt: skip
     return 1 if failed else 0
 

@@ -157,7 +157,7 @@ def build_config(o: dict[str, object]) -> SimConfig:
         dp, tp, pp, ep, m, v = ranks, 1, 1, 1, 1, 1
     else:
         dp, tp, pp, ep = layout.dp, layout.tp, layout.pp, layout.ep
-        m, v = layout.microbatches, layout.virtual_stages
+        m, v = layout.microbatches or 1, layout.virtual_stages or 1  # 0: not given
         if layout.cp != 1:
             raise SimulationError(f"context parallelism is not simulated (cp={layout.cp})")
     model = ModelSpec(

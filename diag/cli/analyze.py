@@ -64,10 +64,11 @@ def write_output(path: str, text: str) -> None:
 )
 @click.option(
     "--layout",
-    metavar="dp=N,tp=N,pp=N,ep=N,m=N,v=N",
+    metavar="dp=N,tp=N,pp=N,ep=N,cp=N,m=N,v=N",
     callback=lambda _ctx, _param, value: parse_layout(value),
     help="How a trace folder's ranks are laid out (grid order, tp innermost; m micro-batches, "
-    "v virtual stages): stages and the bubble against theory.",
+    "v virtual stages, read from the traces where not given): stages and the bubble against "
+    "theory.",
 )
 @click.option(
     "--steps",

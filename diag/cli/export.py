@@ -30,7 +30,7 @@ from diag.outputs.perfetto import trace_events, write_trace
 )
 @click.option(
     "--layout",
-    metavar="dp=N,tp=N,pp=N,ep=N,m=N,v=N",
+    metavar="dp=N,tp=N,pp=N,ep=N,cp=N,m=N,v=N",
     callback=lambda _ctx, _param, value: parse_layout(value),
     help="How a trace folder's ranks are laid out (as for `diag analyze`).",
 )

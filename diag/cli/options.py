@@ -28,10 +28,12 @@ _LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "m":
 
 
 def parse_layout(text: str | None) -> schema.Layout | None:
-    """`dp=8,tp=2,pp=4,m=16[,v=2]` -> Layout; click.BadParameter (exit 2) naming what is off."""
+    """`dp=8,tp=2,pp=4,m=16[,v=2]` -> Layout; click.BadParameter (exit 2) naming what is off.
+    m and v not given are 0: a trace folder reads them from its traces where they say them
+    (diag/read/kineto/schedule.py), else they are unknown, never a default."""
     if not text:
         return None
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"microbatches": 0, "virtual_stages": 0}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, raw = item.partition("=")
         field = _LAYOUT_KEYS.get(key.strip())

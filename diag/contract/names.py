@@ -22,13 +22,19 @@ PARALLEL_GROUPS = (DP, TP, PP, EP)
 Axis = Literal["dp", "pp", "ep", "tp"]
 GRID_AXES: tuple[Axis, ...] = (DP, PP, EP, TP)
 """The rank grid's axes, outermost first: rank = ((dp_i * pp + pp_i) * ep + ep_i) * tp + tp_i."""
+CP: Final = "cp"
+"""Context parallelism: a trace folder's axis (read from its rings or all-to-alls, or given by
+`--layout cp=N`), which the trainers and the simulator do not run."""
+_GRID_ORDER = (DP, PP, EP, CP, TP)
+"""The grid with context parallelism, just outside tensor parallelism (as Megatron-LM's
+`tp-cp-ep-dp-pp` order keeps it next to tp); cp = 1 leaves GRID_AXES' grid as it is."""
 
 
 def grid_groups(sizes: dict[str, int]) -> dict[str, list[list[int]]]:
     """The groups of each axis of size > 1 (every rank list with only that axis varying,
     sorted) and the world, for the axes' sizes in GRID_AXES order (`{"dp": 2, "pp": 4, ...}`;
-    a missing axis is 1): what a job laid out on this grid forms."""
-    shape = [max(int(sizes.get(axis, 1)), 1) for axis in GRID_AXES]
+    a missing axis is 1; `cp` just outside tp): what a job laid out on this grid forms."""
+    shape = [max(int(sizes.get(axis, 1)), 1) for axis in _GRID_ORDER]
     world = 1
     for size in shape:
         world *= size
@@ -40,7 +46,8 @@ def grid_groups(sizes: dict[str, int]) -> dict[str, list[list[int]]]:
         if size < 2:
             continue
         starts = [r for r in range(world) if (r // stride) % size == 0]
-        out[GRID_AXES[axis]] = sorted([start + i * stride for i in range(size)] for start in starts)
+        groups = [[start + i * stride for i in range(size)] for start in starts]
+        out[_GRID_ORDER[axis]] = sorted(groups)
     out[WORLD] = [list(range(world))]
     return out
 

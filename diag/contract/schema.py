@@ -124,6 +124,8 @@ class Layout:
     cp: int = 1
     zero_stage: int = 0
     microbatches: int = 1
+    """Per step per pipeline. 0 (and 0 virtual stages) in a layout given to read a trace
+    folder (`--layout` without `m=`): not given, read from the traces where they say it."""
     schedule: str | None = None
     virtual_stages: int = 1
     grad_accum: int = 1
@@ -171,6 +173,11 @@ class Hardware:
 
 UNKNOWN_LAYOUT = "unknown"
 """How a manifest's `layout_source` starts where the layout could not be read."""
+SCHEDULE_READ = "schedule read: "
+"""What a trace folder's `layout_source` says, after `; `, where its pipeline's micro-batches
+and virtual stages were read from the traces (`schedule read: m=8, v=1 (<evidence>)`)."""
+SCHEDULE_UNKNOWN = "schedule unknown: "
+"""... and where they could not be (`schedule unknown: <reason>`)."""
 
 
 @dataclass
@@ -210,9 +217,11 @@ class Manifest:
     @property
     def schedule_known(self) -> bool:
         """Whether the layout's micro-batches and virtual stages are known: a run's own
-        manifest or a layout given by hand says them; process groups read from traces do not
-        (they give dp, tp, pp, ep and cp only), so the schedule's theory bubble is unknown."""
-        return self.layout_source in (None, "given")
+        manifest or a layout given by hand says them, and a trace folder's where they were
+        read from its pipeline's sends and receives (`SCHEDULE_READ`,
+        diag/read/kineto/schedule.py); else the schedule's theory bubble is unknown."""
+        source = self.layout_source
+        return source in (None, "given") or f"; {SCHEDULE_READ}" in (source or "")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

@@ -129,7 +129,12 @@ def _layout_source(run: dict[str, Any]) -> list[str]:
     source = run.get("layout_source")
     if not source or str(source).startswith(schema.UNKNOWN_LAYOUT):  # said with the ranks
         return []
-    return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}"]
+    source, read = str(source), ""
+    if f"; {schema.SCHEDULE_READ}" in source:  # `m=8, v=2 (<evidence>)`: m and v, said
+        source, read = source.split(f"; {schema.SCHEDULE_READ}", 1)
+        read = ", " + read.split(" (", 1)[0] + " read from the sends per step"
+    source = source.split(f"; {schema.SCHEDULE_UNKNOWN}", 1)[0]  # the bubble says m unknown
+    return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}{read}"]
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

@@ -333,7 +333,7 @@ def test_a_stated_layout_gives_stages_and_the_bubble_against_theory(tmp_path: Pa
     assert report["summary"]["bubble_theory"] == pytest.approx(3 / 7)
     assert [r["stage"] for r in report["ranks"]] == [0, 1, 2, 3]
     assert report["summary"]["bubble_fraction"] is not None
-    with pytest.raises(InputError, match=r"dp x tp x pp x ep = 2 is not the traces' world size 4"):
+    with pytest.raises(InputError, match=r"dp x tp x pp x ep x cp = 2 is not the traces' world"):
         analyze_path(tmp_path, layout=parse_layout("pp=2"))
     with pytest.raises(click.BadParameter, match="unknown dimension 'dq'"):
         parse_layout("dq=2")

@@ -72,8 +72,9 @@ def test_the_devicemesh_traces_give_the_run_directorys_verdict(
     case: Case, expected: dict[Case, dict[str, Any]], tmp_path: Path
 ) -> None:
     traces = _traces(case, ["--trace-shape", "devicemesh"], tmp_path / "traces")
-    report, _ = read_traces(traces, case.layout)
+    report, given, schedule = read_traces(traces, case.layout)
     assert misses(expected[case], verdict(report)) == []
+    assert (given, schedule) == ("-", f"m={case.m}, v={case.virtual} read")
 
 
 SHAPED = [(CASES[0], "megatron"), (CASES[3], "megatron"), (CASES[1], "old"), (CASES[5], "old"),
@@ -93,7 +94,8 @@ def test_every_trace_shape_gives_the_run_directorys_verdict(
     trace's kernel its op and group: read as a send of no group, a kernel under which the
     device computes is launched and awaited, its exposed time the stage's."""
     traces = _traces(case, SHAPE_ARGS[shape], tmp_path / "traces")
-    report, _ = read_traces(traces, case.layout)
+    report, _, schedule = read_traces(traces, case.layout)
+    assert schedule == f"m={case.m}, v={case.virtual} read"  # nothing gives them
     got, want = verdict(report), expected[case]
     pending = _reader_pending(traces, case, shape)
     if pending and misses(want, got):
@@ -103,9 +105,9 @@ def test_every_trace_shape_gives_the_run_directorys_verdict(
 
 @pytest.mark.parametrize("shape", ["devicemesh", "megatron", "old", "one-per-tp"])
 def test_the_layout_is_derived_from_the_traces(shape: str, tmp_path: Path) -> None:
-    """dp, tp and pp from the process groups where the traces list them (the micro-batches
-    and virtual stages no trace says); an older trace's, without groups, said to be unknown
-    with what its placement shows, never silently data parallel."""
+    """dp, tp and pp from the process groups where the traces list them, the micro-batches
+    and virtual stages from the pipeline's messages per step; an older trace's layout, without
+    groups, said to be unknown with what its placement shows, never silently data parallel."""
     case = CASES[4]
     traces = _traces(case, SHAPE_ARGS.get(shape, ["--trace-shape", shape]), tmp_path / "t")
     manifest = load_any(traces).manifest
@@ -117,6 +119,8 @@ def test_the_layout_is_derived_from_the_traces(shape: str, tmp_path: Path) -> No
         return
     assert (layout.dp, layout.tp, layout.pp) == (case.dp, case.tp, case.pp)
     assert source.startswith("from the traces' process groups")
+    assert (layout.microbatches, layout.virtual_stages) == (case.m, case.virtual)
+    assert manifest.schedule_known
 
 
 def test_one_rank_per_tp_group_reads_jitter_as_jitter(
@@ -130,7 +134,7 @@ def test_one_rank_per_tp_group_reads_jitter_as_jitter(
     with only those ranks' mean give 38 ms)."""
     case = CASES[5]
     traces = _traces(case, SHAPE_ARGS["one-per-tp"], tmp_path / "traces")
-    report, _ = read_traces(traces, case.layout)
+    report, _, _ = read_traces(traces, case.layout)
     got, want = verdict(report), expected[case]
     assert (got["rule"], got["ranks"]) == (want["rule"], want["ranks"]) == ("BAL004", [])
     assert got["cost_s"] == pytest.approx(want["cost_s"], rel=0.3)

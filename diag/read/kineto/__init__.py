@@ -38,6 +38,7 @@ from diag.read.kineto.packed_comms import (
     pack_comms,
     split_packed_batches,
 )
+from diag.read.kineto.schedule import with_schedule
 from diag.read.kineto.window import note as window_note
 from diag.read.kineto.window import reduce_traces, window_end
 from diag.read.load import (
@@ -96,10 +97,10 @@ def load_trace_dir(
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
     manifest = _manifest(folder, traces, layout, records, list(comm_parts))
-    grid = manifest.layout.dp * manifest.layout.tp * manifest.layout.pp * manifest.layout.ep
+    grid = _grid(manifest.layout)
     if layout is not None and grid != manifest.world_size:
-        raise InputError(folder, f"the layout's dp x tp x pp x ep = {grid} is not the traces' "
-                                 f"world size {manifest.world_size}")  # fmt: skip
+        raise InputError(folder, f"the layout's dp x tp x pp x ep x cp = {grid} is not the "
+                                 f"traces' world size {manifest.world_size}")  # fmt: skip
     missing = manifest.world_size - len(traces)
     if missing > 0:
         shown = ", ".join(str(t.rank) for t in traces[:8]) + (" ..." if len(traces) > 8 else "")
@@ -209,16 +210,20 @@ def _manifest(
 ) -> schema.Manifest:
     worlds = [t.world_size for t in traces if t.world_size]
     world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
+    # the collectives as the inference counts them (packed_comms.LayoutView: exact)
+    view = LayoutView([p.layout_rows for p in comm_parts])
     if layout is not None:
         # the groups a job on this grid forms: the pipeline's neighbours pair its messages
-        grid = layout.dp * layout.pp * layout.ep * layout.tp == world_size
-        sizes = {"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp}
+        grid = _grid(layout) == world_size
+        sizes = {"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp,
+                 "cp": layout.cp}  # fmt: skip
         found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
     else:
         configs = [group for t in traces for group in t.pg_groups]
-        # the collectives as the inference counts them (packed_comms.LayoutView: exact)
-        comms = cast(list[dict[str, Any]], LayoutView([p.layout_rows for p in comm_parts]))
+        comms = cast(list[dict[str, Any]], view)
         found = infer_layout(world_size, configs, comms, records["step"])
+    # m and v: given, or from the pipeline's sends and receives per step (schedule.py)
+    found = with_schedule(found, layout, view.rows, records["step"])
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
@@ -236,6 +241,10 @@ def _manifest(
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=window_status(traces, records),
     )
+
+
+def _grid(layout: schema.Layout) -> int:
+    return layout.dp * layout.tp * layout.pp * layout.ep * (layout.cp or 1)
 
 
 def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> str:

@@ -19,6 +19,8 @@ from diag.read.sources.base import LoadOptions
 
 GIVEN = "given"
 UNKNOWN_LAYOUT = "unknown: Flight Recorder dumps name their groups, not the axis of each"
+NOT_GIVEN = f"{schema.SCHEDULE_UNKNOWN}not given (--layout m=N,v=N)"
+"""A given layout without micro-batches and virtual stages: dumps do not say them."""
 
 
 class FlightRecorderDumps:
@@ -43,6 +45,9 @@ class FlightRecorderDumps:
         # job ran on: both unknown until given (--layout) or derived (the failure analysis
         # derives the status from the entries: `summary.status`, which the report shows)
         layout = options.layout or schema.Layout()
+        schedule_given = bool(layout.microbatches and layout.virtual_stages)
+        layout = dataclasses.replace(layout, microbatches=layout.microbatches or 1,
+                                     virtual_stages=layout.virtual_stages or 1)  # fmt: skip
         manifest = schema.Manifest(
             run_id=path.resolve().name,
             created=_dt.datetime.fromtimestamp(_newest(path), _dt.UTC).isoformat(),
@@ -51,7 +56,9 @@ class FlightRecorderDumps:
             layout=layout,
             ranks=[schema.RankInfo(rank=r) for r in dumps.ranks],
             status=schema.RunStatus.UNKNOWN.value,
-            layout_source=GIVEN if options.layout else UNKNOWN_LAYOUT,
+            layout_source=(GIVEN if schedule_given else f"{GIVEN}; {NOT_GIVEN}")
+            if options.layout
+            else UNKNOWN_LAYOUT,
         )
         missing = sorted(set(range(world)) - set(dumps.ranks))
         notes = list(dumps.notes)
