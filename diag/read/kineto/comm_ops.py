@@ -261,13 +261,14 @@ class CommAttribution:
     def describe(self, kernel: int, correlation: int) -> list[dict[str, Any]]:
         """The ops a communication kernel runs (one, or a batch's), as record fields."""
         own = self.rank.gpu_args[kernel] if kernel < len(self.rank.gpu_args) else None
-        mine = collective(own) if own is not None and _names_an_op(own) else None
-        if mine is not None and mine["op"] not in P2P:
-            return self._counted("its own arguments", [mine])
+        # described only where used: the op alone says whether (`collective`'s op)
+        mine = own if own is not None and _names_an_op(own) else None
+        if mine is not None and _op(label(mine.collective)) not in P2P:
+            return self._counted("its own arguments", [collective(mine)])
         launch = self.rank.launches.get(correlation)
         if launch is None:
             if mine is not None:
-                return self._counted("its own arguments", [mine])
+                return self._counted("its own arguments", [collective(mine)])
             return self._counted("its name (no launch found)", [self._by_name(kernel)])
         tid, at = launch
         launched = self.launch_times.get(tid, [])
@@ -281,7 +282,7 @@ class CommAttribution:
         if len(batch) > (mine is not None):
             return self._counted("a batch of record_param_comms", batch)
         if mine is not None:
-            return self._counted("its own arguments", [mine])
+            return self._counted("its own arguments", [collective(mine)])
         note = self._annotation(tid, at)
         if note is not None:
             return self._counted("its nccl:<op> annotation", [annotated(note[2], note[3])])
