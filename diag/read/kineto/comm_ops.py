@@ -271,12 +271,12 @@ class CommAttribution:
                 return self._counted("its own arguments", [collective(mine)])
             return self._counted("its name (no launch found)", [self._by_name(kernel)])
         tid, at = launch
-        launched = self.launch_times.get(tid, [])
-        before = bisect.bisect_left(launched, at) - 1
-        since = launched[before] if before >= 0 else None
         found = self._around(tid, at)
         if found is not None and _names_an_op(found):
             return self._counted("record_param_comms", [collective(found)])
+        launched = self.launch_times.get(tid, [])
+        before = bisect.bisect_left(launched, at) - 1
+        since = launched[before] if before >= 0 else None
         # a batched kernel may carry one of its ops' arguments: the batch says all of them
         batch = self._batch(tid, at, since)
         if len(batch) > (mine is not None):

@@ -267,8 +267,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # batch's kernel is one wait: a receive among its ops makes it blocking; a send (as
             # its launch names it) only where the rank waited for it (send_waits.py).
             ops = attribution.describe(i, correlations[i])
-            receives = any(d["op"] == RECV for d in ops)
-            sends = bool(ops) and all(d["op"] == SEND for d in ops)
+            if len(ops) == 1:  # most kernels: one op
+                receives, sends = ops[0]["op"] == RECV, ops[0]["op"] == SEND
+            else:
+                receives = any(d["op"] == RECV for d in ops)
+                sends = bool(ops) and all(d["op"] == SEND for d in ops)
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
