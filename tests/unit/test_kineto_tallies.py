@@ -3,7 +3,8 @@
   its count) equal the families tallied record by record;
 - kernels classified once per distinct (name, category) equal each one classified alone;
 - the device time's launch starts (`dict` of the last CPU event per correlation id, before
-  the last step) equal assigning each CPU event in turn.
+  the last step) equal assigning each CPU event in turn;
+- `intervals.difference` (its loop over Python numbers) covers what a covers and b does not.
 Random inputs (hypothesis), with repeats, ties and odd values where the readers meet them."""
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from array import array
 from collections import Counter
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diag.numeric import intervals
 from diag.read.kineto.device import HTA_PATTERNS, _launch_starts
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 from diag.read.kineto.layout import _families
@@ -120,3 +123,22 @@ def test_launch_starts_equal_assigning_each_cpu_event_in_turn(
     assert list(_launch_starts(starts, ids, step_starts, whole_us).items()) == list(
         expected.items()
     )
+
+
+spans = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=spans, b=spans)
+def test_difference_covers_what_a_covers_and_b_does_not(
+    a: list[tuple[int, int]], b: list[tuple[int, int]]
+) -> None:
+    def cells(rows: Any) -> set[int]:
+        return {t for start, end in rows for t in range(int(start), int(end))}
+
+    found = intervals.difference(np.array(a, dtype=np.int64).reshape(-1, 2),
+                                 np.array(b, dtype=np.int64).reshape(-1, 2))  # fmt: skip
+    assert cells(found.tolist()) == cells(a) - cells(b)
+    assert found.dtype == np.int64
+    assert all(s < e for s, e in found.tolist())
+    assert found[:, 0].tolist() == sorted(found[:, 0].tolist())
