@@ -68,14 +68,15 @@ def difference(
         return kept
     out: list[tuple[float, float]] = []
     j = 0
+    rows = cuts.tolist()  # Python numbers: the loop reads no numpy scalars
     for start, end in kept.tolist():
-        while j < len(cuts) and cuts[j, 1] <= start:
+        while j < len(rows) and rows[j][1] <= start:
             j += 1
         k, cursor = j, start
-        while k < len(cuts) and cuts[k, 0] < end:
-            if cuts[k, 0] > cursor:
-                out.append((cursor, cuts[k, 0]))
-            cursor = max(cursor, cuts[k, 1])
+        while k < len(rows) and rows[k][0] < end:
+            if rows[k][0] > cursor:
+                out.append((cursor, rows[k][0]))
+            cursor = max(cursor, rows[k][1])
             k += 1
         if cursor < end:
             out.append((cursor, end))

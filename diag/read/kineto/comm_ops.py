@@ -261,27 +261,28 @@ class CommAttribution:
     def describe(self, kernel: int, correlation: int) -> list[dict[str, Any]]:
         """The ops a communication kernel runs (one, or a batch's), as record fields."""
         own = self.rank.gpu_args[kernel] if kernel < len(self.rank.gpu_args) else None
-        mine = collective(own) if own is not None and _names_an_op(own) else None
-        if mine is not None and mine["op"] not in P2P:
-            return self._counted("its own arguments", [mine])
+        # described only where used: the op alone says whether (`collective`'s op)
+        mine = own if own is not None and _names_an_op(own) else None
+        if mine is not None and _op(label(mine.collective)) not in P2P:
+            return self._counted("its own arguments", [collective(mine)])
         launch = self.rank.launches.get(correlation)
         if launch is None:
             if mine is not None:
-                return self._counted("its own arguments", [mine])
+                return self._counted("its own arguments", [collective(mine)])
             return self._counted("its name (no launch found)", [self._by_name(kernel)])
         tid, at = launch
-        launched = self.launch_times.get(tid, [])
-        before = bisect.bisect_left(launched, at) - 1
-        since = launched[before] if before >= 0 else None
         found = self._around(tid, at)
         if found is not None and _names_an_op(found):
             return self._counted("record_param_comms", [collective(found)])
+        launched = self.launch_times.get(tid, [])
+        before = bisect.bisect_left(launched, at) - 1
+        since = launched[before] if before >= 0 else None
         # a batched kernel may carry one of its ops' arguments: the batch says all of them
         batch = self._batch(tid, at, since)
         if len(batch) > (mine is not None):
             return self._counted("a batch of record_param_comms", batch)
         if mine is not None:
-            return self._counted("its own arguments", [mine])
+            return self._counted("its own arguments", [collective(mine)])
         note = self._annotation(tid, at)
         if note is not None:
             return self._counted("its nccl:<op> annotation", [annotated(note[2], note[3])])

@@ -196,6 +196,12 @@ def _id(value: Any) -> int:
     return number if number >= 0 else -1
 
 
+COMM, MEMORY = KernelClass.COMM.value, KernelClass.MEMORY.value
+RECV, SEND = schema.CollectiveOp.RECV.value, schema.CollectiveOp.SEND.value
+MEMCPY, KERNEL = schema.Phase.MEMCPY.value, schema.Phase.KERNEL.value
+COMM_WAIT = schema.Phase.COMM_WAIT.value
+
+
 def _step_of(times: np.ndarray, steps: list[tuple[int, int, int]]) -> np.ndarray:
     """The ProfilerStep whose CPU window holds each time; -1 outside every window."""
     if not steps:
@@ -226,7 +232,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     if len(t0) == 0:
         return _cpu_records(rank_id, rank)
     attribution = CommAttribution(rank)
-    attribution.prepare(np.flatnonzero(kinds == KernelClass.COMM.value), correlation)
+    attribution.prepare(np.flatnonzero(kinds == COMM), correlation)
+    starts, ends, correlations = rank.gpu_t0, rank.gpu_t1, rank.gpu_correlation
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
     for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
@@ -235,11 +242,15 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         records["step"].append(
             {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
         )
-        busy = mine[kinds[mine] != KernelClass.COMM.value]
-        comm = mine[kinds[mine] == KernelClass.COMM.value]
-        for i in busy:
-            phase = "memcpy" if kinds[i] == KernelClass.MEMORY.value else "kernel"
-            records["span"].append(_span(rank_id, number, phase, t0[i], t1[i]))
+        busy = mine[kinds[mine] != COMM]
+        comm = mine[kinds[mine] == COMM]
+        records["span"] += [
+            {"rank": rank_id, "step": number, "mb": None, "phase": MEMCPY if kind == MEMORY
+             else KERNEL, "stage": None, "chunk": None, "t0": start, "t1": end}
+            for kind, start, end in zip(
+                kinds[busy].tolist(), t0[busy].tolist(), t1[busy].tolist(), strict=True
+            )
+        ]  # fmt: skip
         own_waits: list[bool] = []
         unawaited: list[bool] = []  # sends the rank did not wait for: no comm_wait either
         busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
@@ -255,19 +266,23 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # all-reduce). Others are launched and awaited where their time is exposed. A
             # batch's kernel is one wait: a receive among its ops makes it blocking; a send (as
             # its launch names it) only where the rank waited for it (send_waits.py).
-            ops = attribution.describe(i, int(correlation[i]))
-            receives = any(d["op"] == schema.CollectiveOp.RECV.value for d in ops)
-            sends = bool(ops) and all(d["op"] == schema.CollectiveOp.SEND.value for d in ops)
+            ops = attribution.describe(i, correlations[i])
+            if len(ops) == 1:  # most kernels: one op
+                receives, sends = ops[0]["op"] == RECV, ops[0]["op"] == SEND
+            else:
+                receives = any(d["op"] == RECV for d in ops)
+                sends = bool(ops) and all(d["op"] == SEND for d in ops)
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
             # a batch's ops get their own ends from their peers' once every rank is read
             # (batches.py): which kernel ran them, and when the computation resumed after it
-            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0[i])}
+            start, end = starts[i], ends[i]
+            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, start)}
             for described in ops:
                 records["comm"].append({
-                    "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
-                    "t1": int(t1[i]), "expected_bytes": None, "tag": None,
+                    "rank": rank_id, "step": number, **described, "t0": start,
+                    "t1": end, "expected_bytes": None, "tag": None,
                     "async": not own_wait, "blocking": own_wait, **batch,
                 })  # fmt: skip
         own = np.array(own_waits, dtype=bool)
@@ -280,7 +295,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             np.column_stack([t0[occupied], t1[occupied]]),
         )
         for start, end in exposed.tolist():
-            records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
+            records["span"].append(_span(rank_id, number, COMM_WAIT, start, end))
     rank.comm_sources = attribution.counts
     number_in_group(records["comm"])
     return records

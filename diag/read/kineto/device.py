@@ -28,8 +28,9 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -192,26 +193,32 @@ def _measured(
 ) -> DeviceTime | None:
     if not device:
         return None
-    raw = np.array([(d[0], d[1]) for d in device], dtype=float)
-    starts, ends = raw[:, 0], raw[:, 0] + raw[:, 1]
+    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
+    starts = np.array(columns[0], dtype=float)
+    ends = starts + np.array(columns[1], dtype=float)
     if not whole_us:
         starts, ends = np.ceil(starts), np.floor(ends)
     keep = _launches_before_last_step(
-        cpu_start, cpu_correlation, step_starts, [d[2] for d in device], whole_us
+        cpu_start, cpu_correlation, step_starts, correlations, whole_us
     )
     if keep is not None:
         starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
-        device = [d for d, n in zip(device, keep, strict=True) for _ in range(n)]
-        if not device:
+        index = np.repeat(np.arange(len(keep)), keep).tolist()
+        if not index:
             return None
-    idle = _idle(device, starts, ends, cpu_start, cpu_correlation, step_starts, whole_us)
-    durations = (ends - starts)[np.array([d[4] == "kernel" for d in device], dtype=bool)]
-    kinds = patterns.classify([d[3] for d in device], [d[4] for d in device])
+        correlations, names, kinds, streams = (
+            tuple(map(column.__getitem__, index))
+            for column in (correlations, names, kinds, streams)
+        )
+    launches = _launch_starts(cpu_start, cpu_correlation, step_starts, whole_us)
+    idle = _idle(kinds, correlations, streams, starts, ends, launches)
+    durations = (ends - starts)[np.array([k == "kernel" for k in kinds], dtype=bool)]
+    classes = patterns.classify(names, kinds)
     spans = np.column_stack([starts, ends])
     kernel_time = float(ends.max() - starts.min())
     busy = intervals.union_length(spans)
-    compute = intervals.merge(spans[kinds == KernelClass.COMPUTE.value])
-    comm = intervals.merge(spans[kinds == KernelClass.COMM.value])
+    compute = intervals.merge(spans[classes == KernelClass.COMPUTE.value])
+    comm = intervals.merge(spans[classes == KernelClass.COMM.value])
     compute_us, comm_us = _length(compute), _length(comm)
     overlap_us = comm_us - intervals.subtract(comm, compute)
     return DeviceTime(
@@ -228,41 +235,46 @@ def _measured(
     )
 
 
-def _idle(
-    device: list[tuple[float, float, Any, str, str, float]],
-    starts: np.ndarray,
-    ends: np.ndarray,
-    cpu_start: array,
-    cpu_correlation: list[Any],
-    step_starts: dict[str, float],
-    whole_us: bool,
-) -> IdleSplit:
-    """The idle split over the kept kernels, each with the start of the CPU call that launched
-    it: the last CPU event with its correlation id (before the last step, as the kernels kept)."""
-    mine = np.array([d[4] in KERNEL_CATEGORIES for d in device], dtype=bool)
-    if not mine.any():
-        return NO_IDLE
+def _launch_starts(
+    cpu_start: array, cpu_correlation: list[Any], step_starts: dict[str, float], whole_us: bool
+) -> dict[Any, float]:
+    """Per correlation id, the start of the last CPU event with it before the last step."""
     cpu = np.array(cpu_start, dtype=float)
     if not whole_us:
         cpu = np.ceil(cpu)
-    kept = np.ones(len(cpu), dtype=bool)
     if len(step_starts) >= 2:
         last = max(step_starts.values())
-        kept = cpu < (last if whole_us else math.ceil(last))
-    launch_of: dict[Any, float] = {}
-    for correlation, start, ok in zip(cpu_correlation, cpu.tolist(), kept.tolist(), strict=True):
-        if ok and correlation != -1:
-            launch_of[correlation] = start
-    launched = np.array([launch_of.get(d[2], math.nan) for d in device], dtype=float)
-    streams = np.array([d[5] for d in device], dtype=float)
-    return idle_split(streams[mine], starts[mine], ends[mine], launched[mine])
+        kept = (cpu < (last if whole_us else math.ceil(last))).tolist()
+    else:
+        kept = [True] * len(cpu)
+    wanted = [ok and c != -1 for c, ok in zip(cpu_correlation, kept, strict=True)]
+    # a later event of an id replaces an earlier one, as assigning each in turn does
+    return dict(compress(zip(cpu_correlation, cpu.tolist(), strict=True), wanted))
+
+
+def _idle(
+    kinds: Sequence[str],
+    correlations: Sequence[Any],
+    streams: Sequence[Any],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    launch_of: dict[Any, float],
+) -> IdleSplit:
+    """The idle split over the kept kernels, each with the start of the CPU call that launched
+    it: the last CPU event with its correlation id (before the last step, as the kernels kept)."""
+    mine = np.array([k in KERNEL_CATEGORIES for k in kinds], dtype=bool)
+    if not mine.any():
+        return NO_IDLE
+    launched = np.array([launch_of.get(c, math.nan) for c in correlations], dtype=float)
+    return idle_split(np.array(streams, dtype=float)[mine], starts[mine], ends[mine],
+                      launched[mine])  # fmt: skip
 
 
 def _launches_before_last_step(
     cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
-    device_correlation: list[Any],
+    device_correlation: Sequence[Any],
     whole_us: bool,
 ) -> list[int] | None:
     """How many times to count each device event: once per CPU event with its correlation id
@@ -273,7 +285,7 @@ def _launches_before_last_step(
     starts = np.array(cpu_start, dtype=float)
     if not whole_us:
         starts, last_start = np.ceil(starts), math.ceil(last_start)
-    launches = Counter(c for c, s in zip(cpu_correlation, starts < last_start, strict=True) if s)
+    launches = Counter(compress(cpu_correlation, (starts < last_start).tolist()))
     return [min(launches.get(c, 0), MAX_LAUNCHES_PER_KERNEL) for c in device_correlation]
 
 

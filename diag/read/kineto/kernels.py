@@ -69,22 +69,20 @@ class KernelPatterns:
     def classify(self, names: Iterable[str], categories: Iterable[str]) -> np.ndarray:
         """A `KernelClass` value per kernel (object array)."""
         comm, memory, other = self._compiled
+        keys = list(zip(names, categories, strict=True))
         memo: dict[tuple[str, str], str] = {}
-        out = []
-        for name, category in zip(names, categories, strict=True):
-            key = (name, category)
-            kind = memo.get(key)
-            if kind is None:
-                if comm.search(name):
-                    kind = KernelClass.COMM.value
-                elif memory.search(name) or (self.by_category and category in COPY_CATEGORIES):
-                    kind = KernelClass.MEMORY.value
-                elif other.search(name):
-                    kind = KernelClass.OTHER.value
-                else:
-                    kind = KernelClass.COMPUTE.value
-                memo[key] = kind
-            out.append(kind)
+        for key in dict.fromkeys(keys):  # each (name, category) once
+            name, category = key
+            if comm.search(name):
+                kind = KernelClass.COMM.value
+            elif memory.search(name) or (self.by_category and category in COPY_CATEGORIES):
+                kind = KernelClass.MEMORY.value
+            elif other.search(name):
+                kind = KernelClass.OTHER.value
+            else:
+                kind = KernelClass.COMPUTE.value
+            memo[key] = kind
+        out = list(map(memo.__getitem__, keys))
         return np.array(out, dtype=object)
 
 

@@ -199,7 +199,7 @@ def _families(
     for ranks, name in config_groups:
         add(ranks, name)
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
-    for comm in comms:
+    for comm, times in _counted(comms):
         members: tuple[int, ...] | None = comm.get("group_ranks")
         if not members:
             continue
@@ -207,16 +207,25 @@ def _families(
         op = comm.get("op")
         if family is None or not op:
             continue
-        family.ops[op] += 1
-        family.per_step[(comm["rank"], comm["step"])] += 1
+        family.ops[op] += times
+        family.per_step[(comm["rank"], comm["step"])] += times
         peer = comm.get("peer")
         if peer is not None and op in ("send", "recv"):
             (family.sent_to if op == "send" else family.received_from)[comm["rank"]].add(peer)
         if op in COLLECTIVE_OPS:
-            family.collectives += 1
+            family.collectives += times
             t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))
-            family.early += t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+            family.early += times * (t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0))
     return families
+
+
+def _counted(comms: Iterable[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], int]]:
+    """Each collective with how many times it occurs in a row: the distinct rows of a
+    packed_comms.LayoutView with their counts (the same tallies in one pass per distinct
+    value: everything `_families` does with a repeat is idempotent or a count), else each
+    record once."""
+    rows = getattr(comms, "rows", None)
+    return rows if isinstance(rows, list) else ((comm, 1) for comm in comms)
 
 
 def _built(
