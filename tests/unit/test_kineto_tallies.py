@@ -38,6 +38,7 @@ layout_keys = st.tuples(
     st.booleans(),  # from_name
     st.one_of(st.none(), st.integers(0, WORLD)),  # peer
     st.one_of(st.none(), st.integers(0, 2**20)),  # bytes
+    st.one_of(st.none(), st.booleans()),  # blocking
 )
 
 
