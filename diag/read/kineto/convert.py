@@ -9,7 +9,8 @@ dashboard read a profiler trace as they read our own runs.
 - comms: each op a communication kernel runs (a batch's kernel runs several), with op, group,
   bytes, dtype, peer and seq read from the CPU side that launched it (comm_ops.py: its
   `record_param_comms`, the batch recorded before its launch, its `nccl:<op>` annotation), else
-  the op read from the kernel's name and no bytes (DeepEP).
+  the op read from the kernel's name and no bytes (DeepEP). A collective's kernel queued behind
+  another communication kernel starts at its arrival, not at the kernel's start (queued.py).
 - comm_wait spans: the time of launched communication not hidden under computation or copies
   (exposed); a receive, and a collective under which the device computes nothing, are waits of
   their own (blocking) and have none.
@@ -40,6 +41,7 @@ from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
+from diag.read.kineto.queued import MESSAGE_OPS, queued_arrivals
 from diag.read.kineto.send_waits import send_waited
 
 NS_PER_US = 1000
@@ -227,6 +229,10 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         return _cpu_records(rank_id, rank)
     attribution = CommAttribution(rank)
     attribution.prepare(np.flatnonzero(kinds == KernelClass.COMM.value), correlation)
+    # a collective's kernel queued behind another's (a stream's order) arrived before it
+    # started (queued.py); a message's kernel keeps its start (its peer's pairs with it)
+    arrived = queued_arrivals(t0, t1, launched_at, np.flatnonzero(kinds == KernelClass.COMM.value),
+                              np.flatnonzero(kinds != KernelClass.COMM.value))  # fmt: skip
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
     for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
@@ -246,9 +252,15 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         hidden = intervals.covered_before(busy_union, t1[comm]) - intervals.covered_before(
             busy_union, t0[comm]
         )
+        hidden_since_arrival = intervals.covered_before(
+            busy_union, t1[comm]
+        ) - intervals.covered_before(busy_union, arrived[comm])
+        starts = t0.copy()  # each comm kernel's start as recorded: its arrival or its own start
         waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
         busy_starts = np.sort(t0[busy])
-        for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
+        for i, hidden_ns, since_arrival in zip(
+            comm.tolist(), hidden.tolist(), hidden_since_arrival.tolist(), strict=True
+        ):
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
@@ -258,6 +270,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             ops = attribution.describe(i, int(correlation[i]))
             receives = any(d["op"] == schema.CollectiveOp.RECV.value for d in ops)
             sends = bool(ops) and all(d["op"] == schema.CollectiveOp.SEND.value for d in ops)
+            if ops and not any(d["op"] in MESSAGE_OPS for d in ops) and arrived[i] < t0[i]:
+                starts[i], hidden_ns = arrived[i], since_arrival
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
@@ -266,7 +280,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0[i])}
             for described in ops:
                 records["comm"].append({
-                    "rank": rank_id, "step": number, **described, "t0": int(t0[i]),
+                    "rank": rank_id, "step": number, **described, "t0": int(starts[i]),
                     "t1": int(t1[i]), "expected_bytes": None, "tag": None,
                     "async": not own_wait, "blocking": own_wait, **batch,
                 })  # fmt: skip
@@ -276,7 +290,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         # the collective's record already; a comm_wait there would count it twice)
         occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy
         exposed = intervals.difference(
-            np.column_stack([t0[awaited], t1[awaited]]),
+            np.column_stack([starts[awaited], t1[awaited]]),
             np.column_stack([t0[occupied], t1[occupied]]),
         )
         for start, end in exposed.tolist():
