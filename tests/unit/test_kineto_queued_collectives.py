@@ -69,8 +69,8 @@ def test_a_queued_all_reduce_arrives_at_its_launch(folders: dict[str, tuple[Path
     run, traces = folders["dp"]
     recorded = load_any(run).comms
     read = load_any(traces, layout=Layout(dp=2)).comms
-    for comms in (recorded, read):
-        assert comms["async"].astype(bool).groupby(comms["rank"]).sum()[0] >= 3
+    for comms in (recorded, read):  # every bucket of the waiting rank launched, none blocking
+        assert comms.loc[comms["rank"] == 0, "async"].astype(bool).all()
     waiting = read[read["rank"] == 0].sort_values(["step", "t0"])
     mine = recorded[recorded["rank"] == 0].sort_values(["step", "t0"])
     # the steps' clocks differ (a trace's step starts at its first kernel): compare within steps

@@ -12,7 +12,10 @@ backward. Both misreadings hide a straggler's cost behind its peers' queues.
 
 A queued kernel's arrival is therefore when its rank could have joined: its launch, or where
 the device ran behind the host at that launch (the computation launched before it had not
-started yet), the end of that computation; never after the kernel's own start.
+started yet), the end of that computation; never before the kernel it queued behind arrived
+(that one runs first), nor after the kernel's own start.
+Kernels of different streams are not told apart (the reader keeps no stream): one starting as
+another communication kernel ends is read as queued behind it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ end by more than this, queued behind it (a stream's next kernel starts a few us 
 previous one ends)."""
 
 
+LOOKBACK = 8
+"""The computation kernels launched last before a queued collective that are looked at: one not
+started by the collective's launch (the device ran behind the host) ends before the collective
+could run (a stream runs its kernels in launch order; the collective's input comes from them)."""
+
+
 def queued_arrivals(
     t0: np.ndarray,
     t1: np.ndarray,
@@ -38,8 +47,9 @@ def queued_arrivals(
 ) -> np.ndarray:
     """Per kernel (int ns arrays `t0`, `t1`, its launch `launched`), when its rank arrived:
     `t0`, except for communication kernels (indices `comm`) that queued behind another of
-    `comm` (module docstring), whose arrival is their launch, or the end of the computation
-    (indices `compute`) launched last before it where that had not started by the launch."""
+    `comm` (module docstring), whose arrival is their launch, or the latest end of the
+    computation (indices `compute`) launched last before it (LOOKBACK kernels) that had not
+    started by that launch, and never before the arrival of the kernel it queued behind."""
     arrival = t0.copy()
     if len(comm) < 2:
         return arrival
@@ -47,6 +57,9 @@ def queued_arrivals(
     order = np.argsort(t0[comm], kind="stable")
     by_start = comm[order]
     reach = np.maximum.accumulate(t1[by_start])
+    position = np.arange(len(by_start))
+    # which kernel ends at the reach (the one each queued kernel waited behind): the latest
+    ahead = np.maximum.accumulate(np.where(t1[by_start] == reach, position, 0))
     starts = t0[by_start]
     previous_end = np.r_[starts[0] - 2 * QUEUE_TOLERANCE_NS - 1, reach[:-1]]  # none: apart
     queued = (np.abs(starts - previous_end) <= QUEUE_TOLERANCE_NS) & (
@@ -56,13 +69,21 @@ def queued_arrivals(
         return arrival
     rows = by_start[queued]
     ready = launched[rows].copy()
+    # a kernel whose launch was not found reads its own start as its launch: no evidence
+    compute = compute[launched[compute] < t0[compute]]
     if len(compute):
-        order = np.argsort(launched[compute], kind="stable")
-        by_launch = compute[order]
+        by_launch = compute[np.argsort(launched[compute], kind="stable")]
         last = np.searchsorted(launched[by_launch], launched[rows], side="left") - 1
-        has = last >= 0
-        before = by_launch[np.maximum(last, 0)]
-        behind = has & (t0[before] > launched[rows])  # the device had not reached it yet
-        ready = np.where(behind, np.maximum(ready, t1[before]), ready)
+        for back in range(LOOKBACK):  # the computation launched last before each
+            at = last - back
+            has = at >= 0
+            before = by_launch[np.maximum(at, 0)]
+            behind = has & (t0[before] > launched[rows])  # the device had not reached it yet
+            ready = np.where(behind, np.maximum(ready, t1[before]), ready)
     arrival[rows] = np.clip(ready, None, t0[rows])
+    # and not before the kernel it queued behind arrived (that one runs first): in start order,
+    # so that a queue's later kernels follow its earlier ones' arrivals
+    for at in np.flatnonzero(queued).tolist():
+        k, previous = by_start[at], by_start[ahead[at - 1]]
+        arrival[k] = min(max(arrival[k], arrival[previous]), t0[k])
     return arrival
