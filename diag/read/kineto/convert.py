@@ -9,7 +9,8 @@ dashboard read a profiler trace as they read our own runs.
 - comms: each op a communication kernel runs (a batch's kernel runs several), with op, group,
   bytes, dtype, peer and seq read from the CPU side that launched it (comm_ops.py: its
   `record_param_comms`, the batch recorded before its launch, its `nccl:<op>` annotation), else
-  the op read from the kernel's name and no bytes (DeepEP).
+  the op read from the kernel's name and no bytes (DeepEP). A collective's kernel queued behind
+  another communication kernel starts at its arrival, not at the kernel's start (queued.py).
 - comm_wait spans: the time of launched communication not hidden under computation or copies
   (exposed); a receive, and a collective under which the device computes nothing, are waits of
   their own (blocking) and have none.
@@ -40,6 +41,7 @@ from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
+from diag.read.kineto.queued import MESSAGE_OPS, queued_arrivals
 from diag.read.kineto.send_waits import send_waited
 
 NS_PER_US = 1000
@@ -233,7 +235,13 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         return _cpu_records(rank_id, rank)
     attribution = CommAttribution(rank)
     attribution.prepare(np.flatnonzero(kinds == COMM), correlation)
-    starts, ends, correlations = rank.gpu_t0, rank.gpu_t1, rank.gpu_correlation
+    # a collective's kernel queued behind another's (a stream's order) arrived before it
+    # started (queued.py); a message's kernel keeps its start (its peer's pairs with it)
+    arrived = queued_arrivals(
+        t0, t1, launched_at, np.flatnonzero(kinds == COMM), np.flatnonzero(kinds != COMM)
+    )
+    starts = t0.copy()  # each comm kernel's start as recorded: its arrival or its own start
+    ends, correlations = rank.gpu_t1, rank.gpu_correlation
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
     for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
@@ -254,12 +262,14 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         own_waits: list[bool] = []
         unawaited: list[bool] = []  # sends the rank did not wait for: no comm_wait either
         busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
-        hidden = intervals.covered_before(busy_union, t1[comm]) - intervals.covered_before(
-            busy_union, t0[comm]
-        )
+        covered_by_end = intervals.covered_before(busy_union, t1[comm])
+        hidden = covered_by_end - intervals.covered_before(busy_union, t0[comm])
+        hidden_since_arrival = covered_by_end - intervals.covered_before(busy_union, arrived[comm])
         waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
         busy_starts = np.sort(t0[busy])
-        for i, hidden_ns in zip(comm.tolist(), hidden.tolist(), strict=True):
+        for i, hidden_ns, since_arrival in zip(
+            comm.tolist(), hidden.tolist(), hidden_since_arrival.tolist(), strict=True
+        ):
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
@@ -272,13 +282,15 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             else:
                 receives = any(d["op"] == RECV for d in ops)
                 sends = bool(ops) and all(d["op"] == SEND for d in ops)
+            if ops and not any(d["op"] in MESSAGE_OPS for d in ops) and arrived[i] < t0[i]:
+                starts[i], hidden_ns = arrived[i], since_arrival
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
             # a batch's ops get their own ends from their peers' once every rank is read
             # (batches.py): which kernel ran them, and when the computation resumed after it
-            start, end = starts[i], ends[i]
-            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, start)}
+            start, end = int(starts[i]), ends[i]
+            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0[i])}
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": start,
@@ -291,7 +303,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         # the collective's record already; a comm_wait there would count it twice)
         occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy
         exposed = intervals.difference(
-            np.column_stack([t0[awaited], t1[awaited]]),
+            np.column_stack([starts[awaited], t1[awaited]]),
             np.column_stack([t0[occupied], t1[occupied]]),
         )
         for start, end in exposed.tolist():
