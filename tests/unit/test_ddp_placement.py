@@ -38,6 +38,15 @@ def test_early_bucket_all_reduces_overlapping_compute_read_as_data_parallel(ddp:
     assert not run.manifest.layout_unknown
 
 
-def test_its_straggler_is_named(ddp: Path) -> None:
-    first = analyze_path(ddp)["findings"][0]
-    assert (first["rule"], first["ranks"]) == ("BAL001", [1])
+def test_its_straggler_is_named_at_its_run_directory_s_cost(ddp: Path, tmp_path: Path) -> None:
+    """Nothing given (`diag analyze FOLDER`, a user's path): the straggler and its cost as the
+    same simulated run's directory gives them."""
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "simulate", "--ranks", "2", "--steps", "4", "--out", str(run_dir),
+        "--inject", "straggler:rank=1,ms=50",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    first, truth = analyze_path(ddp)["findings"][0], analyze_path(run_dir)["findings"][0]
+    assert (first["rule"], first["ranks"]) == (truth["rule"], truth["ranks"]) == ("BAL001", [1])
+    assert first["cost_s"] == pytest.approx(truth["cost_s"], rel=0.2)
