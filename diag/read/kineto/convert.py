@@ -64,6 +64,7 @@ class RankEvents:
     gpu_t0: list[int] = field(default_factory=list)
     gpu_t1: list[int] = field(default_factory=list)
     gpu_correlation: list[int] = field(default_factory=list)
+    gpu_stream: list[int] = field(default_factory=list)  # -1: the trace does not say
     gpu_args: list[Args | None] = field(default_factory=list)  # a kernel's own collective args
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
@@ -146,6 +147,10 @@ class Scan:
                     correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
                     else _id(correlation)
                 )  # fmt: skip
+                stream = args.stream
+                out.gpu_stream.append(
+                    stream if type(stream) is int and 0 <= stream < MAX_ARG_INTEGER else -1
+                )
                 continue
             cpu_first.append(t0)
             cpu_last.append(t1)
@@ -238,7 +243,12 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     # a collective's kernel queued behind another's (a stream's order) arrived before it
     # started (queued.py); a message's kernel keeps its start (its peer's pairs with it)
     arrived = queued_arrivals(
-        t0, t1, launched_at, np.flatnonzero(kinds == COMM), np.flatnonzero(kinds != COMM)
+        t0,
+        t1,
+        launched_at,
+        np.flatnonzero(kinds == COMM),
+        np.flatnonzero(kinds != COMM),
+        np.array(rank.gpu_stream, dtype=np.int64),
     )
     starts = t0.copy()  # each comm kernel's start as recorded: its arrival or its own start
     ends, correlations = rank.gpu_t1, rank.gpu_correlation
@@ -282,7 +292,12 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             else:
                 receives = any(d["op"] == RECV for d in ops)
                 sends = bool(ops) and all(d["op"] == SEND for d in ops)
-            if ops and not any(d["op"] in MESSAGE_OPS for d in ops) and arrived[i] < t0[i]:
+            # (only where the device computed while it queued: a collective launched ahead of
+            # a blocked computation, a tensor-parallel one, arrived when its stream got to it)
+            if (
+                ops and not any(d["op"] in MESSAGE_OPS for d in ops)
+                and arrived[i] < t0[i] and since_arrival > hidden_ns
+            ):  # fmt: skip
                 starts[i], hidden_ns = arrived[i], since_arrival
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)

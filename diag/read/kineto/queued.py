@@ -14,8 +14,10 @@ A queued kernel's arrival is therefore when its rank could have joined: its laun
 the device ran behind the host at that launch (the computation launched before it had not
 started yet), the end of that computation; never before the kernel it queued behind arrived
 (that one runs first), nor after the kernel's own start.
-Kernels of different streams are not told apart (the reader keeps no stream): one starting as
-another communication kernel ends is read as queued behind it.
+Only a kernel of the same stream queues behind another (a process group's kernels share its
+stream): a collective starting as another group's kernel ends (a tensor-parallel all-reduce
+after a pipeline's receive) waited on its data, not in a queue. Kernels whose stream the trace
+does not say are read as one stream.
 """
 
 from __future__ import annotations
@@ -44,13 +46,31 @@ def queued_arrivals(
     launched: np.ndarray,
     comm: np.ndarray,
     compute: np.ndarray,
+    stream: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per kernel (int ns arrays `t0`, `t1`, its launch `launched`), when its rank arrived:
-    `t0`, except for communication kernels (indices `comm`) that queued behind another of
-    `comm` (module docstring), whose arrival is their launch, or the latest end of the
-    computation (indices `compute`) launched last before it (LOOKBACK kernels) that had not
-    started by that launch, and never before the arrival of the kernel it queued behind."""
+    """Per kernel (int ns arrays `t0`, `t1`, its launch `launched`, its `stream`), when its
+    rank arrived: `t0`, except for communication kernels (indices `comm`) that queued behind
+    another of `comm` on their stream (module docstring), whose arrival is their launch, or the
+    latest end of the computation (indices `compute`) launched last before it (LOOKBACK
+    kernels) that had not started by that launch, and never before the arrival of the kernel
+    it queued behind."""
     arrival = t0.copy()
+    if stream is None or len(comm) < 2:
+        return _queued(arrival, t0, t1, launched, comm, compute)
+    for one in np.unique(stream[comm]).tolist():
+        arrival = _queued(arrival, t0, t1, launched, comm[stream[comm] == one], compute)
+    return arrival
+
+
+def _queued(
+    arrival: np.ndarray,
+    t0: np.ndarray,
+    t1: np.ndarray,
+    launched: np.ndarray,
+    comm: np.ndarray,
+    compute: np.ndarray,
+) -> np.ndarray:
+    """`arrival` with the queued kernels among `comm` (one stream's) set."""
     if len(comm) < 2:
         return arrival
     # the latest end of the communication kernels that started before each one
