@@ -32,10 +32,19 @@ also bounds the start: the ranks meet at init within it, so it stays long on loa
 FAILURES = ("crash", "desync", "kill")
 
 
-def launch(cwd: Path, failure: str | None) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={RANKS}", str(JOB), "--steps", str(STEPS),
-               "--pg-timeout-s", str(PG_TIMEOUT_S)]  # fmt: skip
+FORKRUN = Path(__file__).with_name("forkrun.py")
+
+
+def launch(cwd: Path, failure: str | None, torchrun: bool = True) -> subprocess.Popen[str]:
+    """The loop on RANKS ranks in `cwd`, under torchrun or (`torchrun=False`) forked from one
+    launcher that imported torch (tests/distributed/forkrun.py: torchrun's environment, and
+    its SIGTERM to the others when a rank fails)."""
+    if torchrun:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={RANKS}", str(JOB)]  # fmt: skip
+    else:
+        command = [sys.executable, str(FORKRUN), str(RANKS), "tests.distributed.readme_job"]
+    command += ["--steps", str(STEPS), "--pg-timeout-s", str(PG_TIMEOUT_S)]
     if failure is not None:
         command += ["--fail", failure, "--fail-rank", str(RANK), "--fail-step", str(STEP)]
     cwd.mkdir(parents=True, exist_ok=True)
@@ -108,8 +117,11 @@ def hang_run(cwd: Path) -> dict[str, Any]:
 
 class FailedRuns:
     """The loop failing each way (and healthy), each launched once per session when a test
-    first asks for it; two at a time (more at once would starve a rank of two cores past the
-    group's timeout)."""
+    first asks for it, all at once, each from a launcher that imported torch (forkrun.py): a
+    rank starts without an import to be starved in, and the jobs mostly wait (the desync for
+    the group's timeout), so together they take the longest one's time. The hang, whose
+    timing is measured and whose rank torchrun's own SIGTERM ends, runs alone under torchrun
+    (`hang_run`)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -118,11 +130,11 @@ class FailedRuns:
     def get(self, modes: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = list(modes)
         missing = [m for m in wanted if m not in self.runs]
-        for pair in (missing[i : i + 2] for i in range(0, len(missing), 2)):
-            jobs = [(m, launch(self.root / m, None if m == "healthy" else m)) for m in pair]
-            for name, job in jobs:
-                output = finish(job)
-                run = self.root / name / "runs" / "my-job"
-                assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
-                self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
+        jobs = [(m, launch(self.root / m, None if m == "healthy" else m, torchrun=False))
+                for m in missing]  # fmt: skip
+        for name, job in jobs:
+            output = finish(job)
+            run = self.root / name / "runs" / "my-job"
+            assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
+            self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
         return {m: self.runs[m] for m in wanted}

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.dist
 
 def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> None:
     # Small buckets (several per step) and accumulation over 2 micro-batches (one sync a step).
-    run_dp(tmp_path, "--steps", "3", "--bucket-mb", "0.25", "--grad-accum", "2")
+    # through `diag run` itself (preflight, torchrun, the manifest's command)
+    run_dp(tmp_path, "--steps", "3", "--bucket-mb", "0.25", "--grad-accum", "2", real=True)
     run = load_run(tmp_path)
     params = count_params(GPT(GPTConfig()))
     expected = ledger.dp_grad_payload_bytes(params, grad_dtype_bytes=4)  # accumulation or not
@@ -40,6 +41,7 @@ def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> No
         assert measured == pytest.approx(expected, rel=0.01)
     assert run.manifest.layout.grad_accum == 2
     assert run.manifest.status == "complete" and run.manifest.steps_completed == 3
+    assert run.manifest.command.startswith("diag run dp --nproc=2 --steps 3")
 
     metrics = compute_metrics(run)
     row = metrics.collectives[metrics.collectives["tag"] == "grad"].iloc[0]

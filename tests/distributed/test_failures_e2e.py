@@ -25,7 +25,7 @@ from diag.api import analyze_path
 from diag.cli.main import main as diag_main
 from diag.rankfile.convert import rank_file, rank_records
 from diag.read.flight_recorder import FR_DIR
-from tests.distributed.readme_runs import ENV, FAILURES, RANK, STEP, STEPS, events, records
+from tests.distributed.readme_runs import ENV, FAILURES, FORKRUN, RANK, STEP, STEPS, events, records
 
 pytestmark = pytest.mark.dist
 
@@ -48,9 +48,11 @@ def failed(readme_failures: Any) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def pp_hang(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`diag run pp --nproc 4 --inject hang:...`, its ranks forked from a launcher that imported
+    torch (tests/distributed/forkrun.py, which ends the others as torchrun does)."""
     out = tmp_path_factory.mktemp("pp") / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "diag", "run", "pp", "--nproc", "4", "--out", str(out),
+        [sys.executable, str(FORKRUN), "4", "reference_runs.pp", "--out", str(out),
          "--steps", str(STEPS), "--inject", f"hang:rank={RANK},step={STEP}"],
         cwd=ROOT, env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)}, capture_output=True,
         text=True, timeout=300,
