@@ -51,16 +51,16 @@ def run_dp():
 
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory: pytest.TempPathFactory):
-    """`shared_run(trainer, *args, real=False)`: the run directory of `diag run TRAINER ARGS`
-    on 2 ranks (`diag_run`), made once per session for every test that asks for the same run
-    (they only read it; the suite's time is mostly launches)."""
+    """`shared_run(trainer, *args, nproc=2, real=False)`: the run directory of `diag run
+    TRAINER --nproc=NPROC ARGS` (`diag_run`), made once per session for every test that asks
+    for the same run (they only read it; the suite's time is mostly launches)."""
     made: dict[tuple[object, ...], Path] = {}
 
-    def run(trainer: str, *args: str, real: bool = False) -> Path:
-        key = (trainer, real, *args)
+    def run(trainer: str, *args: str, nproc: int = 2, real: bool = False) -> Path:
+        key = (trainer, nproc, real, *args)
         if key not in made:
             path = tmp_path_factory.mktemp(f"{trainer}-shared") / "run"
-            diag_run(path, *args, trainer=trainer, nproc=2, real=real)
+            diag_run(path, *args, trainer=trainer, nproc=nproc, real=real)
             made[key] = path
         return made[key]
 
