@@ -115,13 +115,26 @@ def hang_run(cwd: Path) -> dict[str, Any]:
             "watch_rc": watch_rc, "watch_lines": lines}  # fmt: skip
 
 
+def launch_pp_hang(cwd: Path) -> subprocess.Popen[str]:
+    """`diag run pp --nproc 4 --inject hang:rank=RANK,step=STEP` (a reference trainer other
+    than dp hanging), its ranks forked (forkrun.py); the run directory is CWD/run."""
+    command = [sys.executable, str(FORKRUN), "4", "reference_runs.pp", "--out", str(cwd / "run"),
+               "--steps", str(STEPS), "--inject", f"hang:rank={RANK},step={STEP}"]  # fmt: skip
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
 class FailedRuns:
-    """The loop failing each way (and healthy), each launched once per session when a test
-    first asks for it, all at once, each from a launcher that imported torch (forkrun.py): a
-    rank starts without an import to be starved in, and the jobs mostly wait (the desync for
-    the group's timeout), so together they take the longest one's time. The hang, whose
-    timing is measured and whose rank torchrun's own SIGTERM ends, runs alone under torchrun
-    (`hang_run`)."""
+    """The loop failing each way (and healthy), and the pp trainer hanging (`pp-hang`): all
+    launched at once when a test first asks for one of them, each from a launcher that imported
+    torch (forkrun.py). A rank starts without an import to be starved in, and the jobs mostly
+    wait (the desync and the pp hang for the group's timeout), so together they take about the
+    longest one's time. The README loop's hang, whose timing is measured and whose rank
+    torchrun's own SIGTERM ends, runs alone under torchrun (`hang_run`)."""
+
+    MODES = (*FAILURES, "healthy", "pp-hang")
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -129,12 +142,16 @@ class FailedRuns:
 
     def get(self, modes: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = list(modes)
-        missing = [m for m in wanted if m not in self.runs]
-        jobs = [(m, launch(self.root / m, None if m == "healthy" else m, torchrun=False))
-                for m in missing]  # fmt: skip
-        for name, job in jobs:
-            output = finish(job)
-            run = self.root / name / "runs" / "my-job"
-            assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
-            self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
+        if any(m not in self.runs for m in wanted):
+            jobs = [(m, self._launch(m)) for m in self.MODES if m not in self.runs]
+            for name, job in jobs:
+                output = finish(job)
+                run = self.root / name / ("run" if name == "pp-hang" else "runs/my-job")
+                assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
+                self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
         return {m: self.runs[m] for m in wanted}
+
+    def _launch(self, mode: str) -> subprocess.Popen[str]:
+        if mode == "pp-hang":
+            return launch_pp_hang(self.root / mode)
+        return launch(self.root / mode, None if mode == "healthy" else mode, torchrun=False)
