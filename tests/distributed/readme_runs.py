@@ -128,13 +128,14 @@ def launch_pp_hang(cwd: Path) -> subprocess.Popen[str]:
 
 class FailedRuns:
     """The loop failing each way (and healthy), and the pp trainer hanging (`pp-hang`): all
-    launched at once when a test first asks for one of them, each from a launcher that imported
-    torch (forkrun.py). A rank starts without an import to be starved in, and the jobs mostly
-    wait (the desync and the pp hang for the group's timeout), so together they take about the
-    longest one's time. The README loop's hang, whose timing is measured and whose rank
-    torchrun's own SIGTERM ends, runs alone under torchrun (`hang_run`)."""
+    launched when a test first asks for one of them, each from a launcher that imported torch
+    (forkrun.py), two at a time. Not more: a desync or a kill is named right only if the other
+    ranks have reached the collective when the launcher ends them, and a rank kept off a core
+    by many neighbours may still be a step behind (5 jobs at once: a desync named `ranks 0,2
+    never joined`). The README loop's hang, whose timing is measured and whose rank torchrun's
+    own SIGTERM ends, runs alone under torchrun (`hang_run`)."""
 
-    MODES = (*FAILURES, "healthy", "pp-hang")
+    WAVES = (("crash", "desync"), ("kill", "healthy"), ("pp-hang",))
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -143,12 +144,14 @@ class FailedRuns:
     def get(self, modes: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = list(modes)
         if any(m not in self.runs for m in wanted):
-            jobs = [(m, self._launch(m)) for m in self.MODES if m not in self.runs]
-            for name, job in jobs:
-                output = finish(job)
-                run = self.root / name / ("run" if name == "pp-hang" else "runs/my-job")
-                assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
-                self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
+            for wave in self.WAVES:
+                jobs = [(m, self._launch(m)) for m in wave if m not in self.runs]
+                for name, job in jobs:
+                    output = finish(job)
+                    run = self.root / name / ("run" if name == "pp-hang" else "runs/my-job")
+                    assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
+                    self.runs[name] = {"run": run, "output": output,
+                                       "returncode": job.returncode}  # fmt: skip
         return {m: self.runs[m] for m in wanted}
 
     def _launch(self, mode: str) -> subprocess.Popen[str]:

@@ -36,15 +36,15 @@ def hang(readme_hang: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def failed(readme_failures: Any) -> dict[str, Path]:
-    """The crash, the desync, the kill and the healthy loop (launched once per session, at once
-    with the pp hang)."""
+    """The crash, the desync, the kill and the healthy loop (launched once per session, with the
+    pp hang: tests/distributed/readme_runs.py)."""
     runs = readme_failures.get([*FAILURES, "healthy"])
     return {name: run["run"] for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
 def pp_hang(readme_failures: Any) -> Path:
-    """`diag run pp --nproc 4 --inject hang:...`, launched beside the README loop's failures
+    """`diag run pp --nproc 4 --inject hang:...`, launched with the README loop's failures
     (tests/distributed/readme_runs.py)."""
     done = readme_failures.get(["pp-hang"])["pp-hang"]
     assert done["returncode"] != 0, done["output"][-3000:]
