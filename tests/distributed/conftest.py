@@ -29,13 +29,17 @@ def diag_run(
     real: bool = False,
 ) -> None:
     """The run directory of `diag run TRAINER --nproc=N --out RUN_DIR ARGS`; fails the test with
-    the output if the job fails. `real`: through `diag run` itself (its preflight, torchrun);
-    otherwise the trainer's ranks are forked from one launcher that imported torch
-    (tests/distributed/forkrun.py), with the environment `diag run` gives them: the same
-    trainer, collectors and run directory, a few seconds of start-up less a job."""
+    the output if the job fails. `real` (and any run with `--profile-steps`): through `diag
+    run` itself (its preflight, torchrun); otherwise the trainer's ranks are forked from one
+    launcher that imported torch (tests/distributed/forkrun.py), with the environment `diag
+    run` gives them: the same trainer, collectors and run directory, a few seconds of
+    start-up less a job."""
     options = [*args, "--out", str(run_dir)]
     command = ["diag", "run", trainer, f"--nproc={nproc}", *options]
-    if real:
+    # A run with profiler traces is launched for real: forked ranks inherit the launcher's
+    # torch, the profiler's state with it, and a forked loader-stall run's traces read BAL001
+    # where its records (and its traces under torchrun) read BAL005 (2 of 4 runs)
+    if real or "--profile-steps" in args:
         cmd = [sys.executable, "-m", *command]
     else:
         cmd = [sys.executable, str(FORKRUN), str(nproc), f"reference_runs.{trainer}", *options]
