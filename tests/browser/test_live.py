@@ -1,10 +1,11 @@
-"""The live views beside one real 4-rank torchrun job (gloo) that gets a straggler midway
+"""The live views beside one real 4-rank dp job (gloo; its ranks forked from a launcher that
+imported torch, tests/distributed/forkrun.py) that gets a straggler midway
 (`straggler:rank=2,ms=80,from=FROM_STEP`):
 - `diag watch RUN` names the straggler while the job runs, within a few seconds of the step where
   it begins and never before it, and ends when the manifest says the run ended;
 - `diag dashboard RUN --live` in headless Chromium: the Overview follows the run without a reload
   (its step count grows) and names the straggler.
-One job for both: a torchrun start is most of the cost."""
+One job for both: a job's start is most of the cost."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from dashboard.app import create_app
 from diag import RunTail, load_any
 from tests.browser.conftest import _need_browser, _serving
+from tests.distributed.conftest import FORKRUN
 
 pytestmark = pytest.mark.browser
 
@@ -81,8 +83,8 @@ def live(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     live dashboard's Overview showed, polled until it named the straggler."""
     _need_browser()
     run = tmp_path_factory.mktemp("live") / "dp4-late-straggler"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "diag", "run", "dp", "--nproc=4", "--steps", str(STEPS),
+    job = subprocess.Popen(  # `diag run dp --nproc=4 ...`, its ranks forked (forkrun.py)
+        [sys.executable, str(FORKRUN), "4", "reference_runs.dp", "--steps", str(STEPS),
          "--out", str(run), "--inject", f"straggler:rank=2,ms=80,from={FROM_STEP}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +17,34 @@ from tests.distributed.readme_runs import FailedRuns, hang_run
 pytestmark = pytest.mark.dist
 
 
+FORKRUN = Path(__file__).with_name("forkrun.py")
+
+
 def diag_run(
-    run_dir: Path, *args: str, nproc: int = 2, timeout_s: float = 180, trainer: str = "dp"
+    run_dir: Path,
+    *args: str,
+    nproc: int = 2,
+    timeout_s: float = 180,
+    trainer: str = "dp",
+    real: bool = False,
 ) -> None:
-    """`diag run TRAINER ...` in a subprocess; fails the test with the output if it fails."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "diag",
-        "run",
-        trainer,
-        f"--nproc={nproc}",
-        "--out",
-        str(run_dir),
-        *args,
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    """The run directory of `diag run TRAINER --nproc=N --out RUN_DIR ARGS`; fails the test with
+    the output if the job fails. `real` (and any run with `--profile-steps`): through `diag
+    run` itself (its preflight, torchrun); otherwise the trainer's ranks are forked from one
+    launcher that imported torch (tests/distributed/forkrun.py), with the environment `diag
+    run` gives them: the same trainer, collectors and run directory, a few seconds of
+    start-up less a job."""
+    options = [*args, "--out", str(run_dir)]
+    command = ["diag", "run", trainer, f"--nproc={nproc}", *options]
+    # A run with profiler traces is launched for real: forked ranks inherit the launcher's
+    # torch, the profiler's state with it, and a forked loader-stall run's traces read BAL001
+    # where its records (and its traces under torchrun) read BAL005 (2 of 4 runs)
+    if real or "--profile-steps" in args:
+        cmd = [sys.executable, "-m", *command]
+    else:
+        cmd = [sys.executable, str(FORKRUN), str(nproc), f"reference_runs.{trainer}", *options]
+    env = {**os.environ, "DIAG_COMMAND": shlex.join(command), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -41,16 +55,16 @@ def run_dp():
 
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory: pytest.TempPathFactory):
-    """`shared_run(trainer, *args)`: the run directory of `diag run TRAINER ARGS` on 2 ranks,
-    made once per session for every test that asks for the same run (they only read it; the
-    suite's time is mostly launches)."""
-    made: dict[tuple[str, ...], Path] = {}
+    """`shared_run(trainer, *args, nproc=2, real=False)`: the run directory of `diag run
+    TRAINER --nproc=NPROC ARGS` (`diag_run`), made once per session for every test that asks
+    for the same run (they only read it; the suite's time is mostly launches)."""
+    made: dict[tuple[object, ...], Path] = {}
 
-    def run(trainer: str, *args: str) -> Path:
-        key = (trainer, *args)
+    def run(trainer: str, *args: str, nproc: int = 2, real: bool = False) -> Path:
+        key = (trainer, nproc, real, *args)
         if key not in made:
             path = tmp_path_factory.mktemp(f"{trainer}-shared") / "run"
-            diag_run(path, *args, trainer=trainer, nproc=2)
+            diag_run(path, *args, trainer=trainer, nproc=nproc, real=real)
             made[key] = path
         return made[key]
 

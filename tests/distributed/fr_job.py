@@ -7,7 +7,7 @@ completed records with `seq`, `comm_issued` before a collective, `span_open`, he
 RUN/flight-recorder/rank-NNNNN.json (TORCH_FR_BUFFER_SIZE set before torch starts).
 
     python fr_job.py RUN MODE RANKS
-    python fr_job.py ROOT hang,desync,healthy RANKS   # each job in ROOT/MODE, one after another
+    python fr_job.py ROOT hang,desync,healthy RANKS   # each job in ROOT/MODE, all at once
 
 The ranks are forked from the launcher once it has imported torch (each still its own process,
 with its own process group).
@@ -141,7 +141,7 @@ def main(run: str, mode: str, rank: int, world: int) -> None:
     os._exit(0)  # no teardown: a peer may be gone
 
 
-def launch(run: str, mode: str, ranks: int, deadline: float) -> int:
+def start(run: str, mode: str, ranks: int) -> list[int]:
     """The job of `mode`: its manifest, then its ranks forked from this process (torch is
     imported once, here, not in every rank: the import is most of a small job's time)."""
     os.makedirs(run, exist_ok=True)
@@ -161,6 +161,11 @@ def launch(run: str, mode: str, ranks: int, deadline: float) -> int:
             finally:
                 os._exit(1)
         pids.append(pid)
+    return pids
+
+
+def wait(pids: list[int], deadline: float) -> int:
+    """The ranks' worst exit code once all have ended; 1 (and the rest killed) at `deadline`."""
     codes: dict[int, int] = {}
     while len(codes) < len(pids):
         for pid in pids:
@@ -182,8 +187,11 @@ if __name__ == "__main__":
     target, modes, world = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
     import torch  # noqa: F401  (before the forks: every rank inherits it)
 
-    limit = time.monotonic() + 100 * len(modes)
+    limit = time.monotonic() + 100
     if len(modes) == 1:  # fr_job.py RUN MODE RANKS
-        sys.exit(launch(target, modes[0], world, limit))
-    # fr_job.py ROOT MODE,MODE,... RANKS: one job after the other, in ROOT/MODE
-    sys.exit(max(launch(os.path.join(target, m), m, world, limit) for m in modes))
+        sys.exit(wait(start(target, modes[0], world), limit))
+    # fr_job.py ROOT MODE,MODE,... RANKS: the jobs side by side, in ROOT/MODE. Their ranks
+    # mostly wait (a hang's sleep, the survivors' timeout): at once, the jobs take the
+    # longest one's time, not the sum, and a rank has no import left to be starved in.
+    pids = [pid for m in modes for pid in start(os.path.join(target, m), m, world)]
+    sys.exit(wait(pids, limit))

@@ -32,10 +32,19 @@ also bounds the start: the ranks meet at init within it, so it stays long on loa
 FAILURES = ("crash", "desync", "kill")
 
 
-def launch(cwd: Path, failure: str | None) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={RANKS}", str(JOB), "--steps", str(STEPS),
-               "--pg-timeout-s", str(PG_TIMEOUT_S)]  # fmt: skip
+FORKRUN = Path(__file__).with_name("forkrun.py")
+
+
+def launch(cwd: Path, failure: str | None, torchrun: bool = True) -> subprocess.Popen[str]:
+    """The loop on RANKS ranks in `cwd`, under torchrun or (`torchrun=False`) forked from one
+    launcher that imported torch (tests/distributed/forkrun.py: torchrun's environment, and
+    its SIGTERM to the others when a rank fails)."""
+    if torchrun:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={RANKS}", str(JOB)]  # fmt: skip
+    else:
+        command = [sys.executable, str(FORKRUN), str(RANKS), "tests.distributed.readme_job"]
+    command += ["--steps", str(STEPS), "--pg-timeout-s", str(PG_TIMEOUT_S)]
     if failure is not None:
         command += ["--fail", failure, "--fail-rank", str(RANK), "--fail-step", str(STEP)]
     cwd.mkdir(parents=True, exist_ok=True)
@@ -106,10 +115,27 @@ def hang_run(cwd: Path) -> dict[str, Any]:
             "watch_rc": watch_rc, "watch_lines": lines}  # fmt: skip
 
 
+def launch_pp_hang(cwd: Path) -> subprocess.Popen[str]:
+    """`diag run pp --nproc 4 --inject hang:rank=RANK,step=STEP` (a reference trainer other
+    than dp hanging), its ranks forked (forkrun.py); the run directory is CWD/run."""
+    command = [sys.executable, str(FORKRUN), "4", "reference_runs.pp", "--out", str(cwd / "run"),
+               "--steps", str(STEPS), "--inject", f"hang:rank={RANK},step={STEP}"]  # fmt: skip
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
 class FailedRuns:
-    """The loop failing each way (and healthy), each launched once per session when a test
-    first asks for it; two at a time (more at once would starve a rank of two cores past the
-    group's timeout)."""
+    """The loop failing each way (and healthy), and the pp trainer hanging (`pp-hang`): all
+    launched when a test first asks for one of them, each from a launcher that imported torch
+    (forkrun.py), two at a time. Not more: a desync or a kill is named right only if the other
+    ranks have reached the collective when the launcher ends them, and a rank kept off a core
+    by many neighbours may still be a step behind (5 jobs at once: a desync named `ranks 0,2
+    never joined`). The README loop's hang, whose timing is measured and whose rank torchrun's
+    own SIGTERM ends, runs alone under torchrun (`hang_run`)."""
+
+    WAVES = (("crash", "desync"), ("kill", "healthy"), ("pp-hang",))
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -117,12 +143,18 @@ class FailedRuns:
 
     def get(self, modes: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = list(modes)
-        missing = [m for m in wanted if m not in self.runs]
-        for pair in (missing[i : i + 2] for i in range(0, len(missing), 2)):
-            jobs = [(m, launch(self.root / m, None if m == "healthy" else m)) for m in pair]
-            for name, job in jobs:
-                output = finish(job)
-                run = self.root / name / "runs" / "my-job"
-                assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
-                self.runs[name] = {"run": run, "output": output, "returncode": job.returncode}
+        if any(m not in self.runs for m in wanted):
+            for wave in self.WAVES:
+                jobs = [(m, self._launch(m)) for m in wave if m not in self.runs]
+                for name, job in jobs:
+                    output = finish(job)
+                    run = self.root / name / ("run" if name == "pp-hang" else "runs/my-job")
+                    assert run.is_dir(), f"{name}: no run directory\n{output[-3000:]}"
+                    self.runs[name] = {"run": run, "output": output,
+                                       "returncode": job.returncode}  # fmt: skip
         return {m: self.runs[m] for m in wanted}
+
+    def _launch(self, mode: str) -> subprocess.Popen[str]:
+        if mode == "pp-hang":
+            return launch_pp_hang(self.root / mode)
+        return launch(self.root / mode, None if mode == "healthy" else mode, torchrun=False)

@@ -29,6 +29,9 @@ cannot cross."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from diag.api import analyze_path
@@ -48,6 +51,18 @@ MIDWAY = {  # trainer: (the sleep per micro-batch in ms, its first step, of twic
 }
 
 
+def straggler_run(shared_run: Callable[..., Path], trainer: str) -> Path:
+    """The healthy run of `trainer` (test_rules_e2e_healthy.py) with rank 1 a straggler, once
+    per session. All but dp's record profiler traces from step 2 on: test_traces_agree.py
+    reads the same runs through their traces (the profiler slows every rank alike; that test
+    holds the run's own main finding to more than this one does). dp's stays unprofiled: its
+    bucket rebuild in step 1 is measured against the compute of its later steps."""
+    args = [*HEALTHY[trainer], "--inject", STRAGGLER_OF.get(trainer, STRAGGLER)]
+    if trainer != "dp":
+        args += ["--profile-steps", f"2:{args[args.index('--steps') + 1]}"]
+    return shared_run(trainer, *args)
+
+
 def _main(report: dict) -> dict:
     return report["findings"][0]
 
@@ -60,8 +75,7 @@ def _with_steps(args: list[str], num_steps: int) -> list[str]:
 
 @pytest.mark.parametrize("trainer", list(HEALTHY))
 def test_a_straggler_is_the_main_finding(trainer: str, shared_run) -> None:
-    fault = STRAGGLER_OF.get(trainer, STRAGGLER)
-    report = analyze_path(shared_run(trainer, *HEALTHY[trainer], "--inject", fault))
+    report = analyze_path(straggler_run(shared_run, trainer))
     main = _main(report)
     ranked = [(f["rule"], f["ranks"], f.get("cost_s")) for f in report["findings"]]
     assert main["ranks"] == [1], f"{trainer}: {ranked}"
@@ -89,7 +103,7 @@ def test_ddps_bucket_rebuild_is_recorded_as_waiting(shared_run) -> None:
     """Beside rank 1's 80 ms sleep, rank 0 computes no longer in step 1 than later: its wait in
     DDP's bucket rebuild inside that forward is a recorded broadcast, not compute (it read as
     compute before: rank 0's forward took 96 ms, against 7 ms later)."""
-    run = load_run(shared_run("dp", *HEALTHY["dp"], "--inject", STRAGGLER))
+    run = load_run(straggler_run(shared_run, "dp"))
     rebuilt = run.comms[run.comms["tag"] == "ddp.buckets"]
     assert sorted(rebuilt["rank"]) == [0, 1] and set(rebuilt["step"]) == {1}, rebuilt
     assert set(rebuilt["op"]) == {"broadcast"} and rebuilt["blocking"].all()

@@ -19,13 +19,15 @@ from diag.contract import ledger
 from diag.metrics import compute_metrics
 from diag.read.load import load_run
 from reference_runs.model import GPT, GPTConfig, count_params
+from tests.distributed.test_rules_e2e_speed import STRAGGLER_4
 
 pytestmark = pytest.mark.dist
 
 
 def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> None:
     # Small buckets (several per step) and accumulation over 2 micro-batches (one sync a step).
-    run_dp(tmp_path, "--steps", "3", "--bucket-mb", "0.25", "--grad-accum", "2")
+    # through `diag run` itself (preflight, torchrun, the manifest's command)
+    run_dp(tmp_path, "--steps", "3", "--bucket-mb", "0.25", "--grad-accum", "2", real=True)
     run = load_run(tmp_path)
     params = count_params(GPT(GPTConfig()))
     expected = ledger.dp_grad_payload_bytes(params, grad_dtype_bytes=4)  # accumulation or not
@@ -40,6 +42,7 @@ def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> No
         assert measured == pytest.approx(expected, rel=0.01)
     assert run.manifest.layout.grad_accum == 2
     assert run.manifest.status == "complete" and run.manifest.steps_completed == 3
+    assert run.manifest.command.startswith("diag run dp --nproc=2 --steps 3")
 
     metrics = compute_metrics(run)
     row = metrics.collectives[metrics.collectives["tag"] == "grad"].iloc[0]
@@ -47,10 +50,12 @@ def test_allreduce_bytes_per_step_match_the_ledger(tmp_path: Path, run_dp) -> No
     assert row["busbw_GBps"] > 0
 
 
-def test_straggler_stands_out_and_the_others_wait(tmp_path: Path, run_dp) -> None:
+def test_straggler_stands_out_and_the_others_wait(shared_run) -> None:
+    # test_rules_e2e_speed.py's run: 4 ranks of a small model, rank 1 sleeping 150 ms a step
     delay_ms = 150
-    run_dp(tmp_path, "--steps", "4", "--inject", f"straggler:rank=1,ms={delay_ms}", nproc=4)
-    ranks = compute_metrics(load_run(tmp_path)).ranks.set_index("rank")
+    assert f"straggler:rank=1,ms={delay_ms}" in STRAGGLER_4
+    ranks = compute_metrics(load_run(shared_run("dp", *STRAGGLER_4, nproc=4))).ranks
+    ranks = ranks.set_index("rank")
     steps = ranks.loc[1, "steps"]
     others = ranks.drop(index=1)
 

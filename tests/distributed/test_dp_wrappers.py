@@ -16,10 +16,10 @@ import pytest
 
 import diag
 from tests.conftest import raw_records
+from tests.distributed.conftest import FORKRUN
 
 pytestmark = pytest.mark.dist
 
-JOB = Path(__file__).with_name("dp_wrappers_job.py")
 PARAM_BYTES = (64 * 128 + 128 + 128 * 64 + 64) * 4
 # PowerSGD at rank 1: P (n x 1) and Q (m x 1) per weight matrix; biases go uncompressed
 POWERSGD_BYTES = 2 * (128 + 64) * 4 + (128 + 64) * 4
@@ -28,8 +28,8 @@ POWERSGD_BYTES = 2 * (128 + 64) * 4 + (128 + 64) * 4
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hooks")
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node=2", str(JOB), str(out)]  # fmt: skip
+    # its 2 ranks forked from a launcher that imported torch (forkrun.py: torchrun's environment)
+    launch = [sys.executable, str(FORKRUN), "2", "tests.distributed.dp_wrappers_job", str(out)]
     result = subprocess.run(launch, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return out

@@ -1,4 +1,4 @@
-"""The EP reference trainer under torchrun: all-to-all bytes against the ledger, drop rates at
+"""The EP reference trainer: all-to-all bytes against the ledger, drop rates at
 two capacity factors, the skew injections; and, in a 2-process gloo world, EP gradients against
 the single-process MoE model's on the same tokens."""
 
@@ -25,6 +25,7 @@ from reference_runs.faults import FaultPlan
 from reference_runs.model import GPT, GPTConfig
 from reference_runs.moe import to_moe
 from reference_runs.topology import Topology
+from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist
 
@@ -38,6 +39,29 @@ A2A_TAGS = ("dispatch", "combine", "dispatch.bwd", "combine.bwd")
 AUX_COEF, CAPACITY_FACTOR = 0.01, 1.0  # of the gradient check
 DROPS_AT_DEFAULT_CAPACITY = 0.03
 """Drop rate a balanced (freshly initialised) router may reach at capacity factor 1.25."""
+
+
+RUNS = {  # name: (ranks, trainer options)
+    "no-drops": (2, [*ARGS, "--capacity-factor", "4"]),  # capacity 2T >= T: nothing dropped
+    "half": (2, [*ARGS, "--capacity-factor", "0.5"]),
+    "default": (2, ARGS),  # capacity factor 1.25
+    "skew": (2, [*ARGS, "--topk", "1", "--inject", "skew:frac=0.7,expert=1"]),
+    # first-choice share of expert 0: 0.25, 0.55, 0.85
+    "skew-growth": (4, [*ARGS, "--ep", "2", "--dp", "2", "--inject", "skew-growth:per_step=0.3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The module's runs, three at a time: what the tests read (routing, drops, bytes, groups)
+    does not depend on timing, and side by side the runs overlap their start-up."""
+    root = tmp_path_factory.mktemp("ep")
+    with ThreadPoolExecutor(3) as pool:
+        jobs = [pool.submit(diag_run, root / name, *args, nproc=nproc, trainer="ep")
+                for name, (nproc, args) in RUNS.items()]  # fmt: skip
+        for job in jobs:
+            job.result()
+    return {name: root / name for name in RUNS}
 
 
 def expected_bytes(topk: int = TOPK) -> float:
@@ -54,9 +78,8 @@ def shares(run_dir: Path, expert: int) -> pd.Series:
     return totals["hot"] / totals["all"]
 
 
-def test_alltoall_bytes_equal_the_ledger_when_nothing_is_dropped(tmp_path: Path, run_ep) -> None:
-    run_ep(tmp_path, *ARGS, "--capacity-factor", "4")  # capacity 2T >= T: nothing dropped
-    run = load_run(tmp_path)
+def test_alltoall_bytes_equal_the_ledger_when_nothing_is_dropped(runs: dict[str, Path]) -> None:
+    run = load_run(runs["no-drops"])
     model = run.manifest.model
     assert (model.experts, model.topk, model.capacity_factor) == (EXPERTS, TOPK, 4.0)
     assert run.manifest.layout.ep == 2 and run.manifest.groups["ep"] == [[0, 1]]
@@ -101,18 +124,11 @@ def test_alltoall_bytes_equal_the_ledger_when_nothing_is_dropped(tmp_path: Path,
 
 
 def test_capacity_factor_half_drops_at_least_half_and_default_about_none(
-    tmp_path: Path, run_ep
+    runs: dict[str, Path],
 ) -> None:
-    with ThreadPoolExecutor(2) as pool:  # two small runs side by side: half the start-up wait
-        runs = [
-            pool.submit(run_ep, tmp_path / "half", *ARGS, "--capacity-factor", "0.5"),
-            pool.submit(run_ep, tmp_path / "default", *ARGS),  # 1.25
-        ]
-        for job in runs:
-            job.result()
     rates = {}
     for name in ("half", "default"):
-        run = load_run(tmp_path / name)
+        run = load_run(runs[name])
         report = build_report(run, compute_metrics(run))
         rates[name] = [layer["drop_rate"] for layer in report["experts"]]
         dispatch = next(c for c in report["collectives"] if c["tag"] == "dispatch")
@@ -127,10 +143,9 @@ def test_capacity_factor_half_drops_at_least_half_and_default_about_none(
     assert all(rate < DROPS_AT_DEFAULT_CAPACITY for rate in rates["default"]), rates
 
 
-def test_skew_makes_one_expert_dominate(tmp_path: Path, run_ep) -> None:
-    run_ep(tmp_path, *ARGS, "--topk", "1", "--inject", "skew:frac=0.7,expert=1")
-    run = load_run(tmp_path)
-    assert shares(tmp_path, expert=1).between(0.65, 0.75).all()  # top-1 share ~0.7
+def test_skew_makes_one_expert_dominate(runs: dict[str, Path]) -> None:
+    run = load_run(runs["skew"])
+    assert shares(runs["skew"], expert=1).between(0.65, 0.75).all()  # top-1 share ~0.7
     report = build_report(run, compute_metrics(run))
     for layer in report["experts"]:
         assert layer["max_over_mean"] > 2.5 and layer["drop_rate"] > 0.2  # 0.7 x 4 = 2.8
@@ -139,14 +154,12 @@ def test_skew_makes_one_expert_dominate(tmp_path: Path, run_ep) -> None:
     assert combine[0] > 1.5 * combine[1]
 
 
-def test_skew_growth_raises_load_drops_and_imbalance_over_steps(tmp_path: Path, run_ep) -> None:
-    growth = "skew-growth:per_step=0.3"  # first-choice share of expert 0: 0.25, 0.55, 0.85
-    run_ep(tmp_path, *ARGS, "--ep", "2", "--dp", "2", "--inject", growth, nproc=4)
-    run = load_run(tmp_path)
+def test_skew_growth_raises_load_drops_and_imbalance_over_steps(runs: dict[str, Path]) -> None:
+    run = load_run(runs["skew-growth"])
     assert run.manifest.groups["ep"] == [[0, 1], [2, 3]]
     assert set(run.experts["rank"]) == {0, 2}  # each EP group's first rank
     # with top-2 expert 0's share of all assignments is (first-choice share + second) / 2
-    by_step = shares(tmp_path, expert=0).groupby(level="step").mean()
+    by_step = shares(runs["skew-growth"], expert=0).groupby(level="step").mean()
     assert by_step.is_monotonic_increasing and by_step.iloc[-1] - by_step.iloc[0] > 0.1
     load = run.experts.groupby(["step", "layer"])["tokens"].agg(lambda t: np.sum(list(t), 0))
     max_over_mean = load.map(lambda t: t.max() / t.mean()).groupby(level="step").mean()

@@ -11,10 +11,7 @@ benchmarks/failure_matrix.py runs all of them).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +22,9 @@ from diag.api import analyze_path
 from diag.cli.main import main as diag_main
 from diag.rankfile.convert import rank_file, rank_records
 from diag.read.flight_recorder import FR_DIR
-from tests.distributed.readme_runs import ENV, FAILURES, RANK, STEP, STEPS, events, records
+from tests.distributed.readme_runs import FAILURES, RANK, STEP, events, records
 
 pytestmark = pytest.mark.dist
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +36,19 @@ def hang(readme_hang: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def failed(readme_failures: Any) -> dict[str, Path]:
-    """The crash, the desync, the kill and the healthy loop (each launched once per session)."""
+    """The crash, the desync, the kill and the healthy loop (launched once per session, with the
+    pp hang: tests/distributed/readme_runs.py)."""
     runs = readme_failures.get([*FAILURES, "healthy"])
     return {name: run["run"] for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
-def pp_hang(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pp") / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "diag", "run", "pp", "--nproc", "4", "--out", str(out),
-         "--steps", str(STEPS), "--inject", f"hang:rank={RANK},step={STEP}"],
-        cwd=ROOT, env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert out.is_dir() and done.returncode != 0, (done.stdout + done.stderr)[-3000:]
-    return out
+def pp_hang(readme_failures: Any) -> Path:
+    """`diag run pp --nproc 4 --inject hang:...`, launched with the README loop's failures
+    (tests/distributed/readme_runs.py)."""
+    done = readme_failures.get(["pp-hang"])["pp-hang"]
+    assert done["returncode"] != 0, done["output"][-3000:]
+    return done["run"]
 
 
 def _sources(run: Path, tmp: Path) -> dict[str, Path]:

@@ -30,8 +30,9 @@ MODES = ("hang", "desync", "healthy")
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The three 2-rank jobs, one after the other (two cores: several at once would starve a
-    rank past the group's timeout), from one launcher that imports torch once."""
+    """The three 2-rank jobs side by side, forked from one launcher that imports torch once:
+    their ranks start without an import, and mostly wait (the hang's sleep, the survivors'
+    8 s timeout), so the jobs take the longest one's time."""
     root = tmp_path_factory.mktemp("fr-jobs")
     done = subprocess.run([sys.executable, str(JOB), str(root), ",".join(MODES), "2"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -1,5 +1,5 @@
 """The `loader-stall` and `jitter` injections of the reference trainers, diagnosed end to end:
-2-rank dp runs of 5 (loader-stall) and 8 (jitter) steps (torchrun, gloo).
+2-rank dp runs of 6 (loader-stall, 100 ms) and 8 (jitter) steps (gloo).
 
 A stall outside the recorded step reads as host time on the stalled rank (BAL005, pattern 3),
 not as a slower rank's compute (BAL001, pattern 1); per-rank, per-step jitter reads as random
@@ -17,9 +17,13 @@ from diag.api import analyze_path
 pytestmark = pytest.mark.dist
 
 
-def test_loader_stall_is_host_time_on_its_rank(tmp_path: Path, run_dp) -> None:
-    run_dp(tmp_path, "--steps", "5", "--inject", "loader-stall:rank=1,ms=40", nproc=2)
-    findings = analyze_path(tmp_path)["findings"]
+LOADER_STALL = ["--steps", "6", "--inject", "loader-stall:rank=1,ms=100", "--profile-steps", "2:6"]
+"""Shared with test_traces_agree.py, which reads its profiler traces (the profiler slows both
+ranks alike)."""
+
+
+def test_loader_stall_is_host_time_on_its_rank(shared_run) -> None:
+    findings = analyze_path(shared_run("dp", *LOADER_STALL))["findings"]
     main = findings[0]
     assert (main["rule"], main["ranks"]) == ("BAL005", [1]), findings
     assert main["pattern"] != 1

@@ -1,4 +1,4 @@
-"""The pipeline trainer under torchrun (gloo): schedules, bubble against theory, activation memory,
+"""The pipeline trainer (gloo): schedules, bubble against theory, activation memory,
 PP x DP bytes and groups, injections.
 
 Each run is launched once per module and shared by the tests that read it. The model is sized
@@ -9,17 +9,15 @@ so that a micro-batch's forward and backward on a stage (several ms) dwarf its s
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from diag.cli.launch import torchrun_command
 from diag.contract import ledger
 from diag.metrics import RunMetrics, compute_metrics
 from diag.read.load import RunData, load_run
+from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist
 
@@ -46,9 +44,7 @@ def pp_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Ru
         if name not in done:
             nproc, args = RUNS[name]
             out = tmp_path_factory.mktemp(name)
-            cmd = torchrun_command("reference_runs.pp", [*args, *MODEL, "--out", str(out)], nproc)
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            diag_run(out, *args, *MODEL, nproc=nproc, trainer="pp")
             run = load_run(out)
             done[name] = (run, compute_metrics(run))
         return done[name]
@@ -138,12 +134,9 @@ def test_pp2_x_dp2_bytes_groups_and_injections(tmp_path: Path) -> None:
     recorded gradient all-reduce per step over dp, groups in the manifest; a straggler stage and
     a slow dp group show where they belong."""
     delay_ms, straggle_ms, m = 40, 40, 4  # 40 ms: 4 ranks on 2 cores stretch a 30 ms forward
-    cmd = [sys.executable, "-m", "diag", "run", "pp", "--nproc=4", "--out", str(tmp_path), "--pp",
-           "2", "--dp", "2", "--layers", "4", "--steps", "3", "--microbatches", str(m), *MODEL,
-           "--inject", f"slow-comm:ms={delay_ms},group=dp",
-           "--inject", f"straggler:rank=1,ms={straggle_ms}"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    diag_run(tmp_path, "--pp", "2", "--dp", "2", "--layers", "4", "--steps", "3",
+             "--microbatches", str(m), *MODEL, "--inject", f"slow-comm:ms={delay_ms},group=dp",
+             "--inject", f"straggler:rank=1,ms={straggle_ms}", nproc=4, trainer="pp")  # fmt: skip
     run = load_run(tmp_path)
     manifest = run.manifest
     assert manifest.groups["pp"] == [[0, 1], [2, 3]] and manifest.groups["dp"] == [[0, 2], [1, 3]]

@@ -20,15 +20,16 @@ from diag.api import analyze_path
 pytestmark = pytest.mark.dist
 
 SMALL = ["--layers", "2", "--hidden", "64", "--seq", "32", "--steps", "4"]
+STRAGGLER_4 = [*SMALL, "--inject", "straggler:rank=1,ms=150"]
+"""4 dp ranks, rank 1 a straggler: shared with test_dp_run.py (`shared_run(..., nproc=4)`)."""
 
 
 def _rules(report: dict) -> dict[str, dict]:
     return {f["rule"]: f for f in report["findings"]}
 
 
-def test_straggler_is_the_main_diagnosis(tmp_path: Path, run_dp) -> None:
-    run_dp(tmp_path, *SMALL, "--inject", "straggler:rank=1,ms=150", nproc=4)
-    report = analyze_path(tmp_path)
+def test_straggler_is_the_main_diagnosis(shared_run) -> None:
+    report = analyze_path(shared_run("dp", *STRAGGLER_4, nproc=4))
     first = report["findings"][0]
     assert (first["rule"], first["pattern"], first["ranks"]) == ("BAL001", 3, [1]), report[
         "findings"

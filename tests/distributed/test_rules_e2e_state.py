@@ -45,10 +45,13 @@ def test_steady_slowdown_is_first_named_pattern_2(run_dp, tmp_path: Path) -> Non
     assert findings[0].evidence["grows_in"] == "compute"
 
 
-def test_leak_is_named_memory_creep(run_dp, tmp_path: Path) -> None:
-    run_dir = tmp_path / "leak"
-    run_dp(run_dir, "--steps", "21", "--inject", "leak:mb=8")
-    creep = [f for f in _findings(run_dir) if f.rule == "TRD002"]
+LEAK_AND_NO_SET_EPOCH = ["--steps", "21", "--inject", "leak:mb=8", "--inject", "no-set-epoch"]
+"""One run for two independent faults: the leak grows memory, the forgotten set_epoch repeats the
+data order (4 steps an epoch: 5 epochs); neither touches what the other is judged by."""
+
+
+def test_leak_is_named_memory_creep(shared_run) -> None:
+    creep = [f for f in _findings(shared_run("dp", *LEAK_AND_NO_SET_EPOCH)) if f.rule == "TRD002"]
     assert creep, "no memory creep finding"
     assert creep[0].pattern == 5 and creep[0].evidence["field"] == "activations"
     assert creep[0].ranks == [0, 1]
@@ -75,8 +78,6 @@ def test_tiny_budget_names_pattern_5_and_the_dominant_category(run_dp, tmp_path:
     assert budget[0].evidence["dominant"] in budget[0].title
 
 
-def test_forgotten_set_epoch_is_a_pitfall(run_dp, tmp_path: Path) -> None:
-    run_dir = tmp_path / "epoch"
-    run_dp(run_dir, "--steps", "9", "--inject", "no-set-epoch")  # 4 steps an epoch: 3 epochs
-    pitfall = [f for f in _findings(run_dir) if f.rule == "PIT001"]
+def test_forgotten_set_epoch_is_a_pitfall(shared_run) -> None:
+    pitfall = [f for f in _findings(shared_run("dp", *LEAK_AND_NO_SET_EPOCH)) if f.rule == "PIT001"]
     assert pitfall and pitfall[0].pattern is None and pitfall[0].ranks == [0, 1]

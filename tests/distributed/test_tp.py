@@ -1,4 +1,4 @@
-"""The TP reference trainer under torchrun: collectives against the ledger, the loss of the
+"""The TP reference trainer: collectives against the ledger, the loss of the
 single-process model, layouts and hosts in the manifest; and TP gradients against the full
 model's in a 2-process gloo world."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from reference_runs.model import GPT, GPTConfig, count_params
 from reference_runs.tp import TensorParallelGPT, shard
 from reference_runs.tp_comms import TpComm
 from tests.conftest import raw_records
+from tests.distributed.conftest import diag_run
 
 pytestmark = pytest.mark.dist
 
@@ -35,6 +37,30 @@ ARGS = [
 ]  # fmt: skip
 CONFIG = GPTConfig(layers=LAYERS, hidden=HIDDEN, heads=HEADS, seq_len=SEQ, vocab=VOCAB)
 PAYLOAD = ledger.tp_allreduce_bytes(MICRO_BATCH, SEQ, HIDDEN, dtype_bytes=4)
+DELAY_MS = 30
+"""The tp2 x dp2 run's injected latency on its dp collectives."""
+
+
+RUNS = {  # name: (ranks, trainer options)
+    "tp4": (4, [*ARGS, "--gpus-per-node", "2"]),
+    "tp2-dp2": (4, [*ARGS, "--tp", "2", "--dp", "2", "--gpus-per-node", "2",
+                    "--inject", f"slow-comm:ms={DELAY_MS},group=dp"]),
+    "sp": (2, [*ARGS, "--sequence-parallel"]),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The module's runs at once: what the tests read (bytes, counts, groups, losses, and the
+    dp delay's lower bound) does not depend on timing, and side by side the runs overlap their
+    start-up."""
+    root = tmp_path_factory.mktemp("tp")
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        jobs = [pool.submit(diag_run, root / name, *args, nproc=nproc, trainer="tp")
+                for name, (nproc, args) in RUNS.items()]  # fmt: skip
+        for job in jobs:
+            job.result()
+    return {name: root / name for name in RUNS}
 
 
 def single_process_losses(micro_batch: int, dp: int = 1) -> list[float]:
@@ -63,10 +89,9 @@ def run_losses(run_dir: Path) -> dict[int, list[float]]:
 
 
 def test_tp4_collectives_match_the_ledger_and_the_loss_the_single_process_model(
-    tmp_path: Path, run_tp
+    runs: dict[str, Path],
 ) -> None:
-    run_tp(tmp_path, *ARGS, "--gpus-per-node", "2", nproc=4)
-    run = load_run(tmp_path)
+    run = load_run(runs["tp4"])
     assert run.manifest.layout.tp == 4 and run.manifest.status == "complete"
     # the tp group spans both virtual hosts
     assert run.manifest.groups["tp"] == [[0, 1, 2, 3]]
@@ -81,7 +106,7 @@ def test_tp4_collectives_match_the_ledger_and_the_loss_the_single_process_model(
     counts = tp.groupby(["rank", "step", direction]).size()
     assert len(counts) == 4 * STEPS * 2 and (counts == per_step).all()
     # every layer and place, fwd and bwd, once per micro-batch (layer from the raw records)
-    raw = raw_records(tmp_path, 2)
+    raw = raw_records(runs["tp4"], 2)
     places = Counter((r["layer"], r["tag"]) for r in raw if r["kind"] == "comm")
     assert places == {
         (layer, f"tp.{name}.{way}"): MICROBATCHES * STEPS
@@ -101,17 +126,12 @@ def test_tp4_collectives_match_the_ledger_and_the_loss_the_single_process_model(
     assert {c["ratio"] for c in report["collectives"]} == {1.0}
 
     reference = single_process_losses(MICRO_BATCH)
-    for rank, losses in run_losses(tmp_path).items():
+    for rank, losses in run_losses(runs["tp4"]).items():
         assert losses == pytest.approx(reference, rel=1e-4), f"rank {rank}"
 
 
-def test_tp2_x_dp2_groups_hosts_gradient_bytes_and_loss(tmp_path: Path, run_tp) -> None:
-    delay_ms = 30
-    run_tp(
-        tmp_path, *ARGS, "--tp", "2", "--dp", "2", "--gpus-per-node", "2",
-        "--inject", f"slow-comm:ms={delay_ms},group=dp", nproc=4,
-    )  # fmt: skip
-    run = load_run(tmp_path)
+def test_tp2_x_dp2_groups_hosts_gradient_bytes_and_loss(runs: dict[str, Path]) -> None:
+    run = load_run(runs["tp2-dp2"])
     assert run.manifest.groups["tp"] == [[0, 1], [2, 3]]
     assert run.manifest.groups["dp"] == [[0, 2], [1, 3]]
     assert [r.host for r in run.manifest.ranks] == ["node0", "node0", "node1", "node1"]
@@ -128,20 +148,19 @@ def test_tp2_x_dp2_groups_hosts_gradient_bytes_and_loss(tmp_path: Path, run_tp) 
     per_step = grads.groupby(["rank", "step"])["bytes"].sum()
     assert len(per_step) == 4 * STEPS and (per_step == shard_bytes).all()
     # the injected latency sits inside the dp collectives only
-    assert (grads["t1"] - grads["t0"] >= delay_ms * 1e6).all()
+    assert (grads["t1"] - grads["t0"] >= DELAY_MS * 1e6).all()
     tp = run.comms[run.comms["group"] == "tp"]
     assert (tp.groupby(["rank", "step"]).size() == 4 * LAYERS * MICROBATCHES).all()
 
     # each dp replica sees half of the single-process micro-batch: the mean loss matches
-    losses = run_losses(tmp_path)
+    losses = run_losses(runs["tp2-dp2"])
     assert losses[0] == losses[1] and losses[2] == losses[3]
     mean = [(a + b) / 2 for a, b in zip(losses[0], losses[2], strict=True)]
     assert mean == pytest.approx(single_process_losses(2 * MICRO_BATCH, dp=2), rel=1e-4)
 
 
-def test_sequence_parallel_pairs_reduce_scatter_with_all_gather(tmp_path: Path, run_tp) -> None:
-    run_tp(tmp_path, *ARGS, "--sequence-parallel", nproc=2)
-    metrics = compute_metrics(load_run(tmp_path))
+def test_sequence_parallel_pairs_reduce_scatter_with_all_gather(runs: dict[str, Path]) -> None:
+    metrics = compute_metrics(load_run(runs["sp"]))
     rows = {(r["op"], r["direction"]): r for r in metrics.summary["tp_vs_ledger"]}
     assert set(rows) == {
         (op, way) for op in ("all_gather", "reduce_scatter") for way in ("fwd", "bwd")
@@ -149,7 +168,7 @@ def test_sequence_parallel_pairs_reduce_scatter_with_all_gather(tmp_path: Path, 
     for row in rows.values():
         assert row["count_per_step"] == row["ledger_count_per_step"] == 2 * LAYERS * MICROBATCHES
         assert row["ratio"] == 1.0
-    for rank, losses in run_losses(tmp_path).items():
+    for rank, losses in run_losses(runs["sp"]).items():
         assert losses == pytest.approx(single_process_losses(MICRO_BATCH), rel=1e-4), f"rank {rank}"
 
 
@@ -199,4 +218,7 @@ def _check_gradients(rank: int, world: int, store: str) -> None:
 def test_tp_gradients_are_the_full_models_shards(tmp_path: Path) -> None:
     """f/g (and the SP pair) give each rank exactly its shard of the full model's gradient; a
     uniformly mis-scaled gradient would hide from the loss test behind Adam."""
-    mp.spawn(_check_gradients, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+    # forked, as test_ep.py's check: the processes start without importing torch again
+    mp.start_processes(
+        _check_gradients, args=(2, str(tmp_path / "store")), nprocs=2, start_method="fork"
+    )

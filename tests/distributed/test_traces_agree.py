@@ -10,6 +10,8 @@ import pytest
 
 from diag.api import analyze_path
 from tests.distributed.conftest import diag_run
+from tests.distributed.test_attribution_e2e import straggler_run
+from tests.distributed.test_injections_e2e import LOADER_STALL
 
 pytestmark = pytest.mark.dist
 
@@ -53,31 +55,23 @@ def test_a_dp_straggler_is_named_first_in_its_traces(dp_straggler: Path) -> None
         assert main["cost_share"] > 0.3, (path, main)
 
 
-FAULTS_THROUGH_TRACES = {  # name: (trainer, its options, the injection)
-    "tp-straggler": ("tp", ["--steps", "5", "--hidden", "512", "--micro-batch", "8"],
-                     "straggler:rank=1,ms=80"),
-    "pp-straggler": ("pp", ["--steps", "6", "--microbatches", "8", "--micro-batch", "8"],
-                     "straggler:rank=1,ms=80"),
-    "ep-straggler": ("ep", ["--steps", "5", "--capacity-factor", "2.0", "--micro-batch", "16"],
-                     "straggler:rank=1,ms=80"),
-    "zero3-straggler": ("zero3", ["--steps", "5", "--micro-batch", "64"],
-                        "straggler:rank=1,ms=240"),
-    "dp-loader-stall": ("dp", ["--steps", "6"], "loader-stall:rank=1,ms=100"),
-}  # fmt: skip
+FAULTS_THROUGH_TRACES = ["tp-straggler", "pp-straggler", "ep-straggler", "zero3-straggler",
+                         "dp-loader-stall"]  # fmt: skip
+"""A straggler in each trainer but dp (the runs of test_attribution_e2e.py, profiled from step 2
+on: `straggler_run`), and dp's loader stall (test_injections_e2e.py's run)."""
 
 
-@pytest.mark.parametrize("name", list(FAULTS_THROUGH_TRACES))
-def test_a_fault_names_its_rank_first_in_the_run_and_in_its_traces(
-    name: str, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("name", FAULTS_THROUGH_TRACES)
+def test_a_fault_names_its_rank_first_in_the_run_and_in_its_traces(name: str, shared_run) -> None:
     """Every trainer's profiler traces give the main finding its run directory gives: the same
     rank and the same cause. A sleep between the step thread's operators inside the step is the
     rank's own work there, as the run's spans count it (compute: BAL001, or its stage's
     PIP003), and a data fetch before the step's first operator its host time (BAL005)."""
-    trainer, options, fault = FAULTS_THROUGH_TRACES[name]
-    steps = options[options.index("--steps") + 1]
-    run = tmp_path / "run"
-    diag_run(run, *options, "--inject", fault, "--profile-steps", f"2:{steps}", trainer=trainer)
+    trainer, fault = name.split("-", 1)
+    if fault == "straggler":
+        run = straggler_run(shared_run, trainer)
+    else:
+        run = shared_run(trainer, *LOADER_STALL)
     found = {}
     for path in (run, run / "traces"):
         main = _main(analyze_path(path))

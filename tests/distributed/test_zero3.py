@@ -1,8 +1,8 @@
-"""The ZeRO-3 (FSDP2) reference trainer under torchrun, against the DDP trainer on the same model
+"""The ZeRO-3 (FSDP2) reference trainer, against the DDP trainer on the same model
 and data: state memory per rank, loss, all-gather/reduce-scatter bytes per unit, unsharded
 buffers, local vs global gradient norm, epoch hashes and the device budget.
 
-Two 2-rank runs (each costs ~20 s of process start-up here), shared by the tests, with the same
+Two 2-rank runs, made at once and shared by the tests, with the same
 model, data and global-norm clipping. The vocabulary (511 rows) does not split in two, so the
 padding of uneven shards shows. The dp run also carries `--inject no-set-epoch` (it changes
 only the data order from the second epoch on), the zero3 run a tiny `--device-memory-gb`
@@ -12,6 +12,7 @@ only the data order from the second epoch on), the zero3 run a tiny `--device-me
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,19 @@ PAD_BYTES = 4 * HIDDEN  # the embedding's 511 rows are padded to 512 (dim 0, a m
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both runs at once: what the tests read (memory, bytes, losses, norms, hashes) does not
+    depend on timing, and the two overlap their start-up and their waits."""
     root = tmp_path_factory.mktemp("zero3")
     paths = {name: root / name for name in ("dp", "zero3")}
-    diag_run(paths["dp"], *ARGS, "--inject", "no-set-epoch", nproc=N, trainer="dp")
-    diag_run(paths["zero3"], *ARGS, "--device-memory-gb", "0.0001", nproc=N, trainer="zero3")
+    with ThreadPoolExecutor(2) as pool:
+        made = [
+            pool.submit(diag_run, paths["dp"], *ARGS, "--inject", "no-set-epoch", nproc=N,
+                        trainer="dp"),
+            pool.submit(diag_run, paths["zero3"], *ARGS, "--device-memory-gb", "0.0001",
+                        nproc=N, trainer="zero3"),
+        ]  # fmt: skip
+        for future in made:
+            future.result()
     return paths
 
 

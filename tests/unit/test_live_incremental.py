@@ -173,10 +173,12 @@ def test_a_window_holds_the_last_steps_as_a_load_of_them(source: Path, tmp_path:
 
 
 def test_the_watch_window_judges_as_the_records_window_did(source: Path, tmp_path: Path) -> None:
-    """`diag watch` read the window's records again at every step (`RunTail.window`); from the
-    kept tables it finds the same findings at every step, the straggler's onset included."""
+    """`diag watch` read the window's records again at every step (`RunTail.window`, polled as
+    the run grows); from the kept tables it finds the same findings at every step, the
+    straggler's onset included."""
     growing = Growing(source, tmp_path / "run")
     live = LiveRun(tmp_path / "run", window_steps=6)
+    records = RunTail(tmp_path / "run", window_steps=6)
     named = []
     for _ in range(24):
         growing.grow(1)
@@ -184,7 +186,6 @@ def test_the_watch_window_judges_as_the_records_window_did(source: Path, tmp_pat
         assert manifest is not None
         last = live.update(manifest)
         assert last is not None
-        records = RunTail(tmp_path / "run", window_steps=6)
         records.poll(manifest)
         expected = diagnose(records.window(manifest, last))[1]
         found = diagnose(live.run(), derived=live.derived())[1]
