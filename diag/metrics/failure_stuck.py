@@ -101,6 +101,7 @@ def stuck_collectives(
             m for m in (members or [])
             if m not in present and done_upto(ranks, done, m, group) < seq
         ]  # fmt: skip
+        missing = _stopped_first(missing, waiting, ranks)
         # members that completed this sequence number did so with their own op: a rank that
         # broadcast where the others all-reduce passed through, and left them waiting
         waited = {w.rank: waited_s(w, ranks) for w in waiting}
@@ -147,6 +148,24 @@ def stuck_collectives(
                            sorted(present), missing, members, waited, mismatched,
                            first.source))  # fmt: skip
     return sorted(found, key=lambda s: (-len(s.missing), -longest_wait_s(s), s.group, s.seq))
+
+
+def _stopped_first(
+    missing: list[int], waiting: list[Issued], ranks: dict[int, RankRecords]
+) -> list[int]:
+    """Of the members that never joined, those that stopped: a member still making progress
+    after the first rank began to wait was behind, on its way (the job ended before it got
+    there), not stuck, where another member's progress had stopped before the wait began."""
+    began = min((w.t0_ns for w in waiting if w.t0_ns is not None), default=None)
+    if began is None or len(missing) < 2:
+        return missing
+
+    def moving(rank: int) -> bool:
+        progress = ranks[rank].last_progress_ns if rank in ranks else None
+        return progress is not None and progress > began
+
+    stopped = [m for m in missing if not moving(m)]
+    return stopped or missing
 
 
 def stuck_p2p(issued: list[Issued], ranks: dict[int, RankRecords], window_s: float) -> list[Stuck]:

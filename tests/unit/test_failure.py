@@ -124,6 +124,17 @@ def test_a_group_timeout_is_the_consequence_not_the_crash(
     assert [states[r] for r in (0, 1, 3)] == ["timed out"] * 3, states
 
 
+def test_a_rank_behind_but_moving_is_not_blamed_for_the_hang(tmp_path: Path) -> None:
+    """Rank 2 hangs in its loader; rank 0, a step behind, still finishes its backward pass
+    after the others began to wait when the job ends: rank 2 never joined, not ranks 0 and 2."""
+    from tests.conftest import RunWriter
+
+    report = analyze_path(failure_run(RunWriter(tmp_path), "hang-behind", name="behind"))
+    first = report["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("FLR001", [2]), first["title"]
+    assert "rank 2 never joined" in report["summary"]["status_reason"]
+
+
 @pytest.mark.parametrize("kind", ["completed", "late", "running"])
 def test_finished_and_running_runs_raise_no_failure_finding(
     reports: dict[str, dict[str, Any]], kind: str

@@ -134,6 +134,8 @@ def failure_run(
     - `undecidable`: every rank stops after step 5 with nothing open and no close;
     - `completed`: no failure, every rank closes complete;
     - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary;
+    - `hang-behind`: `hang`, and rank 0 a step behind (its step 6 backward ends 0.5 s after the
+      others began to wait) when the job ends;
     - `timeout-hang`: sleeps in its loader; the others' group timeout (3 s, below the window)
       ends them in all-reduce #7 with an exception, read just after (files fresh);
     - `timeout-crash`: raises inside all-reduce #7 (an NCCL error), the others time out in it
@@ -166,6 +168,10 @@ def failure_run(
             else:
                 rows += _late_rank(runs, step, kind)
             continue
+        if rank == 0 and kind == "hang-behind":
+            rows += [runs.span(step, "fwd", t, t + 300), runs.span(step, "bwd", t + 300, t + 580),
+                     _event(step, "heartbeat", t_ns=end, interval_s=2.0)]  # fmt: skip
+            continue
         if rank != 2:
             rows += _waiting(runs, step, ranks)
             continue
@@ -175,7 +181,7 @@ def failure_run(
         rows += [_event(step, "step_open", t0=run_ns(t)),
                  _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None,
                         t0=run_ns(t))]  # fmt: skip
-        if kind == "hang":
+        if kind in ("hang", "hang-behind"):
             rows += [_event(step, "stall", t_ns=run_ns(t + 5_000), idle_s=5.0, threshold_s=5.0,
                             stack=STACK, fr_file=None, fr_error="gloo: no dump"),
                      _event(step, "heartbeat", t_ns=end, interval_s=2.0)]  # fmt: skip
