@@ -144,9 +144,7 @@ def write_rank(trace: Path, out: Path, steps: int, period: int, plain: bool = Fa
     opening, closing = head.split('"traceEvents":[]')
     size = 0
     name = out / (trace.name + ("" if plain else ".gz"))
-    opened = open(name, "w", encoding="utf-8") if plain else gzip.open(  # noqa: SIM115
-        name, "wt", compresslevel=1, encoding="utf-8"
-    )
+    opened = open_text(name, plain)
     with opened as fh:
 
         def put(text: str) -> None:
@@ -163,6 +161,13 @@ def write_rank(trace: Path, out: Path, steps: int, period: int, plain: bool = Fa
             put("," + template % tuple(values))
         put("]" + closing)
     return size
+
+
+def open_text(name: Path, plain: bool) -> Any:
+    """`name` opened for writing text, gzipped unless `plain`."""
+    if plain:
+        return name.open("w", encoding="utf-8")
+    return gzip.open(name, "wt", compresslevel=1, encoding="utf-8")
 
 
 def build(out: Path, ranks: int, layout: str, steps: int, micro_batches: int = 16,

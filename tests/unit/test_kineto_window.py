@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,8 +20,11 @@ from diag.api import diagnose
 from diag.cli.main import main
 from diag.metrics import comm_totals
 from diag.metrics.file_reduction import reduce_rank_files
+from diag.rankfile.records import Encoded
 from diag.read import record_window
-from diag.read.kineto import load_trace_dir
+from diag.read.kineto import load_trace_dir, spill, window
+from diag.read.kineto.packed_comms import Message, PackedComms
+from diag.read.load import RunData
 
 WINDOW = 3
 
@@ -108,3 +113,66 @@ def test_replaying_every_step_of_a_large_folder_keeps_every_record(
     every = analyze_path(folder, replay_all=True)  # record_spill reads rank files: not here
     assert any("themselves for steps" in note for note in windowed["skipped"])
     assert not any("themselves for steps" in note for note in every["skipped"])
+
+
+def _tables(run: RunData) -> dict[str, pd.DataFrame]:
+    return {"steps": run.steps, "spans": run.spans, "comms": run.comms,
+            "rank_steps": run.rank_steps, "comm_totals": run.comm_totals}  # fmt: skip
+
+
+def test_traces_reduced_by_workers_from_disk_give_the_tables_reduced_in_memory(
+    traces: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The workers write each trace's records to disk and reduce them once the layout is
+    known (spill.py, window.reduce_spilled): the same tables as the gathering process's own
+    reduction, in forked workers, and nothing left on disk."""
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", 0)
+    monkeypatch.setattr(record_window, "SPAN_WINDOW_STEPS", WINDOW)
+    monkeypatch.setattr(window, "SPILLED_PARALLEL_FROM_BYTES", 0)
+    spilled, log = tmp_path / "spilled", tmp_path / "written.txt"
+    spilled.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spilled))
+    real_write = spill.write
+
+    def logged(path: Path, *args: Any) -> bool:  # in the worker processes: logged to a file
+        with log.open("a") as out:
+            out.write(f"{path}\n")
+        return real_write(path, *args)
+
+    monkeypatch.setattr(spill, "write", logged)
+    from_disk = load_trace_dir(traces, use_cache=False, workers=2, breakdown=reduce_rank_files)
+    written = log.read_text().splitlines()
+    assert len(written) == len(list(traces.glob("*.json"))) and not list(spilled.iterdir())
+    monkeypatch.setattr(spill, "write", lambda *_: False)  # kept in memory, as before
+    in_memory = load_trace_dir(traces, use_cache=False, workers=2, breakdown=reduce_rank_files)
+    for name, table in _tables(in_memory).items():
+        pd.testing.assert_frame_equal(_tables(from_disk)[name], table, obj=name)
+    assert from_disk.skipped == in_memory.skipped
+
+
+def test_a_spilled_trace_reads_back_as_written(tmp_path: Path) -> None:
+    steps = [{"rank": 1, "step": s, "t0": 10 * s, "t1": 10 * s + 5} for s in range(3)]
+    spans = {
+        "t0": np.arange(3, dtype=np.int64),
+        "phase": Encoded(["kernel", None], np.array([0, 1, 0])),
+    }
+    comms = PackedComms(
+        {"op": Encoded(["send"], np.zeros(2, dtype=np.int32)), "bytes": np.array([1.0, np.nan]),
+         "async": [True, None]},
+        [(0, 1), None], np.array([0, 1], dtype=np.int32),
+        {"peer": Message(np.array([0, 3]), np.array([True, False])), "seq": [None, 2]},
+    )  # fmt: skip
+    path = tmp_path / "0.npz"
+    assert spill.write(path, steps, spans, comms)
+    read_steps, read_spans, read_comms = spill.read(path)
+    np.testing.assert_array_equal(read_steps["t1"], [5, 15, 25])
+    assert read_spans["phase"].values == ["kernel", None]
+    np.testing.assert_array_equal(read_comms.columns["bytes"], [1.0, np.nan])
+    assert read_comms.columns["async"] == [True, None] and read_comms.members == [(0, 1), None]
+    assert read_comms.messages["seq"] == [None, 2]
+    peer = read_comms.messages["peer"]
+    assert isinstance(peer, Message) and peer.null.tolist() == [True, False]
+    # a value JSON would not give back as it was: not written, the trace stays in memory
+    odd = dataclasses.replace(comms, columns={**comms.columns, "async": [(1, 2)]})
+    assert not spill.write(tmp_path / "1.npz", steps, spans, odd)
+    assert not (tmp_path / "1.npz").exists()
