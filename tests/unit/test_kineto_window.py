@@ -5,6 +5,7 @@ and the same analysis as the whole folder's read with that window."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import shutil
 import tempfile
 from pathlib import Path
@@ -176,3 +177,21 @@ def test_a_spilled_trace_reads_back_as_written(tmp_path: Path) -> None:
     odd = dataclasses.replace(comms, columns={**comms.columns, "async": [(1, 2)]})
     assert not spill.write(tmp_path / "1.npz", steps, spans, odd)
     assert not (tmp_path / "1.npz").exists()
+
+
+def test_a_gzipped_folder_is_large_by_its_text_not_its_size_on_disk(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "gzipped"
+    folder.mkdir()
+    for trace in traces.glob("*.json"):
+        (folder / f"{trace.name}.gz").write_bytes(gzip.compress(trace.read_bytes()))
+    on_disk = sum(p.stat().st_size for p in folder.iterdir())
+    text = sum(p.stat().st_size for p in traces.glob("*.json"))
+    assert text > 3 * on_disk
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", (on_disk + text) // 2)
+    run = load_trace_dir(folder, use_cache=False, workers=1, breakdown=reduce_rank_files)
+    assert run.rank_steps is not None  # reduced: its JSON passes the threshold
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", text + 1)
+    run = load_trace_dir(folder, use_cache=False, workers=1, breakdown=reduce_rank_files)
+    assert run.rank_steps is None
