@@ -60,7 +60,9 @@ def test_the_layout_counts_the_packed_collectives_as_it_counted_the_dicts(traces
     assert any(comm.get("group_ranks") for comm in comms) and len(comms) > 50
     view = LayoutView([pack_comms(t.records["comm"], t.records["step"]).layout_rows
                        for t in parsed])  # fmt: skip
-    assert len(view.rows) < len(comms) and sum(1 for _ in view) <= len(comms)
+    distinct = sum(len(part) for part in view.parts)
+    assert distinct < len(comms) and sum(1 for _ in view) <= len(comms)
     from_dicts = infer_layout(len(parsed), configs, comms, steps)
     from_view = infer_layout(len(parsed), configs, list(view), steps)
+    assert infer_layout(len(parsed), configs, view, steps) == from_view  # read as it iterates
     assert from_view == from_dicts and from_dicts.layout.pp == 2

@@ -247,7 +247,7 @@ def _text_sizes(files: list[Path]) -> list[int]:
 
 
 def _parse_all(
-    files: list[Path], patterns: KernelPatterns, workers: int | None, spill_to: Path | None
+    files: list[Path], patterns: KernelPatterns, workers: int | None, spill_to: Path | None = None
 ) -> list[Parsed]:
     """Every file parsed (its spans and collectives packed: `_packed`; written to `spill_to`
     when given: `Spilled`), in parallel processes when there are several and enough bytes to
