@@ -5,19 +5,22 @@ collectives themselves only for a window of first steps (`RunData.span_steps`).
 The reduction is the run directories' (`metrics.file_reduction.reduce_rank_files`, from
 packed columns, one trace at a time) and the window is theirs (`record_window`): the records
 of the steps below the window's end, every comm_wait span, and the records of steps without
-a step record. A trace is reduced in the gathering process once the layout is known, since
-its collectives' groups are named by axis first (the breakdown tells pipeline waits from the
-others by that name); each trace's whole columns are dropped as soon as it is reduced.
-Its loops are not compiled here (numba is not imported: about 100 MiB in this process): the
-unions of a trace's intervals and the sums of its collectives run in numpy, the same totals.
+a step record. A trace is reduced once the layout is known, since its collectives' groups
+are named by axis first (the breakdown tells pipeline waits from the others by that name).
 
-Where the folder is read by local worker processes, the workers reduce the traces too
-(`reduce_spilled`): each parsed trace's packed records wait on disk (spill.py) while the
-gathering process infers the layout from what the workers counted, then each worker reads,
-names, reduces and cuts one trace at a time and hands back its window and its two tables,
-merged here as the one call over every trace would have made them (`merged`). The gathering
-process then holds per trace its step records, its layout counts and its window, never its
-spans and collectives.
+Where the folder is read by local worker processes (`diag analyze` without a cluster), the
+workers reduce the traces (`reduce_spilled`): each parsed trace's packed records wait on disk
+(spill.py) while the gathering process infers the layout from what the workers counted, then
+each worker reads, names, reduces and cuts one trace at a time and hands back its window and
+its two tables, merged here as the one call over every trace would have made them
+(`merged`). The gathering process then holds per trace its step records and its window,
+never its spans and collectives. Elsewhere (a Dask cluster, whose workers' disks are not this
+one's; a trace whose columns the spill does not take; an op whose naming reads other traces'
+ops: batched kernels, unnamed groups under a given layout) the gathering process reduces them
+(`reduce_traces`), one trace at a time, each trace's whole columns dropped as soon as it is
+reduced; its loops are not compiled there (numba is not imported: about 100 MiB in that
+process): the unions of a trace's intervals and the sums of its collectives run in numpy, the
+same totals.
 
 What is reduced, said in the report's notes (`note`): which steps keep their records.
 """
