@@ -39,6 +39,7 @@ from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
 from diag.read.kineto.packed_comms import (
     MESSAGE_COLUMNS,
     LayoutKey,
+    LayoutRows,
     LayoutView,
     Message,
     PackedComms,
@@ -218,7 +219,7 @@ class Spilled:
     path: Path
     span_rows: int
     comm_rows: int
-    layout_rows: Counter[LayoutKey]
+    layout_rows: LayoutRows | Counter[LayoutKey]
     members: list[tuple[int, ...] | None]
     batched: bool
 
