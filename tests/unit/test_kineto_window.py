@@ -195,3 +195,10 @@ def test_a_gzipped_folder_is_large_by_its_text_not_its_size_on_disk(
     monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", text + 1)
     run = load_trace_dir(folder, use_cache=False, workers=1, breakdown=reduce_rank_files)
     assert run.rank_steps is None
+
+
+def test_a_trace_that_cannot_be_spilled_stays_in_memory(tmp_path: Path) -> None:
+    steps = [{"rank": 0, "step": 0, "t0": 0, "t1": 5}]
+    comms = PackedComms({"t0": np.zeros(1, dtype=np.int64)}, [None], np.zeros(1, np.int32), {})
+    gone = tmp_path / "gone" / "0.npz"  # its folder removed: nothing written, no error
+    assert not spill.write(gone, steps, {"t0": np.zeros(1, dtype=np.int64)}, comms)

@@ -40,7 +40,8 @@ def write(
     path: Path, steps: list[dict[str, Any]], spans: dict[str, Packed], comms: PackedComms
 ) -> bool:
     """The trace's step columns, packed spans and packed collectives (but their layout rows)
-    written to `path`; False (nothing written) when a column will not round-trip."""
+    written to `path`; False (nothing written) when a column will not round-trip or the file
+    cannot be written."""
     arrays: dict[str, np.ndarray] = {}
 
     def array(values: np.ndarray) -> str:
@@ -77,9 +78,13 @@ def write(
         text = json.dumps(header, allow_nan=True).encode()
     except (NotSpillable, TypeError, ValueError, OverflowError):
         return False
-    with path.open("wb") as out:
-        arrays["header"] = np.frombuffer(text, dtype=np.uint8)
-        np.savez(out, **arrays)  # type: ignore[arg-type]
+    arrays["header"] = np.frombuffer(text, dtype=np.uint8)
+    try:
+        with path.open("wb") as out:
+            np.savez(out, **arrays)  # type: ignore[arg-type]
+    except OSError:  # the disk full, the folder gone: the trace stays in memory
+        path.unlink(missing_ok=True)
+        return False
     return True
 
 
