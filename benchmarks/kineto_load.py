@@ -5,11 +5,14 @@
 
 `--generated` adds folders made by `diag simulate --format kineto` (GENERATED below: the
 279 MB and 1.1 GB classes are 16 ranks of `--layout dp=4,pp=4 -m 16`, 250 and 1,000 steps;
-30GB, opt-in and never in CI, is 64 ranks x 7,000 steps, gzipped file by file as written). They
+4GB and 30GB, opt-in and never in CI, are 64 ranks x 900 and x 7,000 steps of `--layout
+dp=16,pp=4 -m 16`, built fast by benchmarks/big_traces.py and gzipped as written). They
 are kept in `--generated-dir` (default: a temporary folder) so a later run reuses them, and
 measured once each (`--generated-repeats`), cold, paired: `diag`'s load and metrics against
 HTA's `TraceAnalysis` plus its temporal breakdown, wall time and peak RSS side by side.
-`--folders` with no name and `--large-ranks 0` measure the generated folders alone.
+`--folders` with no name and `--large-ranks 0` measure the generated folders alone;
+`--ours-only` leaves HTA out (at 30 GB it would need tens of GiB) and `--child-timeout`
+gives each measurement longer than ten minutes.
 
 For every trace folder of ../shared/real-traces (see its README; `--traces DIR` elsewhere;
 `--folders hta-large-216k-events --large-ranks 0` for the 216k-event trace alone),
@@ -103,15 +106,21 @@ class TreeRss(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak_kib = 0
+        self.peak_pss_kib = 0  # proportional: a page shared by n processes counted 1/n each
         self.done = threading.Event()
+
+    def sample(self) -> None:
+        tree = _tree(os.getpid())
+        self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, tree)))
+        self.peak_pss_kib = max(self.peak_pss_kib, sum(map(_pss_kib, tree)))
 
     def run(self) -> None:
         while not self.done.wait(self.SAMPLE_S):
-            self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, _tree(os.getpid()))))
+            self.sample()
 
     def stop(self) -> float:
         """Stop sampling; the peak in MiB."""
-        self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, _tree(os.getpid()))))
+        self.sample()
         self.done.set()
         self.join()
         return self.peak_kib / KIB_PER_MIB
@@ -136,6 +145,19 @@ def _rss_kib(pid: int) -> int:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
                 if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _pss_kib(pid: int) -> int:
+    """The process's proportional set size (a forked worker's pages shared with its parent
+    counted once between them), KiB; 0 where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -168,6 +190,7 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     compute_metrics(run)
     cold_s, cold_metrics_s = time.perf_counter() - started, time.perf_counter() - loaded
     tree_mib = tree.stop()
+    tree_pss_mib = tree.peak_pss_kib / KIB_PER_MIB
     own_mib, children_mib = _peak_mib()
     second_s: list[float] = []
     second_metrics_s: list[float] = []
@@ -182,7 +205,8 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
             second_s.append(time.perf_counter() - started)
             second_metrics_s.append(0.0)
     return {"cold_s": cold_s, "cold_metrics_s": [cold_metrics_s], "own_mib": own_mib,
-            "children_mib": children_mib, "tree_mib": tree_mib, "second_s": second_s,
+            "children_mib": children_mib, "tree_mib": tree_mib, "tree_pss_mib": tree_pss_mib,
+            "second_s": second_s,
             "second_metrics_s": second_metrics_s, "cache_hit": cache_hit}  # fmt: skip
 
 
@@ -199,6 +223,7 @@ def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> di
         analysis.get_temporal_breakdown(visualize=False)
     cold_s = time.perf_counter() - started
     tree_mib = tree.stop()
+    tree_pss_mib = tree.peak_pss_kib / KIB_PER_MIB
     own_mib, children_mib = _peak_mib()
     second_s = []
     for _ in range(second_repeats):
@@ -206,7 +231,7 @@ def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> di
         TraceAnalysis(trace_dir=str(folder))
         second_s.append(time.perf_counter() - started)
     return {"cold_s": cold_s, "own_mib": own_mib, "children_mib": children_mib,
-            "tree_mib": tree_mib, "second_s": second_s}  # fmt: skip
+            "tree_mib": tree_mib, "tree_pss_mib": tree_pss_mib, "second_s": second_s}  # fmt: skip
 
 
 def _child_main(kind: str, folder: Path, second_repeats: int, out: Path) -> None:
@@ -233,6 +258,7 @@ class Measured:
     own_mib: list[float] = field(default_factory=list)
     children_mib: list[float] = field(default_factory=list)
     tree_mib: list[float] = field(default_factory=list)  # every process together, sampled
+    tree_pss_mib: list[float] = field(default_factory=list)  # the same, proportional (PSS)
     second_s: list[float] = field(default_factory=list)
     cold_metrics_s: list[float] = field(default_factory=list)  # ours: the metrics' share
     second_metrics_s: list[float] = field(default_factory=list)
@@ -252,15 +278,16 @@ class FolderResult:
 
 
 def _run_child(kind: str, folder: Path, second_repeats: int, env: dict[str, str]) -> dict:
+    timeout_s = int(env.get("KINETO_LOAD_CHILD_TIMEOUT_S", CHILD_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="kineto-bench-out-") as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(folder),
                    "--second", str(second_repeats), "--out", str(out)]  # fmt: skip
         try:
             done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                                  timeout=CHILD_TIMEOUT_S, check=False)  # fmt: skip
+                                  timeout=timeout_s, check=False)  # fmt: skip
         except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {CHILD_TIMEOUT_S} s"}
+            return {"error": f"timed out after {timeout_s} s"}
         if out.exists():
             return json.loads(out.read_text())
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -276,6 +303,7 @@ def _add(measured: Measured, result: dict[str, Any]) -> None:
     measured.own_mib.append(result["own_mib"])
     measured.children_mib.append(result["children_mib"])
     measured.tree_mib.append(result.get("tree_mib", 0.0))
+    measured.tree_pss_mib.append(result.get("tree_pss_mib", 0.0))
     measured.peak_mib.append(result["own_mib"] + result["children_mib"])
     measured.second_s += result["second_s"]
     measured.cold_metrics_s += result.get("cold_metrics_s", [])
@@ -309,7 +337,13 @@ def build_large(source: Path, ranks: int, dest: Path) -> Path:
 
 
 def measure_folder(
-    name: str, folder: Path, repeats: int, env: dict[str, str], *, generated: bool = False
+    name: str,
+    folder: Path,
+    repeats: int,
+    env: dict[str, str],
+    *,
+    generated: bool = False,
+    hta: bool = True,
 ) -> FolderResult:
     """`repeats` rounds, each a cold run of ours then one of HTA, in fresh processes (paired:
     a round's two runs see the same load on the machine). Ours' first process then times
@@ -317,16 +351,18 @@ def measure_folder(
     `generated` folder: cold runs only, HTA with its temporal breakdown (the issue's pairing)."""
     files = _trace_files(folder)
     disk_mib = sum(p.stat().st_size for p in files) / 2**20
-    ours, hta = Measured(), Measured()
+    ours, theirs = Measured(), Measured()
+    if not hta:
+        theirs.error = "not measured (--ours-only)"
     load = _load_average()
     for index in range(repeats):
         if not ours.error:
             second = 0 if generated else (repeats if index == 0 else 0)
             _add(ours, _run_child("ours", folder, second, env))
-        if not hta.error:
-            _add(hta, _run_child("hta-breakdown" if generated else "hta", folder,
+        if not theirs.error:
+            _add(theirs, _run_child("hta-breakdown" if generated else "hta", folder,
                                  0 if generated else 1, env))  # fmt: skip
-    return FolderResult(name, len(files), disk_mib, repeats, ours, hta,
+    return FolderResult(name, len(files), disk_mib, repeats, ours, theirs,
                         f"{load} before, {_load_average()} after")  # fmt: skip
 
 
@@ -338,6 +374,7 @@ class Generated:
     layout: str
     steps: int
     gzipped: bool = False
+    fast: bool = False  # built by big_traces.py (a few simulated steps, one repeated)
 
     def arguments(self, out: Path) -> list[str]:
         return ["simulate", "--ranks", str(self.ranks), "--layout", self.layout, "-m", "16",
@@ -347,10 +384,12 @@ class Generated:
 GENERATED = {
     "279MB": Generated(16, "dp=4,pp=4", 250),
     "1.1GB": Generated(16, "dp=4,pp=4", 1000),
-    "30GB": Generated(64, "dp=16,pp=4", 7000, gzipped=True),
+    "4GB": Generated(64, "dp=16,pp=4", 900, gzipped=True, fast=True),
+    "30GB": Generated(64, "dp=16,pp=4", 7000, gzipped=True, fast=True),
 }
 """Size classes of the issue's table (the 279 MB one was a real-timed Megatron job; here a
-simulated folder of that size), and the opt-in 30 GB one (JSON size before gzip)."""
+simulated folder of that size), and the opt-in 4 GB and 30 GB ones (JSON size before gzip;
+built by benchmarks/big_traces.py in about a minute and eight minutes on two cores)."""
 
 
 CORRELATION_BASE = 1_000_000
@@ -384,6 +423,18 @@ def build_generated(size: str, root: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if spec.fast:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from big_traces import build
+
+        build(folder, spec.ranks, spec.layout, spec.steps)
+        command = [sys.executable, "benchmarks/big_traces.py", str(folder), "--ranks",
+                   str(spec.ranks), "--layout", spec.layout, "--steps",
+                   str(spec.steps)]  # fmt: skip
+        (folder / ".complete").write_text(" ".join(command[1:]) + "\n")
+        print(f"\n{size}: generated in {time.perf_counter() - started:.0f} s: "
+              f"python {' '.join(command[1:])}")  # fmt: skip
+        return folder
     command = [sys.executable, "-m", "diag", *spec.arguments(folder)]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True)
     for trace in sorted(folder.glob("*.json")):  # one at a time: the disk holds one more
@@ -426,7 +477,8 @@ def _memory(measured: Measured) -> str:
         return "-"
     return (f"{_median(measured.peak_mib):.0f} (self {_median(measured.own_mib):.0f}"
             f" + children {_median(measured.children_mib):.0f}; all processes together"
-            f" {_median(measured.tree_mib):.0f})")  # fmt: skip
+            f" {_median(measured.tree_mib):.0f}, proportional"
+            f" {_median(measured.tree_pss_mib):.0f})")  # fmt: skip
 
 
 def print_folder(result: FolderResult) -> None:
@@ -512,6 +564,17 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="simulated folders of these size classes (30GB: opt-in)")  # fmt: skip
     parser.add_argument("--generated-dir", type=Path, help="where they are kept (reused)")
     parser.add_argument("--generated-repeats", type=int, default=1, help="timings of each (1)")
+    parser.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="generated folders: diag alone (HTA needs tens of GiB at 30GB)",
+    )
+    parser.add_argument(
+        "--child-timeout",
+        type=int,
+        default=CHILD_TIMEOUT_S,
+        help=f"seconds one measurement may take ({CHILD_TIMEOUT_S})",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--second", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -531,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.large_ranks} ranks; fewer to keep the run near five minutes)")  # fmt: skip
     results: list[FolderResult] = []
     with tempfile.TemporaryDirectory(prefix="kineto-bench-") as tmp:
-        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "xdg-cache")}
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "xdg-cache"),
+               "KINETO_LOAD_CHILD_TIMEOUT_S": str(args.child_timeout)}  # fmt: skip
         for name in args.folders:
             folder = args.traces / name
             if not folder.is_dir():
@@ -553,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.generated:
             folder = build_generated(size, kept)
             results.append(measure_folder(f"sim-{size}", folder, args.generated_repeats, env,
-                                          generated=True))  # fmt: skip
+                                          generated=True, hta=not args.ours_only))  # fmt: skip
             print_folder(results[-1])
     print_table(results, cores)
     print(f"total {time.perf_counter() - started:.0f} s; {_load_average()} at the end")

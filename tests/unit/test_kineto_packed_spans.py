@@ -53,7 +53,26 @@ def test_the_layout_counts_the_packed_collectives_as_it_counted_the_dicts(traces
     assert any(comm.get("group_ranks") for comm in comms) and len(comms) > 50
     view = LayoutView([pack_comms(t.records["comm"], t.records["step"]).layout_rows
                        for t in parsed])  # fmt: skip
-    assert len(view.rows) < len(comms) and sum(1 for _ in view) <= len(comms)
+    distinct = sum(len(part) for part in view.parts)
+    assert distinct < len(comms) and sum(1 for _ in view) <= len(comms)
     from_dicts = infer_layout(len(parsed), configs, comms, steps)
     from_view = infer_layout(len(parsed), configs, list(view), steps)
+    assert infer_layout(len(parsed), configs, view, steps) == from_view  # read as it iterates
     assert from_view == from_dicts and from_dicts.layout.pp == 2
+
+
+def test_the_layout_rows_as_columns_give_back_every_key_and_count() -> None:
+    from collections import Counter
+
+    from diag.read.kineto.packed_comms import LayoutRows
+
+    counted = Counter({
+        ((0, 1), "pp", "send", 0, 3, 10, False, 1, 4096): 5,
+        (None, None, "all_reduce", 0, 3, 20, True, None, 2.5): 1,
+        ((0, 2), "dp", "all_reduce", 0, 2**62, -7, False, None, None): 2,
+    })  # fmt: skip
+    rows = LayoutRows.of(counted)
+    assert len(rows) == 3 and dict(rows.items()) == counted
+    for (key, _), (theirs, _) in zip(rows.items(), counted.items(), strict=True):
+        assert [type(v) for v in key] == [type(v) for v in theirs]
+    assert dict(LayoutRows.of(Counter()).items()) == {}

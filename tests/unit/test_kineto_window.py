@@ -5,8 +5,11 @@ and the same analysis as the whole folder's read with that window."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,8 +19,11 @@ import diag.read.kineto as kineto
 from diag.api import diagnose
 from diag.metrics import comm_totals
 from diag.metrics.file_reduction import reduce_rank_files
+from diag.rankfile.records import Encoded
 from diag.read import record_window
-from diag.read.kineto import load_trace_dir
+from diag.read.kineto import load_trace_dir, spill, window
+from diag.read.kineto.packed_comms import Message, PackedComms
+from diag.read.load import RunData
 from tests.unit.simulated_jobs import trace_folder
 
 WINDOW = 3
@@ -101,3 +107,91 @@ def test_replaying_every_step_of_a_large_folder_keeps_every_record(
     every = analyze_path(folder, replay_all=True)  # record_spill reads rank files: not here
     assert any("themselves for steps" in note for note in windowed["skipped"])
     assert not any("themselves for steps" in note for note in every["skipped"])
+
+
+def _tables(run: RunData) -> dict[str, pd.DataFrame]:
+    return {"steps": run.steps, "spans": run.spans, "comms": run.comms,
+            "rank_steps": run.rank_steps, "comm_totals": run.comm_totals}  # fmt: skip
+
+
+def test_traces_reduced_by_workers_from_disk_give_the_tables_reduced_in_memory(
+    traces: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The workers write each trace's records to disk and reduce them once the layout is
+    known (spill.py, window.reduce_spilled): the same tables as the gathering process's own
+    reduction, in forked workers, and nothing left on disk."""
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", 0)
+    monkeypatch.setattr(record_window, "SPAN_WINDOW_STEPS", WINDOW)
+    monkeypatch.setattr(window, "SPILLED_PARALLEL_FROM_BYTES", 0)
+    spilled, log = tmp_path / "spilled", tmp_path / "written.txt"
+    spilled.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spilled))
+    real_write = spill.write
+
+    def logged(path: Path, *args: Any) -> bool:  # in the worker processes: logged to a file
+        with log.open("a") as out:
+            out.write(f"{path}\n")
+        return real_write(path, *args)
+
+    monkeypatch.setattr(spill, "write", logged)
+    from_disk = load_trace_dir(traces, use_cache=False, workers=2, breakdown=reduce_rank_files)
+    written = log.read_text().splitlines()
+    assert len(written) == len(list(traces.glob("*.json"))) and not list(spilled.iterdir())
+    monkeypatch.setattr(spill, "write", lambda *_: False)  # kept in memory, as before
+    in_memory = load_trace_dir(traces, use_cache=False, workers=2, breakdown=reduce_rank_files)
+    for name, table in _tables(in_memory).items():
+        pd.testing.assert_frame_equal(_tables(from_disk)[name], table, obj=name)
+    assert from_disk.skipped == in_memory.skipped
+
+
+def test_a_spilled_trace_reads_back_as_written(tmp_path: Path) -> None:
+    steps = [{"rank": 1, "step": s, "t0": 10 * s, "t1": 10 * s + 5} for s in range(3)]
+    spans = {
+        "t0": np.arange(3, dtype=np.int64),
+        "phase": Encoded(["kernel", None], np.array([0, 1, 0])),
+    }
+    comms = PackedComms(
+        {"op": Encoded(["send"], np.zeros(2, dtype=np.int32)), "bytes": np.array([1.0, np.nan]),
+         "async": [True, None]},
+        [(0, 1), None], np.array([0, 1], dtype=np.int32),
+        {"peer": Message(np.array([0, 3]), np.array([True, False])), "seq": [None, 2]},
+    )  # fmt: skip
+    path = tmp_path / "0.npz"
+    assert spill.write(path, steps, spans, comms)
+    read_steps, read_spans, read_comms = spill.read(path)
+    np.testing.assert_array_equal(read_steps["t1"], [5, 15, 25])
+    assert read_spans["phase"].values == ["kernel", None]
+    np.testing.assert_array_equal(read_comms.columns["bytes"], [1.0, np.nan])
+    assert read_comms.columns["async"] == [True, None] and read_comms.members == [(0, 1), None]
+    assert read_comms.messages["seq"] == [None, 2]
+    peer = read_comms.messages["peer"]
+    assert isinstance(peer, Message) and peer.null.tolist() == [True, False]
+    # a value JSON would not give back as it was: not written, the trace stays in memory
+    odd = dataclasses.replace(comms, columns={**comms.columns, "async": [(1, 2)]})
+    assert not spill.write(tmp_path / "1.npz", steps, spans, odd)
+    assert not (tmp_path / "1.npz").exists()
+
+
+def test_a_gzipped_folder_is_large_by_its_text_not_its_size_on_disk(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "gzipped"
+    folder.mkdir()
+    for trace in traces.glob("*.json"):
+        (folder / f"{trace.name}.gz").write_bytes(gzip.compress(trace.read_bytes()))
+    on_disk = sum(p.stat().st_size for p in folder.iterdir())
+    text = sum(p.stat().st_size for p in traces.glob("*.json"))
+    assert text > 3 * on_disk
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", (on_disk + text) // 2)
+    run = load_trace_dir(folder, use_cache=False, workers=1, breakdown=reduce_rank_files)
+    assert run.rank_steps is not None  # reduced: its JSON passes the threshold
+    monkeypatch.setattr(kineto, "REDUCE_SPANS_FROM_BYTES", text + 1)
+    run = load_trace_dir(folder, use_cache=False, workers=1, breakdown=reduce_rank_files)
+    assert run.rank_steps is None
+
+
+def test_a_trace_that_cannot_be_spilled_stays_in_memory(tmp_path: Path) -> None:
+    steps = [{"rank": 0, "step": 0, "t0": 0, "t1": 5}]
+    comms = PackedComms({"t0": np.zeros(1, dtype=np.int64)}, [None], np.zeros(1, np.int32), {})
+    gone = tmp_path / "gone" / "0.npz"  # its folder removed: nothing written, no error
+    assert not spill.write(gone, steps, {"t0": np.zeros(1, dtype=np.int64)}, comms)

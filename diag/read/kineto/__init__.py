@@ -8,9 +8,14 @@ next analysis of an unchanged folder skips the JSON entirely.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import gc
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -18,19 +23,25 @@ from typing import Any, cast
 import pandas as pd
 
 from diag.contract import schema
+from diag.contract.files import open_regular
+from diag.contract.limits import MAX_TRACE_FILE_BYTES
 from diag.contract.names import grid_groups
 from diag.errors import InputError
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
 from diag.read.cache import Lookup
-from diag.read.kineto import cache
+from diag.read.kineto import cache, spill
+from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
 from diag.read.kineto.packed_comms import (
     MESSAGE_COLUMNS,
+    LayoutKey,
+    LayoutRows,
     LayoutView,
+    Message,
     PackedComms,
     message_column,
     named_by_axis,
@@ -39,8 +50,8 @@ from diag.read.kineto.packed_comms import (
     split_packed_batches,
 )
 from diag.read.kineto.schedule import with_schedule
+from diag.read.kineto.window import Reduced, reduce_spilled, reduce_traces, window_end
 from diag.read.kineto.window import note as window_note
-from diag.read.kineto.window import reduce_traces, window_end
 from diag.read.load import (
     REDUCE_SPANS_FROM_BYTES,
     Breakdown,
@@ -48,7 +59,7 @@ from diag.read.load import (
     run_from_records,
     with_cache_note,
 )
-from diag.read.parallel import file_sizes, map_chunks
+from diag.read.parallel import file_sizes, map_chunks, scheduler_address
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
@@ -77,14 +88,36 @@ def load_trace_dir(
     if not files:
         raise InputError(folder, "no Kineto trace files (*.json, *.json.gz) in the folder")
     layout = layout or _layout_beside(beside)
-    large = sum(file_sizes([(0, f) for f in files])) >= REDUCE_SPANS_FROM_BYTES
+    large = sum(_text_sizes(files)) >= REDUCE_SPANS_FROM_BYTES
     reduce = breakdown if large else None
     key = cache.key(files, patterns, layout, reduce is not None) if use_cache else ""
     found = cache.read(beside, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value
+    # a large folder read here: each trace's records wait on disk until the layout is known
+    # (window.reduce_spilled); on a cluster, whose workers' disks are not this one's, they
+    # come back as before
+    local = reduce is not None and scheduler_address() is None
+    with tempfile.TemporaryDirectory(prefix="diag-spill-") if local else _no_folder() as where:
+        run = _loaded(
+            folder, files, patterns, layout, reduce, workers, Path(where) if where else None
+        )
+    if use_cache:
+        cache.write(beside, key, run)
+    return with_cache_note(run, found.note)
+
+
+def _loaded(
+    folder: Path,
+    files: list[Path],
+    patterns: KernelPatterns,
+    layout: schema.Layout | None,
+    reduce: Breakdown | None,
+    workers: int | None,
+    spill_to: Path | None,
+) -> RunData:
     skipped: list[str] = []
-    parsed = _parse_all(files, patterns, workers)
+    parsed = _parse_all(files, patterns, workers, spill_to)
     packed_of = {id(trace): (spans, comms) for trace, spans, comms in parsed}
     traces = assign_ranks(folder, [trace for trace, _, _ in parsed], skipped)
     del parsed
@@ -97,6 +130,8 @@ def load_trace_dir(
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
     manifest = _manifest(folder, traces, layout, records, list(comm_parts))
+    for part in comm_parts:  # counted: no longer needed
+        part.layout_rows = Counter()
     grid = _grid(manifest.layout)
     if layout is not None and grid != manifest.world_size:
         raise InputError(folder, f"the layout's dp x tp x pp x ep x cp = {grid} is not the "
@@ -109,23 +144,57 @@ def load_trace_dir(
             "the others are not analysed"
         )
     axis_of = _axis_of(manifest)
+    records_count = sum(_rows(p) for p in span_parts) + sum(len(p) for p in comm_parts)
+    spilled = [p for p in comm_parts if isinstance(p, Spilled)]
+    unnamed = layout is not None and any(None in p.members for p in comm_parts)
+    if (
+        reduce is not None
+        and spilled
+        and len(spilled) == len(comm_parts)
+        and not unnamed
+        and not any(p.batched for p in spilled)
+    ):
+        # every trace on disk and no op whose naming reads other traces' ops: reduced by workers
+        end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
+        reduced = reduce_spilled(reduce, [p.path for p in spilled], axis_of, end, workers)
+        del span_parts, comm_parts, spilled
+        return _run(folder, manifest, traces, records, skipped, reduced)
+    span_parts, comm_parts = _read_back(span_parts, comm_parts)
     comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
     if layout is not None:  # an older trace's ops, named by none of its groups
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
     # a batched kernel's ops given their own ends and waits from their peers' ops (batches.py)
     comm_columns = split_packed_batches(comm_parts, comm_columns)
-    spans, comms, reduced = list(span_parts), list(comm_parts), None
+    spans, comms = list(span_parts), list(comm_parts)
     del span_parts, comm_parts
     if reduce is not None:
         # a large folder: every step reduced, the records kept for a window (window.py)
-        records_count = sum(len(p["t0"]) for p in spans) + sum(len(p) for p in comms)
         end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
         reduced = reduce_traces(reduce, [t.records["step"] for t in traces], spans, comms,
                                 comm_columns, end)  # fmt: skip
+        return _run(folder, manifest, traces, records, skipped, reduced)
+    return _run(folder, manifest, traces, records, skipped, None, spans, comms, comm_columns)
+
+
+def _run(
+    folder: Path,
+    manifest: schema.Manifest,
+    traces: list[ParsedTrace],
+    records: dict[str, list[dict]],
+    skipped: list[str],
+    reduced: Reduced | None,
+    spans: list[dict[str, Packed]] | None = None,
+    comms: list[PackedComms] | None = None,
+    comm_columns: list[dict[str, Packed]] | None = None,
+) -> RunData:
+    """The run's tables from the traces' records: every record (`spans`, `comms` and their
+    named `comm_columns`), or a large folder's window and reductions (`reduced`)."""
+    if reduced is not None:
         spans, comms = reduced.spans, reduced.comms
         comm_columns = [part.columns for part in comms]
         first = min((s["step"] for s in records["step"]), default=0)
-        skipped.append(window_note(folder, end, first))
+        skipped.append(window_note(folder, reduced.keep_below, first))
+    assert spans is not None and comms is not None and comm_columns is not None
     run = dataclasses.replace(
         run_from_records(manifest, folder, records, skipped, {"span": spans, "comm": comm_columns}),
         device_time=_device_table(traces),
@@ -138,22 +207,59 @@ def load_trace_dir(
             run, rank_steps=reduced.rank_steps, comm_totals=reduced.comm_totals,
             span_steps=reduced.keep_below,
         )  # fmt: skip
-    if use_cache:
-        cache.write(beside, key, run)
-    return with_cache_note(run, found.note)
+    return run
+
+
+@dataclass
+class Spilled:
+    """A parsed trace's spans and collectives written to `path` (spill.py) by its worker, and
+    what the gathering process reads of them before they are reduced: their numbers, what
+    the layout's inference counts, the groups' rank lists, and whether a batched kernel ran
+    several ops (their split reads every trace's ops: then they are read back)."""
+
+    path: Path
+    span_rows: int
+    comm_rows: int
+    layout_rows: LayoutRows | Counter[LayoutKey]
+    members: list[tuple[int, ...] | None]
+    batched: bool
+
+    def __len__(self) -> int:
+        return self.comm_rows
+
+
+Parsed = tuple[ParsedTrace, "dict[str, Packed] | Spilled", "PackedComms | Spilled"]
+
+
+def _text_sizes(files: list[Path]) -> list[int]:
+    """Each trace's JSON size in bytes: a gzipped one's as its trailer says (the inflated size
+    modulo 2**32; never less than on disk), since the reduction is for what the text holds,
+    which a gzipped folder's size on disk hides about tenfold. Only a choice of path: a
+    trailer that lies changes no result's correctness."""
+    sizes = file_sizes([(0, f) for f in files])
+    for i, path in enumerate(files):
+        if path.name.endswith(".gz") and sizes[i] >= 18:  # a header and a trailer
+            try:
+                with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
+                    raw.seek(-4, 2)
+                    sizes[i] = max(sizes[i], int.from_bytes(raw.read(4), "little"))
+            except OSError:
+                continue
+    return sizes
 
 
 def _parse_all(
-    files: list[Path], patterns: KernelPatterns, workers: int | None
-) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
-    """Every file parsed (its spans and collectives packed: `_packed`), in parallel processes when
-    there are several and enough bytes to repay starting them (`workers` forces a count);
-    progress on a terminal after a while (`diag.read.progress`)."""
+    files: list[Path], patterns: KernelPatterns, workers: int | None, spill_to: Path | None = None
+) -> list[Parsed]:
+    """Every file parsed (its spans and collectives packed: `_packed`; written to `spill_to`
+    when given: `Spilled`), in parallel processes when there are several and enough bytes to
+    repay starting them (`workers` forces a count); progress on a terminal after a while
+    (`diag.read.progress`)."""
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
     try:
         chunks = map_chunks(
-            partial(_parse_chunk, patterns=patterns), list(enumerate(files)), count=workers,
-            min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
+            partial(_parse_chunk, patterns=patterns, spill_to=spill_to), list(enumerate(files)),
+            count=workers, min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
         )  # fmt: skip
     finally:
         gc.unfreeze()
@@ -161,9 +267,58 @@ def _parse_all(
 
 
 def _parse_chunk(
-    chunk: list[tuple[int, Path]], patterns: KernelPatterns
-) -> list[tuple[ParsedTrace, dict[str, Packed], PackedComms]]:
-    return [_packed(parse_file(path, patterns)) for _, path in chunk]
+    chunk: list[tuple[int, Path]], patterns: KernelPatterns, spill_to: Path | None = None
+) -> list[Parsed]:
+    out: list[Parsed] = []
+    for index, path in chunk:
+        trace, spans, comms = _packed(parse_file(path, patterns))
+        out.append(
+            _spilled(index, trace, spans, comms, spill_to) if spill_to else (trace, spans, comms)
+        )
+    return out
+
+
+def _spilled(
+    index: int, trace: ParsedTrace, spans: dict[str, Packed], comms: PackedComms, folder: Path
+) -> Parsed:
+    """The trace with its packed records written to `folder` (as is where they will not be)."""
+    path = folder / f"{index}.npz"
+    if trace.error or not spill.write(path, trace.records.get("step", []), spans, comms):
+        return trace, spans, comms
+    kernels = comms.messages.get(KERNEL_KEY, [])
+    batched = (
+        bool((~kernels.null).any())
+        if isinstance(kernels, Message)
+        else any(v is not None for v in kernels)
+    )
+    found = Spilled(path, _rows(spans), len(comms), comms.layout_rows, comms.members, batched)
+    return trace, found, found
+
+
+def _read_back(
+    span_parts: tuple[Any, ...], comm_parts: tuple[Any, ...]
+) -> tuple[list[dict[str, Packed]], list[PackedComms]]:
+    """Spilled traces read back into memory (the others as they are)."""
+    spans, comms = [], []
+    for span_part, comm_part in zip(span_parts, comm_parts, strict=True):
+        if isinstance(comm_part, Spilled):
+            _, span_part, packed = spill.read(comm_part.path)
+            comm_part.path.unlink(missing_ok=True)
+            comm_part = packed
+        spans.append(span_part)
+        comms.append(comm_part)
+    return spans, comms
+
+
+def _rows(spans: dict[str, Packed] | Spilled) -> int:
+    if isinstance(spans, Spilled):
+        return spans.span_rows
+    return len(spans["t0"]) if "t0" in spans else 0
+
+
+@contextlib.contextmanager
+def _no_folder() -> Iterator[None]:
+    yield None
 
 
 def _packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed], PackedComms]:

@@ -225,7 +225,7 @@ def _counted(comms: Iterable[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], 
     value: everything `_families` does with a repeat is idempotent or a count), else each
     record once."""
     rows = getattr(comms, "rows", None)
-    return rows if isinstance(rows, list) else ((comm, 1) for comm in comms)
+    return rows if rows is not None else ((comm, 1) for comm in comms)
 
 
 def _built(

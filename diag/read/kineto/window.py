@@ -5,11 +5,22 @@ collectives themselves only for a window of first steps (`RunData.span_steps`).
 The reduction is the run directories' (`metrics.file_reduction.reduce_rank_files`, from
 packed columns, one trace at a time) and the window is theirs (`record_window`): the records
 of the steps below the window's end, every comm_wait span, and the records of steps without
-a step record. A trace is reduced in the gathering process once the layout is known, since
-its collectives' groups are named by axis first (the breakdown tells pipeline waits from the
-others by that name); each trace's whole columns are dropped as soon as it is reduced.
-Its loops are not compiled here (numba is not imported: about 100 MiB in this process): the
-unions of a trace's intervals and the sums of its collectives run in numpy, the same totals.
+a step record. A trace is reduced once the layout is known, since its collectives' groups
+are named by axis first (the breakdown tells pipeline waits from the others by that name).
+
+Where the folder is read by local worker processes (`diag analyze` without a cluster), the
+workers reduce the traces (`reduce_spilled`): each parsed trace's packed records wait on disk
+(spill.py) while the gathering process infers the layout from what the workers counted, then
+each worker reads, names, reduces and cuts one trace at a time and hands back its window and
+its two tables, merged here as the one call over every trace would have made them
+(`merged`). The gathering process then holds per trace its step records and its window,
+never its spans and collectives. Elsewhere (a Dask cluster, whose workers' disks are not this
+one's; a trace whose columns the spill does not take; an op whose naming reads other traces'
+ops: batched kernels, unnamed groups under a given layout) the gathering process reduces them
+(`reduce_traces`), one trace at a time, each trace's whole columns dropped as soon as it is
+reduced; its loops are not compiled there (numba is not imported: about 100 MiB in that
+process): the unions of a trace's intervals and the sums of its collectives run in numpy, the
+same totals.
 
 What is reduced, said in the report's notes (`note`): which steps keep their records.
 """
@@ -18,16 +29,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diag.contract.schema import RecordKind
-from diag.rankfile.records import Packed
+from diag.rankfile.records import Encoded, Packed, concat
 from diag.read import record_window
-from diag.read.kineto.packed_comms import MESSAGE_COLUMNS, Message, PackedComms
-from diag.read.load import Breakdown
+from diag.read.kineto import spill
+from diag.read.kineto.packed_comms import MESSAGE_COLUMNS, Message, PackedComms, named_by_axis
+from diag.read.load import Breakdown, categorical
+from diag.read.parallel import map_chunks
 
 STEP, SPAN, COMM = RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value
 NULL_SUFFIX = ":null"
@@ -87,6 +102,95 @@ def reduce_traces(
     reduced = breakdown(each_trace(), True)
     return Reduced(kept_spans, kept_comms, reduced["rank_steps"], reduced["comm_totals"],
                    keep_below)  # fmt: skip
+
+
+@dataclass
+class TraceReduced:
+    """One trace reduced by a worker: its window's spans and collectives and its two tables."""
+
+    spans: dict[str, Packed]
+    comms: PackedComms
+    rank_steps: pd.DataFrame
+    comm_totals: pd.DataFrame
+
+
+SPILLED_PARALLEL_FROM_BYTES = 8 * 2**20
+"""Below this much spilled, the traces are reduced in the gathering process."""
+
+
+def reduce_spilled(
+    breakdown: Breakdown,
+    paths: list[Path],
+    axis_of: dict[tuple[int, ...], str],
+    keep_below: int,
+    workers: int | None = None,
+) -> Reduced:
+    """`reduce_traces` of traces spilled to `paths` (spill.py, in rank order; each file
+    removed once read), by local worker processes a trace at a time; the same tables and
+    windows."""
+    chunks = map_chunks(
+        partial(_reduce_chunk, breakdown=breakdown, axis_of=axis_of, keep_below=keep_below),
+        list(enumerate(paths)), count=workers, min_bytes=SPILLED_PARALLEL_FROM_BYTES,
+        chunk_files=8, progress="traces reduced", cluster=False,
+    )  # fmt: skip
+    parts = [part for chunk in chunks for part in chunk]
+    return Reduced(
+        [p.spans for p in parts], [p.comms for p in parts],
+        merged([p.rank_steps for p in parts], labels=()),
+        merged([p.comm_totals for p in parts], labels=LABEL_KEYS), keep_below,
+    )  # fmt: skip
+
+
+def _reduce_chunk(
+    chunk: list[tuple[int, Path]],
+    breakdown: Breakdown,
+    axis_of: dict[tuple[int, ...], str],
+    keep_below: int,
+) -> list[TraceReduced]:
+    out = []
+    for _, path in chunk:
+        steps, spans, comms = spill.read(path)
+        path.unlink(missing_ok=True)
+        columns: dict[str, dict[str, Packed]] = {
+            STEP: dict(steps), SPAN: spans,
+            COMM: {**named_by_axis(comms, axis_of), **_message_columns(comms)},
+        }  # fmt: skip
+        reduced = breakdown(iter([columns]), True)
+        out.append(TraceReduced(
+            record_window.kept_records(columns, SPAN, keep_below),
+            _kept_comms(comms, columns, keep_below), reduced["rank_steps"],
+            reduced["comm_totals"],
+        ))  # fmt: skip
+    return out
+
+
+LABEL_KEYS = ("op", "group", "tag")
+"""The label columns of `comm_totals` (categorical: `file_reduction._totals_frame`)."""
+
+
+def merged(frames: list[pd.DataFrame], labels: tuple[str, ...]) -> pd.DataFrame:
+    """Per-trace tables of the breakdown as its one call over the traces makes them: the rows
+    of the non-empty ones in order (all empty: the first), each `labels` column categorical
+    over the labels of all (sorted, `load.categorical`)."""
+    kept = [frame for frame in frames if len(frame)]
+    if len(kept) < 2:
+        return (kept or frames)[0].reset_index(drop=True)
+    out = pd.concat(kept, ignore_index=True)
+    for name in labels:
+        if name in out.columns:
+            parts = [_encoded(frame[name]) for frame in kept]
+            joined = concat(list(parts))
+            assert isinstance(joined, Encoded)
+            out[name] = categorical(joined)
+    return out
+
+
+def _encoded(column: pd.Series) -> Encoded:
+    """A column (categorical or not) as labels and codes, null as None."""
+    values = column.astype("category").cat
+    codes = values.codes.to_numpy().astype(np.int64)
+    labels = [*values.categories.tolist(), None]
+    return Encoded(labels, np.where(codes < 0, len(labels) - 1, codes))
 
 
 def _step_columns(rows: list[dict[str, Any]]) -> dict[str, Packed]:

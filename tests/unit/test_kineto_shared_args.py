@@ -1,0 +1,52 @@
+"""Equal argument sets of a trace's events are kept as one object while the trace is read
+(files.SharedArgs, issue 43: a worker's memory), and the records are the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from diag.cli.main import main
+from diag.read.kineto import files
+from diag.read.kineto.events import BATCH_DECODER, FAST
+from diag.read.kineto.kernels import KernelPatterns
+
+pytestmark = pytest.mark.skipif(not FAST, reason="without msgspec no trace is streamed")
+
+
+def test_equal_argument_sets_are_one_object_and_a_launch_keeps_its_own() -> None:
+    events = BATCH_DECODER.decode(b"""[
+        {"ph": "X", "name": "record_param_comms", "args": {"Collective name": "send", "Seq": 1}},
+        {"ph": "X", "name": "record_param_comms", "args": {"Collective name": "send", "Seq": 1}},
+        {"ph": "X", "name": "record_param_comms", "args": {"Collective name": "send", "Seq": 2}},
+        {"ph": "X", "name": "cudaLaunchKernel", "args": {"correlation": 7}},
+        {"ph": "X", "name": "cudaLaunchKernel", "args": {"correlation": 7}},
+        {"ph": "X", "name": "aten::mm", "args": {"Input Dims": [[1, 2]]}},
+        {"ph": "X", "name": "aten::mm", "args": {"Input Dims": [[1, 2]]}}
+    ]""")
+    share = files.SharedArgs()
+    share(events[:2])
+    share(events[2:])
+    assert events[0].args is events[1].args and events[2].args is not events[0].args
+    assert events[2].args.seq == 2
+    assert events[3].args is not events[4].args  # a launch's: its own
+    assert events[5].args is not events[6].args  # a list among them: not hashable, as is
+
+
+def test_a_trace_reads_the_same_with_its_argument_sets_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "traces"
+    result = CliRunner().invoke(main, [
+        "simulate", "--layout", "dp=2,pp=2", "-m", "4", "--steps", "3", "--format", "kineto",
+        "--out", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    trace = sorted(out.glob("*.json"))[1]
+    shared = files.parse_file(trace, KernelPatterns())
+    monkeypatch.setattr(files.SharedArgs, "__call__", lambda self, batch: None)
+    decoded = files.parse_file(trace, KernelPatterns())
+    assert shared.records == decoded.records and len(shared.records["comm"]) > 10
+    assert shared.device_time == decoded.device_time
