@@ -157,6 +157,26 @@ def _behind(
     ]  # fmt: skip
 
 
+def _ended_by_launcher(ranks: dict[int, RankRecords]) -> list[int]:
+    """Ranks that stopped silently (no exception, close or signal) before the others were
+    ended: every other rank received a signal (the launcher ending the job: torchrun's SIGTERM
+    when a rank exits), raised or closed, and at least one received a signal, after the
+    silent rank's last record. A rank that aborted or was killed then took the job down, however
+    short the time since (a launcher ends the rest at once, well inside the window)."""
+    silent = [r for r, i in ranks.items()
+              if i.exception is None and not i.closed and not i.signal
+              and i.last_alive_ns is not None]  # fmt: skip
+    others = [i for r, i in ranks.items() if r not in silent]
+    if not silent or not others or not any(i.signal for i in others):
+        return []
+    if any(i.exception is None and not i.closed and not i.signal for i in others):
+        return []  # a rank with no record at all: nothing says when it stopped
+    first_end = min((i.last_alive_ns for i in others if i.last_alive_ns is not None), default=None)
+    if first_end is None:
+        return []
+    return [r for r in silent if (ranks[r].last_alive_ns or 0) < first_end]
+
+
 def _lost(
     ranks: dict[int, RankRecords], stuck: list[Stuck], end_ns: int | None, window_s: float
 ) -> list[int]:
@@ -164,6 +184,9 @@ def _lost(
     longer than the window: killed, or their node lost."""
     if end_ns is None or not any(i.heartbeat_s or i.closed or i.stall for i in ranks.values()):
         return []  # no rank writes signs of life (older collectors, traces): silence means nothing
+    ended = _ended_by_launcher(ranks)
+    if ended:  # the job was ended: the rank that stopped silently before that is lost
+        return ended
     waiting = {r for s in stuck for r in s.waiting}
     lost = []
     for rank, info in ranks.items():

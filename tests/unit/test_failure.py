@@ -124,6 +124,17 @@ def test_a_group_timeout_is_the_consequence_not_the_crash(
     assert [states[r] for r in (0, 1, 3)] == ["timed out"] * 3, states
 
 
+def test_a_rank_that_aborted_before_the_launcher_ended_the_job_is_named(tmp_path: Path) -> None:
+    """Rank 2's records stop in its forward pass (it aborted); 2 s later the launcher ends the
+    others (SIGTERM records), read at once: rank 2 is lost, not 'rank 0 received SIGTERM'."""
+    from tests.conftest import RunWriter
+
+    report = analyze_path(failure_run(RunWriter(tmp_path), "aborted", name="aborted"))
+    first = report["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("FLR004", [2]), first["title"]
+    assert report["summary"]["status"] == "failed", report["summary"]["status_reason"]
+
+
 def test_a_rank_behind_but_moving_is_not_blamed_for_the_hang(tmp_path: Path) -> None:
     """Rank 2 hangs in its loader; rank 0, a step behind, still finishes its backward pass
     after the others began to wait when the job ends: rank 2 never joined, not ranks 0 and 2."""

@@ -134,6 +134,8 @@ def failure_run(
     - `undecidable`: every rank stops after step 5 with nothing open and no close;
     - `completed`: no failure, every rank closes complete;
     - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary;
+    - `aborted`: its records stop inside fwd (it aborted); 2 s later the launcher ends the job:
+      the others, in all-reduce #7, record SIGTERM (files fresh);
     - `hang-behind`: `hang`, and rank 0 a step behind (its step 6 backward ends 0.5 s after the
       others began to wait) when the job ends;
     - `timeout-hang`: sleeps in its loader; the others' group timeout (3 s, below the window)
@@ -157,6 +159,15 @@ def failure_run(
         if kind == "late":
             rows += _waiting(runs, step, ranks)[:4]
             rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 1080), interval_s=2.0))
+            continue
+        if kind == "aborted":
+            if rank != 2:
+                rows += _waiting(runs, step, ranks)[:4]
+                rows.append(_event(step, "signal", t_ns=run_ns(t + 2_080), signal="SIGTERM"))
+            else:
+                rows += [_event(step, "step_open", t0=run_ns(t)),
+                         _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None,
+                                t0=run_ns(t))]  # fmt: skip
             continue
         if kind.startswith("timeout"):
             if kind == "timeout-bare":
@@ -193,7 +204,8 @@ def failure_run(
     status = "complete" if kind == "completed" else "running"
     manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
     path = runs.write(records, manifest, name=name)
-    if ended if ended is not None else kind != "late" and not kind.startswith("timeout"):
+    fresh = kind in ("late", "aborted") or kind.startswith("timeout")
+    if ended if ended is not None else not fresh:
         past = time.time() - ENDED_S
         for file in path.iterdir():
             os.utime(file, (past, past))
