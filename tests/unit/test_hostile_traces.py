@@ -240,7 +240,7 @@ CASES = {
     ),
     "kineto.ranks/negative": usable(trace_folder(events(distributed={"rank": -3})), 1, "rank"),
     "kineto.ranks/twice": fatal(
-        trace_folder(events(distributed={"rank": 0})), TRACES, "several trace files claim one rank"
+        trace_folder(events(distributed={"rank": 0})), TRACES, "several trace files claim rank 0"
     ),
     "kineto.gzip/not-gzip": usable(trace_folder(json.dumps(events()), GZ), 1, "gzip", cli=True),
     "kineto.gzip/truncated": usable(trace_folder(valid_gz()[:200], GZ), 1, "gzip"),
