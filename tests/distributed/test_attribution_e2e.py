@@ -107,6 +107,13 @@ def test_ddps_bucket_rebuild_is_recorded_as_waiting(shared_run) -> None:
     rebuilt = run.comms[run.comms["tag"] == "ddp.buckets"]
     assert sorted(rebuilt["rank"]) == [0, 1] and set(rebuilt["step"]) == {1}, rebuilt
     assert set(rebuilt["op"]) == {"broadcast"} and rebuilt["blocking"].all()
+    # rank 0 waited out most of the 80 ms sleep in the broadcast, recorded as such ...
+    mine = rebuilt[rebuilt["rank"] == 0]
+    waited_ms = float((mine["t1"] - mine["t0"]).sum()) / 1e6
+    assert waited_ms >= 40, rebuilt
+    # ... and its step 1 computes less than the sleep beyond its later steps: the first step's
+    # own costs (allocations, the rebuild itself) stay, 7-44 ms on this loaded machine, where
+    # the wait read as compute made it 89 ms
     busy = compute_metrics(run).rank_steps.set_index(["rank", "step"])["busy_s"] * 1e3
     later_ms = float(busy.loc[0].loc[2:].median())
-    assert busy.loc[(0, 1)] - later_ms < 40, busy.round(1).to_dict()  # half the sleep
+    assert busy.loc[(0, 1)] - later_ms < 60, busy.round(1).to_dict()
