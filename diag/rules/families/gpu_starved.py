@@ -79,13 +79,10 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         traces only: a run directory records no kernels.
     """
     table = ctx.metrics.device
-    if table.empty or "device_host_wait_share" not in table:
+    over = ranks_over(table, "device_host_wait_share", limits["low"])
+    if over is None:
         return []
-    starved = table[table["device_host_wait_share"] >= limits["low"]]
-    if starved.empty:
-        return []
-    ranks = sorted(int(r) for r in starved["rank"])
-    typical = starved.median(numeric_only=True)
+    starved, ranks, typical = over
     share = float(typical["device_host_wait_share"])
     # the step as the report measures it (each step's device window) where the replay has
     # one, else the device's time per profiled step; the host's share of the device's time
@@ -106,21 +103,21 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
         },
         "idle_share": float(typical["idle_share"]),
         "hta_idle_split": {
-            "host_wait": _or_none(typical["host_wait_share"]),
-            "kernel_wait": _or_none(typical["kernel_wait_share"]),
-            "other": _or_none(typical["other_idle_share"]),
+            "host_wait": or_none(typical["host_wait_share"]),
+            "kernel_wait": or_none(typical["kernel_wait_share"]),
+            "other": or_none(typical["other_idle_share"]),
         },
         "step_s": step_s,
         "step_without_host_wait_s": step_s - cost_s,
         "device_time_per_step_s": float(typical["step_s"]),
         "host_wait_per_step_s": float(typical["host_wait_per_step_s"]),
-        "kernels_per_step": _or_none(typical["kernels_per_step"]),
-        "kernel_median_us": _or_none(typical["kernel_median_us"]),
-        "launch_mean_us": _or_none(typical["launch_mean_us"]),
-        "sync_calls_per_step": _or_none(typical["sync_calls_per_step"]),
-        "scalar_reads_per_step": _or_none(typical["scalar_reads_per_step"]),
-        "loader_per_step_s": _or_none(typical["loader_per_step_s"]),
-        "host_gaps_per_step": _or_none(typical["host_gaps_per_step"]),
+        "kernels_per_step": or_none(typical["kernels_per_step"]),
+        "kernel_median_us": or_none(typical["kernel_median_us"]),
+        "launch_mean_us": or_none(typical["launch_mean_us"]),
+        "sync_calls_per_step": or_none(typical["sync_calls_per_step"]),
+        "scalar_reads_per_step": or_none(typical["scalar_reads_per_step"]),
+        "loader_per_step_s": or_none(typical["loader_per_step_s"]),
+        "host_gaps_per_step": or_none(typical["host_gaps_per_step"]),
         "likely_causes": [c.name for c in causes],
         "causes_shown": [c.shows for c in causes],
         "counterfactual": "the device never waits for its host: each step without the idle "
@@ -241,7 +238,20 @@ def _num(value: Any) -> float:
     return 0.0 if value is None or pd.isna(value) else float(value)
 
 
-def _or_none(value: Any) -> float | None:
+def ranks_over(
+    table: pd.DataFrame, column: str, low: float
+) -> tuple[pd.DataFrame, list[int], pd.Series] | None:
+    """The device table's rows whose `column` is at least `low`, their ranks and their median
+    row (the typical rank); None without such a row (or without the column)."""
+    if table.empty or column not in table:
+        return None
+    rows = table[table[column] >= low]
+    if rows.empty:
+        return None
+    return rows, sorted(int(r) for r in rows["rank"]), rows.median(numeric_only=True)
+
+
+def or_none(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pandas as pd
-
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
+from diag.rules.families.gpu_starved import or_none, ranks_over
 
 QUEUED_RULE = "HST003"
 QUEUED_THRESHOLDS = {
@@ -53,13 +52,10 @@ def gpu_waits_on_a_dependency(ctx: RuleContext, limits: Mapping[str, float]) -> 
         waited with work queued: a bound, as some dependency may be inherent.
     """
     table = ctx.metrics.device
-    if table.empty or "device_queued_wait_share" not in table:
+    over = ranks_over(table, "device_queued_wait_share", limits["low"])
+    if over is None:
         return []
-    waiting = table[table["device_queued_wait_share"] >= limits["low"]]
-    if waiting.empty:
-        return []
-    ranks = sorted(int(r) for r in waiting["rank"])
-    typical = waiting.median(numeric_only=True)
+    waiting, ranks, typical = over
     share = float(typical["device_queued_wait_share"])
     # the step as the report measures it: the replay's, else the summary's (the device's time
     # per profiled step can be shorter: kernels start after the step does)
@@ -83,9 +79,9 @@ def gpu_waits_on_a_dependency(ctx: RuleContext, limits: Mapping[str, float]) -> 
         },
         "queued_wait_per_step_s": float(typical["queued_wait_per_step_s"]),
         "longest_queued_gap_s": longest_s,
-        "host_wait_share_of_device_time": _or_none(typical.get("device_host_wait_share")),
-        "idle_share": _or_none(typical.get("idle_share")),
-        "hta_idle_split_other": _or_none(typical.get("other_idle_share")),
+        "host_wait_share_of_device_time": or_none(typical.get("device_host_wait_share")),
+        "idle_share": or_none(typical.get("idle_share")),
+        "hta_idle_split_other": or_none(typical.get("other_idle_share")),
         "cuda_graph_launches": graphs,
         "step_s": step_s,
         "counterfactual": "the device never waits with its next kernel launched: each step "
@@ -113,7 +109,3 @@ def gpu_waits_on_a_dependency(ctx: RuleContext, limits: Mapping[str, float]) -> 
             cost_share=share,
         )
     ]
-
-
-def _or_none(value: Any) -> float | None:
-    return None if value is None or pd.isna(value) else float(value)
