@@ -24,28 +24,35 @@ def fail(error: InputError) -> NoReturn:
 
 _LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "m": "microbatches",
                 "microbatches": "microbatches", "v": "virtual_stages",
-                "virtual_stages": "virtual_stages"}  # fmt: skip
+                "virtual_stages": "virtual_stages", "zero": "zero_stage",
+                "zero_stage": "zero_stage", "ga": "grad_accum",
+                "grad_accum": "grad_accum"}  # fmt: skip
 
 
 def parse_layout(text: str | None) -> schema.Layout | None:
-    """`dp=8,tp=2,pp=4,m=16[,v=2]` -> Layout; click.BadParameter (exit 2) naming what is off.
-    m and v not given are 0: a trace folder reads them from its traces where they say them
-    (diag/read/kineto/schedule.py), else they are unknown, never a default."""
+    """`dp=8,tp=2,pp=4,m=16[,v=2][,zero=3][,ga=4]` -> Layout; click.BadParameter (exit 2)
+    naming what is off. m, v and ga not given are 0, zero not given NOT_GIVEN_ZERO: a trace
+    folder reads them from its traces where they say them (diag/read/kineto/schedule.py,
+    sharding.py), else they are unknown, never a default."""
     if not text:
         return None
-    values: dict[str, Any] = {"microbatches": 0, "virtual_stages": 0}
+    values: dict[str, Any] = {"microbatches": 0, "virtual_stages": 0, "grad_accum": 0,
+                              "zero_stage": schema.NOT_GIVEN_ZERO}  # fmt: skip
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, raw = item.partition("=")
         field = _LAYOUT_KEYS.get(key.strip())
         if field is None:
             raise click.BadParameter(
                 f"unknown dimension {key.strip()!r} in {text!r}; expected "
-                "dp, tp, pp, ep, cp, m (micro-batches), v (virtual stages)"
+                "dp, tp, pp, ep, cp, m (micro-batches), v (virtual stages), zero (the ZeRO "
+                "stage), ga (gradient accumulation)"
             )
         try:
             values[field] = int(raw)
         except ValueError:
             raise click.BadParameter(f"{key.strip()}={raw!r} is not a whole number") from None
-        if values[field] < 1:
+        if field == "zero_stage" and not 0 <= values[field] <= 3:
+            raise click.BadParameter(f"{key.strip()}={raw}: the ZeRO stage is 0, 1, 2 or 3")
+        if field != "zero_stage" and values[field] < 1:
             raise click.BadParameter(f"{key.strip()}={raw} must be at least 1")
     return schema.Layout(**values)

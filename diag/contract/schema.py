@@ -178,6 +178,12 @@ SCHEDULE_READ = "schedule read: "
 and virtual stages were read from the traces (`schedule read: m=8, v=1 (<evidence>)`)."""
 SCHEDULE_UNKNOWN = "schedule unknown: "
 """... and where they could not be (`schedule unknown: <reason>`)."""
+ZERO_UNKNOWN = "ZeRO stage unknown: "
+"""What a trace folder's `layout_source` says, after `; `, where its data-parallel
+collectives do not say the ZeRO stage (`ZeRO stage unknown: <reason>`; read: `ZeRO-3 read:
+<evidence>`)."""
+NOT_GIVEN_ZERO = -1
+"""A `--layout` without `zero=`: the stage is read from the traces where they say it."""
 
 
 @dataclass
@@ -221,7 +227,23 @@ class Manifest:
         read from its pipeline's sends and receives (`SCHEDULE_READ`,
         diag/read/kineto/schedule.py); else the schedule's theory bubble is unknown."""
         source = self.layout_source
-        return source in (None, "given") or f"; {SCHEDULE_READ}" in (source or "")
+        if source is None or f"; {SCHEDULE_READ}" in source:
+            return True
+        return source.split(";")[0] == "given" and SCHEDULE_UNKNOWN not in source
+
+    @property
+    def zero_known(self) -> bool:
+        """Whether the ZeRO stage is known: a run's own manifest or a layout given by hand
+        says it, a trace folder's where its data-parallel collectives say it
+        (diag/read/kineto/sharding.py; `ZERO_UNKNOWN` in the source where they do not)."""
+        source = self.layout_source
+        return source is None or not (self.layout_unknown or f"; {ZERO_UNKNOWN}" in source)
+
+    @property
+    def accumulation_known(self) -> bool:
+        """Whether the gradient accumulation is known: a trace folder says it only where it
+        was given (0 otherwise: no collective shows it in every framework alike)."""
+        return self.layout_source is None or self.layout.grad_accum >= 1
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

@@ -55,12 +55,17 @@ SCHEDULE = ("microbatches", "virtual_stages")
 def reported_layout(manifest: schema.Manifest, layout: Any) -> Any:
     """The layout as the report states it: what diag could not read is null, never the
     placeholder the analysis carries (the axes of a layout read as unknown; the micro-batches
-    and virtual stages of a pipeline whose schedule the traces do not say)."""
+    and virtual stages of a pipeline whose schedule the traces do not say; the ZeRO stage
+    and the gradient accumulation where they do not say them)."""
     if not isinstance(layout, dict):
         return layout
     unknown = set(AXES) if manifest.layout_unknown else set()
     if not manifest.schedule_known and (manifest.layout_unknown or manifest.layout.pp > 1):
         unknown |= set(SCHEDULE)
+    if not manifest.zero_known:
+        unknown.add("zero_stage")
+    if not manifest.accumulation_known:
+        unknown.add("grad_accum")
     return {k: (None if k in unknown else v) for k, v in layout.items()}
 
 

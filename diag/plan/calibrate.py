@@ -185,6 +185,12 @@ def calibrate(run: Any, path: str, model: ModelSpec | None = None) -> Calibratio
     if manifest.layout.pp > 1 and not manifest.schedule_known:
         why = "its traces do not say the micro-batches per step: give them with --run-layout"
         raise InputError(path, f"{why} (m=N, and v=N for an interleaved schedule)")
+    if not manifest.zero_known:
+        why = "its traces do not say the ZeRO stage: give it with --run-layout (zero=N)"
+        raise InputError(path, why)
+    if manifest.layout.pp == 1 and not manifest.accumulation_known:
+        why = "its traces do not say the gradient accumulation: give it with --run-layout"
+        raise InputError(path, f"{why} (ga=N, 1 for none)")
     job, layout = job_of(run, path, model)
     steps = run.steps
     first = int(steps["step"].min()) if not steps.empty else 0

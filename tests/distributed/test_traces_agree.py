@@ -4,6 +4,7 @@ did not write). gloo on CPU: the step thread's operators, gloo's events, no tags
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,23 @@ def test_a_fault_names_its_rank_first_in_the_run_and_in_its_traces(name: str, sh
         assert main["cost_share"] > 0.1, (path, main)
         found[path.name] = main["rule"]
     assert found["traces"] == found["run"], found
+
+
+def _read_alone(traces: Path, into: Path) -> dict:
+    """The report of a run's traces copied away from its manifest (as a user's folder is)."""
+    shutil.copytree(traces, into)
+    return analyze_path(into)
+
+
+def test_the_zero_stage_is_read_from_traces_alone(
+    shared_run, dp_straggler: Path, tmp_path: Path
+) -> None:
+    """A FSDP2 job's traces, read with no manifest beside them, say ZeRO-3 (parameters
+    gathered before the gradients' reductions, more gathers than reductions); a DDP job's
+    ZeRO-0 (all-reduces only). The gradient accumulation they do not say: null."""
+    for run, stage in ((straggler_run(shared_run, "zero3"), 3), (dp_straggler, 0)):
+        report = _read_alone(run / "traces", tmp_path / f"zero{stage}")
+        layout = report["run"]["layout"]
+        assert layout["dp"] == 2 and layout["zero_stage"] == stage, report["run"]
+        assert f"ZeRO-{stage} read: " in report["run"]["layout_source"]
+        assert layout["grad_accum"] is None

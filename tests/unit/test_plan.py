@@ -310,7 +310,7 @@ def test_from_a_gpu_trace_folder_with_its_layout_and_model() -> None:
             "--from",
             str(REAL_NCCL),
             "--run-layout",
-            "dp=2",
+            "dp=2,ga=1",
             "--layers",
             "12",
             "--hidden",
@@ -332,6 +332,11 @@ def test_from_a_gpu_trace_folder_with_its_layout_and_model() -> None:
     (own,) = doc["layouts"]
     assert own["step_time_s"] == pytest.approx(calibration["measured_step_s"], rel=0.15)
     lacking = CliRunner().invoke(main, ["plan", "--from", str(REAL_NCCL), "--run-layout", "dp=2"])
+    assert lacking.exit_code == 2
+    assert "do not say the gradient accumulation" in lacking.output and "ga=N" in lacking.output
+    lacking = CliRunner().invoke(
+        main, ["plan", "--from", str(REAL_NCCL), "--run-layout", "dp=2,ga=1"]
+    )
     assert lacking.exit_code == 2
     assert "the model lacks layers" in lacking.output
 

@@ -50,6 +50,7 @@ from diag.read.kineto.packed_comms import (
     split_packed_batches,
 )
 from diag.read.kineto.schedule import with_schedule
+from diag.read.kineto.sharding import with_sharding
 from diag.read.kineto.window import Reduced, reduce_spilled, reduce_traces, window_end
 from diag.read.kineto.window import note as window_note
 from diag.read.load import (
@@ -379,6 +380,8 @@ def _manifest(
         found = infer_layout(world_size, configs, comms, records["step"])
     # m and v: given, or from the pipeline's sends and receives per step (schedule.py)
     found = with_schedule(found, layout, view.rows, records["step"])
+    # the ZeRO stage: given, or from the data-parallel collectives (sharding.py)
+    found = with_sharding(found, layout, view.rows)
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)

@@ -9,7 +9,8 @@ the world lists just that one. What the ops show then, per rank and step:
   broadcast there is DDP's of its buffers; DDP's bucket all-reduces overlap the backward);
 - data parallel: collectives of gradient size after the forward pass (larger than any of the
   forward's, or the only ones), of an op the forward pass never runs (sizes unknown), or a
-  reduce-scatter and all-gather pair (ZeRO / FSDP around the optimizer);
+  reduce-scatter and all-gather pair (ZeRO / FSDP around the optimizer); all-gathers alone in
+  the forward pass are the parameters' (ZeRO-3 / FSDP: tensor parallelism reduces there too);
 - a pipeline: sends and receives;
 - experts or context parallel: all-to-alls (which of the two, and of what size, the ops alone
   do not tell).
@@ -93,6 +94,10 @@ def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set
             )  # fmt: skip
             per_rank[comm.get("rank")].append((early, float(comm.get("bytes") or 0), str(op)))
     for ops in per_rank.values():
+        if {op for early, _, op in ops if early} == {"all_gather"}:
+            # gathers alone in the forward pass, no activation reduced there: the parameters
+            # gathered layer by layer (ZeRO-3 / FSDP), the data-parallel group's, not TP's
+            ops = [(False, size, op) for _, size, op in ops]
         early_sizes = [size for early, size, _ in ops if early]
         late = [(size, op) for early, size, op in ops if not early]
         if early_sizes:

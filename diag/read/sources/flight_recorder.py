@@ -46,8 +46,11 @@ class FlightRecorderDumps:
         # derives the status from the entries: `summary.status`, which the report shows)
         layout = options.layout or schema.Layout()
         schedule_given = bool(layout.microbatches and layout.virtual_stages)
+        zero_given = layout.zero_stage != schema.NOT_GIVEN_ZERO
         layout = dataclasses.replace(layout, microbatches=layout.microbatches or 1,
-                                     virtual_stages=layout.virtual_stages or 1)  # fmt: skip
+                                     virtual_stages=layout.virtual_stages or 1,
+                                     zero_stage=max(layout.zero_stage, 0))  # fmt: skip
+        not_given = "" if zero_given else f"; {schema.ZERO_UNKNOWN}not given"
         manifest = schema.Manifest(
             run_id=path.resolve().name,
             created=_dt.datetime.fromtimestamp(_newest(path), _dt.UTC).isoformat(),
@@ -56,7 +59,7 @@ class FlightRecorderDumps:
             layout=layout,
             ranks=[schema.RankInfo(rank=r) for r in dumps.ranks],
             status=schema.RunStatus.UNKNOWN.value,
-            layout_source=(GIVEN if schedule_given else f"{GIVEN}; {NOT_GIVEN}")
+            layout_source=(GIVEN if schedule_given else f"{GIVEN}; {NOT_GIVEN}") + not_given
             if options.layout
             else UNKNOWN_LAYOUT,
         )
