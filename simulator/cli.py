@@ -17,7 +17,8 @@ from diag.errors import InputError
 from simulator import simulate as run_simulation
 from simulator.config import ModelSpec, SimConfig, SimulationError
 from simulator.hardware import HardwareSpec
-from simulator.kineto_writer import TRACE_SHAPES, TRACED_RANKS, write_kineto
+from simulator.kineto_shapes import TRACE_SHAPES, TRACED_RANKS
+from simulator.kineto_writer import write_kineto
 from simulator.reshape import TAG_STYLES, reshape_run
 
 _HW = HardwareSpec()

@@ -24,118 +24,36 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diag.contract import schema
 from diag.rankfile.convert import rank_file, rank_records
+from simulator.kineto_shapes import (
+    ANNOTATION,
+    C10D,
+    COLLECTIVE,
+    COMPUTE_STREAM,
+    CPU_OP_NS,
+    CPU_OPS,
+    DTYPES,
+    HOST_KERNEL_SHARE,
+    HOST_SLOT_NS,
+    KERNELS,
+    LAUNCH_LEAD_NS,
+    MEGATRON,
+    NCCL,
+    NCCL_STREAMS,
+    OLD_DTYPES,
+    OLD_KERNEL,
+    OLD_P2P,
+    SHAPES,
+    Shape,
+)
 from simulator.writer import RUN_START_NS, SIMULATED_PID
 
 TRACE_ORIGIN_NS = RUN_START_NS - 10**10
 """The clock every rank's trace counts from: 10 s before the simulated run starts."""
-LAUNCH_LEAD_NS = 30_000
-"""How far the CPU runs ahead of the device: each kernel is launched this long before it starts."""
-CPU_OP_NS = 3_000
-"""A launching operator's time on the CPU (its launch call inside it)."""
-COMPUTE_STREAM = 7
-NCCL_STREAMS = {"world": 20, "dp": 24, "tp": 28, "pp": 32, "ep": 36}
-"""The NCCL stream of each group's communicator (one per axis, as frameworks create them)."""
-_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{}_n_tilesize128x256x64_warpgroupsize2x1x1_kernel"
-_KERNELS = {
-    "fwd": _GEMM.format("tn"),
-    "bwd": _GEMM.format("nt"),
-    "opt": "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<"
-    "at::native::(anonymous namespace)::TensorListMetadata<4>, "
-    "at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>",
-}
-_CPU_OPS = {"fwd": "aten::mm", "bwd": "aten::mm", "opt": "Optimizer.step#AdamW.step"}
-_NCCL = "ncclDevKernel_{}(ncclDevKernelArgsStorage<4096ul>)"
-_COLLECTIVE = {  # op -> (PyTorch's `Collective name`, the NCCL kernel)
-    "all_reduce": ("allreduce", _NCCL.format("AllReduce_Sum_bf16_RING_LL")),
-    "all_gather": ("_allgather_base", _NCCL.format("AllGather_RING_LL")),
-    "reduce_scatter": ("_reduce_scatter_base", _NCCL.format("ReduceScatter_Sum_bf16_RING_LL")),
-    "all_to_all": ("all_to_allv", _NCCL.format("SendRecv")),
-    "broadcast": ("broadcast", _NCCL.format("Broadcast_RING_LL")),
-    "send": ("send", _NCCL.format("SendRecv")),
-    "recv": ("recv", _NCCL.format("SendRecv")),
-}
-_DTYPES = {"bfloat16": ("BFloat16", 2), "float16": ("Half", 2), "float32": ("Float", 4),
-           "fp8": ("Float8_e4m3fn", 1)}  # fmt: skip
-
-
-TRACE_SHAPES = ("devicemesh", "megatron", "old", "host-bound", "ring-cp")
-"""The shapes `diag simulate --format kineto --trace-shape` writes (docs/simulator.md)."""
-TRACED_RANKS = ("all", "one-per-tp")
-"""Which ranks' traces are written: every rank's, or one per tensor-parallel group (its first)."""
-HOST_SLOT_NS = 40_000
-"""host-bound: the computation is kernels of at most this long a slot each, ..."""
-HOST_KERNEL_SHARE = 0.3
-"""... of which the kernel runs this share at the slot's end: the CPU spends the rest of the
-slot on the operator that launches it, so the device idles waiting for the launch."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What a trace shape writes (each from a real trace's form: see the module's text)."""
-
-    megatron_names: bool = False
-    """Megatron-LM's group descriptions (`TENSOR_MODEL_PARALLEL_GROUP`, ...) and its extra
-    groups in `pg_config`; else DeviceMesh's (`mesh_tp`, ...)."""
-    group_args: bool = True
-    """`record_param_comms` with `Collective name`, `In/Out msg nelems`, `Process Group *`
-    (PyTorch >= 2.2); False: only `Input Dims` and `Input type` (the PyTorch of 2023)."""
-    pg_config: bool = True
-    """`distributedInfo.pg_config` (False: backend, rank and world size only)."""
-    batched_p2p: bool = False
-    """Sends and receives issued together through `batch_isend_irecv`: one SendRecv kernel
-    per batch, launched at `ncclGroupEnd` under `nccl:coalesced`, after each op's
-    `record_param_comms` scope has closed: the kernel carries no arguments."""
-    host_bound: bool = False
-    """The computation as many short kernels each launched just before it runs (HOST_SLOT_NS)."""
-    tp_as_cp_ring: bool = False
-    """The job's tensor-parallel groups as context-parallel ones (`mesh_cp`) running ring
-    attention: each of its collectives becomes size - 1 rounds in which every member sends
-    its block of keys and values to the next member and receives the previous one's (the
-    last sending to the first), each with its peer (`Dst Rank` / `Src Rank`, PyTorch 2.4 on),
-    over the collective's interval. The layout's truth: cp = the simulated tp, tp = 1."""
-    p2p_peers: bool = False
-    """A send's or receive's `record_param_comms` names its peer: `Rank` (in its group) and
-    `Dst Rank` / `Src Rank` (global), as PyTorch >= 2.5 writes them (profiler/util.cpp's
-    saveNcclMeta); without, only the group says who the peer may be (PyTorch 2.4 and
-    older)."""
-
-
-SHAPES = {
-    "devicemesh": Shape(),
-    "megatron": Shape(megatron_names=True, batched_p2p=True, p2p_peers=True),
-    "old": Shape(group_args=False, pg_config=False),
-    "host-bound": Shape(host_bound=True),
-    "ring-cp": Shape(tp_as_cp_ring=True),
-}
-_MEGATRON = {"world": "default_pg", "dp": "DATA_PARALLEL_GROUP_WITH_CP",
-             "tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
-             "ep": "EXPERT_MODEL_PARALLEL_GROUP"}  # fmt: skip
-"""The Megatron-LM group (megatron/core/parallel_state.py) each axis's collectives run on:
-its DDP reduces gradients over the data-parallel group with context parallelism (the same
-ranks at cp = 1)."""
-_OLD_NCCL = "ncclKernel_{}(ncclDevComm*, unsigned long, ncclWork*)"
-_OLD_KERNEL = {  # op -> the NCCL 2.1x kernel (hta-sampled-world128, hta-nccl-world2)
-    "all_reduce": _OLD_NCCL.format("AllReduce_RING_LL_Sum_bfloat16"),
-    "all_gather": _OLD_NCCL.format("AllGather_RING_LL_Sum_int8_t"),
-    "reduce_scatter": _OLD_NCCL.format("ReduceScatter_RING_LL_Sum_bfloat16"),
-    "broadcast": _OLD_NCCL.format("Broadcast_RING_LL_Sum_int8_t"),
-}
-_OLD_P2P = _OLD_NCCL.format("SendRecv_RING_SIMPLE_Sum_int8_t")
-_ANNOTATION = {"all_reduce": "all_reduce", "all_gather": "_all_gather_base",
-               "reduce_scatter": "_reduce_scatter_base", "all_to_all": "all_to_all",
-               "broadcast": "broadcast", "send": "send", "recv": "recv"}  # fmt: skip
-"""The `nccl:<name>` annotation ProcessGroupNCCL opens around each op's launch."""
-_C10D = {"all_reduce": "c10d::allreduce_", "all_gather": "c10d::_allgather_base_",
-         "reduce_scatter": "c10d::_reduce_scatter_base_", "all_to_all": "c10d::alltoall_base_",
-         "broadcast": "c10d::broadcast_", "send": "c10d::send", "recv": "c10d::recv_"}  # fmt: skip
-_OLD_DTYPES = {"bfloat16": "c10::BFloat16", "float16": "c10::Half", "float32": "float",
-               "fp8": "c10::Float8_e4m3fn"}  # fmt: skip
 P2P = frozenset({"send", "recv"})
 
 
@@ -186,7 +104,7 @@ def _process_groups(manifest: schema.Manifest, form: Shape) -> Groups:
     for axis in axes:
         for members in manifest.groups[axis]:
             named = "cp" if form.tp_as_cp_ring and axis == "tp" else axis
-            desc = _MEGATRON.get(axis, axis) if form.megatron_names else f"mesh_{named}"
+            desc = MEGATRON.get(axis, axis) if form.megatron_names else f"mesh_{named}"
             listed.append((axis, desc, "cuda:nccl", list(members)))
             if form.megatron_names and axis == "dp":  # Megatron's other groups of these ranks
                 listed.append((None, "DATA_PARALLEL_GROUP", "cuda:nccl", list(members)))
@@ -244,8 +162,8 @@ def _trace(
         kernels += [(int(c["t0"]), int(c["t1"]), c) for c in ordered]
     for t0, t1, what in sorted(kernels, key=lambda k: k[0]):
         if isinstance(what, str):
-            kernel = _KERNELS.get(what, _KERNELS["fwd"])
-            events.compute(_CPU_OPS.get(what, "aten::mm"), kernel, t0, t1)
+            kernel = KERNELS.get(what, KERNELS["fwd"])
+            events.compute(CPU_OPS.get(what, "aten::mm"), kernel, t0, t1)
         elif isinstance(what, list):
             events.batch(what, [groups.get((str(c.get("group")), rank)) for c in what], t1)
         else:
@@ -399,11 +317,11 @@ class _Events:
     def _comm_args(self, comm: dict[str, Any], group: dict[str, Any] | None) -> dict[str, Any]:
         """`record_param_comms`'s arguments for one op, as the shape's PyTorch writes them."""
         op = str(comm.get("op"))
-        name, _ = _COLLECTIVE.get(op, (op, ""))
-        dtype, size = _DTYPES.get(str(comm.get("dtype")), ("BFloat16", 2))
+        name, _ = COLLECTIVE.get(op, (op, ""))
+        dtype, size = DTYPES.get(str(comm.get("dtype")), ("BFloat16", 2))
         elements = int(comm.get("bytes") or 0) // size
         if not self.form.group_args:  # PyTorch of 2023: the input tensor's shape and type
-            old = _OLD_DTYPES.get(str(comm.get("dtype")), "c10::BFloat16")
+            old = OLD_DTYPES.get(str(comm.get("dtype")), "c10::BFloat16")
             return {"Input Dims": [[elements], [], [], [], [], [], []],
                     "Input type": [old, "Scalar", "Scalar", "Scalar", "", "", ""]}  # fmt: skip
         args: dict[str, Any] = {"Collective name": name, "dtype": dtype,
@@ -440,9 +358,9 @@ class _Events:
         to the op's completion."""
         op = str(comm.get("op"))
         args = self._comm_args(comm, group)
-        kernel = _COLLECTIVE.get(op, (op, f"ncclDevKernel_{op}"))[1]
+        kernel = COLLECTIVE.get(op, (op, f"ncclDevKernel_{op}"))[1]
         if not self.form.group_args:
-            kernel = _OLD_P2P if op in P2P or op == "all_to_all" else _OLD_KERNEL.get(op, kernel)
+            kernel = OLD_P2P if op in P2P or op == "all_to_all" else OLD_KERNEL.get(op, kernel)
         stream = self._stream(group)
         t0, t1 = int(comm["t0"]), int(comm["t1"])
         start = self._launch_at(t0)
@@ -452,12 +370,12 @@ class _Events:
             t0 = self._on_stream(stream, t0, t1)
         inner = 0
         if not self.form.group_args:  # older PyTorch: the c10d operator around it
-            self.events.append(self._cpu("cpu_op", _C10D.get(op, op), start, start + CPU_OP_NS,
+            self.events.append(self._cpu("cpu_op", C10D.get(op, op), start, start + CPU_OP_NS,
                                          args))  # fmt: skip
             inner = 100
         self.events.append(self._cpu("cpu_op", "record_param_comms", start + inner,
                                      start + CPU_OP_NS - inner, args))  # fmt: skip
-        annotation = f"nccl:{_ANNOTATION.get(op, op)}"
+        annotation = f"nccl:{ANNOTATION.get(op, op)}"
         note_args = {k: [v[0]] for k, v in args.items() if k.startswith("Input")}
         self.events.append(self._cpu("user_annotation", annotation, start + 200,
                                      start + CPU_OP_NS - 200, note_args))  # fmt: skip
@@ -477,7 +395,7 @@ class _Events:
         self._cpu_free_at = max(self._cpu_free_at, at + CPU_OP_NS)
         self.events.append(self._cpu("user_annotation", "nccl:coalesced", at, at + CPU_OP_NS))
         t0 = int(comms[0]["t0"])  # batches in flight together: other peers, other streams
-        self._launched(_NCCL.format("SendRecv"), self._stream(groups[0]), at + 1_000, t0, t1, {})
+        self._launched(NCCL.format("SendRecv"), self._stream(groups[0]), at + 1_000, t0, t1, {})
 
     def _launched(
         self, kernel: str, stream: int, launch: int, t0: int, t1: int, args: dict[str, Any]
