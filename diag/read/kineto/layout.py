@@ -5,7 +5,10 @@ to, with its ranks) and the `Process Group Ranks` of `record_param_comms`. Which
 comes from what it carries and where, never from its name (Megatron's `TENSOR_MODEL_PARALLEL_
 GROUP`, DeviceMesh's `mesh_tp`, `pg3`: hints only, used when nothing else decides):
 - sends and receives: the pipeline; round a ring (each rank sends to one member, receives
-  from another, the last sending to the first), context parallel (ring attention);
+  from another, the last sending to the first), context parallel (ring attention); in groups
+  of two, where a ring and a pipeline have the same peers, only ever swapped (every send
+  starting with a receive: ring attention's rounds; a pipeline's first stage sends its first
+  activations alone), context parallel;
 - all-to-alls: the experts; of two groups carrying them, the one issuing more per step is
   context parallel (Ulysses: the sequence's q, k, v and output, every layer), the other the
   experts (dispatch and combine, every MoE layer);
@@ -39,6 +42,8 @@ CP = "cp"
 """Context parallelism's groups (the manifest's axis; the simulator writes none)."""
 MAX_GROUPS = 4096
 """Distinct process groups read from a folder's traces (more: the rest ignored)."""
+EXCHANGE_LONE_SHARE = 0.1
+"""A group of two swaps messages if at most this share of its rank-steps has a lone one."""
 NAME_HINTS = (
     (TP, ("tensor", "mesh_tp", "tp")),
     (PP, ("pipeline", "mesh_pp", "pp")),
@@ -60,6 +65,8 @@ class Family:
     collectives: int = 0
     sent_to: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
     received_from: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    # groups of two: per rank-step with sends or receives, whether one was alone
+    lone_p2p: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -82,6 +89,19 @@ class Family:
                 return False
         return True
 
+    def exchanges(self) -> bool:
+        """Whether a group of two only ever swaps messages: every send of a rank-step starts
+        with a receive of the same rank (packed_comms.EXCHANGE_NS), as ring attention's rounds
+        do, where a
+        two-stage pipeline's first stage sends its first micro-batch's activations alone (its
+        warm-up) and its last stage receives them alone, every step. Rank-steps with a lone
+        message: at most EXCHANGE_LONE_SHARE of them (a ring pair split by a descheduled
+        host thread)."""
+        if self.size != 2 or not self.lone_p2p:
+            return False
+        lone = sum(self.lone_p2p.values())
+        return lone <= EXCHANGE_LONE_SHARE * len(self.lone_p2p)
+
     def hinted(self) -> str | None:
         words = " ".join(self.names).lower()
         for axis, hints in NAME_HINTS:
@@ -103,10 +123,15 @@ def infer_layout(
     placed: dict[str, Family] = {}
     reasons: list[str] = []
     carrying = [f for f in families.values() if f.ops]
-    rings = [f for f in carrying if f.ring() and _p2p(f) > sum(f.ops.values()) / 2]
+    rings = [f for f in carrying
+             if (f.ring() or f.exchanges()) and _p2p(f) > sum(f.ops.values()) / 2]  # fmt: skip
     if rings:  # sends and receives round a ring: context parallel, not a pipeline
-        placed[CP] = max(rings, key=_p2p)
-        reasons.append("the group passing messages round a ring is context parallel")
+        placed[CP] = ring = max(rings, key=_p2p)
+        reasons.append(
+            "the group passing messages round a ring is context parallel" if ring.size > 2
+            else "the groups of two only swapping messages (no stage sending alone, as a "
+            "pipeline's first does) are context parallel"
+        )  # fmt: skip
     for axis, wanted in ((PP, _p2p), (EP, _all_to_all)):
         for family in sorted(carrying, key=lambda f: -wanted(f)):
             if wanted(family) > sum(family.ops.values()) / 2 and _orthogonal(family, placed):
@@ -212,6 +237,10 @@ def _families(
         peer = comm.get("peer")
         if peer is not None and op in ("send", "recv"):
             (family.sent_to if op == "send" else family.received_from)[comm["rank"]].add(peer)
+        alone = comm.get("alone")
+        if alone is not None:  # a send or receive of a group of two (packed_comms)
+            key = (comm["rank"], comm["step"])
+            family.lone_p2p[key] = family.lone_p2p.get(key, False) or bool(alone)
         if op in COLLECTIVE_OPS:
             family.collectives += times
             t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))

@@ -18,6 +18,7 @@ What the gathering process still needs of each collective, besides its table row
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class LayoutRows:
 
 LAYOUT_FIELDS = (
     "group_ranks", "group", "op", "rank", "step", "t0", "from_name", "peer", "bytes", "blocking",
+    "alone",
 )  # fmt: skip
 """The fields of a `LayoutKey`, in order (the keys of the dicts `LayoutView` hands on)."""
 
@@ -155,14 +157,48 @@ def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Co
     step records, the last of a repeated step, as its `windows` keeps)."""
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
     rows: Counter[LayoutKey] = Counter()
-    for comm in comms:
+    alone = lone_messages(comms)
+    for i, comm in enumerate(comms):
         rank, step = comm["rank"], comm["step"]
         t0, t1 = windows.get((rank, step), (0, 0))
         early = t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
         rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
               t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
-              comm.get("bytes"), comm.get("blocking"))] += 1  # fmt: skip
+              comm.get("bytes"), comm.get("blocking"), alone.get(i))] += 1  # fmt: skip
     return rows
+
+
+EXCHANGE_NS = 50_000
+"""A send and a receive of one rank starting this close swap messages (batched together)."""
+
+
+def lone_messages(comms: list[dict[str, Any]]) -> dict[int, bool]:
+    """For each send and receive in a group of two (by index into `comms`), whether no
+    message of the other kind of the same rank, step and group starts within EXCHANGE_NS of
+    it: ring attention's rounds swap messages (none alone), a two-stage pipeline's first
+    stage sends its first activations alone (`layout.Family.exchanges`). Read here, where
+    the times are; the layout's counts keep only the flag."""
+    starts: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}
+    pairs: list[tuple[int, tuple[Any, ...], bool]] = []
+    for i, comm in enumerate(comms):
+        op, members = comm.get("op"), comm.get("group_ranks")
+        if op not in ("send", "recv") or not members or len(members) != 2:
+            continue
+        key = (comm["rank"], comm["step"], members)
+        sends, receives = starts.setdefault(key, ([], []))
+        (sends if op == "send" else receives).append(int(comm["t0"]))
+        pairs.append((i, key, op == "send"))
+    for sends, receives in starts.values():
+        sends.sort()
+        receives.sort()
+    out: dict[int, bool] = {}
+    for i, key, is_send in pairs:
+        sends, receives = starts[key]
+        other = receives if is_send else sends
+        t0 = int(comms[i]["t0"])
+        j = bisect.bisect_left(other, t0 - EXCHANGE_NS)
+        out[i] = j == len(other) or other[j] > t0 + EXCHANGE_NS
+    return out
 
 
 class LayoutView:
