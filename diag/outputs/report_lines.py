@@ -130,11 +130,26 @@ def _layout_source(run: dict[str, Any]) -> list[str]:
     if not source or str(source).startswith(schema.UNKNOWN_LAYOUT):  # said with the ranks
         return []
     source, read = str(source), ""
+    source, zero = _zero_read(source)
     if f"; {schema.SCHEDULE_READ}" in source:  # `m=8, v=2 (<evidence>)`: m and v, said
         source, read = source.split(f"; {schema.SCHEDULE_READ}", 1)
         read = ", " + read.split(" (", 1)[0] + " read from the sends per step"
     source = source.split(f"; {schema.SCHEDULE_UNKNOWN}", 1)[0]  # the bubble says m unknown
-    return [f"layout {source.split(' (', 1)[0] if source.startswith('from') else source}{read}"]
+    shown = source.split(" (", 1)[0] if source.startswith("from") else source
+    return [f"layout {shown}{read}{zero}"]
+
+
+def _zero_read(source: str) -> tuple[str, str]:
+    """The source without its ZeRO stage's part (diag/read/kineto/sharding.py), and that part
+    as the headline says it: `, ZeRO-3 read from the collectives` where read, nothing where
+    unknown (the report's null says it)."""
+    head, sep, rest = source.partition("; ZeRO")
+    if not sep:
+        return source, ""
+    zero, _, after = rest.partition("; ")
+    head = head + (f"; {after}" if after else "")
+    stage = zero.split(" ", 1)[0]  # `-3` of `-3 read: <evidence>`
+    return head, (f", ZeRO{stage} read from the collectives" if " read: " in zero else "")
 
 
 def _model_flops(run: dict[str, Any], summary: dict[str, Any]) -> list[str]:

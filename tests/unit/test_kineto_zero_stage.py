@@ -122,3 +122,17 @@ def test_parameters_gathered_in_the_forward_pass_are_not_tensor_parallel() -> No
     # an activation reduced in the forward pass too: tensor parallel is seen, as before
     tp = [*fsdp, comm(0, "all_reduce", 50), comm(1, "all_reduce", 50)]
     assert "tp" in placement.kinds_shown(tp, steps)
+
+
+def test_the_headline_says_the_stage_read_and_not_its_evidence() -> None:
+    from diag.outputs.report_lines import _layout_source
+
+    source = (
+        "from the traces' process groups (the world's only; ...); schedule read: m=4, v=1 (4 "
+        "sends ...); ZeRO-3 read: parameters all-gathered 5 times a step ..."
+    )
+    (line,) = _layout_source({"layout_source": source})
+    assert line == ("layout from the traces' process groups, m=4, v=1 read from the sends per "
+                    "step, ZeRO-3 read from the collectives")  # fmt: skip
+    unknown = "given; ZeRO stage unknown: 4 parameter all-gathers and 4 gradient reductions"
+    assert _layout_source({"layout_source": unknown}) == ["layout given"]
