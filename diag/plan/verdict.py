@@ -80,6 +80,11 @@ def check_against_plan(
     stated = report.get("run", {}).get("layout") or {}
     if any(stated.get(k, 1) is None for k in ("dp", "tp", "pp", "ep", "cp", "microbatches")):
         return [], "the run's layout is unknown (its report could not read it): give --layout"
+    # a plan's entry is per ZeRO stage and micro-batches per step: never assumed 0 and 1
+    if stated.get("zero_stage", 0) is None:
+        return [], "the run's ZeRO stage is unknown (its report could not read it)"
+    if (stated.get("pp") or 1) == 1 and stated.get("grad_accum", 1) is None:
+        return [], "the run's gradient accumulation is unknown (its report could not read it)"
     layout = run_layout(report)
     entry = planned_layout(plan, layout)
     if entry is None:

@@ -56,6 +56,13 @@ def test_a_plan_check_says_the_layout_is_unknown(report: dict) -> None:
     report = {**report, "summary": {**report["summary"], "step_time_s": 1.0}}
     violations, problem = check_against_plan(report, {"layouts": []}, 0.25)
     assert violations == [] and problem is not None and "unknown" in problem
+    # a layout read, its ZeRO stage or gradient accumulation not: no plan entry is assumed
+    known = {"dp": 2, "tp": 1, "pp": 1, "ep": 1, "cp": 1, "microbatches": 1, "virtual_stages": 1}
+    for unread, said in (("zero_stage", "ZeRO stage"), ("grad_accum", "gradient accumulation")):
+        layout = {**known, "zero_stage": 0, "grad_accum": 1, unread: None}
+        stated = {**report, "run": {**report["run"], "layout": layout}}
+        violations, problem = check_against_plan(stated, {"layouts": []}, 0.25)
+        assert violations == [] and problem is not None and said in problem, problem
 
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/real-traces is absent")
