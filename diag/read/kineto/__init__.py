@@ -30,7 +30,7 @@ from diag.errors import InputError
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
 from diag.read.cache import Lookup
-from diag.read.kineto import cache, spill
+from diag.read.kineto import cache, clocks, spill
 from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
@@ -103,6 +103,7 @@ def load_trace_dir(
         run = _loaded(
             folder, files, patterns, layout, reduce, workers, Path(where) if where else None
         )
+    run = clocks.aligned(run)  # each host's profiler wrote its own clock
     if use_cache:
         cache.write(beside, key, run)
     return with_cache_note(run, found.note)
