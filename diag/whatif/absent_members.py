@@ -110,8 +110,9 @@ def members_own_time(
     not last), at most `seg_ns`; where no traced rank ever arrived before its group's last,
     at the rank's own time. Taking the traced ranks' own time alone for the stage's mean
     (half its ranks with one of two traced per group) left out the measured last members:
-    the mean, and every replay leveling to it, was twice as noisy (a 16-rank jitter job: 40
-    ms of the 53 ms its run directory gives, the slow stage ahead of it)."""
+    the mean, and the imbalance replay leveling to it, was noisier and read low (simulated
+    16-rank jitter jobs: the cost within 20% of their run directories' in 6 of 14, mean
+    -20%; so read, in 12 of 14, mean -1%; docs/metrics.md)."""
     own = np.clip(seg_ns - absent_ns, 0, None)
     standing = stand_in > 0
     if not standing.any():
