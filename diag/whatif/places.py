@@ -75,10 +75,16 @@ def stage_floors(events: pd.DataFrame, role: pd.DataFrame) -> Callable[[np.ndarr
     every rank of the event's pipeline stage (NaN where the place was seen once). A place is
     its position in the step and the kind of event ending it: a step whose events differ (a
     one-off collective) does not lend its work to another kind of event."""
+    return partial(_over_group, stage_places(events, role), "min")
+
+
+def stage_places(events: pd.DataFrame, role: pd.DataFrame) -> np.ndarray:
+    """Per event, a code for its place in its stage's steps: its stage, its position in the
+    step and the kind of event ending it (the same work in every step and every rank of the
+    stage)."""
     stages = role["stage"].reindex(events["rank"].to_numpy()).to_numpy()
     kinds = events["kind"].to_numpy().astype(np.int64)
-    codes = group_codes(stages, events["j"].to_numpy(), kinds)
-    return partial(_over_group, codes, "min")
+    return group_codes(stages, events["j"].to_numpy(), kinds)
 
 
 def _over_group(codes: np.ndarray, statistic: str, values: np.ndarray) -> np.ndarray:

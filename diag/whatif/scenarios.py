@@ -15,6 +15,7 @@ from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
+from diag.whatif.absent_members import members_own_time
 from diag.whatif.causes import (
     Cause,
     CauseKind,
@@ -27,6 +28,7 @@ from diag.whatif.places import (
     peer_medians,
     stage_floors,
     stage_means,
+    stage_places,
 )
 from diag.whatif.replay import Durations, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S
@@ -68,6 +70,7 @@ class Scenarios:
         self.peer_median = peer_medians(ev, self.role)
         self.stage_mean = stage_means(ev, self.role)
         self.stage_floor = stage_floors(ev, self.role)
+        self.place = stage_places(ev, self.role)
         self.balanced = 0.0  # set by `imbalance`
         self.host_steps = host
 
@@ -215,11 +218,10 @@ class Scenarios:
         leveled, persistent = self.leveled, self.leveled_saving
         seg = leveled.seg_ns
         # the stage's mean of its ranks' own work: a traced rank's wait for members nobody
-        # traced (absent_ns) is theirs; the traced ranks' own work is a sample of the stage's
-        # (reading the untraced members' work from those waits did no better: 39 ms against
-        # 42 ms of the 53 ms all ranks' traces give, docs/metrics.md)
+        # traced (absent_ns) is theirs, read with them where the rank stands for them
+        # (diag/whatif/absent_members.py: the last member measured, the others from a sample)
         own = np.clip(seg - self.absent_ns, 0, None)
-        mean = self.stage_mean(own)
+        mean = self.stage_mean(self._members_own(seg))
         even = Durations(np.where(np.isnan(mean), seg, mean), leveled.transfer_ns, leveled.post_ns)
         per_step = self.saving(even)
         self.balanced = max(per_step, persistent)  # all imbalance: at least the persistent
@@ -235,6 +237,16 @@ class Scenarios:
                                 "persistent_excess_removed_s": persistent / NS_PER_S,
                                 "if_noise_saves_s": if_noise / NS_PER_S,
                                 "explained": explained})]  # fmt: skip
+
+    def _members_own(self, seg: np.ndarray) -> np.ndarray:
+        """Per event, the mean own time before it of its rank and the untraced members it
+        stands for (absent_members.members_own_time), from the local times `seg`."""
+        ev = self.timeline.events
+        if "stand_in" not in ev:
+            return np.clip(seg - self.absent_ns, 0, None)
+        transfer = (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64)
+        stand_in = ev["stand_in"].to_numpy(dtype=np.float64)
+        return members_own_time(seg, self.absent_ns, transfer, stand_in, self.place)
 
     def stages(self) -> list[Cause]:
         """Each stage heavier than the others at their mean, replayed with every rank's

@@ -30,7 +30,7 @@ from diag.contract import schema
 from diag.numeric.keys import in_steps
 from diag.numeric.ordering import lexicographic
 from diag.read.load import RunData
-from diag.whatif.absent_members import arrivals_with_absent_members
+from diag.whatif.absent_members import arrivals_with_absent_members, stand_ins
 from diag.whatif.event_dependencies import (  # noqa: F401 (re-exported: the timeline's names)
     GAP_END_TOLERANCE_NS,
     GAP_END_TOLERANCE_SHARE,
@@ -118,7 +118,8 @@ def _built(
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)
     sizes = _sizes(run, steps, len(comms))
-    arrived = arrivals_with_absent_members(comms, instance, run.manifest, sizes)
+    stand_in = stand_ins(comms, instance, run.manifest)
+    arrived = arrivals_with_absent_members(comms, stand_in, sizes)
     absent_ns = arrived - comms["t0"].to_numpy(dtype=np.int64)
     comms["t0"] = arrived
     recv_rows, send_rows = message_pair_rows(comms, run.manifest)
@@ -145,6 +146,7 @@ def _built(
     source = events["source"].to_numpy()
     padded = np.append(absent_ns, 0)  # source -1 (no comm): the 0 at the end
     events["absent_ns"] = padded[np.where(source >= 0, source, len(absent_ns))]
+    events["stand_in"] = np.append(stand_in, 0.0)[np.where(source >= 0, source, len(stand_in))]
     # a synchronisation inferred from time in no record: that time was waiting in a gap
     events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)

@@ -43,7 +43,8 @@ class Timeline:
     transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), inferred
     (a synchronisation inferred from time in no record, diag/whatif/untraced.py), absent_ns
     (the part of seg_ns spent waiting for group members nobody traced: the arrival moved to
-    when the transfer began, diag/whatif/absent_members.py), post_ns
+    when the transfer began, diag/whatif/absent_members.py), stand_in (how many members
+    nobody traced the rank stands for in that collective, absent_members.stand_ins), post_ns
     (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
