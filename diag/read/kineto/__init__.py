@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,11 +59,14 @@ from diag.read.load import (
     with_cache_note,
 )
 from diag.read.parallel import file_sizes, map_chunks, scheduler_address
+from diag.read.scratch import owned_folder
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
 PARALLEL_FROM_BYTES = 8 * 2**20
 """Below this much trace on disk, one process parses faster than starting a pool."""
+SPILL_PREFIX, SPILL_NAMES = "diag-spill-", r"\d+\.npz"
+"""The spill's scratch folders (scratch.py), and the only files they hold (`_spilled`)."""
 
 
 def load_trace_dir(
@@ -98,7 +100,7 @@ def load_trace_dir(
     # (window.reduce_spilled); on a cluster, whose workers' disks are not this one's, they
     # come back as before
     local = reduce is not None and scheduler_address() is None
-    with tempfile.TemporaryDirectory(prefix="diag-spill-") if local else _no_folder() as where:
+    with owned_folder(SPILL_PREFIX, SPILL_NAMES) if local else _no_folder() as where:
         run = _loaded(
             folder, files, patterns, layout, reduce, workers, Path(where) if where else None
         )
