@@ -91,15 +91,7 @@ def map_chunks(
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     sizes = file_sizes(files)
     parallel = count >= 2 and (forced or sum(sizes) >= threshold)
-    bounds = chunk_bounds(len(files), count, chunk_files)
-    chunks = [list(files[a:b]) for a, b in bounds]
-    line = Progress(progress, len(files), sum(sizes)) if progress is not None else None
-
-    def chunk_done(index: int) -> None:
-        if line is not None:
-            start, end = bounds[index]
-            line.advance(end - start, sum(sizes[start:end]))
-
+    chunks, chunk_done = planned(files, count, chunk_files, progress, sizes)
     address = scheduler_address() if cluster else None
     if address is not None and chunks:
         from diag.read.distributed_scheduler import map_on_cluster  # Dask only when asked for
@@ -162,6 +154,27 @@ def die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the parent ended before the request took hold
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def planned(
+    files: Sequence[tuple[int, Path]],
+    count: int,
+    chunk_files: int,
+    progress: str | None,
+    sizes: list[int] | None = None,
+) -> tuple[list[list[tuple[int, Path]]], Callable[[int], None]]:
+    """`files` in chunks for `count` processes (`chunk_bounds`), and what to call with a
+    chunk's index when it is done: the line of progress (`map_chunks`)."""
+    sizes = file_sizes(files) if sizes is None else sizes
+    bounds = chunk_bounds(len(files), count, chunk_files)
+    line = Progress(progress, len(files), sum(sizes)) if progress is not None else None
+
+    def chunk_done(index: int) -> None:
+        if line is not None:
+            start, end = bounds[index]
+            line.advance(end - start, sum(sizes[start:end]))
+
+    return [list(files[a:b]) for a, b in bounds], chunk_done
 
 
 def _here(
