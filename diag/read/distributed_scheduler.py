@@ -102,6 +102,13 @@ class KeptOnCluster:
             return _fetched(self.client, summaries, done)
         except (OSError, TimeoutError) as err:
             raise InputError(self.address, f"the Dask cluster failed ({err})") from None
+        except RuntimeError as err:
+            # a task that reads another's result is read by the scheduler itself: it must
+            # import diag as the workers do (Dask asks one environment of all three)
+            if "deserializ" not in str(err):
+                raise
+            raise InputError(self.address, "the Dask scheduler cannot read diag's tasks: "
+                             "install diag where the scheduler runs") from None  # fmt: skip
 
     def apply(
         self,
