@@ -192,3 +192,10 @@ def test_a_folder_locked_by_a_live_process_stays_even_where_its_pid_is_gone(
     finally:
         os.close(handle)
     assert scratch.remove_stale(SPILL_PREFIX, SPILL_NAMES) == [folder.name]
+
+
+def test_an_analysis_that_does_not_spill_removes_them_too(traces: Path, temp_dir: Path) -> None:
+    stale = _stale(temp_dir, _dead_pid(), files=("0.npz",))
+    run = load_trace_dir(traces, use_cache=False, workers=1)  # small: nothing spilled
+    assert run.rank_steps is None
+    assert not stale.exists()

@@ -59,7 +59,7 @@ from diag.read.load import (
     with_cache_note,
 )
 from diag.read.parallel import file_sizes, map_chunks, planned, scheduler_address
-from diag.read.scratch import owned_folder
+from diag.read.scratch import owned_folder, remove_stale
 
 if TYPE_CHECKING:
     from diag.read.distributed_scheduler import KeptOnCluster
@@ -359,6 +359,7 @@ def _waiting_room(large: bool) -> Iterator[Path | KeptOnCluster | None]:
     parsed there; None (they come back here) for a folder that is not large."""
     address = scheduler_address()
     if not large:
+        remove_stale(SPILL_PREFIX, SPILL_NAMES)  # a killed analysis's, whatever this one does
         yield None
     elif address is None:
         with owned_folder(SPILL_PREFIX, SPILL_NAMES) as folder:
