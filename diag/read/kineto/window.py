@@ -14,13 +14,14 @@ workers reduce the traces (`reduce_spilled`): each parsed trace's packed records
 each worker reads, names, reduces and cuts one trace at a time and hands back its window and
 its two tables, merged here as the one call over every trace would have made them
 (`merged`). The gathering process then holds per trace its step records and its window,
-never its spans and collectives. Elsewhere (a Dask cluster, whose workers' disks are not this
-one's; a trace whose columns the spill does not take; an op whose naming reads other traces'
-ops: batched kernels, unnamed groups under a given layout) the gathering process reduces them
-(`reduce_traces`), one trace at a time, each trace's whole columns dropped as soon as it is
-reduced; its loops are not compiled there (numba is not imported: about 100 MiB in that
-process): the unions of a trace's intervals and the sums of its collectives run in numpy, the
-same totals.
+never its spans and collectives. On a Dask cluster each trace's packed records stay with the
+worker that parsed it (`distributed_scheduler.KeptOnCluster`) and that worker reduces it, the
+same way. Elsewhere (a trace whose columns the spill does not take; an op whose naming reads
+other traces' ops: batched kernels, unnamed groups under a given layout) the gathering process
+reduces them (`reduce_traces`), one trace at a time, each trace's whole columns dropped as
+soon as it is reduced; its loops are not compiled there (numba is not imported: about 100 MiB
+in that process): the unions of a trace's intervals and the sums of its collectives run in
+numpy, the same totals.
 
 What is reduced, said in the report's notes (`note`): which steps keep their records.
 """
