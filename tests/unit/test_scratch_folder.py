@@ -28,6 +28,9 @@ from diag.read.kineto import SPILL_NAMES, SPILL_PREFIX, load_trace_dir
 from tests.unit.simulated_jobs import trace_folder
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)"
+)
 HELD = (
     "import sys, time\n"
     "import diag.read.kineto as kineto\n"
