@@ -12,6 +12,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -90,15 +91,7 @@ def map_chunks(
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     sizes = file_sizes(files)
     parallel = count >= 2 and (forced or sum(sizes) >= threshold)
-    bounds = chunk_bounds(len(files), count, chunk_files)
-    chunks = [list(files[a:b]) for a, b in bounds]
-    line = Progress(progress, len(files), sum(sizes)) if progress is not None else None
-
-    def chunk_done(index: int) -> None:
-        if line is not None:
-            start, end = bounds[index]
-            line.advance(end - start, sum(sizes[start:end]))
-
+    chunks, chunk_done = planned(files, count, chunk_files, progress, sizes)
     address = scheduler_address() if cluster else None
     if address is not None and chunks:
         from diag.read.distributed_scheduler import map_on_cluster  # Dask only when asked for
@@ -110,16 +103,78 @@ def map_chunks(
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     results: list[Result | None] = [None] * len(chunks)
     try:
-        with ProcessPoolExecutor(count, mp_context=context) as pool:
-            pending = {
-                pool.submit(_collector_paused, parse, chunk): i for i, chunk in enumerate(chunks)
-            }
-            for future in as_completed(pending):
-                results[pending[future]] = future.result()
-                chunk_done(pending[future])
+        pool = ProcessPoolExecutor(
+            count, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+        )
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         return _here(parse, chunks, chunk_done)
+    try:
+        pending = {
+            pool.submit(_collector_paused, parse, chunk): i for i, chunk in enumerate(chunks)
+        }
+        for future in as_completed(pending):
+            results[pending[future]] = future.result()
+            chunk_done(pending[future])
+    except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
+        _stopped(pool)
+        return _here(parse, chunks, chunk_done)
+    except BaseException:  # Ctrl-C, SIGTERM (scratch.py), a worker's error: stop at once
+        _stopped(pool)
+        raise
+    pool.shutdown()
     return [result for result in results if result is not None]
+
+
+def _stopped(pool: ProcessPoolExecutor) -> None:
+    """The pool's queued chunks cancelled and its workers ended now, not once the chunks they
+    are parsing are done (`shutdown(wait=True)` alone waits for them: minutes on a large
+    trace after Ctrl-C)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # private: defensively
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=True)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """(In a worker, as it starts) the worker ended by SIGKILL when the process that made it
+    ends (Linux's PR_SET_PDEATHSIG), however that ends: a SIGKILLed analysis's workers
+    otherwise wait for work forever, holding their memory and its scratch folder's lock
+    (scratch.py). Where that is not to be had (not Linux), nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request took hold
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def planned(
+    files: Sequence[tuple[int, Path]],
+    count: int,
+    chunk_files: int,
+    progress: str | None,
+    sizes: list[int] | None = None,
+) -> tuple[list[list[tuple[int, Path]]], Callable[[int], None]]:
+    """`files` in chunks for `count` processes (`chunk_bounds`), and what to call with a
+    chunk's index when it is done: the line of progress (`map_chunks`)."""
+    sizes = file_sizes(files) if sizes is None else sizes
+    bounds = chunk_bounds(len(files), count, chunk_files)
+    line = Progress(progress, len(files), sum(sizes)) if progress is not None else None
+
+    def chunk_done(index: int) -> None:
+        if line is not None:
+            start, end = bounds[index]
+            line.advance(end - start, sum(sizes[start:end]))
+
+    return [list(files[a:b]) for a, b in bounds], chunk_done
 
 
 def _here(

@@ -12,8 +12,7 @@ machine's processes even when the load used a Dask cluster: the folder is local.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import contextlib
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -29,8 +28,11 @@ from diag.rankfile.records import Packed, concat
 from diag.read import record_window
 from diag.read.load import KEPT_COLUMNS, RunData, frame_of, rank_files, read_rank_file
 from diag.read.parallel import map_chunks
+from diag.read.scratch import owned_folder
 
 SPILLED_KINDS = (RecordKind.SPAN.value, RecordKind.COMM.value)
+PREFIX, NAMES = "diag-records-", r"\d+-\d+-[a-z]+\.arrow"
+"""The scratch folders' prefix (scratch.py) and the only files they hold (`_name`)."""
 
 
 class SpilledRecords:
@@ -41,13 +43,19 @@ class SpilledRecords:
         self.run, self.bounds, self.columns = run, list(bounds), columns
         self.folder: Path | None = None
         self.parts: list[int] = []
+        self._scratch = contextlib.ExitStack()
 
     def __enter__(self) -> SpilledRecords:
-        self.folder = Path(tempfile.mkdtemp(prefix="diag-records-"))
-        files = list(rank_files(self.run.path, self.run.manifest.world_size).items())
-        arrow_fast.prepare()  # before the workers fork: they inherit it loaded
-        write = partial(_spill, bounds=self.bounds, columns=self.columns, folder=self.folder)
-        self.parts = map_chunks(write, files, cluster=False)  # the folder is this machine's
+        # removed on the way out, or by the next analysis when this one is killed (scratch.py)
+        self.folder = self._scratch.enter_context(owned_folder(PREFIX, NAMES))
+        try:
+            files = list(rank_files(self.run.path, self.run.manifest.world_size).items())
+            arrow_fast.prepare()  # before the workers fork: they inherit it loaded
+            write = partial(_spill, bounds=self.bounds, columns=self.columns, folder=self.folder)
+            self.parts = map_chunks(write, files, cluster=False)  # the folder is this machine's
+        except BaseException:
+            self._scratch.close()
+            raise
         return self
 
     def __exit__(
@@ -56,8 +64,7 @@ class SpilledRecords:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        self._scratch.close()
 
     def chunk(self, index: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The spans and the collectives of the steps of chunk `index`, in rank-file order."""

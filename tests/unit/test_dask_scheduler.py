@@ -55,12 +55,74 @@ def _cluster_job(run: str, traces: str, wide: str) -> dict[str, Any]:
                                                    "--scheduler", address])  # fmt: skip
                 assert result.exit_code == 0, result.output
                 out[f"{name}_cli"] = json.loads(result.stdout)
+        out.update(_reduced_on_the_cluster(address, Path(wide)))
         with Client(address) as client:
             prefixes = client.run_on_scheduler(
                 lambda dask_scheduler: list(dask_scheduler.task_prefixes)
             )
             out["task_prefixes"] = sorted(map(str, prefixes))
             out["loops_in_worker"] = client.submit(_reduced_in_a_worker, run, pure=False).result()
+    return out
+
+
+def _reduced_on_the_cluster(address: str, wide: Path) -> dict[str, Any]:
+    """(In the child) the 64-rank folder analysed as a large one (the threshold patched to 0):
+    locally (spilled to disk, reduced by local workers) and on the cluster (each trace kept
+    and reduced by the worker that parsed it); what the client did with packed records."""
+    from distributed import Client, get_task_stream
+
+    import diag.read.kineto as kineto
+    from diag.api import analyze_path
+    from diag.read import distributed_scheduler
+    from diag.read.parallel import using_scheduler
+
+    kineto.REDUCE_SPANS_FROM_BYTES = 0
+    here: dict[str, int] = {"reduce_traces": 0, "fetch": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            here[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    # the client reducing traces itself, or bringing a kept trace's records over
+    kineto.reduce_traces = counted("reduce_traces", kineto.reduce_traces)
+    keeper = distributed_scheduler.KeptOnCluster
+    keeper.fetch = counted("fetch", keeper.fetch)  # type: ignore[method-assign]
+    local, remote = (shutil.copytree(wide, wide.parent / f"reduced-{k}") for k in ("l", "c"))
+
+    def analysed(folder: Path) -> dict[str, Any]:  # the notes name the folder: not compared
+        text = json.dumps(analyze_path(folder)).replace(str(folder), "FOLDER")
+        return json.loads(text)  # type: ignore[no-any-return]
+
+    out: dict[str, Any] = {"reduced_local": analysed(local)}
+    with (Client(address) as watcher, get_task_stream(client=watcher) as stream,
+          using_scheduler(address)):  # fmt: skip
+        out["reduced_cluster"] = analysed(remote)
+    out["reduced_by"] = sorted(
+        {task["worker"] for task in stream.data if "reduce_kept" in task["key"]}
+    )
+    out["reduce_tasks"] = sum("reduce_kept" in task["key"] for task in stream.data)
+    out["client_work"] = dict(here)
+    # traces whose ops' naming reads other traces' (batched kernels: here, said so of every
+    # trace) are brought to the client and reduced there, as a local analysis reads them back
+    real_kept, kineto._kept = kineto._kept, _said_batched
+    remote = shutil.copytree(wide, wide.parent / "reduced-batched")
+    with using_scheduler(address):
+        out["read_back"] = analysed(remote)
+    kineto._kept = real_kept
+    out["client_work_read_back"] = {name: here[name] - out["client_work"][name] for name in here}
+    return out
+
+
+def _said_batched(chunk: list[Any], index: int) -> list[Any]:
+    """(On a cluster worker) `kineto._kept`, every trace said to hold a batched kernel."""
+    import diag.read.kineto as kineto
+
+    out = kineto._kept(chunk, index)
+    for _, _, comms in out:
+        comms.batched = True
     return out
 
 
@@ -130,6 +192,23 @@ def test_a_64_rank_trace_folder_on_the_cluster_equals_local(reports: dict[str, A
     assert reports["wide_local"]["run"]["world_size"] == 64
     # each of the two workers parsed trace files of its own
     assert len(reports["wide_parsed_by"]) == 2, reports["wide_parsed_by"]
+
+
+def test_a_large_trace_folder_is_reduced_by_the_cluster_workers_as_locally(
+    reports: dict[str, Any],
+) -> None:
+    """Issue 43: a large folder's traces stay with the worker that parsed them and are reduced
+    there; the client holds what the local path's gathering process holds, and the report is
+    the local one."""
+    local, cluster = reports["reduced_local"], reports["reduced_cluster"]
+    assert any("the spans and collectives themselves" in n for n in local["skipped"])
+    assert _same(cluster, local)
+    assert reports["reduce_tasks"] == 64  # one a trace
+    assert len(reports["reduced_by"]) == 2, reports["reduced_by"]
+    assert reports["client_work"] == {"reduce_traces": 0, "fetch": 0}
+    # where the client must read every trace's ops, they come over and it reduces them
+    assert _same(reports["read_back"], local)
+    assert reports["client_work_read_back"] == {"reduce_traces": 1, "fetch": 64}
 
 
 def test_the_cluster_did_the_per_file_work(reports: dict[str, Any]) -> None:

@@ -12,13 +12,12 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
@@ -60,12 +59,18 @@ from diag.read.load import (
     run_from_records,
     with_cache_note,
 )
-from diag.read.parallel import file_sizes, map_chunks, scheduler_address
+from diag.read.parallel import file_sizes, map_chunks, planned, scheduler_address
+from diag.read.scratch import owned_folder, remove_stale
+
+if TYPE_CHECKING:
+    from diag.read.distributed_scheduler import KeptOnCluster
 
 __all__ = ["KernelPatterns", "is_trace_dir", "load_trace_dir"]
 
 PARALLEL_FROM_BYTES = 8 * 2**20
 """Below this much trace on disk, one process parses faster than starting a pool."""
+SPILL_PREFIX, SPILL_NAMES = "diag-spill-", r"\d+\.npz"
+"""The spill's scratch folders (scratch.py), and the only files they hold (`_spilled`)."""
 
 
 def load_trace_dir(
@@ -95,14 +100,10 @@ def load_trace_dir(
     found = cache.read(beside, key) if use_cache else Lookup()
     if isinstance(found.value, RunData):
         return found.value
-    # a large folder read here: each trace's records wait on disk until the layout is known
-    # (window.reduce_spilled); on a cluster, whose workers' disks are not this one's, they
-    # come back as before
-    local = reduce is not None and scheduler_address() is None
-    with tempfile.TemporaryDirectory(prefix="diag-spill-") if local else _no_folder() as where:
-        run = _loaded(
-            folder, files, patterns, layout, reduce, workers, Path(where) if where else None
-        )
+    # a large folder: each trace's records wait until the layout is known (window.
+    # reduce_spilled), on this machine's disk, or on a cluster with the worker that parsed it
+    with _waiting_room(reduce is not None) as where:
+        run = _loaded(folder, files, patterns, layout, reduce, workers, where)
     run = clocks.aligned(run)  # each host's profiler wrote its own clock
     if use_cache:
         cache.write(beside, key, run)
@@ -116,7 +117,7 @@ def _loaded(
     layout: schema.Layout | None,
     reduce: Breakdown | None,
     workers: int | None,
-    spill_to: Path | None,
+    spill_to: Path | KeptOnCluster | None,
 ) -> RunData:
     skipped: list[str] = []
     parsed = _parse_all(files, patterns, workers, spill_to)
@@ -158,10 +159,11 @@ def _loaded(
     ):
         # every trace on disk and no op whose naming reads other traces' ops: reduced by workers
         end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
-        reduced = reduce_spilled(reduce, [p.path for p in spilled], axis_of, end, workers)
+        kept = spill_to if not isinstance(spill_to, Path) else None
+        reduced = reduce_spilled(reduce, [p.where for p in spilled], axis_of, end, workers, kept)
         del span_parts, comm_parts, spilled
         return _run(folder, manifest, traces, records, skipped, reduced)
-    span_parts, comm_parts = _read_back(span_parts, comm_parts)
+    span_parts, comm_parts = _read_back(span_parts, comm_parts, spill_to)
     comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
     if layout is not None:  # an older trace's ops, named by none of its groups
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
@@ -214,12 +216,14 @@ def _run(
 
 @dataclass
 class Spilled:
-    """A parsed trace's spans and collectives written to `path` (spill.py) by its worker, and
-    what the gathering process reads of them before they are reduced: their numbers, what
-    the layout's inference counts, the groups' rank lists, and whether a batched kernel ran
-    several ops (their split reads every trace's ops: then they are read back)."""
+    """A parsed trace's spans and collectives kept by its worker, `where`: a file on this
+    machine (spill.py), or on a Dask cluster, (the index of the kept chunk, the trace's
+    position in it) (`KeptOnCluster`); and what the gathering process reads of them before
+    they are reduced: their numbers, what the layout's inference counts, the groups' rank
+    lists, and whether a batched kernel ran several ops (their split reads every trace's
+    ops: then they are read back)."""
 
-    path: Path
+    where: Path | tuple[int, int]
     span_rows: int
     comm_rows: int
     layout_rows: LayoutRows | Counter[LayoutKey]
@@ -251,12 +255,19 @@ def _text_sizes(files: list[Path]) -> list[int]:
 
 
 def _parse_all(
-    files: list[Path], patterns: KernelPatterns, workers: int | None, spill_to: Path | None = None
+    files: list[Path],
+    patterns: KernelPatterns,
+    workers: int | None,
+    spill_to: Path | KeptOnCluster | None = None,
 ) -> list[Parsed]:
-    """Every file parsed (its spans and collectives packed: `_packed`; written to `spill_to`
-    when given: `Spilled`), in parallel processes when there are several and enough bytes to
-    repay starting them (`workers` forces a count); progress on a terminal after a while
-    (`diag.read.progress`)."""
+    """Every file parsed (its spans and collectives packed: `_packed`; kept by the worker when
+    `spill_to` is given: written to that folder, or kept on the cluster: `Spilled`), in
+    parallel processes when there are several and enough bytes to repay starting them
+    (`workers` forces a count); progress on a terminal after a while (`diag.read.progress`)."""
+    if spill_to is not None and not isinstance(spill_to, Path):
+        files_in, done = planned(list(enumerate(files)), 1, 1, "trace files")
+        parse = partial(_parse_chunk, patterns=patterns)
+        return [trace for chunk in spill_to.map(parse, files_in, _kept, done) for trace in chunk]
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
     try:
         chunks = map_chunks(
@@ -287,26 +298,51 @@ def _spilled(
     path = folder / f"{index}.npz"
     if trace.error or not spill.write(path, trace.records.get("step", []), spans, comms):
         return trace, spans, comms
+    found = _summary(path, spans, comms)
+    return trace, found, found
+
+
+def _kept(chunk: list[Parsed], index: int) -> list[Parsed]:
+    """(On the cluster's worker that parsed chunk `index` and keeps it) what comes back of it:
+    each trace with its packed records' summary (`Spilled`), as a spilled trace's."""
+    out: list[Parsed] = []
+    for position, (trace, spans, comms) in enumerate(chunk):
+        if trace.error or isinstance(spans, Spilled) or isinstance(comms, Spilled):
+            out.append((trace, spans, comms))
+            continue
+        found = _summary((index, position), spans, comms)
+        out.append((trace, found, found))
+    return out
+
+
+def _summary(
+    where: Path | tuple[int, int], spans: dict[str, Packed], comms: PackedComms
+) -> Spilled:
+    """What the gathering process reads of a trace whose packed records wait `where`."""
     kernels = comms.messages.get(KERNEL_KEY, [])
     batched = (
         bool((~kernels.null).any())
         if isinstance(kernels, Message)
         else any(v is not None for v in kernels)
     )
-    found = Spilled(path, _rows(spans), len(comms), comms.layout_rows, comms.members, batched)
-    return trace, found, found
+    return Spilled(where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched)
 
 
 def _read_back(
-    span_parts: tuple[Any, ...], comm_parts: tuple[Any, ...]
+    span_parts: tuple[Any, ...], comm_parts: tuple[Any, ...], kept: Path | KeptOnCluster | None
 ) -> tuple[list[dict[str, Packed]], list[PackedComms]]:
     """Spilled traces read back into memory (the others as they are)."""
     spans, comms = [], []
     for span_part, comm_part in zip(span_parts, comm_parts, strict=True):
-        if isinstance(comm_part, Spilled):
-            _, span_part, packed = spill.read(comm_part.path)
-            comm_part.path.unlink(missing_ok=True)
+        if isinstance(comm_part, Spilled) and isinstance(comm_part.where, Path):
+            _, span_part, packed = spill.read(comm_part.where)
+            comm_part.where.unlink(missing_ok=True)
             comm_part = packed
+        elif isinstance(comm_part, Spilled):
+            assert kept is not None and not isinstance(kept, Path)
+            assert not isinstance(comm_part.where, Path)
+            chunk, position = comm_part.where
+            _, span_part, comm_part = kept.fetch(chunk)[position]
         spans.append(span_part)
         comms.append(comm_part)
     return spans, comms
@@ -319,8 +355,22 @@ def _rows(spans: dict[str, Packed] | Spilled) -> int:
 
 
 @contextlib.contextmanager
-def _no_folder() -> Iterator[None]:
-    yield None
+def _waiting_room(large: bool) -> Iterator[Path | KeptOnCluster | None]:
+    """Where a large folder's packed records wait for the layout: a private folder of this
+    machine (scratch.py), or the cluster's workers (`KeptOnCluster`) when the traces are
+    parsed there; None (they come back here) for a folder that is not large."""
+    address = scheduler_address()
+    if not large:
+        remove_stale(SPILL_PREFIX, SPILL_NAMES)  # a killed analysis's, whatever this one does
+        yield None
+    elif address is None:
+        with owned_folder(SPILL_PREFIX, SPILL_NAMES) as folder:
+            yield folder
+    else:
+        from diag.read.distributed_scheduler import kept_on_cluster  # Dask only when asked for
+
+        with kept_on_cluster(address) as kept:
+            yield kept
 
 
 def _packed(trace: ParsedTrace) -> tuple[ParsedTrace, dict[str, Packed], PackedComms]:

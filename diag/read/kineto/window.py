@@ -14,13 +14,14 @@ workers reduce the traces (`reduce_spilled`): each parsed trace's packed records
 each worker reads, names, reduces and cuts one trace at a time and hands back its window and
 its two tables, merged here as the one call over every trace would have made them
 (`merged`). The gathering process then holds per trace its step records and its window,
-never its spans and collectives. Elsewhere (a Dask cluster, whose workers' disks are not this
-one's; a trace whose columns the spill does not take; an op whose naming reads other traces'
-ops: batched kernels, unnamed groups under a given layout) the gathering process reduces them
-(`reduce_traces`), one trace at a time, each trace's whole columns dropped as soon as it is
-reduced; its loops are not compiled there (numba is not imported: about 100 MiB in that
-process): the unions of a trace's intervals and the sums of its collectives run in numpy, the
-same totals.
+never its spans and collectives. On a Dask cluster each trace's packed records stay with the
+worker that parsed it (`distributed_scheduler.KeptOnCluster`) and that worker reduces it, the
+same way. Elsewhere (a trace whose columns the spill does not take; an op whose naming reads
+other traces' ops: batched kernels, unnamed groups under a given layout) the gathering process
+reduces them (`reduce_traces`), one trace at a time, each trace's whole columns dropped as
+soon as it is reduced; its loops are not compiled there (numba is not imported: about 100 MiB
+in that process): the unions of a trace's intervals and the sums of its collectives run in
+numpy, the same totals.
 
 What is reduced, said in the report's notes (`note`): which steps keep their records.
 """
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,10 @@ from diag.read import record_window
 from diag.read.kineto import spill
 from diag.read.kineto.packed_comms import MESSAGE_COLUMNS, Message, PackedComms, named_by_axis
 from diag.read.load import Breakdown, categorical
-from diag.read.parallel import map_chunks
+from diag.read.parallel import map_chunks, planned
+
+if TYPE_CHECKING:
+    from diag.read.distributed_scheduler import KeptOnCluster
 
 STEP, SPAN, COMM = RecordKind.STEP.value, RecordKind.SPAN.value, RecordKind.COMM.value
 NULL_SUFFIX = ":null"
@@ -120,20 +124,27 @@ SPILLED_PARALLEL_FROM_BYTES = 8 * 2**20
 
 def reduce_spilled(
     breakdown: Breakdown,
-    paths: list[Path],
+    paths: list[Any],
     axis_of: dict[tuple[int, ...], str],
     keep_below: int,
     workers: int | None = None,
+    kept: KeptOnCluster | None = None,
 ) -> Reduced:
     """`reduce_traces` of traces spilled to `paths` (spill.py, in rank order; each file
-    removed once read), by local worker processes a trace at a time; the same tables and
-    windows."""
-    chunks = map_chunks(
-        partial(_reduce_chunk, breakdown=breakdown, axis_of=axis_of, keep_below=keep_below),
-        list(enumerate(paths)), count=workers, min_bytes=SPILLED_PARALLEL_FROM_BYTES,
-        chunk_files=8, progress="traces reduced", cluster=False,
-    )  # fmt: skip
-    parts = [part for chunk in chunks for part in chunk]
+    removed once read), by local worker processes a trace at a time; or, with `kept`, of
+    traces kept on a Dask cluster (`paths`: (kept chunk, position in it) each), each by the
+    worker that holds it. The same tables and windows."""
+    if kept is not None:
+        work = partial(_reduce_kept, breakdown=breakdown, axis_of=axis_of, keep_below=keep_below)
+        _, done = planned(list(enumerate(paths)), 1, 1, "traces reduced", [0] * len(paths))
+        parts = kept.apply(work, [(chunk, position) for chunk, position in paths], done)
+    else:
+        chunks = map_chunks(
+            partial(_reduce_chunk, breakdown=breakdown, axis_of=axis_of, keep_below=keep_below),
+            list(enumerate(paths)), count=workers, min_bytes=SPILLED_PARALLEL_FROM_BYTES,
+            chunk_files=8, progress="traces reduced", cluster=False,
+        )  # fmt: skip
+        parts = [part for chunk in chunks for part in chunk]
     return Reduced(
         [p.spans for p in parts], [p.comms for p in parts],
         merged([p.rank_steps for p in parts], labels=()),
@@ -151,17 +162,42 @@ def _reduce_chunk(
     for _, path in chunk:
         steps, spans, comms = spill.read(path)
         path.unlink(missing_ok=True)
-        columns: dict[str, dict[str, Packed]] = {
-            STEP: dict(steps), SPAN: spans,
-            COMM: {**named_by_axis(comms, axis_of), **_message_columns(comms)},
-        }  # fmt: skip
-        reduced = breakdown(iter([columns]), True)
-        out.append(TraceReduced(
-            record_window.kept_records(columns, SPAN, keep_below),
-            _kept_comms(comms, columns, keep_below), reduced["rank_steps"],
-            reduced["comm_totals"],
-        ))  # fmt: skip
+        out.append(_reduced(dict(steps), spans, comms, breakdown, axis_of, keep_below))
     return out
+
+
+def _reduce_kept(
+    chunk: list[tuple[Any, Any, Any]],
+    position: int,
+    breakdown: Breakdown,
+    axis_of: dict[tuple[int, ...], str],
+    keep_below: int,
+) -> TraceReduced:
+    """(On the cluster's worker that keeps the parsed `chunk`) its trace at `position`
+    reduced: (ParsedTrace, packed spans, PackedComms), as `kineto._parse_chunk` made it."""
+    trace, spans, comms = chunk[position]
+    steps = _step_columns(trace.records.get(STEP, []))
+    return _reduced(steps, spans, comms, breakdown, axis_of, keep_below)
+
+
+def _reduced(
+    steps: dict[str, Packed],
+    spans: dict[str, Packed],
+    comms: PackedComms,
+    breakdown: Breakdown,
+    axis_of: dict[tuple[int, ...], str],
+    keep_below: int,
+) -> TraceReduced:
+    """One trace's groups named by axis, its records reduced and cut to the window."""
+    columns: dict[str, dict[str, Packed]] = {
+        STEP: steps, SPAN: spans,
+        COMM: {**named_by_axis(comms, axis_of), **_message_columns(comms)},
+    }  # fmt: skip
+    reduced = breakdown(iter([columns]), True)
+    return TraceReduced(
+        record_window.kept_records(columns, SPAN, keep_below),
+        _kept_comms(comms, columns, keep_below), reduced["rank_steps"], reduced["comm_totals"],
+    )  # fmt: skip
 
 
 LABEL_KEYS = ("op", "group", "tag")
