@@ -39,6 +39,7 @@ layout_keys = st.tuples(
     st.one_of(st.none(), st.integers(0, WORLD)),  # peer
     st.one_of(st.none(), st.integers(0, 2**20)),  # bytes
     st.one_of(st.none(), st.booleans()),  # blocking
+    st.one_of(st.none(), st.booleans()),  # alone (a message of a group of two)
 )
 
 
@@ -52,7 +53,8 @@ def _state(families: dict[tuple[int, ...], Any]) -> list[tuple[Any, ...]]:
         (shape, sorted(f.groups), sorted(f.names), list(f.ops.items()),
          list(f.per_step.items()), f.early, f.collectives,
          sorted((r, sorted(p)) for r, p in f.sent_to.items()),
-         sorted((r, sorted(p)) for r, p in f.received_from.items()))
+         sorted((r, sorted(p)) for r, p in f.received_from.items()),
+         sorted(f.lone_p2p.items()))
         for shape, f in families.items()
     ]  # fmt: skip
 
