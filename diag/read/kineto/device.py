@@ -53,7 +53,7 @@ HTA_PATTERNS = KernelPatterns(
 )  # fmt: skip
 """HTA's classification (it matches names only, anchored at the start): NCCL names are its
 only communication; names on its list of non-computation that are neither are "other"."""
-_STEP = re.compile(r"^ProfilerStep#\d+")
+STEP_START = re.compile(r"^ProfilerStep#\d+")
 _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 
 
@@ -167,7 +167,7 @@ class DeviceScan:
                 self.host.add(name, ts, duration)
             cpu_start.append(ts)
             cpu_correlation.append(correlation)
-            if name.startswith("ProfilerStep") and _STEP.match(name):
+            if name.startswith("ProfilerStep") and STEP_START.match(name):
                 step_starts[name] = max(ts, step_starts.get(name, ts))
 
     def result(self, patterns: KernelPatterns) -> DeviceTime | None:
