@@ -1,6 +1,7 @@
 """The trace's events taken in one loop (one_pass.take, issue 43's speed work) give exactly
 what the three loops gave (`SharedArgs`, `Scan.add`, `DeviceScan.add`): the same converter
-state, the same device-time state and result, on
+state, the same device-time state and result; and the device time's inputs taken in numpy
+(device_arrays.inputs) equal those the loops give (`device._inputs`); on
 - every real trace in ../shared/real-traces (skipped when absent), end to end too: the
   streamed reader's records and device time equal the whole-file reader's, which still
   runs the three loops;
@@ -11,18 +12,20 @@ state, the same device-time state and result, on
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diag.cli.main import main
-from diag.read.kineto import one_pass
+from diag.read.kineto import device_arrays, one_pass
 from diag.read.kineto.convert import Scan, scan, to_records
-from diag.read.kineto.device import DeviceScan, device_time
+from diag.read.kineto.device import HTA_PATTERNS, DeviceScan, _inputs, device_time
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.files import SharedArgs, parse_file, read_events, trace_files
 from diag.read.kineto.kernels import KernelPatterns
@@ -170,3 +173,70 @@ def _copy(event: Kept) -> Kept:
     copied = None if args is None else Args(**{f: getattr(args, f) for f in Args.__struct_fields__})
     fields = {f: getattr(event, f) for f in Kept.__struct_fields__}
     return Kept(**(fields | {"args": copied}))
+
+
+# --- the device time's inputs in numpy (device_arrays.inputs) against the loops (_inputs) ---
+
+
+def _same_inputs(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    arrays = zip(a[:4], b[:4], strict=True)
+    return all(
+        list(x) == list(y) if x.dtype == object
+        else np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+        for x, y in arrays
+    ) and repr(a[4]) == repr(b[4])  # fmt: skip
+
+
+def _device_inputs_agree(device: DeviceScan) -> None:
+    for patterns in (PATTERNS, HTA_PATTERNS):
+        given = (device.device, device.cpu_start, device.cpu_correlation, device.step_starts,
+                 device.whole_us, patterns)  # fmt: skip
+        found = device_arrays.inputs(*given)
+        assert found is not device_arrays.NOT_PLAIN
+        assert _same_inputs(found, _inputs(*given))
+
+
+@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-traces is absent")
+def test_real_traces_device_inputs_in_numpy() -> None:
+    for path in REAL_FILES:
+        _, device = _one_loop(_batches(path))
+        if device.device:
+            _device_inputs_agree(device)
+
+
+def test_a_simulated_folder_device_inputs_in_numpy(simulated: list[Path]) -> None:
+    for path in simulated:
+        _device_inputs_agree(_one_loop(_batches(path))[1])
+
+
+device_events = st.tuples(
+    st.one_of(st.integers(0, 10**6), st.floats(0, 1e6)),
+    st.one_of(st.integers(0, 10**3), st.floats(0, 1e3)),
+    st.integers(-1, 12),  # correlation (-1: a sync event's)
+    st.sampled_from(["ncclKernel_AllReduce", "gemm", "Memcpy HtoD", "Event Sync", "x"]),
+    st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "Memset"]),
+    st.sampled_from([7, 13, 7.0, 20]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(device_events, min_size=1, max_size=30),
+    st.lists(st.tuples(st.floats(0, 1e6), st.integers(-1, 12)), max_size=40),
+    st.dictionaries(st.sampled_from(["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]),
+                    st.floats(0, 1e6), max_size=3),
+    st.booleans(),
+)  # fmt: skip
+def test_random_device_inputs_in_numpy(
+    device: list[Any], cpu: list[tuple[float, int]], steps: dict[str, float], whole_us: bool
+) -> None:
+    starts = array("d", [start for start, _ in cpu])
+    ids = [i for _, i in cpu]
+    for patterns in (PATTERNS, HTA_PATTERNS):
+        given = (device, starts, ids, steps, whole_us, patterns)
+        assert _same_inputs(device_arrays.inputs(*given), _inputs(*given))
+    # an id that is not a plain int: the loops
+    assert device_arrays.inputs([(*device[0][:2], 1.0, *device[0][3:])], starts, ids, steps,
+                                whole_us, PATTERNS) is device_arrays.NOT_PLAIN  # fmt: skip

@@ -37,6 +37,7 @@ import numpy as np
 
 from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
+from diag.read.kineto import device_arrays
 from diag.read.kineto.convert import MAX_TIME_US
 from diag.read.kineto.events import ABSENT, Kept
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED, HostCalls, HostCallScan
@@ -183,6 +184,12 @@ class DeviceScan:
         return dataclasses.replace(measured, **dataclasses.asdict(calls))
 
 
+Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, IdleSplit]
+"""What the device time is measured from: each kept device event's start and end (counted as
+often as it was launched before the last step), its class, whether it is a `kernel`, and
+the idle split."""
+
+
 def _measured(
     device: list[tuple[float, float, Any, str, str, float]],
     cpu_start: array,
@@ -193,27 +200,14 @@ def _measured(
 ) -> DeviceTime | None:
     if not device:
         return None
-    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
-    starts = np.array(columns[0], dtype=float)
-    ends = starts + np.array(columns[1], dtype=float)
-    if not whole_us:
-        starts, ends = np.ceil(starts), np.floor(ends)
-    keep = _launches_before_last_step(
-        cpu_start, cpu_correlation, step_starts, correlations, whole_us
-    )
-    if keep is not None:
-        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
-        index = np.repeat(np.arange(len(keep)), keep).tolist()
-        if not index:
-            return None
-        correlations, names, kinds, streams = (
-            tuple(map(column.__getitem__, index))
-            for column in (correlations, names, kinds, streams)
-        )
-    launches = _launch_starts(cpu_start, cpu_correlation, step_starts, whole_us)
-    idle = _idle(kinds, correlations, streams, starts, ends, launches)
-    durations = (ends - starts)[np.array([k == "kernel" for k in kinds], dtype=bool)]
-    classes = patterns.classify(names, kinds)
+    found = device_arrays.inputs(device, cpu_start, cpu_correlation, step_starts, whole_us,
+                                 patterns)  # fmt: skip
+    if found is device_arrays.NOT_PLAIN:
+        found = _inputs(device, cpu_start, cpu_correlation, step_starts, whole_us, patterns)
+    if found is None:
+        return None
+    starts, ends, classes, is_kernel, idle = found
+    durations = (ends - starts)[is_kernel]
     spans = np.column_stack([starts, ends])
     kernel_time = float(ends.max() - starts.min())
     busy = intervals.union_length(spans)
@@ -233,6 +227,38 @@ def _measured(
         kernels=len(durations),
         kernel_median_us=float(np.median(durations)) if len(durations) else None,
     )
+
+
+def _inputs(
+    device: list[tuple[float, float, Any, str, str, float]],
+    cpu_start: array,
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    whole_us: bool,
+    patterns: KernelPatterns,
+) -> Inputs | None:
+    """`Inputs` event by event (any values: device_arrays.inputs takes the plain ones)."""
+    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
+    starts = np.array(columns[0], dtype=float)
+    ends = starts + np.array(columns[1], dtype=float)
+    if not whole_us:
+        starts, ends = np.ceil(starts), np.floor(ends)
+    keep = _launches_before_last_step(
+        cpu_start, cpu_correlation, step_starts, correlations, whole_us
+    )
+    if keep is not None:
+        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
+        index = np.repeat(np.arange(len(keep)), keep).tolist()
+        if not index:
+            return None
+        correlations, names, kinds, streams = (
+            tuple(map(column.__getitem__, index))
+            for column in (correlations, names, kinds, streams)
+        )
+    launches = _launch_starts(cpu_start, cpu_correlation, step_starts, whole_us)
+    idle = _idle(kinds, correlations, streams, starts, ends, launches)
+    is_kernel = np.array([k == "kernel" for k in kinds], dtype=bool)
+    return starts, ends, patterns.classify(names, kinds), is_kernel, idle
 
 
 def _launch_starts(
