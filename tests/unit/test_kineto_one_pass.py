@@ -54,7 +54,7 @@ def _three_loops(batches: list[list[Kept]]) -> tuple[Scan, DeviceScan]:
 def _one_loop(batches: list[list[Kept]]) -> tuple[Scan, DeviceScan]:
     scanned, measured, share = Scan(), DeviceScan(), SharedArgs()
     for batch in batches:
-        one_pass.take(batch, scanned, measured, share)
+        one_pass.take(batch, scanned, measured, share.one)
     return scanned, measured
 
 

@@ -145,7 +145,7 @@ class Scan:
                 correlation = args.correlation
                 gpu_correlation.append(
                     correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
-                    else _id(correlation)
+                    else correlation_of(correlation)
                 )  # fmt: skip
                 stream = args.stream
                 out.gpu_stream.append(
@@ -168,7 +168,7 @@ class Scan:
                 if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
                     launches[correlation] = (tid, t0)
                 elif correlation is not ABSENT:
-                    launches[_id(correlation)] = (tid, t0)
+                    launches[correlation_of(correlation)] = (tid, t0)
             elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
                 if step := STEP_NAME.match(name):
                     if int(step.group(1)) >= MAX_STEP:
@@ -197,7 +197,7 @@ class Scan:
         return out
 
 
-def _id(value: Any) -> int:
+def correlation_of(value: Any) -> int:
     """A correlation id as an int (-1: none, or not a usable integer)."""
     number = count(value, default=-1)
     return number if number >= 0 else -1
@@ -307,7 +307,9 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # a batch's ops get their own ends from their peers' once every rank is read
             # (batches.py): which kernel ran them, and when the computation resumed after it
             end = ends[i]
-            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0_list[i])}
+            batch = (
+                {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0_list[i])}
+            )
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": start,

@@ -100,7 +100,7 @@ DEVICE_TIME_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceTime))
 """The columns of `RunData.device_time` besides `rank`."""
 
 
-def _number(value: Any, default: float = -1) -> float:
+def number_of(value: Any, default: float = -1) -> float:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float):
@@ -150,10 +150,10 @@ class DeviceScan:
             args = event.args
             stream, correlation = (args.stream, args.correlation) if args else (-1, -1)
             if type(stream) is not int:
-                stream = -1 if stream is ABSENT else _number(stream)
+                stream = -1 if stream is ABSENT else number_of(stream)
             if type(correlation) is not int:
                 # hashable: a key of the launch count
-                correlation = -1 if correlation is ABSENT else _number(correlation)
+                correlation = -1 if correlation is ABSENT else number_of(correlation)
             if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
                 continue  # as the converter skips them (convert.py)
             name = event.name if type(event.name) is str else ""

@@ -247,7 +247,7 @@ def _scanned(
         share = SharedArgs()
 
         def take(batch: list[Kept]) -> None:
-            one_pass.take(batch, scanned, measured, share)  # the three in one loop
+            one_pass.take(batch, scanned, measured, share.one)  # the three in one loop
 
         try:
             data = stream_events(path, take)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
 from diag.read.kineto.convert import (
@@ -30,22 +30,21 @@ from diag.read.kineto.convert import (
     NO_ARGS,
     NS_PER_US,
     STEP_NAME,
-    _id,
+    Scan,
+    correlation_of,
 )
-from diag.read.kineto.device import STEP_START, _number
-from diag.read.kineto.events import ABSENT, Kept
+from diag.read.kineto.device import STEP_START, DeviceScan, number_of
+from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
-
-if TYPE_CHECKING:
-    from diag.read.kineto.convert import Scan
-    from diag.read.kineto.device import DeviceScan
-    from diag.read.kineto.files import SharedArgs
 
 _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 
 
-def take(events: list[Kept], scan: Scan, device: DeviceScan, share: SharedArgs) -> None:
-    """`scan.add(events)` and `device.add(events)` in one loop (the module's docstring)."""
+def take(
+    events: list[Kept], scan: Scan, device: DeviceScan, shared: Callable[[Args], Args]
+) -> None:
+    """`scan.add(events)` and `device.add(events)` in one loop (the module's docstring);
+    `shared`: an argument set as the one kept for its values (`files.SharedArgs.one`)."""
     out, params = scan.out, scan.params
     gpu_name, gpu_category = out.gpu_name, out.gpu_category
     gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
@@ -56,7 +55,6 @@ def take(events: list[Kept], scan: Scan, device: DeviceScan, share: SharedArgs) 
     cpu_correlation = device.cpu_correlation
     step_starts, on_device_events, device_labels = device.step_starts, device.device, device.labels
     host_calls = device.host.calls
-    shared = share.one
     isfinite = math.isfinite
     whole_us = device.whole_us
     cpu_first, cpu_last = [], []
@@ -78,9 +76,9 @@ def take(events: list[Kept], scan: Scan, device: DeviceScan, share: SharedArgs) 
             if args:
                 stream, correlation = args.stream, args.correlation
                 if type(stream) is not int:
-                    stream = -1 if stream is ABSENT else _number(stream)
+                    stream = -1 if stream is ABSENT else number_of(stream)
                 if type(correlation) is not int:
-                    correlation = -1 if correlation is ABSENT else _number(correlation)
+                    correlation = -1 if correlation is ABSENT else number_of(correlation)
             else:
                 stream = correlation = -1
             device_name = name if type(name) is str else ""
@@ -133,7 +131,7 @@ def take(events: list[Kept], scan: Scan, device: DeviceScan, share: SharedArgs) 
             correlation = args.correlation
             gpu_correlation.append(
                 correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
-                else _id(correlation)
+                else correlation_of(correlation)
             )  # fmt: skip
             stream = args.stream
             gpu_stream.append(
@@ -155,7 +153,7 @@ def take(events: list[Kept], scan: Scan, device: DeviceScan, share: SharedArgs) 
             if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
                 launches[correlation] = (tid, t0)
             elif correlation is not ABSENT:
-                launches[_id(correlation)] = (tid, t0)
+                launches[correlation_of(correlation)] = (tid, t0)
         elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
             if step := STEP_NAME.match(name):
                 if int(step.group(1)) >= MAX_STEP:
