@@ -11,14 +11,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from diag.contract import schema
 from diag.metrics import MEMORY_FIELDS, RunMetrics, pipeline
-from diag.outputs import html_page
 from diag.outputs.escape import markdown, markdown_code, terminal_lines
 from diag.outputs.failure_report import (
     STOPPED_HEADER,
@@ -26,7 +25,6 @@ from diag.outputs.failure_report import (
     stopped_rows,
     stopped_title,
 )
-from diag.outputs.html_charts import Chart
 from diag.outputs.report_lines import (
     cache_notes,
     finding_head,
@@ -39,6 +37,9 @@ from diag.outputs.sparkline import rank_steps_line
 from diag.outputs.units import aligned, mib, num, pct, pct_range, size
 from diag.read.load import RunData
 from diag.rules.engine import Diagnosis, Finding
+
+if TYPE_CHECKING:
+    from diag.outputs.html_charts import Chart
 
 RUN_FIELDS = (
     "run_id", "trainer", "world_size", "backend", "device_type", "layout", "model", "status",
@@ -471,4 +472,6 @@ def render_html(
     and no script. With `charts` (the dashboard's figures, `dashboard/html_report.py`) and
     plotly.js (gzip-compressed), the charts follow the facts and plotly.js is inlined once
     (diag/outputs/html_charts.py); it opens offline."""
+    from diag.outputs import html_page  # the HTML format only: not imported for the others
+
     return html_page.page(report, sections(report), charts, plotly_js_gzip)

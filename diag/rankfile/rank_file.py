@@ -28,7 +28,6 @@ from diag.contract.limits import (
     MAX_RANK_FILE_BYTES,
 )
 from diag.contract.schema import RecordKind
-from diag.rankfile import arrow_fast
 from diag.rankfile.arrow_format import SUFFIX
 from diag.rankfile.record_checks import check_values, depth, float_tokens
 from diag.rankfile.records import Column, Packed, concat, decode_rank_file, pack
@@ -124,6 +123,8 @@ def read_rank_file(rank: int, file: Path) -> RankFile:
 def _read_arrow(data: bytes, rank: int, name: str) -> RankFile:
     """An Arrow rank file (diag/rankfile/arrow_format.py): typed columns straight from its batches;
     records that fit no typed schema were written as JSON lines and take the checked path."""
+    from diag.rankfile import arrow_fast  # rank files only: not imported by a trace analysis
+
     decoded = arrow_fast.decode(data, name, KEPT_COLUMNS, NUMERIC_COLUMNS)
     if decoded.fatal:
         return RankFile(pack(as_columns({})), [f"{decoded.skipped[0]}, rank {rank} not analysed"])

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 
 from diag.contract.schema import RecordKind
-from diag.rankfile import arrow_fast
 from diag.rankfile.rank_file import KEPT_COLUMNS, RankFile, read_rank_file
 from diag.rankfile.records import Packed, concat
 from diag.read import record_window
@@ -35,6 +34,8 @@ def prepare_compiled(breakdown: Breakdown) -> None:
     the reduction's loops (`breakdown([], True)`). The loader calls it before its workers fork;
     a Dask worker, which inherits nothing, before its first chunk: without the loops there, a
     16,384-rank run's small files were reduced as Python, at 6x the local time."""
+    from diag.rankfile import arrow_fast  # rank files only: not imported by a trace analysis
+
     arrow_fast.prepare()
     breakdown([], True)
 

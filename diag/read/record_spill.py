@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.feather as feather
 
 from diag.contract.schema import RecordKind
-from diag.rankfile import arrow_fast
 from diag.rankfile.records import Packed, concat
 from diag.read import record_window
 from diag.read.load import KEPT_COLUMNS, RunData, frame_of, rank_files, read_rank_file
@@ -50,6 +49,8 @@ class SpilledRecords:
         self.folder = self._scratch.enter_context(owned_folder(PREFIX, NAMES))
         try:
             files = list(rank_files(self.run.path, self.run.manifest.world_size).items())
+            from diag.rankfile import arrow_fast  # rank files only (a lazy import)
+
             arrow_fast.prepare()  # before the workers fork: they inherit it loaded
             write = partial(_spill, bounds=self.bounds, columns=self.columns, folder=self.folder)
             self.parts = map_chunks(write, files, cluster=False)  # the folder is this machine's

@@ -247,6 +247,9 @@ class CommAttribution:
     used: set[tuple[Any, int]] = field(default_factory=set)
     launch_times: dict[Any, list[int]] = field(default_factory=dict)  # per thread, sorted
     counts: dict[str, int] = field(default_factory=dict)  # kernels by how they were read
+    # `collective` of each shared argument set (files.SharedArgs: a rank's record_param_comms
+    # repeat a few), by the set's identity; the dicts are only read (callers copy them)
+    described: dict[int, tuple[Args, dict[str, Any]]] = field(default_factory=dict)
 
     def prepare(self, kernels: Iterable[int], correlations: Any) -> None:
         """Where each thread launched communication kernels (a batch is what a thread recorded
@@ -264,16 +267,16 @@ class CommAttribution:
         # described only where used: the op alone says whether (`collective`'s op)
         mine = own if own is not None and _names_an_op(own) else None
         if mine is not None and _op(label(mine.collective)) not in P2P:
-            return self._counted("its own arguments", [collective(mine)])
+            return self._counted("its own arguments", [self._collective(mine)])
         launch = self.rank.launches.get(correlation)
         if launch is None:
             if mine is not None:
-                return self._counted("its own arguments", [collective(mine)])
+                return self._counted("its own arguments", [self._collective(mine)])
             return self._counted("its name (no launch found)", [self._by_name(kernel)])
         tid, at = launch
         found = self._around(tid, at)
         if found is not None and _names_an_op(found):
-            return self._counted("record_param_comms", [collective(found)])
+            return self._counted("record_param_comms", [self._collective(found)])
         launched = self.launch_times.get(tid, [])
         before = bisect.bisect_left(launched, at) - 1
         since = launched[before] if before >= 0 else None
@@ -282,7 +285,7 @@ class CommAttribution:
         if len(batch) > (mine is not None):
             return self._counted("a batch of record_param_comms", batch)
         if mine is not None:
-            return self._counted("its own arguments", [collective(mine)])
+            return self._counted("its own arguments", [self._collective(mine)])
         note = self._annotation(tid, at)
         if note is not None:
             return self._counted("its nccl:<op> annotation", [annotated(note[2], note[3])])
@@ -290,6 +293,18 @@ class CommAttribution:
         if notes:
             return self._counted("a batch of nccl:<op> annotations", notes)
         return self._counted("its name", [self._by_name(kernel)])
+
+    def _collective(self, args: Args) -> dict[str, Any]:
+        """`collective(args)`, once per shared argument set (a set with a correlation id is
+        one event's own: described each time)."""
+        if args.correlation is not ABSENT:
+            return collective(args)
+        found = self.described.get(id(args))
+        if found is not None and found[0] is args:
+            return found[1]
+        described = collective(args)
+        self.described[id(args)] = (args, described)
+        return described
 
     def _counted(self, how: str, described: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -325,7 +340,7 @@ class CommAttribution:
             if end > at or (tid, i) in self.used or not _names_an_op(args):
                 continue
             self.used.add((tid, i))
-            out.append(collective(args))
+            out.append(self._collective(args))
         return out
 
     def _annotated_batch(self, tid: Any, at: int, since: int | None) -> list[dict[str, Any]]:

@@ -145,7 +145,7 @@ class Scan:
                 correlation = args.correlation
                 gpu_correlation.append(
                     correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
-                    else _id(correlation)
+                    else correlation_of(correlation)
                 )  # fmt: skip
                 stream = args.stream
                 out.gpu_stream.append(
@@ -168,7 +168,7 @@ class Scan:
                 if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
                     launches[correlation] = (tid, t0)
                 elif correlation is not ABSENT:
-                    launches[_id(correlation)] = (tid, t0)
+                    launches[correlation_of(correlation)] = (tid, t0)
             elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
                 if step := STEP_NAME.match(name):
                     if int(step.group(1)) >= MAX_STEP:
@@ -197,7 +197,7 @@ class Scan:
         return out
 
 
-def _id(value: Any) -> int:
+def correlation_of(value: Any) -> int:
     """A correlation id as an int (-1: none, or not a usable integer)."""
     number = count(value, default=-1)
     return number if number >= 0 else -1
@@ -252,6 +252,7 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     )
     starts = t0.copy()  # each comm kernel's start as recorded: its arrival or its own start
     ends, correlations = rank.gpu_t1, rank.gpu_correlation
+    t0_list, arrived_list = rank.gpu_t0, arrived.tolist()  # read one by one below: lists
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
     for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
@@ -288,24 +289,27 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             # its launch names it) only where the rank waited for it (send_waits.py).
             ops = attribution.describe(i, correlations[i])
             if len(ops) == 1:  # most kernels: one op
-                receives, sends = ops[0]["op"] == RECV, ops[0]["op"] == SEND
+                op = ops[0]["op"]
+                receives, sends, message = op == RECV, op == SEND, op in MESSAGE_OPS
             else:
                 receives = any(d["op"] == RECV for d in ops)
                 sends = bool(ops) and all(d["op"] == SEND for d in ops)
+                message = any(d["op"] in MESSAGE_OPS for d in ops)
             # (only where the device computed while it queued: a collective launched ahead of
             # a blocked computation, a tensor-parallel one, arrived when its stream got to it)
-            if (
-                ops and not any(d["op"] in MESSAGE_OPS for d in ops)
-                and arrived[i] < t0[i] and since_arrival > hidden_ns
-            ):  # fmt: skip
-                starts[i], hidden_ns = arrived[i], since_arrival
+            start = t0_list[i]  # each comm kernel's start as recorded: its arrival or its own
+            if ops and not message and arrived_list[i] < start and since_arrival > hidden_ns:
+                start, hidden_ns = arrived_list[i], since_arrival
+                starts[i] = start
             own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
             own_waits.append(own_wait)
             unawaited.append(sends and not own_wait and not waited.get(i))
             # a batch's ops get their own ends from their peers' once every rank is read
             # (batches.py): which kernel ran them, and when the computation resumed after it
-            start, end = int(starts[i]), ends[i]
-            batch = {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0[i])}
+            end = ends[i]
+            batch = (
+                {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0_list[i])}
+            )
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": start,

@@ -37,6 +37,7 @@ import numpy as np
 
 from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
+from diag.read.kineto import device_arrays
 from diag.read.kineto.convert import MAX_TIME_US
 from diag.read.kineto.events import ABSENT, Kept
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED, HostCalls, HostCallScan
@@ -53,7 +54,7 @@ HTA_PATTERNS = KernelPatterns(
 )  # fmt: skip
 """HTA's classification (it matches names only, anchored at the start): NCCL names are its
 only communication; names on its list of non-computation that are neither are "other"."""
-_STEP = re.compile(r"^ProfilerStep#\d+")
+STEP_START = re.compile(r"^ProfilerStep#\d+")
 _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 
 
@@ -99,7 +100,7 @@ DEVICE_TIME_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceTime))
 """The columns of `RunData.device_time` besides `rank`."""
 
 
-def _number(value: Any, default: float = -1) -> float:
+def number_of(value: Any, default: float = -1) -> float:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float):
@@ -149,10 +150,10 @@ class DeviceScan:
             args = event.args
             stream, correlation = (args.stream, args.correlation) if args else (-1, -1)
             if type(stream) is not int:
-                stream = -1 if stream is ABSENT else _number(stream)
+                stream = -1 if stream is ABSENT else number_of(stream)
             if type(correlation) is not int:
                 # hashable: a key of the launch count
-                correlation = -1 if correlation is ABSENT else _number(correlation)
+                correlation = -1 if correlation is ABSENT else number_of(correlation)
             if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
                 continue  # as the converter skips them (convert.py)
             name = event.name if type(event.name) is str else ""
@@ -167,7 +168,7 @@ class DeviceScan:
                 self.host.add(name, ts, duration)
             cpu_start.append(ts)
             cpu_correlation.append(correlation)
-            if name.startswith("ProfilerStep") and _STEP.match(name):
+            if name.startswith("ProfilerStep") and STEP_START.match(name):
                 step_starts[name] = max(ts, step_starts.get(name, ts))
 
     def result(self, patterns: KernelPatterns) -> DeviceTime | None:
@@ -183,6 +184,12 @@ class DeviceScan:
         return dataclasses.replace(measured, **dataclasses.asdict(calls))
 
 
+Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, IdleSplit]
+"""What the device time is measured from: each kept device event's start and end (counted as
+often as it was launched before the last step), its class, whether it is a `kernel`, and
+the idle split."""
+
+
 def _measured(
     device: list[tuple[float, float, Any, str, str, float]],
     cpu_start: array,
@@ -193,27 +200,14 @@ def _measured(
 ) -> DeviceTime | None:
     if not device:
         return None
-    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
-    starts = np.array(columns[0], dtype=float)
-    ends = starts + np.array(columns[1], dtype=float)
-    if not whole_us:
-        starts, ends = np.ceil(starts), np.floor(ends)
-    keep = _launches_before_last_step(
-        cpu_start, cpu_correlation, step_starts, correlations, whole_us
-    )
-    if keep is not None:
-        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
-        index = np.repeat(np.arange(len(keep)), keep).tolist()
-        if not index:
-            return None
-        correlations, names, kinds, streams = (
-            tuple(map(column.__getitem__, index))
-            for column in (correlations, names, kinds, streams)
-        )
-    launches = _launch_starts(cpu_start, cpu_correlation, step_starts, whole_us)
-    idle = _idle(kinds, correlations, streams, starts, ends, launches)
-    durations = (ends - starts)[np.array([k == "kernel" for k in kinds], dtype=bool)]
-    classes = patterns.classify(names, kinds)
+    found = device_arrays.inputs(device, cpu_start, cpu_correlation, step_starts, whole_us,
+                                 patterns)  # fmt: skip
+    if found is device_arrays.NOT_PLAIN:
+        found = _inputs(device, cpu_start, cpu_correlation, step_starts, whole_us, patterns)
+    if found is None:
+        return None
+    starts, ends, classes, is_kernel, idle = found
+    durations = (ends - starts)[is_kernel]
     spans = np.column_stack([starts, ends])
     kernel_time = float(ends.max() - starts.min())
     busy = intervals.union_length(spans)
@@ -233,6 +227,38 @@ def _measured(
         kernels=len(durations),
         kernel_median_us=float(np.median(durations)) if len(durations) else None,
     )
+
+
+def _inputs(
+    device: list[tuple[float, float, Any, str, str, float]],
+    cpu_start: array,
+    cpu_correlation: list[Any],
+    step_starts: dict[str, float],
+    whole_us: bool,
+    patterns: KernelPatterns,
+) -> Inputs | None:
+    """`Inputs` event by event (any values: device_arrays.inputs takes the plain ones)."""
+    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
+    starts = np.array(columns[0], dtype=float)
+    ends = starts + np.array(columns[1], dtype=float)
+    if not whole_us:
+        starts, ends = np.ceil(starts), np.floor(ends)
+    keep = _launches_before_last_step(
+        cpu_start, cpu_correlation, step_starts, correlations, whole_us
+    )
+    if keep is not None:
+        starts, ends = np.repeat(starts, keep), np.repeat(ends, keep)
+        index = np.repeat(np.arange(len(keep)), keep).tolist()
+        if not index:
+            return None
+        correlations, names, kinds, streams = (
+            tuple(map(column.__getitem__, index))
+            for column in (correlations, names, kinds, streams)
+        )
+    launches = _launch_starts(cpu_start, cpu_correlation, step_starts, whole_us)
+    idle = _idle(kinds, correlations, streams, starts, ends, launches)
+    is_kernel = np.array([k == "kernel" for k in kinds], dtype=bool)
+    return starts, ends, patterns.classify(names, kinds), is_kernel, idle
 
 
 def _launch_starts(

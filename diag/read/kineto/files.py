@@ -28,6 +28,7 @@ from diag.contract.limits import (
 from diag.contract.names import WORLD
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
+from diag.read.kineto import one_pass
 from diag.read.kineto.convert import RankEvents, Scan, scan, to_records
 from diag.read.kineto.device import DeviceScan, DeviceTime, device_time
 from diag.read.kineto.events import (
@@ -246,9 +247,7 @@ def _scanned(
         share = SharedArgs()
 
         def take(batch: list[Kept]) -> None:
-            share(batch)
-            scanned.add(batch)
-            measured.add(batch)
+            one_pass.take(batch, scanned, measured, share.one)  # the three in one loop
 
         try:
             data = stream_events(path, take)
@@ -290,6 +289,22 @@ class SharedArgs:
                 event.args = found
             elif len(seen) < MAX_SHARED_ARGS:
                 seen[key] = args
+
+    def one(self, args: Args) -> Args:
+        """`args` as the set kept for its values (`__call__` for one event's arguments:
+        one_pass.py shares only the sets the converter keeps)."""
+        if args.correlation is not ABSENT:
+            return args
+        key = struct_tuple(args)
+        try:
+            found = self.seen.get(key)
+        except TypeError:  # a list among them
+            return args
+        if found is not None:
+            return found
+        if len(self.seen) < MAX_SHARED_ARGS:
+            self.seen[key] = args
+        return args
 
 
 def _name_the_only_group(
