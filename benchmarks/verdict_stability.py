@@ -18,6 +18,9 @@ The failure jobs (`--jobs failures`: hang, crash, desync, kill; not run by defau
 job on rank 2 at step 3 of 6 (a short process-group timeout, DIAG_PG_TIMEOUT_S): their main
 finding must be the failure's rule on rank 2 (FLR001 hang, FLR002 crash, FLR003 desync, FLR004
 lost), analysed at once as the job ends, whatever the load (`--hogs N` spinning shells).
+`--jobs readme-failures` runs the same four in the README's own loop on 3 forked ranks, as
+tests/distributed/readme_runs.py does (gloo aborts the desynchronised rank before its odd
+collective reaches its records: FLR003 or FLR004 on rank 2 is its fault).
 """
 
 from __future__ import annotations
