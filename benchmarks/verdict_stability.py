@@ -3,7 +3,8 @@ often the main finding (rule and ranks) agrees with the most common one, and whe
 injected fault.
 
     python benchmarks/verdict_stability.py [--runs 10] [--jobs straggler,loader-stall,slow-stage]
-                                           [--no-hog]
+                                           [--no-hog] [--hogs 1] [--keep DIR]
+    python benchmarks/verdict_stability.py --jobs failures --runs 6 --hogs 2
 
 Each job is a real `diag run` (gloo, CPU) of 4 ranks; the hog is one shell spinning a core for
 the whole benchmark (on a 2-core machine: 4 ranks and the hog on 2 cores). Prints one row per
@@ -12,6 +13,14 @@ injected fault (its rule on its ranks) and how many report it at all, the median
 host's waiting for a core (HST001) beside the fault's, the others seen, the load average at
 the job's start. The `healthy` job (no injection, not run by default) counts the runs with no
 balance or pipeline finding that names a rank.
+
+The failure jobs (`--jobs failures`: hang, crash, desync, kill; not run by default) end the
+job on rank 2 at step 3 of 6 (a short process-group timeout, DIAG_PG_TIMEOUT_S): their main
+finding must be the failure's rule on rank 2 (FLR001 hang, FLR002 crash, FLR003 desync, FLR004
+lost), analysed at once as the job ends, whatever the load (`--hogs N` spinning shells).
+`--jobs readme-failures` runs the same four in the README's own loop on 3 forked ranks, as
+tests/distributed/readme_runs.py does (gloo aborts the desynchronised rank before its odd
+collective reaches its records: FLR003 or FLR004 on rank 2 is its fault).
 """
 
 from __future__ import annotations
@@ -38,9 +47,18 @@ class Job:
     inject: str | None
     rules: tuple[str, ...]  # the rules that name the injected fault (none: a healthy job)
     ranks: tuple[int, ...]  # the ranks it is on
+    env: tuple[tuple[str, str], ...] = ()  # the job's environment beyond ours
 
 
 DP = ("--nproc", "4", "--steps", "8")
+FAIL = ("--nproc", "4", "--steps", "6")
+FAIL_ENV = (("DIAG_PG_TIMEOUT_S", "10"), ("DIAG_STALL_FLOOR_S", "2"), ("DIAG_HEARTBEAT_S", "0.5"))
+"""A failed job ends in seconds (its process groups' timeout); a stall is written within it."""
+README = "readme"
+README_ARGS = ("--steps", "5", "--pg-timeout-s", "10", "--fail-rank", "2", "--fail-step", "3")
+README_ENV = (("DIAG_STALL_FLOOR_S", "1.5"), ("DIAG_HEARTBEAT_S", "0.5"))
+ROOT = Path(__file__).resolve().parents[1]
+FORKRUN = ROOT / "tests" / "distributed" / "forkrun.py"
 JOBS = {
     "straggler": Job("dp", DP, "straggler:rank=3,ms=60", ("BAL001",), (3,)),
     "loader-stall": Job("dp", DP, "loader-stall:rank=2,ms=60", ("BAL005",), (2,)),
@@ -48,8 +66,21 @@ JOBS = {
     "slow-stage": Job("pp", (*DP, "--microbatches", "4"), "stage-slow:stage=2,ms=20",
                       ("PIP003",), (2,)),
     "healthy": Job("dp", DP, None, (), ()),
+    "hang": Job("dp", FAIL, "hang:rank=2,step=3", ("FLR001",), (2,), FAIL_ENV),
+    "crash": Job("dp", FAIL, "crash:rank=2,step=3", ("FLR002",), (2,), FAIL_ENV),
+    "desync": Job("dp", FAIL, "desync:rank=2,step=3", ("FLR003",), (2,), FAIL_ENV),
+    "kill": Job("dp", FAIL, "kill:rank=2,step=3", ("FLR004",), (2,), FAIL_ENV),
+    # the README's own loop on 3 forked ranks, as tests/distributed/readme_runs.py runs it
+    "readme-hang": Job(README, README_ARGS, "hang", ("FLR001",), (2,), README_ENV),
+    "readme-crash": Job(README, README_ARGS, "crash", ("FLR002",), (2,), README_ENV),
+    # gloo aborts rank 2 at its odd all-reduce before its records of it reach the disk: the
+    # records show a rank that died silently (FLR004), the desync only where they keep it
+    "readme-desync": Job(README, README_ARGS, "desync", ("FLR003", "FLR004"), (2,), README_ENV),
+    "readme-kill": Job(README, README_ARGS, "kill", ("FLR004",), (2,), README_ENV),
 }  # fmt: skip
 DEFAULT_JOBS = "straggler,loader-stall,slow-stage"
+JOB_SETS = {"failures": "hang,crash,desync,kill",
+            "readme-failures": "readme-hang,readme-crash,readme-desync,readme-kill"}  # fmt: skip
 HOG = ["sh", "-c", "while :; do :; done"]
 HOST_RULE = "HST001"
 NAMING_FAMILIES = ("BAL", "PIP")  # a healthy run has none of these naming a rank
@@ -94,7 +125,16 @@ def outcome(job: Job, out: Path) -> Outcome:
     inject = ["--inject", job.inject] if job.inject else []
     command = [sys.executable, "-m", "diag", "run", job.trainer, *job.args, *inject,
                "--out", str(out)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    cwd = None
+    if job.trainer == README:  # forked from one launcher; the run is runs/my-job in its cwd
+        command = [sys.executable, str(FORKRUN), "3", "tests.distributed.readme_job",
+                   *job.args, "--fail", str(job.inject)]  # fmt: skip
+        out.mkdir(parents=True)
+        cwd, out = out, out / "runs" / "my-job"
+    failing = any(rule.startswith("FLR") for rule in job.rules)  # a failed job exits non-zero
+    env = {**os.environ, **dict(job.env), "PYTHONPATH": str(ROOT)}
+    subprocess.run(command, check=not failing, capture_output=True, timeout=600, env=env,
+                   cwd=cwd)  # fmt: skip
     report = analyze_path(out)
     findings = report["findings"]
     step = (report.get("attribution") or {}).get("measured_step_s")
@@ -121,15 +161,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--jobs", default=DEFAULT_JOBS, help=f"of {', '.join(JOBS)}")
     parser.add_argument("--no-hog", action="store_true", help="run without the CPU hog")
+    parser.add_argument("--hogs", type=int, default=1, help="spinning shells beside the jobs")
     parser.add_argument("--keep", type=Path, help="keep the run directories in this folder")
     options = parser.parse_args()
-    hog = None if options.no_hog else subprocess.Popen(HOG)
+    hogs = [] if options.no_hog else [subprocess.Popen(HOG) for _ in range(options.hogs)]
     try:
         rows = []
         with tempfile.TemporaryDirectory() as scratch:
             tmp = options.keep or Path(scratch)
             tmp.mkdir(parents=True, exist_ok=True)
-            for name in options.jobs.split(","):
+            for name in JOB_SETS.get(options.jobs, options.jobs).split(","):
                 job = JOBS[name]
                 load = os.getloadavg()[0]
                 started = time.perf_counter()
@@ -146,7 +187,7 @@ def main() -> None:
                              time.perf_counter() - started))  # fmt: skip
                 print(f"{name}: {verdict} in {agree}/{options.runs}", file=sys.stderr)
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
             hog.wait()
     print("| job | injection | main finding | agree | main is the fault | fault reported | "

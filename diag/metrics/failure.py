@@ -110,7 +110,9 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
         state.timed_out = sorted([*state.timed_out, *state.crashed], key=lambda e: e["rank"])
         state.crashed = []
     end_ns = max((r.last_alive_ns for r in ranks.values() if r.last_alive_ns), default=None)
-    state.lost = _lost(ranks, stuck, end_ns, window_s)
+    table = run.flight_recorder
+    dumped = set() if table is None or table.empty else {int(r) for r in table["rank"].unique()}
+    state.lost = _lost(ranks, stuck, end_ns, window_s, dumped)
     timed_out = {row["rank"] for row in state.timed_out}
     state.ranks = [
         _where(r, info, stuck, state.lost, end_ns, r in timed_out, r in state.behind)
@@ -178,16 +180,34 @@ def _ended_by_launcher(ranks: dict[int, RankRecords]) -> list[int]:
 
 
 def _lost(
-    ranks: dict[int, RankRecords], stuck: list[Stuck], end_ns: int | None, window_s: float
+    ranks: dict[int, RankRecords],
+    stuck: list[Stuck],
+    end_ns: int | None,
+    window_s: float,
+    dumped: set[int] | frozenset[int] = frozenset(),
 ) -> list[int]:
     """Ranks whose records stop (no exception, no close) while others went on or waited for
-    longer than the window: killed, or their node lost."""
-    if end_ns is None or not any(i.heartbeat_s or i.closed or i.stall for i in ranks.values()):
+    longer than the window: killed, or their node lost. `dumped`: the ranks that left a Flight
+    Recorder dump (a live process writes it)."""
+    # a rank that recorded the launcher's signal shows a collector that writes signs of life as
+    # well as a heartbeat does: whether a heartbeat reached the disk before a rank died in the
+    # job's first seconds is timing (a loaded host delays the first), not evidence
+    if end_ns is None or not any(
+        i.heartbeat_s or i.closed or i.stall or i.signal for i in ranks.values()
+    ):
         return []  # no rank writes signs of life (older collectors, traces): silence means nothing
-    ended = _ended_by_launcher(ranks)
-    if ended:  # the job was ended: the rank that stopped silently before that is lost
-        return ended
     waiting = {r for s in stuck for r in s.waiting}
+    ended = _ended_by_launcher(ranks)
+    # a silent rank that waits in a collective another member never joined waited for that
+    # member: its SIGTERM record lost to a flush cut short (a loaded host), it is the victim;
+    # the member that never joined is lost (unless the waiters are all there is)
+    victims = {r for s in stuck if s.missing for r in s.waiting}
+    ended = [r for r in ended if r not in victims] or ended
+    # so is one whose records stop as early but that lived to dump its Flight Recorder (the
+    # launcher's SIGTERM reached it): a killed process leaves no dump
+    ended = [r for r in ended if r not in dumped] or ended
+    if ended:  # the job was ended: the rank that stopped silently before that is lost
+        return sorted(ended, key=lambda r: (ranks[r].last_alive_ns or 0, r))  # the first first
     lost = []
     for rank, info in ranks.items():
         if info.exception or info.closed or rank in waiting or info.last_alive_ns is None:

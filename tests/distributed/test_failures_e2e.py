@@ -66,8 +66,10 @@ def _first(path: Path) -> dict[str, Any]:
 
 
 def _collective(first: dict[str, Any]) -> dict[str, Any]:
+    """The collective the finding names: a hang's, a lost rank's that it never joined (its
+    `collective` is where it stopped, a phrase), a desync's own evidence."""
     evidence = first["evidence"]
-    return evidence.get("collective") or evidence
+    return evidence.get("never_joined") or evidence.get("collective") or evidence
 
 
 def _check(run: Path) -> int:

@@ -135,6 +135,32 @@ def test_a_rank_that_aborted_before_the_launcher_ended_the_job_is_named(tmp_path
     assert report["summary"]["status"] == "failed", report["summary"]["status_reason"]
 
 
+@pytest.mark.parametrize("kind", ["aborted-early", "aborted-early-cut", "aborted-early-dumped"])
+def test_a_rank_that_died_before_any_heartbeat_is_lost_not_hung(tmp_path: Path, kind: str) -> None:
+    """The same abort in a job's first second, read at once: no rank's heartbeat reached the
+    disk yet (a loaded host delays it), rank 2's records stop after step 5, the others raised
+    in all-reduce #7 300 ms in and recorded the launcher's SIGTERM. Their signal records show
+    the collector writes signs of life: rank 2 is lost, as it is once a heartbeat is there
+    (the verdict flipped between FLR001 and FLR004 on that timing), and the finding names
+    the collective it never joined and its step. `-cut`: rank 0's SIGTERM record never
+    reached the disk; it waited in the all-reduce rank 2 never joined: a victim, not lost.
+    `-dumped`: rank 0's records stop where rank 2's do, but it lived to dump its Flight
+    Recorder (a killed process leaves none): rank 2 alone is lost."""
+    from tests.conftest import RunWriter
+
+    report = analyze_path(failure_run(RunWriter(tmp_path), kind, name="early"))
+    first = report["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("FLR004", [2]), first["title"]
+    lost = [f["ranks"] for f in report["findings"] if f["rule"] == "FLR004"]
+    assert lost == [[2]], lost
+    never = first["evidence"]["never_joined"]
+    assert (never["op"], never["seq"], never["step"]) == ("all_reduce", 7, 6), never
+    # (rank 0's own records of step 6 are lost in `-dumped`: they say it never joined either)
+    assert never["missing"] == ([0, 2] if kind.endswith("dumped") else [2]), never
+    assert "never joined all_reduce #7 of dp" in first["title"]
+    assert report["summary"]["status"] == "failed", report["summary"]["status_reason"]
+
+
 def test_a_rank_behind_but_moving_is_not_blamed_for_the_hang(tmp_path: Path) -> None:
     """Rank 2 hangs in its loader; rank 0, a step behind, still finishes its backward pass
     after the others began to wait when the job ends: rank 2 never joined, not ranks 0 and 2."""

@@ -199,7 +199,9 @@ def lost_rank(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         scheduler's events); add memory headroom or handle preemption.
     Evidence:
         The rank's last record (step, span) and how long before the others' last record it
-        was written; window: 3 median steps + 5 s (and the heartbeat period).
+        was written, and the collective the others waited in for it (`never_joined`); window:
+        3 median steps + 5 s (and the heartbeat period), or none where the launcher ended the
+        others (their signal records) after its last record.
     """
     state = _state(ctx)
     if state is None:
@@ -209,13 +211,20 @@ def lost_rank(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         w = where.get(rank)
         if w is None:
             continue
+        # the collective the others waited in for it: where the job stopped, the step the
+        # records of a rank that died between two flushes do not reach
+        never = next((s for s in state.stuck if rank in s.missing), None)
+        evidence = _where_evidence(w)
+        if never is not None:
+            evidence["never_joined"] = _stuck_evidence(never)
         yield Finding(
             severity="high",
             title=f"rank {rank} lost: its records stop at step {w.step} ({w.span or 'no span'}) "
             f"with no exception and no close, {num(w.silent_s)} s before the others' last "
-            "(killed, or its node lost)",
+            "(killed, or its node lost)"
+            + ("" if never is None else f"; it never joined {_collective(never)}"),
             ranks=[rank],
-            evidence=_where_evidence(w),
+            evidence=evidence,
             advice="check the node's logs at that time (OOM killer, preemption)",
             explains=[HANG],
         )

@@ -5,6 +5,7 @@ tests/unit/test_failure.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -34,7 +35,9 @@ def _event(step: int, name: str, **fields: Any) -> dict[str, Any]:
     return {"kind": "event", "step": step, "name": name, **fields}
 
 
-def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
+def _good_steps(
+    runs: Any, ranks: int, heartbeats: bool = True
+) -> dict[int, list[dict[str, Any] | str]]:
     records: dict[int, list[dict[str, Any] | str]] = {r: [] for r in range(ranks)}
     for step in range(GOOD_STEPS):
         t = step * STEP_MS
@@ -43,8 +46,9 @@ def _good_steps(runs: Any, ranks: int) -> dict[int, list[dict[str, Any] | str]]:
                      runs.comm(step, t + 80, t + 90, group_size=ranks, bytes=BYTES,
                                dtype="float32", seq=step + 1),
                      runs.span(step, "opt", t + 90, t + 99),
-                     runs.step(step, t, t + 99),
-                     _event(step, "heartbeat", t_ns=run_ns(t + 50), interval_s=2.0)]  # fmt: skip
+                     runs.step(step, t, t + 99)]  # fmt: skip
+            if heartbeats:
+                rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 50), interval_s=2.0))
     return records
 
 
@@ -136,6 +140,14 @@ def failure_run(
     - `late`: every rank inside all-reduce #7 for 1 s (below the window): still ordinary;
     - `aborted`: its records stop inside fwd (it aborted); 2 s later the launcher ends the job:
       the others, in all-reduce #7, record SIGTERM (files fresh);
+    - `aborted-early`: a job that dies in its first second, no heartbeat on disk yet (a loaded
+      host delays the first): rank 2's records stop after step 5 (it aborted between two
+      flushes); the others' all-reduce #7 raises 300 ms in (the peer reset the connection),
+      then the launcher ends them (SIGTERM records; files fresh);
+    - `aborted-early-cut`: `aborted-early`, and rank 0's last flush cut short: its records
+      stop in all-reduce #7 (a heartbeat 200 ms in), no exception, no SIGTERM record;
+    - `aborted-early-dumped`: `aborted-early`, and rank 0's records stop after step 5 as rank
+      2's do, but rank 0 lived to dump its Flight Recorder (all-reduce #7 open in it);
     - `hang-behind`: `hang`, and rank 0 a step behind (its step 6 backward ends 0.5 s after the
       others began to wait) when the job ends;
     - `timeout-hang`: sleeps in its loader; the others' group timeout (3 s, below the window)
@@ -148,7 +160,7 @@ def failure_run(
       others timed out in their all-reduce #7 (files fresh).
     The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s. `ended`: the
     files dated an hour ago (records no longer arrive); by default every kind but `late`."""
-    records = _good_steps(runs, ranks)
+    records = _good_steps(runs, ranks, heartbeats=not kind.startswith("aborted-early"))
     step, t = GOOD_STEPS, GOOD_STEPS * STEP_MS
     end = run_ns(t + 80 + WAIT_MS)
     for rank, rows in records.items():
@@ -159,6 +171,24 @@ def failure_run(
         if kind == "late":
             rows += _waiting(runs, step, ranks)[:4]
             rows.append(_event(step, "heartbeat", t_ns=run_ns(t + 1080), interval_s=2.0))
+            continue
+        if kind == "aborted-early-cut" and rank == 0:
+            rows += [
+                *_waiting(runs, step, ranks)[:4],
+                _event(step, "heartbeat", t_ns=run_ns(t + 80 + 200), interval_s=0.5),
+            ]
+            continue
+        if kind == "aborted-early-dumped" and rank == 0:
+            continue  # its records stop after step 5; its dump (below) outlives them
+        if kind.startswith("aborted-early"):
+            if rank != 2:
+                raised = t + 80 + 300
+                reset = "Read error: Connection reset by peer"
+                rows += [*_waiting(runs, step, ranks)[:4],
+                         _event(step, "exception", t_ns=run_ns(raised), type="RuntimeError",
+                                message=reset, frames=STACK[:1]),
+                         _event(step, "signal", t_ns=run_ns(raised + 20),
+                                signal="SIGTERM")]  # fmt: skip
             continue
         if kind == "aborted":
             if rank != 2:
@@ -204,12 +234,30 @@ def failure_run(
     status = "complete" if kind == "completed" else "running"
     manifest = runs.manifest(world_size=ranks, groups={"dp": [list(range(ranks))]}, status=status)
     path = runs.write(records, manifest, name=name)
-    fresh = kind in ("late", "aborted") or kind.startswith("timeout")
+    if kind == "aborted-early-dumped":
+        _dump(path / "flight-recorder" / "rank-00000.json", ranks, step + 1)
+    fresh = kind in ("late", "aborted") or kind.startswith(("timeout", "aborted-early"))
     if ended if ended is not None else not fresh:
         past = time.time() - ENDED_S
         for file in path.iterdir():
             os.utime(file, (past, past))
     return path
+
+
+def _dump(file: Path, ranks: int, open_seq: int) -> None:
+    """A Flight Recorder dump in torch's JSON shape: collectives 1 .. open_seq - 1 of the world
+    group retired, `open_seq` scheduled."""
+    entries = [
+        {"process_group": ["0", "default_pg"], "collective_seq_id": seq, "p2p_seq_id": 0,
+         "is_p2p": False, "profiling_name": "gloo:all_reduce", "input_sizes": [[BYTES // 4]],
+         "input_dtypes": ["Float"], "retired": seq < open_seq,
+         "state": "completed" if seq < open_seq else "scheduled",
+         "time_created_ns": run_ns(seq * STEP_MS)}
+        for seq in range(1, open_seq + 1)
+    ]  # fmt: skip
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(ranks)))}}
+    file.parent.mkdir(exist_ok=True)
+    file.write_text(json.dumps({"version": "2.10", "pg_config": config, "entries": entries}))
 
 
 CASES = [
