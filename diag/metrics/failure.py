@@ -113,6 +113,8 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     table = run.flight_recorder
     dumped = set() if table is None or table.empty else {int(r) for r in table["rank"].unique()}
     state.lost = _lost(ranks, stuck, end_ns, window_s, dumped)
+    died, state.died_why = _died(ranks, stuck, table)
+    state.lost += [r for r in died if r not in state.lost]
     timed_out = {row["rank"] for row in state.timed_out}
     state.ranks = [
         _where(r, info, stuck, state.lost, end_ns, r in timed_out, r in state.behind)
@@ -220,6 +222,50 @@ def _lost(
     return lost if others_alive else []
 
 
+EARLY_SHARE = 0.5
+"""A rank that raised in a collective before this share of its timeout had run did not time
+out: the transport to a missing member broke (its process died)."""
+
+
+def _died(
+    ranks: dict[int, RankRecords], stuck: list[Stuck], table: pd.DataFrame | None
+) -> tuple[list[int], str]:
+    """Silent ranks (no exception, close or signal) missing from a collective that every
+    waiting member left by raising long before its timeout: a hung member lets the waiters'
+    timeout run out (they raise at it); one whose process died closes its connections, and
+    they raise at once (gloo's "Connection reset by peer", NCCL's "remote process exited").
+    The timeout is the Flight Recorder's (`timeout_ms` of the waiting rank's entries); without
+    a dump it is unknown, and so is this."""
+    if table is None or table.empty or "timeout_ms" not in table:
+        return [], ""
+    timeouts = table.dropna(subset=["timeout_ms"]).groupby("rank")["timeout_ms"].max()
+    died: list[int] = []
+    why = ""
+    for s in stuck:
+        if not s.missing or not s.waiting:
+            continue
+        early = [
+            r for r in s.waiting
+            if ranks[r].exception is not None and (waited := s.waited_s.get(r)) is not None
+            and r in timeouts.index and waited < EARLY_SHARE * float(timeouts[r]) / 1e3
+        ]  # fmt: skip
+        if len(early) < len(s.waiting):
+            continue  # a waiter that did not raise, or raised at its timeout: a hang
+        gone = [r for r in s.missing if r in ranks and _silent(ranks[r]) and r not in died]
+        if gone and not why:
+            waited = max(s.waited_s[r] or 0.0 for r in early)
+            why = (
+                f"{ranks_phrase(early)} raised in {s.label()} after {waited:.3g} s of a "
+                f"{float(timeouts[early[0]]) / 1e3:.3g} s timeout (a hang lets it run out)"
+            )
+        died += gone
+    return died, why
+
+
+def _silent(info: RankRecords) -> bool:
+    return info.exception is None and not info.closed and not info.signal
+
+
 def _where(
     rank: int,
     info: RankRecords,
@@ -302,6 +348,8 @@ def _status(
     never_closed = all(c is None for c in closed.values())
     hang = [s for s in state.stuck if s.missing or longest_wait_s(s) >= window_s]
     stalls = [r for r, i in ranks.items() if i.stall is not None and not _progress_after(i)]
+    if state.lost and state.died_why:
+        return "failed", f"{ranks_phrase(state.lost)} died: {state.died_why}"
     if state.lost:
         return "failed", (f"{ranks_phrase(state.lost)}: records stop with no exception and no "
                           "close while others went on")  # fmt: skip

@@ -103,6 +103,8 @@ class RunState:
     """Exceptions raised while waiting in a collective another rank never joined or joined
     differently (the process group's timeout): consequences, not the cause."""
     lost: list[int] = field(default_factory=list)
+    died_why: str = ""
+    """Why lost ranks died rather than hung, where the waiters' timeouts say it (failure.py)."""
     behind: list[int] = field(default_factory=list)
     """Ranks that neither raised nor closed, whose progress stopped before that of every rank
     that raised (records without in-flight state): the others went on, waited for them and

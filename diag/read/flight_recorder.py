@@ -37,7 +37,7 @@ FR_DIR = "flight-recorder"
 """Where a run directory keeps its ranks' dumps (RUN/flight-recorder/rank-NNNNN.json)."""
 FR_COLUMNS = (
     "rank", "group", "group_desc", "members", "seq", "p2p", "op", "bytes", "dtype", "sizes",
-    "open", "t_created_ns", "frame", "dumped_ns",
+    "open", "t_created_ns", "frame", "dumped_ns", "timeout_ms",
 )  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
 DUMP_SUFFIXES = (".json", ".pkl", ".pickle", "")
@@ -207,7 +207,10 @@ def _entry_row(rank: int, entry: Any, members: dict[str, tuple[int, ...]]) -> di
         "open": not retired and state != "completed",
         "t_created_ns": int(created) if _is_int(created) and 0 <= created < 2**62 else None,
         "frame": _user_frame(entry.get("frames")),
-    }
+        # the process group's timeout for this collective (its watchdog's, or gloo's wait)
+        "timeout_ms": int(timeout) if _is_int(timeout := entry.get("timeout_ms"))
+        and 0 < timeout < 2**40 else None,
+    }  # fmt: skip
 
 
 def _group_members(config: Any) -> dict[str, tuple[int, ...]]:

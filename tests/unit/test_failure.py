@@ -377,3 +377,26 @@ def test_the_html_report_and_the_dashboard_open_with_the_stuck_collective(tmp_pa
     div = str(overview.layout(LoadedRun("hang", run, metrics, report), []))
     assert div.index("HUNG: rank 2 never joined") < div.index("findings")
     assert "overview-stopped" in div and "overview-stuck" in div
+
+
+def test_a_rank_whose_peers_raised_long_before_their_timeout_died(tmp_path: Path) -> None:
+    """Rank 2 killed, no launcher's signal recorded: the others raised in the all-reduce it
+    never joined 20 ms in, where their Flight Recorder says the group's timeout is 10 s. A hung
+    peer lets the timeout run out; a dead one resets the connection at once: rank 2 died
+    (FLR004, failed), not hung. The same records with the waiters raising at their 3 s
+    timeout stay a hang of rank 2."""
+    from tests.conftest import RunWriter
+
+    report = analyze_path(failure_run(RunWriter(tmp_path), "killed-fr", name="killed"))
+    first = report["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("FLR004", [2]), first["title"]
+    assert report["summary"]["status"] == "failed"
+    reason = report["summary"]["status_reason"]
+    assert reason.startswith(
+        "rank 2 died: ranks 0, 1, 3 raised in all_reduce #7 of dp after 0.02"
+    ), reason
+    assert "of a 10 s timeout" in reason
+    hung = analyze_path(failure_run(RunWriter(tmp_path), "timeout-hang-fr", name="hung"))
+    first = hung["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("FLR001", [2]), first["title"]
+    assert hung["summary"]["status"] == "hung", hung["summary"]["status_reason"]

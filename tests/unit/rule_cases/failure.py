@@ -157,7 +157,12 @@ def failure_run(
     - `timeout-bare`: records without in-flight state (no `comm_issued`, no heartbeats): rank 2
       stops before step 6's forward, the others record fwd and bwd, then raise 3 s later;
     - `timeout-desync`: kept off a core, it issues a broadcast as #7 of dp only after the
-      others timed out in their all-reduce #7 (files fresh).
+      others timed out in their all-reduce #7 (files fresh);
+    - `killed-fr`: killed after step 5 (its records stop, nothing after); the others' all-reduce
+      #7 raises 20 ms in (the peer reset the connection), no launcher's signal; each of them
+      dumps its Flight Recorder, whose entries carry the group's 10 s timeout (files fresh);
+    - `timeout-hang-fr`: `timeout-hang`, with the others' dumps carrying the 3 s timeout they
+      raised at.
     The others (and rank 2 in `desync`) sit in all-reduce #7 of dp for 20 s. `ended`: the
     files dated an hour ago (records no longer arrive); by default every kind but `late`."""
     records = _good_steps(runs, ranks, heartbeats=not kind.startswith("aborted-early"))
@@ -199,6 +204,16 @@ def failure_run(
                          _event(step, "span_open", phase="fwd", mb=0, stage=None, chunk=None,
                                 t0=run_ns(t))]  # fmt: skip
             continue
+        if kind == "killed-fr":
+            if rank != 2:
+                raised = t + 80 + 20
+                reset = "Read error: Connection reset by peer"
+                rows += [*_waiting(runs, step, ranks)[:4],
+                         _event(step, "exception", t_ns=run_ns(raised), type="RuntimeError",
+                                message=reset, frames=STACK[:1]),
+                         _event(step, "rank_closed", t_ns=run_ns(raised + 1),
+                                status="failed")]  # fmt: skip
+            continue
         if kind.startswith("timeout"):
             if kind == "timeout-bare":
                 rows += _bare(runs, step) if rank != 2 else []
@@ -236,7 +251,15 @@ def failure_run(
     path = runs.write(records, manifest, name=name)
     if kind == "aborted-early-dumped":
         _dump(path / "flight-recorder" / "rank-00000.json", ranks, step + 1)
-    fresh = kind in ("late", "aborted") or kind.startswith(("timeout", "aborted-early"))
+    if kind in ("killed-fr", "timeout-hang-fr"):
+        timeout_ms = 10_000 if kind == "killed-fr" else int(TIMEOUT_MS)
+        for rank in range(ranks):
+            if rank != 2:
+                dump = path / "flight-recorder" / f"rank-{rank:05d}.json"
+                _dump(dump, ranks, step + 1, timeout_ms=timeout_ms)
+    fresh = kind in ("late", "aborted", "killed-fr") or kind.startswith(
+        ("timeout", "aborted-early")
+    )
     if ended if ended is not None else not fresh:
         past = time.time() - ENDED_S
         for file in path.iterdir():
@@ -244,15 +267,16 @@ def failure_run(
     return path
 
 
-def _dump(file: Path, ranks: int, open_seq: int) -> None:
+def _dump(file: Path, ranks: int, open_seq: int, timeout_ms: int | None = None) -> None:
     """A Flight Recorder dump in torch's JSON shape: collectives 1 .. open_seq - 1 of the world
-    group retired, `open_seq` scheduled."""
+    group retired, `open_seq` scheduled; each entry with the group's `timeout_ms` if given."""
     entries = [
         {"process_group": ["0", "default_pg"], "collective_seq_id": seq, "p2p_seq_id": 0,
          "is_p2p": False, "profiling_name": "gloo:all_reduce", "input_sizes": [[BYTES // 4]],
          "input_dtypes": ["Float"], "retired": seq < open_seq,
          "state": "completed" if seq < open_seq else "scheduled",
-         "time_created_ns": run_ns(seq * STEP_MS)}
+         "time_created_ns": run_ns(seq * STEP_MS),
+         **({"timeout_ms": timeout_ms} if timeout_ms is not None else {})}
         for seq in range(1, open_seq + 1)
     ]  # fmt: skip
     config = {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(ranks)))}}
