@@ -101,3 +101,6 @@ def test_the_zero_stage_is_read_from_traces_alone(
         assert layout["dp"] == 2 and layout["zero_stage"] == stage, report["run"]
         assert f"ZeRO-{stage} read: " in report["run"]["layout_source"]
         assert layout["grad_accum"] is None
+        ops = {row["op"] for row in report["collectives"]}
+        # gloo runs FSDP's reduce-scatters as all-reduces: named by the c10d op that issued them
+        assert ops == ({"all_gather", "reduce_scatter"} if stage == 3 else {"all_reduce"}), ops

@@ -136,3 +136,16 @@ def test_the_headline_says_the_stage_read_and_not_its_evidence() -> None:
                     "step, ZeRO-3 read from the collectives")  # fmt: skip
     unknown = "given; ZeRO stage unknown: 4 parameter all-gathers and 4 gradient reductions"
     assert _layout_source({"layout_source": unknown}) == ["layout given"]
+
+
+def test_a_gloo_event_is_named_by_the_c10d_op_that_issued_it() -> None:
+    """gloo runs `c10d::_reduce_scatter_base_` as an all-reduce (its event `gloo:all_reduce`):
+    the op is the CPU side's, so FSDP's gradient reduce-scatters read as reduce-scatters; an
+    all-reduce DDP issued stays one, and an event no c10d op issued keeps its own name."""
+    from diag.read.kineto.convert import RankEvents, gloo_ops
+
+    rank = RankEvents()
+    rank.c10d = [("_allgather_base_", 10), ("_reduce_scatter_base_", 30), ("allreduce_", 50)]
+    rank.gloo = [("all_gather", 12, 20, 7), ("all_reduce", 33, 40, 8),
+                 ("all_reduce", 52, 60, 7), ("all_reduce", 90, 95, 7)]  # fmt: skip
+    assert gloo_ops(rank) == ["all_gather", "reduce_scatter", "all_reduce", "all_reduce"]

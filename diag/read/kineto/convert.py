@@ -74,6 +74,7 @@ class RankEvents:
     annotations: dict[Any, list[tuple[int, int, str, Args]]] = field(default_factory=dict)
     cpu_ops: dict[Any, tuple[array, array]] = field(default_factory=dict)  # tid -> t0s, t1s
     gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
+    c10d: list[tuple[str, int]] = field(default_factory=list)  # c10d ops issued: (name, t0)
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
@@ -178,6 +179,8 @@ class Scan:
                     out.step_tid = tid
             elif name.startswith("gloo:"):
                 out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
+            elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
+                out.c10d.append((name[6:MAX_LABEL_CHARS], t0))
             if name == "record_param_comms":
                 params[tid].append((t0, t1, args))
         if cpu_first:
@@ -364,6 +367,7 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     # synchronous `c10d::allreduce_`): the operator's time meanwhile is waiting, not work
     awaited_in_op = ~on_step_thread & idle_meanwhile & _inside_operators(ops, gloo)
     on_step_thread |= awaited_in_op
+    issued_as = gloo_ops(rank)
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
         operators = intervals.merge(intervals.clip(ops, s0, s1))
@@ -384,7 +388,7 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
             np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
             strict=True,
         ):  # fmt: skip
-            op = rank.gloo[i][0]
+            op = issued_as[i]
             blocking = bool(on_step_thread[i])
             records["comm"].append({
                 "rank": rank_id, "step": number, "op": OP_BY_COLLECTIVE.get(op, op),
@@ -397,6 +401,33 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
         for start, end in intervals.difference(comm, occupied).tolist():
             records["span"].append(_span(rank_id, number, schema.Phase.COMM_WAIT.value, start, end))
     return records
+
+
+GLOO_RUNS_AS = {"reduce_scatter": "all_reduce", "barrier": "all_reduce"}
+"""c10d ops gloo runs as another of its own (its `gloo:*` event named after that one)."""
+
+
+def gloo_ops(rank: RankEvents) -> list[str]:
+    """Each `gloo:*` event's op, named from the c10d op that issued it where that differs
+    (`c10d::_reduce_scatter_base_` runs as `gloo:all_reduce`): the CPU side's operation, not
+    the backend's. Each c10d op, in issue order, takes the first event not yet taken that
+    starts after it and that gloo runs it as; an event no c10d op takes keeps its own name."""
+    names = [OP_BY_COLLECTIVE.get(name, name) for name, *_ in rank.gloo]
+    if not rank.c10d or not rank.gloo:
+        return names
+    order = sorted(range(len(rank.gloo)), key=lambda i: rank.gloo[i][1])
+    taken = [False] * len(rank.gloo)
+    for name, t0 in sorted(rank.c10d, key=lambda c: c[1]):
+        op = OP_BY_COLLECTIVE.get(name.strip("_"), OP_BY_COLLECTIVE.get(name.rstrip("_")))
+        if op is None:
+            continue
+        runs_as = GLOO_RUNS_AS.get(op, op)
+        for i in order:
+            if not taken[i] and rank.gloo[i][1] >= t0 and names[i] in (op, runs_as):
+                taken[i] = True
+                names[i] = op
+                break
+    return names
 
 
 def _inside_operators(ops: np.ndarray, events: np.ndarray) -> np.ndarray:

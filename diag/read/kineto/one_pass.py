@@ -163,6 +163,8 @@ def take(
                 out.step_tid = tid
         elif name.startswith("gloo:"):
             out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
+        elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
+            out.c10d.append((name[6:MAX_LABEL_CHARS], t0))
         if name == "record_param_comms":
             params[tid].append((t0, t1, shared(args)))
     device.whole_us = whole_us
