@@ -40,6 +40,7 @@ layout_keys = st.tuples(
     st.one_of(st.none(), st.integers(0, 2**20)),  # bytes
     st.one_of(st.none(), st.booleans()),  # blocking
     st.one_of(st.none(), st.booleans()),  # alone (a message of a group of two)
+    st.one_of(st.none(), st.booleans()),  # ahead (an all-gather before the reductions)
 )
 
 

@@ -149,3 +149,21 @@ def test_a_gloo_event_is_named_by_the_c10d_op_that_issued_it() -> None:
     rank.gloo = [("all_gather", 12, 20, 7), ("all_reduce", 33, 40, 8),
                  ("all_reduce", 52, 60, 7), ("all_reduce", 90, 95, 7)]  # fmt: skip
     assert gloo_ops(rank) == ["all_gather", "reduce_scatter", "all_reduce", "all_reduce"]
+
+
+def test_the_order_is_read_where_the_times_are() -> None:
+    """The layout's counts keep a collective's start only as early or late in its step; a
+    rank whose forward starts late (a straggler's sleep first, a later pipeline stage) has
+    its gathers and reductions both late. Whether a gather came before the rank-step's first
+    reduction is flagged by the reader from the real times (packed_comms.gathers_ahead)."""
+    from diag.read.kineto.packed_comms import gathers_ahead
+
+    def comm(op: str, t0: int, step: int = 0) -> dict[str, Any]:
+        return {"op": op, "t0": t0, "rank": 0, "step": step, "group_ranks": (0, 1)}
+
+    comms = [comm("all_gather", 5), comm("reduce_scatter", 9), comm("all_gather", 12),
+             comm("all_gather", 3, step=1)]  # fmt: skip
+    assert gathers_ahead(comms) == {0: True, 2: False, 3: True}
+    late = [({**row, "t0": 1000, "ahead": op == "all_gather" and row["t0"] < 5}, n)
+            for row, n in _rows(FSDP) for op in [row["op"]]]  # fmt: skip
+    assert read_zero_stage(late, DP, only_dp=False)[0] == 3

@@ -88,7 +88,7 @@ class LayoutRows:
 
 LAYOUT_FIELDS = (
     "group_ranks", "group", "op", "rank", "step", "t0", "from_name", "peer", "bytes", "blocking",
-    "alone",
+    "alone", "ahead",
 )  # fmt: skip
 """The fields of a `LayoutKey`, in order (the keys of the dicts `LayoutView` hands on)."""
 
@@ -158,14 +158,36 @@ def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Co
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
     rows: Counter[LayoutKey] = Counter()
     alone = lone_messages(comms)
+    ahead = gathers_ahead(comms)
     for i, comm in enumerate(comms):
         rank, step = comm["rank"], comm["step"]
         t0, t1 = windows.get((rank, step), (0, 0))
         early = t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
         rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
               t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
-              comm.get("bytes"), comm.get("blocking"), alone.get(i))] += 1  # fmt: skip
+              comm.get("bytes"), comm.get("blocking"), alone.get(i),
+              ahead.get(i))] += 1  # fmt: skip
     return rows
+
+
+def gathers_ahead(comms: list[dict[str, Any]]) -> dict[int, bool]:
+    """For each all-gather (by index into `comms`), whether it started before the first
+    reduction (all-reduce or reduce-scatter) of its rank, step and group, or in a rank-step
+    with none: parameters gathered before any gradient exists (ZeRO-3 / FSDP's forward;
+    sharding.py). Read here, where the times are; the layout's counts keep only the flag."""
+    first: dict[tuple[Any, ...], int] = {}
+    for comm in comms:
+        if comm.get("op") in ("all_reduce", "reduce_scatter"):
+            key = (comm["rank"], comm["step"], comm.get("group_ranks"), comm.get("group"))
+            t0 = int(comm["t0"])
+            first[key] = min(first.get(key, t0), t0)
+    out: dict[int, bool] = {}
+    for i, comm in enumerate(comms):
+        if comm.get("op") == "all_gather":
+            key = (comm["rank"], comm["step"], comm.get("group_ranks"), comm.get("group"))
+            reduced = first.get(key)
+            out[i] = reduced is None or int(comm["t0"]) < reduced
+    return out
 
 
 EXCHANGE_NS = 50_000

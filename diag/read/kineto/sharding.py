@@ -39,6 +39,8 @@ class _Tally:
     ops: Counter[str] = dataclasses.field(default_factory=Counter)
     first_gather: float | None = None
     first_reduction: float | None = None
+    gathered_ahead: bool = False
+    """An all-gather began before the rank-step's first reduction (as the reader flags it)."""
 
 
 def with_sharding(
@@ -93,6 +95,9 @@ def read_zero_stage(
             continue
         tally = tallies[(row.get("rank"), row.get("step"))]
         tally.ops[op] += times
+        if op == "all_gather" and row.get("ahead") is not None:  # packed_comms.gathers_ahead
+            tally.gathered_ahead = tally.gathered_ahead or bool(row["ahead"])
+            continue
         t0 = row.get("t0")
         if t0 is None:
             continue
@@ -132,7 +137,7 @@ def _stage(tally: _Tally) -> int | None:
     gathers, reductions = ops["all_gather"], ops["all_reduce"] + ops["reduce_scatter"]
     if gathers == 0 and ops["reduce_scatter"] == 0 and ops["all_reduce"] > 0:
         return 0
-    gathered_first = (
+    gathered_first = tally.gathered_ahead or (
         tally.first_gather is not None
         and (tally.first_reduction is None or tally.first_gather < tally.first_reduction)
     )  # fmt: skip
