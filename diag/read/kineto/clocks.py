@@ -129,19 +129,20 @@ def _instances(records: pd.DataFrame, groups: dict[str, list[list[int]]]) -> np.
     """Per record, a dense id of the collective it is one member's part of: the n-th, by
     start, of its rank's records of one op in one step on one instance of its group (the
     manifest's groups say which ranks share it); None when no group is known."""
-    member_of: dict[tuple[str, int], int] = {}
-    for name, members in groups.items():
-        for i, ranks in enumerate(members):
-            for r in ranks:
-                member_of.setdefault((name, int(r)), i)
-    if records.empty or not member_of:
+    if records.empty or not groups:
         return None
     group = records["group"].astype(object).to_numpy()
     rank = records["rank"].to_numpy(dtype=np.int64)
-    which = np.array(
-        [member_of.get((str(g), int(r)), -1) for g, r in zip(group, rank, strict=True)],
-        dtype=np.int64,
-    )
+    which = np.full(len(records), -1, dtype=np.int64)
+    for name, members in groups.items():  # per group name, rank -> its instance's index
+        world = max((r for ranks in members for r in ranks), default=-1) + 1
+        index = np.full(world, -1, dtype=np.int64)
+        for i, ranks in enumerate(members):
+            for r in ranks:
+                if index[r] < 0:
+                    index[r] = i
+        mine = (group == name) & (rank >= 0) & (rank < world)
+        which[mine] = index[rank[mine]]
     # arrays only: the frame's index is the records' positions 0..n-1
     frame = pd.DataFrame({
         "rank": rank, "step": records["step"].to_numpy(),
