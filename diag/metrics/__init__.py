@@ -27,7 +27,7 @@ from diag.metrics.device_time import device_time
 from diag.metrics.experts import expert_load
 from diag.metrics.failure import RunState, run_state
 from diag.metrics.file_reduction import reduce_rank_files
-from diag.metrics.host import descheduled_by_rank, host_steps, host_table, within_waits
+from diag.metrics.host import descheduled_by_rank, host_steps, host_table
 from diag.metrics.memory import MEMORY_FIELDS, memory_maxima, memory_peak
 from diag.metrics.summary import summary as run_summary
 from diag.metrics.time_breakdown import rank_table, time_breakdown
@@ -96,7 +96,7 @@ def compute_metrics(
     if rank_steps is None:
         rank_steps = time_breakdown(run.spans, run.comms, windows)
     ranks = pipeline.with_stages(rank_table(rank_steps, run.manifest), run.spans, run.manifest)
-    on_host = within_waits(host_steps(windows), rank_steps)
+    on_host = host_steps(windows)
     if not on_host.empty:
         ranks["descheduled_frac"] = ranks["rank"].map(descheduled_by_rank(on_host))
     attribution = attribute(run, windows, on_host, replay_all, memo)

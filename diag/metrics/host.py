@@ -53,31 +53,6 @@ def host_steps(steps: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def within_waits(on_host: pd.DataFrame, rank_steps: pd.DataFrame | None) -> pd.DataFrame:
-    """`on_host` with each rank-step's waiting for a core no more than the training thread's
-    own (`thread_queued_s`) plus the step's time in collectives (`comm_s` of `rank_steps`),
-    where both are known.
-
-    The other threads' run-queue wait is summed over the threads, and it delays the step only
-    where the training thread waits for them: in a collective (its transport threads). While
-    the training thread sleeps, fetches data or waits for its device off its core, their
-    queueing delays nothing the step waits for, and its off-core time is not the host's: a
-    rank that sleeps 60 ms a step (a straggler) beside queued threads did not wait 60 ms for
-    a core, and the host must not claim the fault's time."""
-    if on_host.empty or rank_steps is None or rank_steps.empty or "comm_s" not in rank_steps:
-        return on_host
-    comm = rank_steps.set_index(["rank", "step"])["comm_s"]
-    comm = comm[~comm.index.duplicated()]
-    keys = pd.MultiIndex.from_arrays([on_host["rank"], on_host["step"]])
-    bound = on_host["thread_queued_s"].to_numpy(np.float64) + comm.reindex(keys).to_numpy(
-        np.float64
-    )
-    waited = on_host["descheduled_s"].to_numpy(np.float64)
-    # an unknown bound (no thread wait recorded, no step row) leaves the measure as it was
-    capped = np.where(np.isnan(bound), waited, np.fmin(waited, bound))
-    return on_host.assign(descheduled_s=capped)
-
-
 def _seconds(steps: pd.DataFrame, name: str) -> np.ndarray:
     if name not in steps:
         return np.full(len(steps), np.nan)
