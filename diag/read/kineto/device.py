@@ -184,12 +184,6 @@ class DeviceScan:
         return dataclasses.replace(measured, **dataclasses.asdict(calls))
 
 
-Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, IdleSplit]
-"""What the device time is measured from: each kept device event's start and end (counted as
-often as it was launched before the last step), its class, whether it is a `kernel`, and
-the idle split."""
-
-
 def _measured(
     device: list[tuple[float, float, Any, str, str, float]],
     cpu_start: array,
@@ -236,8 +230,9 @@ def _inputs(
     step_starts: dict[str, float],
     whole_us: bool,
     patterns: KernelPatterns,
-) -> Inputs | None:
-    """`Inputs` event by event (any values: device_arrays.inputs takes the plain ones)."""
+) -> device_arrays.Inputs | None:
+    """`device_arrays.Inputs` event by event (any values; `device_arrays.inputs` takes the
+    plain ones)."""
     _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
     starts = np.array(columns[0], dtype=float)
     ends = starts + np.array(columns[1], dtype=float)

@@ -36,6 +36,9 @@ class _NotPlain:
 NOT_PLAIN: Any = _NotPlain()
 
 Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, IdleSplit]
+"""What the device time is measured from: each kept device event's start and end (counted as
+often as it was launched before the last step), its class, whether it is a `kernel`, and
+the idle split."""
 
 
 def inputs(
