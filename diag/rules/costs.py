@@ -50,6 +50,24 @@ def _ranks(kinds: tuple[CauseKind, ...]) -> Callable[[Finding, Attribution], flo
     return cost
 
 
+def _busy_cost_s(finding: Finding, attribution: Attribution) -> float | None:
+    """BAL001's cost: what removing the ranks' excess of busy time saves. Where the replay
+    found a rank's excess mostly host time (a HOST cause: BAL005 names it, with the whole
+    saving), only the part its compute at the peers' median saves is the busy time's; the
+    whole saving claimed twice made a few ms of compute noise beside a 100 ms data fetch rank
+    level with the fetch."""
+    total = 0.0
+    for cause in attribution.causes:
+        if not set(cause.ranks) & set(finding.ranks):
+            continue
+        if cause.kind == CauseKind.STRAGGLER:
+            total += cause.cost_s
+        elif cause.kind == CauseKind.HOST:
+            compute_s = cause.evidence.get("compute_saving_s")
+            total += cause.cost_s if compute_s is None else min(float(compute_s), cause.cost_s)
+    return total
+
+
 def _transfer(*groups: str) -> Callable[[Finding, Attribution], float | None]:
     def cost(finding: Finding, attribution: Attribution) -> float | None:
         wanted = set(groups) or None
@@ -84,7 +102,7 @@ def _stage(finding: Finding, attribution: Attribution) -> float | None:
 
 
 COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
-    "BAL001": _ranks(STRAGGLER_CAUSES),
+    "BAL001": _busy_cost_s,
     "BAL003": _ranks(STRAGGLER_CAUSES),
     "BAL005": _ranks((CauseKind.HOST,)),
     "BAL002": lambda finding, attribution: attribution.balanced_s,
