@@ -105,6 +105,7 @@ COSTS: dict[str, Callable[[Finding, Attribution], float | None]] = {
     "BAL001": _busy_cost_s,
     "BAL003": _ranks(STRAGGLER_CAUSES),
     "BAL005": _ranks((CauseKind.HOST,)),
+    "BAL006": _ranks((CauseKind.UNTRACED,)),
     "BAL002": lambda finding, attribution: attribution.balanced_s,
     "BAL004": _kind(CauseKind.IMBALANCE),
     "COM001": _transfer(),
@@ -142,6 +143,10 @@ def attach_costs(
         finding.cost_s = float(cost_s)
         finding.cost_share = float(cost_s) / attribution.measured_step_s
         finding.cost_range_s = _range(finding, measure, attribution)
+        untraced_low = _if_untraced_waited(finding, attribution)
+        if untraced_low is not None:
+            low, high = finding.cost_range_s or (finding.cost_s, finding.cost_s)
+            finding.cost_range_s = [min(low, untraced_low), high]
         highest = finding.cost_s if finding.cost_range_s is None else finding.cost_range_s[1]
         # the cost may lower a severity, never raise it above what the rule's own evidence
         # grades: a verdict that only noise on a loaded host makes costly stays as it was
@@ -152,7 +157,14 @@ def attach_costs(
             "counterfactual": _counterfactual(finding),
             **_explanation(finding, attribution),
         }
-        if finding.cost_range_s is not None:
+        if untraced_low is not None:
+            where, reason = untraced_reason(attribution)
+            finding.evidence["cost_range_where"] = where
+            finding.evidence["cost_range_share"] = [
+                c / attribution.measured_step_s for c in finding.cost_range_s or []
+            ]
+            finding.evidence["cost_range_reason"] = reason
+        elif finding.cost_range_s is not None:
             where, reason = ambiguity_reason(attribution)
             finding.evidence["cost_range_where"] = where
             finding.evidence["cost_range_share"] = [
@@ -179,6 +191,40 @@ def _range(
     if cost is None or abs(float(cost) - finding.cost_s) < RANGE_RESOLUTION_S:
         return None
     return sorted([finding.cost_s, float(cost)])
+
+
+def _if_untraced_waited(finding: Finding, attribution: Attribution) -> float | None:
+    """A communication finding's cost with the transfers that may be all waiting for
+    untraced group members read as that waiting (diag/whatif/late_members.py): the low end
+    of its range; None where no such transfer is, or the two agree."""
+    if finding.cost_s is None or not finding.rule.startswith("COM"):
+        return None
+    if finding.rule == "COM001":
+        low = attribution.transfers_if_untraced_waited_s
+        low = None if low is None else _net_of_host(low, attribution)
+    else:
+        wanted = {"COM002": "tp", "COM003": "dp"}.get(finding.rule)
+        found = [c.evidence.get("if_untraced_waited_s", c.cost_s) for c in attribution.causes
+                 if c.kind == CauseKind.TRANSFER and c.group == wanted]  # fmt: skip
+        unsure = any("if_untraced_waited_s" in c.evidence for c in attribution.causes
+                     if c.kind == CauseKind.TRANSFER and c.group == wanted)  # fmt: skip
+        low = float(sum(found)) if unsure else None
+    if low is None or finding.cost_s - float(low) < RANGE_RESOLUTION_S:
+        return None
+    return float(low)
+
+
+def untraced_reason(attribution: Attribution) -> tuple[str, str]:
+    """Where and why a communication finding's cost is a range because some collectives'
+    members left no records."""
+    members = ranks_phrase(list(attribution.untraced_unsure_ranks))
+    where = f"the collectives of groups with {members} (no records)"
+    reason = (
+        f"{members} left no records, and no faster collective of as many bytes bounds their "
+        "groups' transfers: their time from the last traced arrival may be transfer (the high "
+        f"end) or waiting for {members} (the low end); trace {members} to tell"
+    )
+    return where, reason
 
 
 def ambiguity_reason(attribution: Attribution) -> tuple[str, str]:
@@ -226,6 +272,7 @@ def _counterfactual(finding: Finding) -> str:
         "BAL001": "the named ranks' typical excess over their peers removed",
         "BAL003": "the named ranks' typical excess over their peers removed",
         "BAL005": "the named ranks' host time at their peers' median",
+        "BAL006": "the untraced members arriving with the last traced one",
         "BAL002": "every rank's local time at its peers' median in every step",
         "BAL004": "every step's per-rank imbalance removed, beyond each rank's typical excess",
         "COM001": "every collective's transfer at zero (waiting for late peers kept)",

@@ -161,6 +161,8 @@ def _attributed(
         causes=sorted(causes, key=lambda c: -c.cost_s),
         ideal_step_s=ideal / NS_PER_S,
         all_transfers_s=scenarios.all_transfers() / NS_PER_S,
+        transfers_if_untraced_waited_s=scenarios.all_transfers_if_untraced_waited(),
+        untraced_unsure_ranks=scenarios.untraced_unsure_ranks(),
         balanced_s=scenarios.balanced / NS_PER_S,
         waits=waits_table(timeline, int(ok.sum())),
         notes=timeline.notes,

@@ -26,6 +26,7 @@ class CauseKind(StrEnum):
     TRANSFER = "transfer"  # a group's transfers at zero
     SCHEDULE = "schedule"  # the pipeline's schedule at its ideal bubble
     DESCHEDULED = "descheduled"  # the time ranks waited for a core
+    UNTRACED = "untraced"  # traced ranks waiting in collectives for members nobody traced
 
 
 @dataclass
@@ -70,6 +71,12 @@ class Attribution:
     """rank, before, gap_s: per step, the time in gaps this attribution reads as the rank's own
     though the evidence does not decide (its group's ranks resumed closer together than they
     arrived, not together: diag/whatif/untraced.py), by what the gap ended at."""
+    transfers_if_untraced_waited_s: float | None = None
+    """What every transfer at zero saves where the collectives of groups with untraced members
+    that no faster collective bounds are read as waiting for those members, not as transfer
+    (diag/whatif/late_members.py): the low end of the transfers' cost; None where none is."""
+    untraced_unsure_ranks: list[int] = field(default_factory=list)
+    """The untraced members those collectives may have waited for."""
     alternative: Attribution | None = None
     """The attribution with those gaps read as waiting in a synchronisation of their group
     (None where no gap's reading is ambiguous): the other end of every cost's range."""

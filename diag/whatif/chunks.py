@@ -257,6 +257,8 @@ def combined(parts: list[Part], notes: list[str]) -> Attribution:
         causes=_causes(parts, weights, replayed),
         ideal_step_s=mean("ideal_step_s"),
         all_transfers_s=mean("all_transfers_s"),
+        transfers_if_untraced_waited_s=_low_end(parts, weights),
+        untraced_unsure_ranks=_unsure_ranks(parts),
         balanced_s=mean("balanced_s"),
         waits=_per_step(
             parts, weights, "waits", ["rank", "group"], ["skew_s", "transfer_s"], ["last_share"]
@@ -266,6 +268,21 @@ def combined(parts: list[Part], notes: list[str]) -> Attribution:
         ambiguous=_per_step(parts, weights, "ambiguous", ["rank", "before"], ["gap_s"], []),
         alternative=_alternative(parts, notes),
     )
+
+
+def _unsure_ranks(parts: list[Part]) -> list[int]:
+    return sorted({r for part in parts for r in part.attribution.untraced_unsure_ranks})
+
+
+def _low_end(parts: list[Part], weights: np.ndarray) -> float | None:
+    """The chunks' `transfers_if_untraced_waited_s`, a chunk without one at its whole
+    transfers' saving; None where no chunk has one."""
+    lows = [p.attribution.transfers_if_untraced_waited_s for p in parts]
+    if all(low is None for low in lows):
+        return None
+    values = [p.attribution.all_transfers_s if low is None else low
+              for p, low in zip(parts, lows, strict=True)]  # fmt: skip
+    return float((np.array(values) * weights).sum() / float(weights.sum()))
 
 
 def _alternative(parts: list[Part], notes: list[str]) -> Attribution | None:

@@ -40,6 +40,10 @@ MIN_EXCESS_SHARE = 0.01
 the step is no straggler candidate."""
 
 
+def _ranks_said(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
 class Scenarios:
     """The counterfactual replays of one timeline."""
 
@@ -83,7 +87,7 @@ class Scenarios:
 
     def all(self) -> list[Cause]:
         causes = [*self.stragglers(), *self.imbalance(), *self.stages(), *self.transfers()]
-        causes += self.schedule() + self.descheduled()
+        causes += self.schedule() + self.descheduled() + self.untraced_members()
         return [c for c in causes if c.cost_s > 0]
 
     # --- local time ------------------------------------------------------------------------
@@ -285,6 +289,38 @@ class Scenarios:
 
     # --- communication and schedule --------------------------------------------------------
 
+    @cached_property
+    def _late_members_ns(self) -> np.ndarray:
+        """Per event, the part of its transfer that waited for untraced members (0 where
+        none: diag/whatif/late_members.py): a transfer at zero keeps it, as it keeps every
+        other waiting for a late peer."""
+        ev = self.timeline.events
+        if "late_members_ns" not in ev:
+            return np.zeros(len(ev))
+        return np.minimum(ev["late_members_ns"].to_numpy(dtype=np.float64), self.base.transfer_ns)
+
+    @cached_property
+    def _unsure(self) -> np.ndarray:
+        """Per event: a transfer that may be all waiting for untraced members."""
+        ev = self.timeline.events
+        if "late_members_unsure" not in ev:
+            return np.zeros(len(ev), dtype=bool)
+        return ev["late_members_unsure"].to_numpy(dtype=bool)
+
+    def untraced_unsure_ranks(self) -> list[int]:
+        code = self.timeline.events["late_members"].to_numpy()[self._unsure]
+        members = self.timeline.late_members
+        return sorted({r for c in np.unique(code) if c >= 0 for r in members[int(c)]})
+
+    def _transfers_zeroed(self, mine: np.ndarray, keep_unsure: bool) -> float:
+        """What the transfers of `mine` at zero save (waiting for untraced members kept; and
+        with `keep_unsure`, the transfers that may be all such waiting, kept whole)."""
+        kept = self._late_members_ns
+        if keep_unsure:
+            kept = np.where(self._unsure, self.base.transfer_ns, kept)
+        zero = np.where(mine, kept, self.base.transfer_ns)
+        return self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
+
     def transfers(self) -> list[Cause]:
         groups = self.timeline.events["group"].to_numpy()
         kinds = self.timeline.events["kind"].to_numpy()
@@ -292,10 +328,14 @@ class Scenarios:
         causes = []
         for group in sorted(set(groups[moving]) - {""}):
             mine = moving & (groups == group)
-            zero = np.where(mine, 0.0, self.base.transfer_ns)
-            saved = self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
+            saved = self._transfers_zeroed(mine, keep_unsure=False)
+            evidence = {}
+            if (mine & self._unsure).any():
+                low = self._transfers_zeroed(mine, keep_unsure=True)
+                evidence["if_untraced_waited_s"] = low / NS_PER_S
             label = f"{group} communication (transfers, the waiting for peers excluded)"
-            causes.append(self._cause(CauseKind.TRANSFER, label, saved, group=group))
+            causes.append(self._cause(CauseKind.TRANSFER, label, saved, group=group,
+                                      evidence=evidence))  # fmt: skip
         return causes
 
     def descheduled(self) -> list[Cause]:
@@ -317,8 +357,48 @@ class Scenarios:
             "transfers_with_cores_s": max(both - saved, 0.0) / NS_PER_S})]  # fmt: skip
 
     def all_transfers(self) -> float:
-        zero = np.zeros_like(self.base.transfer_ns)
-        return self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
+        return self._transfers_zeroed(np.ones(len(self.base.transfer_ns), bool), False)
+
+    def all_transfers_if_untraced_waited(self) -> float | None:
+        """`all_transfers` with the transfers that may be waiting for untraced members kept
+        (s; None where there are none)."""
+        if not self._unsure.any():
+            return None
+        everything = np.ones(len(self.base.transfer_ns), dtype=bool)
+        return self._transfers_zeroed(everything, keep_unsure=True) / NS_PER_S
+
+    def untraced_members(self) -> list[Cause]:
+        """Per set of untraced members the traced ones waited for (the largest waits first, at
+        most MAX_CANDIDATES sets): what those members arriving with the last traced one saves.
+        Their lateness is read from sizes (diag/whatif/late_members.py), a lower bound."""
+        late = self._late_members_ns
+        if not (late > 0).any():
+            return []
+        code = self.timeline.events["late_members"].to_numpy()
+        steps = max(int(self.ok.sum()), 1)
+        totals = pd.Series(late).groupby(code).sum().drop(-1, errors="ignore")
+        causes = []
+        for index in totals[totals > 0].nlargest(MAX_CANDIDATES).index:
+            members = list(self.timeline.late_members[int(index)])
+            mine = code == index
+            on_time = self.base.transfer_ns - np.where(mine, late, 0.0)
+            # where a rank stood in for them (their group's one traced member), their
+            # lateness is in its local time: removed as well
+            own = self.base.seg_ns - np.where(mine, np.minimum(self.absent_ns, self.base.seg_ns), 0)
+            saved = self.saving(Durations(own, on_time, self.base.post_ns))
+            waiting = mine & (late > 0)
+            peers = sorted(int(r) for r in np.unique(self.rank[waiting]))
+            groups = sorted({str(g) for g in self.timeline.events["group"].to_numpy()[waiting]})
+            label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} collectives "
+                     f"waiting for {'it' if len(members) == 1 else 'them'}")  # fmt: skip
+            causes.append(self._cause(CauseKind.UNTRACED, label, saved, ranks=members,
+                                      group=groups[0] if len(groups) == 1 else None, evidence={
+                "waiting_ranks": peers,
+                "groups": groups,
+                "median_wait_s": float(np.median(late[waiting])) / NS_PER_S,
+                "collectives_waited_per_step": float(waiting.sum()) / max(len(peers), 1) / steps,
+            }))  # fmt: skip
+        return causes
 
     def schedule(self) -> list[Cause]:
         layout = self.run.manifest.layout

@@ -39,6 +39,7 @@ from diag.whatif.event_dependencies import (  # noqa: F401 (re-exported: the tim
     dependencies,
 )
 from diag.whatif.event_dependencies import awaited_launches as _awaited_launches  # noqa: F401
+from diag.whatif.late_members import late_members
 from diag.whatif.local_time import (  # noqa: F401 (re-exported: the timeline's names)
     COMPUTE_PHASES,
     HOST_PHASES,
@@ -154,6 +155,13 @@ def _built(
     timeline = Timeline(ranks, first, events, notes=notes)
     local_time(timeline, spans, previous_step_ends(run.steps, steps, ranks))
     dependencies(timeline, recv_rows, send_rows)
+    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)[:recorded_rows]).tolist())
+    ops = comms["op"].astype(object).to_numpy()
+    late = late_members(timeline.events, ops, sizes, run.manifest, traced)
+    timeline.events["late_members_ns"] = late.late_ns
+    timeline.events["late_members"] = late.code
+    timeline.events["late_members_unsure"] = late.unsure
+    timeline.late_members = late.members
     return timeline
 
 

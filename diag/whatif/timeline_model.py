@@ -45,7 +45,10 @@ class Timeline:
     (the part of seg_ns spent waiting for group members nobody traced: the arrival moved to
     when the transfer began, diag/whatif/absent_members.py), stand_in (how many members
     nobody traced the rank stands for in that collective, absent_members.stand_ins), post_ns
-    (WAIT: after the last awaited collective completed), sender (RECV: the send's event)."""
+    (WAIT: after the last awaited collective completed), sender (RECV: the send's event),
+    late_members_ns (the part of transfer_ns spent waiting for group members nobody traced,
+    diag/whatif/late_members.py), late_members (which: an index into `late_members`, -1) and
+    late_members_unsure (a transfer no faster collective bounds: it may be all waiting)."""
     member_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     member_event: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The member events of collective instance i: member_event[member_ptr[i]:member_ptr[i+1]]
@@ -56,6 +59,8 @@ class Timeline:
     wait_by_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     """Per entry of wait_event: the wait is released by that collective's last arrival, not
     its completion."""
+    late_members: list[tuple[int, ...]] = field(default_factory=list)
+    """Sets of untraced group members the traced ones waited for (`events.late_members`)."""
     notes: list[str] = field(default_factory=list)
     ambiguous: pd.DataFrame = field(default_factory=pd.DataFrame)
     """The gaps this timeline reads as the rank's own time though its group's ranks resumed

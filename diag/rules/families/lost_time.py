@@ -95,3 +95,50 @@ def host_time(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
             )
         )
     return findings
+
+
+@rule("BAL006", "balance.untraced_member", pattern=3, thresholds={"min_share": MIN_SHARE})
+def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
+    """Ranks wait in their collectives for a group member whose records are missing.
+
+    Symptom:
+        A group's collectives run far longer from their last traced member's arrival than
+        collectives of the same op and at least as many bytes in other groups of the same
+        axis (or in the same group, when nobody was late): the rest of that time is waiting
+        for the members with no records, which the transfer alone cannot take.
+    Likely cause:
+        The untraced rank is slow: a straggler, a host stall, a slow device or link; its own
+        records (a trace file lost, a node not profiled) would say which.
+    Fix:
+        Record or trace the named rank (every rank of its group) and analyse again; meanwhile
+        look at its host and device as for a straggler.
+    Evidence:
+        The counterfactual's saving (cost_s: the named members arriving with the last traced
+        one, where a traced rank stood in for them too), the waiting ranks, the groups and
+        the median wait per collective. A lower bound: a transfer is bounded by the fastest
+        collective of the same op with at least its bytes in a group of the same axis.
+    """
+    attribution = ctx.metrics.attribution
+    if attribution is None:
+        return []
+    findings = []
+    for cause in attribution.causes:
+        if cause.kind != CauseKind.UNTRACED or cause.cost_share < limits["min_share"]:
+            continue
+        missing = ranks_phrase(list(cause.ranks))
+        waiting = ranks_phrase(list(cause.evidence.get("waiting_ranks", [])))
+        groups = ", ".join(cause.evidence.get("groups", [])) or "their"
+        wait_ms = float(cause.evidence.get("median_wait_s", 0.0)) * 1e3
+        findings.append(
+            Finding(
+                severity="medium",
+                title=f"waiting for an untraced rank: {waiting} wait {wait_ms:.1f} ms (median) "
+                f"in {groups} collectives for {missing}, which left no records",
+                ranks=list(cause.ranks),
+                evidence=dict(cause.evidence),
+                advice=f"trace or record {missing} and analyse again; look at its host, "
+                "device and data as for a straggler",
+                explains=["BAL003", "COM001", "COM003"],
+            )
+        )
+    return findings

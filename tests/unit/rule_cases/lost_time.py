@@ -46,3 +46,34 @@ CASES = [
     RuleCase("BAL005", False, lambda runs: _synced(runs, lambda r, s: 40.0 + 40 * r),
              "rank 1 computes 40 ms longer: a straggler, not host time"),
 ]  # fmt: skip
+
+
+def _one_untraced(runs: Any, late_ms: float) -> Path:
+    """6 DP ranks in two groups of 3 ([0, 1, 2], [3, 4, 5]), 5 steps of 40 ms compute, a
+    blocking all-reduce of the same bytes in each group (5 ms once the last member is there)
+    and a small one over all 6 (1 ms); rank 5, of the second group, arrives `late_ms` later
+    at its group's all-reduce and left no records."""
+    ranks: dict[int, list[dict[str, Any] | str]] = {r: [] for r in range(5)}
+    t = 0.0
+    for step in range(5):
+        group_end = {r: t + 40 + 5 + (late_ms if r >= 3 else 0.0) for r in ranks}
+        end = max(group_end.values()) + 1
+        for r, rows in ranks.items():
+            rows += [runs.span(step, "fwd", t, t + 40),
+                     runs.comm(step, t + 40, group_end[r], group="dp", group_size=3,
+                               blocking=True, bytes=4_000_000),
+                     runs.comm(step, group_end[r], end, group="world", group_size=6,
+                               blocking=True, bytes=8),
+                     runs.step(step, t, end)]  # fmt: skip
+        t = end + STEP_GAP_MS
+    groups = {"dp": [[0, 1, 2], [3, 4, 5]], "world": [list(range(6))]}
+    return runs.write(ranks, runs.manifest(world_size=6, groups=groups))
+
+
+CASES += [
+    RuleCase("BAL006", True, lambda runs: _one_untraced(runs, 30.0),
+             "ranks 3 and 4 wait 30 ms more in each all-reduce than the other group's members "
+             "for rank 5, which left no records", severity="medium", ranks=(5,)),
+    RuleCase("BAL006", False, lambda runs: _one_untraced(runs, 0.0),
+             "rank 5 left no records, but its group's all-reduces take as long as the other's"),
+]  # fmt: skip

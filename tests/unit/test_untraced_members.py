@@ -1,0 +1,80 @@
+"""A trace folder that lacks a rank's file: its peers' waiting for it inside their collectives
+is read as waiting for it, not as transfer (diag/whatif/late_members.py). Before, a dp=4 x
+tp=2 job whose straggler's trace was missing named nobody (its cost went nowhere), and a dp=8
+job's read "communication not hidden, 32% of the step" with no word that the transfer might
+be waiting for the rank with no trace."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diag.api import analyze_path
+
+STRAGGLER = 3
+
+
+def _simulated(root: Path, name: str, layout: str, inject: list[str]) -> Path:
+    out = root / name
+    args = ["--layout", layout, "--steps", "6", "--format", "kineto", *inject, "--out", str(out)]
+    subprocess.run([sys.executable, "-m", "diag", "simulate", *args], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    return out
+
+
+def _without(folder: Path, rank: int, into: Path) -> Path:
+    """A copy of the trace folder without `rank`'s file (as a lost node's traces are)."""
+    shutil.copytree(folder, into)
+    for path in into.glob("*.json"):
+        if json.loads(path.read_text()).get("distributedInfo", {}).get("rank") == rank:
+            path.unlink()
+            return into
+    raise AssertionError(f"no trace of rank {rank} in {folder}")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("untraced")
+    slow = ["--inject", f"straggler:rank={STRAGGLER},ms=30"]
+    two_groups = _simulated(root, "dp4tp2", "dp=4,tp=2", slow)
+    one_group = _simulated(root, "dp8", "dp=8", slow)
+    healthy = _simulated(root, "healthy", "dp=4,tp=2", [])
+    return {
+        "two-groups": two_groups,
+        "two-groups-part": _without(two_groups, STRAGGLER, root / "dp4tp2-part"),
+        "one-group-part": _without(one_group, STRAGGLER, root / "dp8-part"),
+        "healthy-part": _without(healthy, STRAGGLER, root / "healthy-part"),
+    }
+
+
+def test_the_untraced_straggler_is_named_with_the_cost_its_trace_gives(folders) -> None:
+    """Its dp group's all-reduces take 30 ms longer than the other dp group's of the same
+    bytes: waiting for rank 3, whose TP partner also waited for it (standing in for it)."""
+    whole = analyze_path(folders["two-groups"])["findings"][0]
+    assert (whole["rule"], whole["ranks"]) == ("BAL001", [STRAGGLER])
+    main = analyze_path(folders["two-groups-part"])["findings"][0]
+    assert (main["rule"], main["ranks"]) == ("BAL006", [STRAGGLER]), main["title"]
+    assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+    assert f"rank {STRAGGLER}, which left no records" in main["title"]
+
+
+def test_one_group_cannot_tell_transfer_from_waiting_and_says_so(folders) -> None:
+    """Every all-reduce of the only dp group waits alike: no faster one bounds the transfer.
+    The communication finding's cost is then a range from 0 (all waiting for rank 3)."""
+    report = analyze_path(folders["one-group-part"])
+    assert not [f for f in report["findings"] if f["rule"] == "BAL006"]
+    (comm,) = [f for f in report["findings"] if f["rule"] == "COM001"]
+    low, high = comm["cost_range_s"]
+    assert low < 0.1 * high and high == pytest.approx(comm["cost_s"])
+    assert f"waiting for rank {STRAGGLER}" in comm["evidence"]["cost_range_reason"]
+
+
+def test_a_healthy_job_missing_a_trace_names_no_one(folders) -> None:
+    report = analyze_path(folders["healthy-part"])
+    assert not [f for f in report["findings"] if f["rule"] == "BAL006"], report["findings"]
+    assert all((f.get("cost_share") or 0) < 0.05 for f in report["findings"]), report["findings"]
