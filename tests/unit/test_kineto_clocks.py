@@ -6,6 +6,7 @@ straggler of this job cost 9.6 ms instead of 29.4 and no longer come first."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -69,3 +70,73 @@ def test_offsets_below_the_ends_noise_are_left_alone(folders, tmp_path: Path) ->
             path.write_text(json.dumps(trace))
     report = analyze_path(near)
     assert not any("clocks aligned" in note for note in report["skipped"])
+
+
+# A pipeline whose stages are whole hosts: dp=4 x pp=4, stage s the ranks s, s+4, s+8, s+12
+# (the simulator's grid puts pp inside dp, so its hosts are pipelines: here the files of one
+# stage are moved together, as one host's profiler would write them). Each stage's all-reduces
+# stay inside it; only the sends and receives between neighbouring stages cross hosts, as
+# Megatron issues them (batch_isend_irecv: batched SendRecv kernels naming their peers).
+STAGES = 4
+STAGE_ARGS = {
+    "straggler": ["--inject", "straggler:rank=5,ms=30"],
+    "slow-stage": ["--inject", "stage-slow:stage=2,ms=20"],
+}
+
+
+def _shifted_copy(base: Path, to: Path, ranks: set[int], shift_us: int) -> Path:
+    """`base` copied to `to` with every time the profilers of `ranks` wrote moved `shift_us`."""
+    shutil.copytree(base, to, ignore=shutil.ignore_patterns(".diag-cache"))
+    for path in to.glob("*.json"):
+        trace = json.loads(path.read_text())
+        if trace.get("distributedInfo", {}).get("rank") in ranks:
+            for event in trace["traceEvents"]:
+                if "ts" in event:
+                    event["ts"] += shift_us
+            path.write_text(json.dumps(trace))
+    return to
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("stage-hosts")
+    out = {}
+    for name, inject in STAGE_ARGS.items():
+        out[name] = root / name
+        args = ["--layout", f"dp=4,pp={STAGES}", "--gpus-per-node", "4", "--steps", "5",
+                "-m", "8", "--format", "kineto", "--trace-shape", "megatron", *inject,
+                "--out", str(out[name])]  # fmt: skip
+        subprocess.run([sys.executable, "-m", "diag", "simulate", *args], check=True,
+                       capture_output=True, timeout=300)  # fmt: skip
+    return out
+
+
+def _stage(s: int) -> set[int]:
+    return {s + STAGES * i for i in range(4)}
+
+
+@pytest.mark.parametrize(
+    ("job", "stage", "shift_ms"),
+    [("straggler", 3, 20), ("straggler", 3, 3), ("slow-stage", 1, 20), ("slow-stage", 0, 3)],
+)
+def test_a_stage_hosts_clock_is_aligned_through_its_messages(
+    pipelines, tmp_path: Path, job: str, stage: int, shift_ms: int
+) -> None:
+    """No all-reduce crosses the stage-hosts: the shifted stage is read through the sends and
+    receives with its neighbour (their kernels end together), chained from the reference."""
+    one = analyze_path(pipelines[job])
+    two = analyze_path(_shifted_copy(pipelines[job], tmp_path / "shifted", _stage(stage),
+                                     shift_ms * 1000))  # fmt: skip
+    assert not any("clock" in note for note in one["skipped"])
+    (note,) = [note for note in two["skipped"] if "clocks aligned" in note]
+    moved = ", ".join(f"rank {r} -{shift_ms} ms" for r in sorted(_stage(stage)))
+    assert moved in note and "messages' ends" in note, note
+    assert {int(r) for r in re.findall(r"rank (\d+) [+-]", note)} == _stage(stage), note
+    first, aligned = _main(one), _main(two)
+    assert (aligned["rule"], aligned["ranks"]) == (first["rule"], first["ranks"])
+    assert aligned["cost_s"] == pytest.approx(first["cost_s"], rel=0.05)
+
+
+def test_a_stage_host_microseconds_apart_is_left_alone(pipelines, tmp_path: Path) -> None:
+    near = _shifted_copy(pipelines["straggler"], tmp_path / "near", _stage(3), 10)
+    assert not any("clock" in note for note in analyze_path(near)["skipped"])
