@@ -11,15 +11,19 @@ before the last member has arrived and the data has gone round, and then all fin
 microseconds of each other. So the ends of one collective on its members are one moment, and
 each rank's offset is the median, over the collectives it shares, of its end minus the
 collective's median end (iterated, so that groups that do not span the world agree through the
-ranks they share). Broadcasts, all-to-alls and point-to-point messages are not read: their
-members finish at different moments by design. Nor are CPU-only (gloo) traces: their
-collectives are host threads' events, whose ends wait for a core (a loaded host's rank ends
-its all-reduces milliseconds late, every time, on one clock).
+ranks they share). Broadcasts and all-to-alls are not read: their members finish at
+different moments by design. Hosts that share none of these collectives (a pipeline whose
+stages are whole hosts) are linked through their messages instead, a send's and its
+receive's kernels ending together (message_clocks.py), chained from the clock most ranks
+keep. Nor are CPU-only (gloo) traces read: their collectives are host threads' events, whose
+ends wait for a core (a loaded host's rank ends its all-reduces milliseconds late, every
+time, on one clock).
 
 An offset is applied only when the data says it plainly: at least MIN_OFFSET_NS, at least
 CONSISTENCY times the spread of that rank's ends around it (a loaded host's late thread gives a
-noisy rank no offset), over at least MIN_MATCHED collectives. A rank whose offset is applied has
-every time of its steps, spans and collectives moved by it, and a note says which and by how
+noisy rank no offset; a rank read through messages adds the links' spreads on the way), over
+at least MIN_MATCHED collectives (and messages on each link). A rank whose offset is applied
+has every time of its steps, spans and collectives moved by it, and a note says which and by how
 much. Clocks that agree (one host, or hosts synchronised to the microseconds) are left alone.
 """
 
@@ -70,10 +74,10 @@ class Offsets:
 
     def unchecked_note(self, folder: object) -> str:
         return (
-            f"{folder}: the host clocks of {_ranks(list(self.unchecked))} are not checked: "
-            "they share no all-reduce-like collective with the other ranks, and too few of "
-            "their sends and receives pair with a peer's in kernels that end together (no "
-            "peer named, or batched with another peer's messages)"
+            f"{folder}: the host clocks of {_ranks(list(self.unchecked))} are not checked "
+            "against the others': they share no all-reduce-like collective with them, and too "
+            "few of their sends and receives pair with a peer's in kernels that end together "
+            "(no peer named, or batched with another peer's messages)"
         )
 
 
@@ -175,22 +179,22 @@ def _with_messages(comms: pd.DataFrame, found: _Estimate | None, alone: np.ndarr
     # a rank alone has only its messages: the links' counts stand for its own
     matched = np.concatenate([found.matched, np.full(len(alone), MIN_MATCHED)])
     pairs = message_clocks.message_pairs(comms)
-    linked = message_clocks.links(
-        pairs,
-        dict(zip(ranks.tolist(), clock.tolist(), strict=True)),
-        dict(zip(ranks.tolist(), offset.tolist(), strict=True)),
-    )
+    linked = message_clocks.links(pairs, ranks, clock, offset)
     sizes = np.bincount(clock)
+    # the ranks whose offsets are read: a rank alone only where a link reaches it
+    collectives = np.arange(len(ranks)) < len(found.ranks)
     through, reach = _chain(linked, int(np.argmax(sizes)), clock)
     # chained again from the set that keeps most of the reference clock: the uncertainty of a
     # set's offset is that of the links between it and the reference
-    on_reference = _on_reference(offset + through[:, 0])
-    root = int(np.argmax(np.bincount(clock[on_reference], minlength=len(sizes))))
+    read = reach | collectives
+    on_reference = _on_reference((offset + through[:, 0])[read])
+    root = int(np.argmax(np.bincount(clock[read][on_reference], minlength=len(sizes))))
     through, reach = _chain(linked, root, clock)
+    read = reach | collectives
     total = offset + through[:, 0]
-    total -= _reference(total)
+    total -= _reference(total[read])
     plain = (
-        (reach | (np.arange(len(ranks)) < len(found.ranks)))  # a rank alone: only by messages
+        read
         & (np.abs(total) >= MIN_OFFSET_NS)
         & (np.abs(total) >= CONSISTENCY * (spread + through[:, 1]))
         & (matched >= MIN_MATCHED)

@@ -145,20 +145,28 @@ def _ending_together(rank: np.ndarray, t0: np.ndarray, across: np.ndarray) -> np
 
 
 def links(
-    pairs: Pairs, clock_of: dict[int, int], offset_of: dict[int, float]
+    pairs: Pairs, ranks: np.ndarray, clock: np.ndarray, offset: np.ndarray
 ) -> dict[tuple[int, int], Link]:
-    """Per pair of clocks (a < b: ids from `clock_of`, rank -> the set of ranks the collectives
-    put on one clock), the offset of b's clock from a's that the messages between them show,
-    each end first moved by its rank's offset within its own set (`offset_of`)."""
-    if not len(pairs):
+    """Per pair of clocks (a < b: `clock`, per rank of `ranks`, the set of ranks the
+    collectives put on one clock), the offset of b's clock from a's that the messages between
+    them show, each end first moved by its rank's offset within its own set (`offset`)."""
+    if not len(pairs) or not len(ranks):
         return {}
-    a = np.array([clock_of.get(r, -1) for r in pairs.sender.tolist()], dtype=np.int64)
-    b = np.array([clock_of.get(r, -1) for r in pairs.receiver.tolist()], dtype=np.int64)
-    sent = pairs.send_end - np.array([offset_of.get(r, 0.0) for r in pairs.sender.tolist()])
-    got = pairs.recv_end - np.array([offset_of.get(r, 0.0) for r in pairs.receiver.tolist()])
-    across = (a != b) & (a >= 0) & (b >= 0)
+    order = np.argsort(ranks, kind="stable")
+    known = ranks[order]
+
+    def where(of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = np.minimum(np.searchsorted(known, of), len(known) - 1)
+        return order[at], known[at] == of
+
+    send_at, send_known = where(pairs.sender)
+    recv_at, recv_known = where(pairs.receiver)
+    a, b = clock[send_at], clock[recv_at]
+    across = send_known & recv_known & (a != b)
     if not across.any():
         return {}
+    sent = pairs.send_end - offset[send_at]
+    got = pairs.recv_end - offset[recv_at]
     low, high = np.minimum(a, b)[across], np.maximum(a, b)[across]
     difference = np.where(a < b, got - sent, sent - got)[across]  # high's clock minus low's
     frame = pd.DataFrame({"low": low, "high": high, "d": difference})
