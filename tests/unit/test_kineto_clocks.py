@@ -15,9 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from diag.api import analyze_path
+from diag.read.kineto.message_clocks import message_pairs
 
 SHIFT_MS = 20
 SECOND_HOST = (2, 3)
@@ -163,3 +165,22 @@ def test_batches_sent_to_one_neighbour_and_received_from_the_other_are_not_paire
     named = note.split("host clocks of ")[1].split(" are not checked")[0]
     assert last <= {int(r) for r in re.findall(r"\d+", named)}, note
     assert not any("clocks aligned" in note for note in report["skipped"])
+
+
+def test_a_send_pairs_with_its_receive_by_peer_and_order() -> None:
+    """The k-th send of a step from a to b is the k-th receive of that step on b from a; a
+    link whose step holds unequal counts (a trace cut inside it) is not paired."""
+    rows = []
+    for k in range(3):  # step 0: three messages 0 -> 1, the receiver's clock 5 ms ahead
+        rows.append(
+            {"rank": 0, "step": 0, "op": "send", "peer": 1, "t0": 100 * k, "t1": 100 * k + 50}
+        )
+        rows.append({"rank": 1, "step": 0, "op": "recv", "peer": 0, "t0": 100 * k + 5_000_000 - 30,
+                     "t1": 100 * k + 50 + 5_000_000})  # fmt: skip
+    rows.append({"rank": 0, "step": 1, "op": "send", "peer": 1, "t0": 1_000, "t1": 1_050})
+    comms = pd.DataFrame(rows).assign(group="g")
+    comms["peer"] = comms["peer"].astype("Int64")
+    pairs = message_pairs(comms)
+    assert len(pairs) == 3 and set(pairs.sender) == {0} and set(pairs.receiver) == {1}
+    assert list(pairs.recv_end - pairs.send_end) == [5_000_000] * 3
+    assert pairs.unused_ranks == {0}  # step 1's send: no receive in the trace

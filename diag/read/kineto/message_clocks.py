@@ -72,7 +72,7 @@ def message_pairs(comms: pd.DataFrame) -> Pairs:
     whose send and receive are paired by peer and order and ran in kernels that end together."""
     p2p = comms[comms["op"].isin(P2P)]
     empty = np.zeros(0, dtype=np.int64)
-    if p2p.empty:
+    if p2p.empty or "peer" not in p2p:
         return Pairs(empty, empty, empty, empty, frozenset())
     rank = p2p["rank"].to_numpy(dtype=np.int64)
     t0 = p2p["t0"].to_numpy(dtype=np.int64)
