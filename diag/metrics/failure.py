@@ -68,7 +68,8 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     fr_stuck = stuck_collectives(fr_issued, ranks, run, fr_done, live_s) if fr_issued else []
     if not from_records and fr_stuck:  # the records hold no open state: the dumps speak
         stuck = fr_stuck
-    state = RunState("running", "", median_s, window_s, stuck=stuck, flight_recorder=fr_stuck)
+    state = RunState("running", "", median_s, window_s, stuck=stuck, flight_recorder=fr_stuck,
+                     unrecorded=_unrecorded(run, ranks))  # fmt: skip
     state.desync = [
         *({"class": m["class"], "group": s.group, "seq": s.seq, "step": s.step, **m}
           for s in stuck for m in s.mismatched),
@@ -331,17 +332,29 @@ def _failed_step(state: RunState, ranks: dict[int, RankRecords]) -> int | None:
     return min(steps) if steps else None
 
 
+def _unrecorded(run: RunData, ranks: dict[int, RankRecords]) -> list[int]:
+    """The ranks of the world without a rank file (missing, not analysed): their silence says
+    nothing of where they stopped. None known where the files' list is (trace folders)."""
+    if not run.file_mtimes_s:
+        return []
+    return sorted(r for r in ranks if r not in run.file_mtimes_s)
+
+
 def _status(
     run: RunData, ranks: dict[int, RankRecords], state: RunState, now_s: float, window_s: float
 ) -> tuple[str, str]:
     """The status and why (module docstring; docs/metrics.md)."""
-    closed = {r: i.closed for r, i in ranks.items()}
+    unrecorded = state.unrecorded
+    closed = {r: i.closed for r, i in ranks.items() if r not in unrecorded}
     if state.crashed:
         first = state.crashed[0]
         return "failed", (f"rank {first['rank']} raised {first.get('type')} at step "
                           f"{first.get('step')}")  # fmt: skip
     failed_close = [r for r, c in closed.items() if c == "failed"]
-    if ranks and all(c == "complete" for c in closed.values()):
+    if closed and all(c == "complete" for c in closed.values()):
+        if unrecorded:  # they took part in the collectives the others completed
+            return "completed", (f"every rank with records closed complete; "
+                                 f"{ranks_phrase(unrecorded)} left no records")  # fmt: skip
         return "completed", "every rank closed complete"
     signalled = [r for r, i in ranks.items() if i.signal]
     arriving = _arriving(run, now_s, window_s)
@@ -372,6 +385,8 @@ def _status(
     if hang:
         s = hang[0]
         who = f"{ranks_phrase(s.missing)} never joined" if s.missing else "no rank completed"
+        if s.missing and set(s.missing) <= set(unrecorded):  # hung, crashed or died: unsaid
+            who = f"{ranks_phrase(s.missing)}, which left no records, never joined"
         return "hung", f"{who} {s.label()}" + ("" if s.step is None else f" (step {s.step})")
     if stalls:
         return "hung", f"{ranks_phrase(stalls)} made no progress (stall event)"
@@ -407,7 +422,8 @@ def _status(
         return "undecidable", "Flight Recorder dumps alone agree: nothing left open on any rank"
     last = [i.last_step for i in ranks.values() if i.last_step is not None]
     where = f"at step {max(last)}" if last else "before any step"
-    behind = sorted(r for r, i in ranks.items() if last and (i.last_step or -1) < max(last))
+    recorded = (r for r in ranks if r not in unrecorded)
+    behind = sorted(r for r in recorded if last and (ranks[r].last_step or -1) < max(last))
     if behind:  # some ranks stop steps before the others: where the job went wrong, unsaid
         stops = ", ".join(f"rank {r} at step {ranks[r].last_step}" for r in behind[:8])
         more = f" and {len(behind) - 8} more" if len(behind) > 8 else ""

@@ -113,6 +113,8 @@ class RunState:
     flight_recorder: list[Stuck] = field(default_factory=list)
     """The stuck collectives the Flight Recorder dumps show on their own (a second witness)."""
     notes: list[str] = field(default_factory=list)
+    unrecorded: list[int] = field(default_factory=list)
+    """Ranks of the world without a rank file: where they stopped no record says."""
     suspect: bool = True
     """For an undecidable run: whether its records look like a failure (they stop without a
     close) rather than simply not saying (Flight Recorder dumps alone that agree)."""

@@ -400,3 +400,29 @@ def test_a_rank_whose_peers_raised_long_before_their_timeout_died(tmp_path: Path
     first = hung["findings"][0]
     assert (first["rule"], first["ranks"]) == ("FLR001", [2]), first["title"]
     assert hung["summary"]["status"] == "hung", hung["summary"]["status_reason"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "said"),
+    [("completed", "completed", "every rank with records closed complete; rank 2 left no records"),
+     ("crash", "hung", "rank 2, which left no records, never joined all_reduce #7 of dp"),
+     ("lost", "hung", "rank 2, which left no records, never joined all_reduce #7 of dp")],
+)  # fmt: skip
+def test_a_rank_whose_file_is_missing_is_unknown_not_stopped(
+    tmp_path: Path, kind: str, status: str, said: str
+) -> None:
+    """A rank file lost (a node's disk, a copy cut short) says nothing of where its rank
+    stopped: before, a completed job read `undecidable: rank 2 stops before the others (at
+    step None)`, and a crash or a kill read as rank 2 hanging, said as fact."""
+    from tests.conftest import RunWriter
+
+    path = failure_run(RunWriter(tmp_path), kind, name=kind)
+    (path / "rank-00002.jsonl").unlink()
+    report = analyze_path(path)
+    summary = report["summary"]
+    assert summary["status"] == status, summary["status_reason"]
+    assert summary["status_reason"].startswith(said), summary["status_reason"]
+    if status == "hung":
+        first = report["findings"][0]
+        assert first["rule"] == "FLR001"
+        assert "hung, crashed or died, no record says" in first["title"]

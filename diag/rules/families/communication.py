@@ -9,6 +9,7 @@ import pandas as pd
 from diag.metrics import NS_PER_S, in_steps, whole_steps
 from diag.metrics.host import waiting_share
 from diag.numeric import intervals
+from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import straggler_ranks
 
@@ -39,7 +40,9 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         summary.exposed_comm_share, less the share the ranks waited for a core where it was
         recorded (the host's, HST001), and comm_share against the thresholds. When a straggler
         (BAL001) explains the waiting, the finding stays medium and names it; so it does in a
-        pipeline run, whose blocking receives are the bubble (PIP rules).
+        pipeline run, whose blocking receives are the bubble (PIP rules), and where ranks of
+        the analysed ranks' groups left no records (`unrecorded_peers`): some of the waiting
+        may be theirs (BAL006 where the sizes bound it).
     """
     summary = ctx.metrics.summary
     exposed = summary.get("exposed_comm_share")
@@ -52,14 +55,18 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         return []
     stragglers = straggler_ranks(ctx)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
-    if stragglers or pipelined:
-        # the waiting is a straggler's (BAL001) or the pipeline bubble's (PIP rules)
+    unrecorded = unrecorded_peers(ctx)
+    if stragglers or pipelined or unrecorded:
+        # the waiting is a straggler's (BAL001), the pipeline bubble's (PIP rules), or may be
+        # for peers that left no records (BAL006 where the sizes tell)
         severity = "medium"
     return [
         Finding(
             severity=severity,
-            title=f"communication not hidden: {exposed:.0%} of the step waits on collectives",
+            title=f"communication not hidden: {exposed:.0%} of the step waits on collectives"
+            + _maybe_waiting_for(unrecorded),
             evidence={
+                **_unrecorded_evidence(unrecorded),
                 "exposed_comm_share": exposed,
                 "comm_share": summary.get("comm_share"),
                 "threshold": limits[severity],
@@ -77,6 +84,38 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
             "smaller DDP buckets start all-reduces earlier in backward",
         )
     ]
+
+
+def unrecorded_peers(ctx: RuleContext, axis: str | None = None) -> list[int]:
+    """The ranks of the world that left no records but share a group (of `axis`, or any)
+    with ranks that did: the analysed ranks' collectives with them may be waiting for them,
+    which no record shows (diag/whatif/late_members.py bounds it where sizes tell)."""
+    analysed = {int(r) for r in ctx.metrics.ranks["rank"]} if not ctx.metrics.ranks.empty else set()
+    if not analysed:
+        return []
+    found: set[int] = set()
+    for name, groups in ctx.run.manifest.groups.items():
+        if axis is not None and name != axis:
+            continue
+        for members in groups:
+            if analysed.intersection(members):
+                found |= set(members) - analysed
+    world = int(ctx.run.manifest.world_size)
+    return sorted(r for r in found if 0 <= r < world)
+
+
+def _unrecorded_evidence(unrecorded: list[int]) -> dict[str, object]:
+    """The peers with no records, said as ranges (a 1,024-rank folder traced on one node has
+    a thousand), and how many; nothing where there are none."""
+    if not unrecorded:
+        return {}
+    return {"unrecorded_peers": ranks_phrase(unrecorded), "unrecorded_peer_count": len(unrecorded)}
+
+
+def _maybe_waiting_for(unrecorded: list[int]) -> str:
+    if not unrecorded:
+        return ""
+    return f" (some of it may be waiting for {ranks_phrase(unrecorded)}, which left no records)"
 
 
 def waiting_for_a_core_share(ctx: RuleContext) -> float | None:
@@ -203,12 +242,14 @@ def dp_not_overlapped(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable
     hidden, share = hidden_s / dp_s, dp_s / wall_s
     if hidden >= limits["max_hidden"] or share < limits["min_share"]:
         return []
+    unrecorded = unrecorded_peers(ctx, "dp")
     return [
         Finding(
             severity="medium",
             title=f"DP all-reduce not overlapped: {1 - hidden:.0%} of it exposed, "
-            f"{share:.0%} of the step",
+            f"{share:.0%} of the step" + _maybe_waiting_for(unrecorded),
             evidence={
+                **_unrecorded_evidence(unrecorded),
                 "dp_comm_share": share,
                 "dp_hidden_fraction": hidden,
                 "dp_comm_s": dp_s,

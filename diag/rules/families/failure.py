@@ -52,8 +52,10 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
             continue  # a desync (FLR003) is the finding
         where = {w.rank: w for w in state.ranks}
         missing = [where[r] for r in stuck.missing if r in where]
+        unrecorded = stuck.missing and set(stuck.missing) <= set(state.unrecorded)
+        said = ", which left no records," if unrecorded else ""
         title = (
-            f"hang: {ranks_phrase(stuck.missing)} never joined {_collective(stuck)}; "
+            f"hang: {ranks_phrase(stuck.missing)}{said} never joined {_collective(stuck)}; "
             f"{ranks_phrase(stuck.waiting)} waited {_waited(stuck)} in it"
             if stuck.missing
             else f"hang: {ranks_phrase(stuck.waiting)} waited {_waited(stuck)} in "
@@ -61,6 +63,9 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
         )
         if missing and (missing[0].step is not None or missing[0].span or missing[0].stack_top):
             title += f"; {_stopped(missing[0])}"
+        if unrecorded:  # its records would say whether it hung, crashed or died
+            who = "it" if len(stuck.missing) == 1 else "they"
+            title += f"; whether {who} hung, crashed or died, no record says"
         yield Finding(
             severity="high",
             title=title,
