@@ -59,6 +59,11 @@ class FoundLayout:
     source: str
 
 
+def grid_size(layout: schema.Layout) -> int:
+    """The ranks a layout's grid spans: dp x tp x pp x ep x cp (a cp unset counted as 1)."""
+    return layout.dp * layout.tp * layout.pp * layout.ep * (layout.cp or 1)
+
+
 def unknown(world: int, why: str) -> FoundLayout:
     """The layout the traces do not give: every rank in one group, no axis claimed."""
     return FoundLayout(schema.Layout(dp=world), {}, f"{UNKNOWN}: {why}")
