@@ -55,10 +55,6 @@ class HostCallScan:
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, str]] = []  # start, duration, name
 
-    def add(self, name: str, ts: float, duration: float) -> None:
-        """One watched call (`watched(name)`), as the scan meets it."""
-        self.calls.append((ts, duration, name))
-
     def result(self, last_start: float | None) -> HostCalls:
         kept = [c for c in self.calls if last_start is None or c[0] < last_start]
         syncs = [(ts, ts + d) for ts, d, n in kept if n in SYNC_CALLS]
