@@ -66,9 +66,7 @@ def with_sharding(
 
 
 def _with(found: FoundLayout, zero: int, accumulation: int, text: str | None) -> FoundLayout:
-    layout = dataclasses.replace(found.layout, zero_stage=zero, grad_accum=accumulation)
-    source = found.source if text is None else f"{found.source}; {text}"
-    return FoundLayout(layout, found.groups, source)
+    return found.replaced(text, zero_stage=zero, grad_accum=accumulation)
 
 
 def read_zero_stage(
