@@ -279,7 +279,9 @@ def test_known_events_are_kept_as_recorded() -> None:
               args=on_stream_0)],
         [Kept(ph="X", cat="kernel", name="gemm", ts=130, dur=-1, tid=7),
          Kept(ph="X", cat="cpu_op", name="aten::mm", ts=2**62, dur=1, tid=1),
-         Kept(ph="i", cat="cpu_op", name="aten::mm", ts=140, dur=1, tid=1)],
+         Kept(ph="i", cat="cpu_op", name="aten::mm", ts=140, dur=1, tid=1),
+         # the step's name again, later (not complete: the device time's alone)
+         Kept(ph="i", cat="user_annotation", name="ProfilerStep#2", ts=105, dur=1, tid=1)],
     ]  # fmt: skip
     scanned, device = _one_loop(batches)
     events = scanned.result()
@@ -290,8 +292,8 @@ def test_known_events_are_kept_as_recorded() -> None:
     assert (events.cpu_t0, events.cpu_t1, events.step_tid) == (100_000, 150_000, 1)
     assert events.skipped == {"negative duration": 1, "a time or duration beyond ±2**61 ns": 1}
     assert device.device == [(120.0004, 10.5, 5, "gemm", "kernel", 0)]
-    assert not device.whole_us and list(device.cpu_start) == [100, 110, 130, 140]
-    assert device.step_starts == {"ProfilerStep#2": 100}
+    assert not device.whole_us and list(device.cpu_start) == [100, 110, 130, 140, 105]
+    assert device.step_starts == {"ProfilerStep#2": 105}  # a step's latest start
 
 
 @settings(max_examples=150, deadline=None)

@@ -283,25 +283,9 @@ class SharedArgs:
     def __init__(self) -> None:
         self.seen: dict[tuple[Any, ...], Args] = {}
 
-    def __call__(self, batch: list[Kept]) -> None:
-        seen, astuple = self.seen, struct_tuple
-        for event in batch:
-            args = event.args
-            if args is None or args.correlation is not ABSENT:
-                continue
-            key = astuple(args)
-            try:
-                found = seen.get(key)
-            except TypeError:  # a list among them
-                continue
-            if found is not None:
-                event.args = found
-            elif len(seen) < MAX_SHARED_ARGS:
-                seen[key] = args
-
     def one(self, args: Args) -> Args:
-        """`args` as the set kept for its values (`__call__` for one event's arguments:
-        one_pass.py shares only the sets the converter keeps)."""
+        """`args` as the set kept for its values (one_pass.py asks only for the sets the
+        converter keeps)."""
         if args.correlation is not ABSENT:
             return args
         key = struct_tuple(args)

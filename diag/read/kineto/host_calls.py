@@ -31,11 +31,7 @@ LAUNCH_CALLS = frozenset({
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
 LOADER_PREFIX = "enumerate(DataLoader)"
 WATCHED = SYNC_CALLS | SCALAR_READS | LAUNCH_CALLS | GRAPH_LAUNCHES
-
-
-def watched(name: str) -> bool:
-    """Whether a CPU event of this name is tallied (the scan's cheap test)."""
-    return name in WATCHED or name.startswith(LOADER_PREFIX)
+"""The CPU events tallied, with those named from LOADER_PREFIX (one_pass.take's test)."""
 
 
 @dataclass(frozen=True)
