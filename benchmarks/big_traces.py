@@ -38,7 +38,7 @@ SEED_STEPS = 4
 REPEATED = 2
 CORRELATION_BASE = 1_000_000
 """Ids start past int16 (a profiler's come from a process-wide counter; HTA downcasts small
-ones and then fails, see kineto_load.shift_correlations)."""
+ones and then fails, see kineto_folders.shift_correlations)."""
 _TS, _CORR, _STEP = "@@ts@@", "@@corr@@", "@@step@@"
 
 

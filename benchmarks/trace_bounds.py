@@ -29,6 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from benchmarks.processes import children
+except ModuleNotFoundError:  # run as a script: benchmarks/ itself is on sys.path
+    from processes import children  # type: ignore[no-redef]
+
 REPO = Path(__file__).resolve().parents[1]
 CLIENT = r"""
 import sys, time
@@ -109,18 +114,6 @@ def client(folder: Path, tree: Path) -> dict[str, object]:
     }  # fmt: skip
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
 def killed(folder: Path, tree: Path, spilled: int) -> dict[str, object]:
     temp = Path(tempfile.mkdtemp(prefix="trace-bounds-"))
     env = {**os.environ, "PYTHONPATH": str(tree), "TMPDIR": str(temp),
@@ -136,7 +129,7 @@ def killed(folder: Path, tree: Path, spilled: int) -> dict[str, object]:
         if child.poll() is not None:
             raise SystemExit("the analysis ended before spilling")
         time.sleep(0.2)
-    workers = _children(child.pid)
+    workers = children(child.pid)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     after = time.monotonic() - started

@@ -1,17 +1,29 @@
-"""The trace's events taken in one loop (one_pass.take, issue 43's speed work) give exactly
-what the three loops gave (`SharedArgs`, `Scan.add`, `DeviceScan.add`): the same converter
-state, the same device-time state and result; and the device time's inputs taken in numpy
-(device_arrays.inputs) equal those the loops give (`device._inputs`); on
-- every real trace in ../shared/real-traces (skipped when absent), end to end too: the
-  streamed reader's records and device time equal the whole-file reader's, which still
-  runs the three loops;
-- a simulated trace folder (comm-heavy: a pipeline's sends and receives);
-- random events (hypothesis) with the odd values the loops meet: times that are ints,
-  floats, NaN, infinities, strings, bools, huge or negative; names and categories of other
-  types; threads that are lists; arguments with odd ids; batches of any mix."""
+"""The trace's events taken in one loop (one_pass.take, issue 43), the only loop that reads a
+trace's events (the streamed reader's and the whole-file reader's), checked against what does
+not come from a second copy of it:
+- every real trace in ../shared/real-traces (skipped when absent): the loop's state equals
+  that recorded in tests/data/kineto_one_pass.json, which the three loops it replaced
+  (issue 43's `Scan.add`, `DeviceScan.add` and `SharedArgs`) gave too; and the streamed
+  reader's records and device time equal the whole-file reader's (two decoders, one loop);
+- a simulated trace folder (comm-heavy: a pipeline's sends and receives) and random events
+  (hypothesis) with the odd values the loop meets (times that are ints, floats, NaN,
+  infinities, strings, bools, huge or negative; names and categories of other types; threads
+  that are lists; arguments with odd ids; batches of any mix): invariants of what it keeps
+  (`_assert_invariants`: every complete event with a time kept once, on the device or the
+  host, or counted as skipped; times in bounds) and the same state however the events are
+  batched.
+And the device time's inputs taken in numpy (device_arrays.inputs) equal those the loops
+give (`device._inputs`).
+
+`DIAG_RECORD_ONE_PASS=1 pytest tests/unit/test_kineto_one_pass.py` writes the recorded file
+again: only for a change meant to change what the loop keeps, said so in its commit."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
 from array import array
 from pathlib import Path
 from typing import Any
@@ -23,9 +35,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diag.cli.main import main
+from diag.contract.limits import MAX_ABS_TIME_NS, MAX_ARG_INTEGER, MAX_STEP
 from diag.read.kineto import device_arrays, one_pass
-from diag.read.kineto.convert import Scan, scan, to_records
-from diag.read.kineto.device import HTA_PATTERNS, DeviceScan, _inputs, device_time
+from diag.read.kineto.convert import GPU_CATEGORIES, MAX_TIME_US, Scan, to_records
+from diag.read.kineto.device import HTA_PATTERNS, DeviceScan, _inputs
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.files import SharedArgs, parse_file, read_events, trace_files
 from diag.read.kineto.kernels import KernelPatterns
@@ -38,17 +51,9 @@ REAL_FILES = sorted(
     if folder.is_dir()
     for f in trace_files(folder)
 )
+RECORDED = Path(__file__).parents[1] / "data" / "kineto_one_pass.json"
 PATTERNS = KernelPatterns()
 DEVICE_STATE = ("whole_us", "cpu_start", "cpu_correlation", "step_starts", "device")
-
-
-def _three_loops(batches: list[list[Kept]]) -> tuple[Scan, DeviceScan]:
-    scanned, measured, share = Scan(), DeviceScan(), SharedArgs()
-    for batch in batches:
-        share(batch)
-        scanned.add(batch)
-        measured.add(batch)
-    return scanned, measured
 
 
 def _one_loop(batches: list[list[Kept]]) -> tuple[Scan, DeviceScan]:
@@ -58,23 +63,24 @@ def _one_loop(batches: list[list[Kept]]) -> tuple[Scan, DeviceScan]:
     return scanned, measured
 
 
-def _assert_same(batches: list[list[Kept]], again: list[list[Kept]]) -> None:
-    """The three loops over `batches` and the one loop over `again` (the same events, decoded
-    apart: the loops share argument sets in place) agree."""
-    old_scan, old_device = _three_loops(batches)
-    new_scan, new_device = _one_loop(again)
-    for name in DEVICE_STATE:
-        assert getattr(new_device, name) == getattr(old_device, name), name
-    assert new_device.host.calls == old_device.host.calls
-    old, new = old_scan.result(), new_scan.result()
-    for name in old.__dataclass_fields__:
-        assert getattr(new, name) == getattr(old, name), name
-    assert _same(new_device.result(PATTERNS), old_device.result(PATTERNS))
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal, NaN equal to NaN (a device time of odd events can be NaN)."""
-    return repr(a) == repr(b)
+def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
+    """What the loop kept of the events: a few figures to read, and its whole state (the
+    converter's and the device time's, not what is computed from them later) as text."""
+    scanned, device = _one_loop(batches)
+    events = scanned.result()
+    kept = [(name, getattr(events, name)) for name in events.__dataclass_fields__]
+    kept += [(name, getattr(device, name)) for name in DEVICE_STATE]
+    kept.append(("host_calls", device.host.calls))
+    figures = {
+        "gpu_events": len(events.gpu_t0),
+        "steps": len(events.steps),
+        "launches": len(events.launches),
+        "cpu_window_ns": [events.cpu_t0, events.cpu_t1],
+        "skipped": dict(sorted(events.skipped.items())),
+        "device_events": len(device.device),
+        "cpu_events": len(device.cpu_start),
+    }
+    return figures, repr(kept)
 
 
 def _batches(path: Path) -> list[list[Kept]]:
@@ -83,16 +89,112 @@ def _batches(path: Path) -> list[list[Kept]]:
     return found
 
 
+def _key(path: Path) -> str:
+    return path.relative_to(REAL_TRACES).as_posix()
+
+
+def _recorded(path: Path) -> dict[str, Any]:
+    figures, text = _state(_batches(path))
+    return figures | {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+@pytest.mark.skipif(not os.environ.get("DIAG_RECORD_ONE_PASS"), reason="records on request")
+@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-traces is absent")
+def test_record_the_real_traces_state() -> None:
+    RECORDED.write_text(
+        json.dumps({_key(path): _recorded(path) for path in REAL_FILES}, indent=1) + "\n"
+    )
+
+
 @pytest.mark.skipif(not REAL_FILES, reason="../shared/real-traces is absent")
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_real_traces_read_the_same_in_one_loop(path: Path) -> None:
-    _assert_same(_batches(path), _batches(path))
-    # end to end: the streamed reader (one loop) against the whole file's three loops
+def test_real_traces_read_as_recorded(path: Path) -> None:
+    expected = json.loads(RECORDED.read_text())[_key(path)]
+    assert _recorded(path) == expected
+    _assert_invariants(_batches(path))
+    # end to end: the streamed reader against the whole file's (the same loop, decoded apart)
     parsed = parse_file(path, PATTERNS)
     whole, _ = read_events(path)
-    events = scan(whole.traceEvents)
-    assert parsed.records == to_records(parsed.rank or 0, events, PATTERNS)
-    assert _same(parsed.device_time, device_time(whole.traceEvents, PATTERNS))
+    scanned, device = _one_loop([whole.traceEvents])
+    assert parsed.records == to_records(parsed.rank or 0, scanned.result(), PATTERNS)
+    assert _same(parsed.device_time, device.result(PATTERNS))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (a device time of odd events can be NaN)."""
+    return repr(a) == repr(b)
+
+
+def _finite(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def _ns(us: int | float) -> int:
+    return us * 1000 if type(us) is int else round(us * 1000)
+
+
+def _stream(value: Any) -> int:
+    """A stream argument as the loop keeps it: a non-negative integer, else -1 (unknown)."""
+    return value if type(value) is int and 0 <= value < MAX_ARG_INTEGER else -1
+
+
+def _launch(value: Any) -> int:
+    """A correlation argument as the loop keeps it: a non-negative integer, also written
+    as a float or text, else -1 (none)."""
+    try:
+        number = int(value) if type(value) in (int, float, str) else -1
+    except (ValueError, OverflowError):
+        return -1
+    return number if 0 <= number < MAX_ARG_INTEGER else -1
+
+
+def _assert_invariants(batches: list[list[Kept]]) -> None:
+    """What the loop keeps, from what the events are (not from how it reads them): a
+    complete event with a finite time is a device event (a GPU category), a host event, or
+    skipped with its reason; kept times are integer ns within bounds, ends not before
+    starts; the steps in time order; and the same state taken in one batch."""
+    flat = [event for batch in batches for event in batch]
+    timed = [e for e in flat if e.ph == "X" and _finite(e.ts)]
+    in_range = [
+        e for e in timed
+        if abs(e.ts) < MAX_TIME_US and (not _finite(e.dur) or abs(e.dur) < MAX_TIME_US)
+        and not (_finite(e.dur) and e.dur < 0)
+    ]  # fmt: skip
+    on_gpu = [e for e in in_range if type(e.cat) is str and e.cat in GPU_CATEGORIES]
+    scanned, device = _one_loop(batches)
+    events = scanned.result()
+    assert len(events.gpu_t0) == len(on_gpu)
+    columns = (events.gpu_name, events.gpu_category, events.gpu_t1, events.gpu_correlation,
+               events.gpu_stream, events.gpu_args)  # fmt: skip
+    assert all(len(column) == len(on_gpu) for column in columns)
+    # a kernel's start and duration: its own, in whole ns (an untimed one: none)
+    assert events.gpu_t0 == [_ns(e.ts) for e in on_gpu]
+    assert [b - a for a, b in zip(events.gpu_t0, events.gpu_t1, strict=True)] == [
+        _ns(e.dur) if _finite(e.dur) else 0 for e in on_gpu
+    ]
+    # a kernel's stream and launch: its arguments', where they are ids, else -1
+    arguments = [e.args for e in on_gpu]
+    assert events.gpu_stream == [_stream(a.stream if a else ABSENT) for a in arguments]
+    assert events.gpu_correlation == [_launch(a.correlation if a else ABSENT) for a in arguments]
+    out_of_range = sum(
+        1 for e in timed
+        if abs(e.ts) >= MAX_TIME_US or (_finite(e.dur) and abs(e.dur) >= MAX_TIME_US)
+    )  # fmt: skip
+    assert events.skipped["a time or duration beyond ±2**61 ns"] == out_of_range
+    assert events.skipped["negative duration"] == len(timed) - out_of_range - len(in_range)
+    params = [row[:2] for rows in events.params.values() for row in rows]
+    kept = [*events.gpu_t0, *events.gpu_t1, *(t for row in params for t in row)]
+    assert all(type(t) is int and abs(t) <= MAX_ABS_TIME_NS for t in kept)
+    assert all(t1 >= t0 for t0, t1 in zip(events.gpu_t0, events.gpu_t1, strict=True))
+    assert all(0 <= step < MAX_STEP and t1 >= t0 for step, t0, t1 in events.steps)
+    assert [s[1] for s in events.steps] == sorted(s[1] for s in events.steps)
+    # a host event widens the host's window (a step numbered beyond 2**40 too)
+    assert (events.cpu_t0 is None) == (len(in_range) == len(on_gpu))
+    assert device.whole_us == all(type(e.ts) is int for e in flat)
+    assert all(row[5] >= 0 for row in device.device)  # a device event has its stream
+    assert len(device.cpu_start) == len(device.cpu_correlation)
+    _, text = _state(batches)
+    assert _state([flat])[1] == text  # however the events come in batches
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +208,16 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return sorted(out.glob("*.json"))
 
 
-def test_a_simulated_folder_reads_the_same_in_one_loop(simulated: list[Path]) -> None:
+def test_a_simulated_folder_reads_whole_and_streamed_alike(simulated: list[Path]) -> None:
+    assert len(simulated) == 4
     for path in simulated:
-        _assert_same(_batches(path), _batches(path))
+        _assert_invariants(_batches(path))
         parsed = parse_file(path, PATTERNS)
         whole, _ = read_events(path)
-        assert parsed.records == to_records(parsed.rank or 0, scan(whole.traceEvents), PATTERNS)
+        scanned, _ = _one_loop([whole.traceEvents])
+        assert parsed.records == to_records(parsed.rank or 0, scanned.result(), PATTERNS)
         assert len(parsed.records["comm"]) > 10
+        assert sorted({s["step"] for s in parsed.records["step"]}) == [0, 1, 2, 3]
 
 
 times = st.one_of(
@@ -161,18 +266,39 @@ events = st.builds(
 )
 
 
+def test_known_events_are_kept_as_recorded() -> None:
+    """A few events whose every kept value is written out here."""
+    launch = Args(correlation=5, stream=ABSENT)
+    on_stream_0 = Args(correlation="5", stream=0)
+    batches = [
+        [Kept(ph="X", cat="user_annotation", name="ProfilerStep#2", ts=100, dur=50, tid=1),
+         Kept(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=110, dur=2, tid=1,
+              args=launch),
+         Kept(ph="X", cat="kernel", name="gemm", ts=120.0004, dur=10.5, tid=7,
+              args=on_stream_0)],
+        [Kept(ph="X", cat="kernel", name="gemm", ts=130, dur=-1, tid=7),
+         Kept(ph="X", cat="cpu_op", name="aten::mm", ts=2**62, dur=1, tid=1),
+         Kept(ph="i", cat="cpu_op", name="aten::mm", ts=140, dur=1, tid=1),
+         # the step's name again, later (not complete: the device time's alone)
+         Kept(ph="i", cat="user_annotation", name="ProfilerStep#2", ts=105, dur=1, tid=1)],
+    ]  # fmt: skip
+    scanned, device = _one_loop(batches)
+    events = scanned.result()
+    assert (events.gpu_name, events.gpu_category) == (["gemm"], ["kernel"])
+    assert (events.gpu_t0, events.gpu_t1) == ([120_000], [130_500])
+    assert (events.gpu_correlation, events.gpu_stream) == ([5], [0])
+    assert events.launches == {5: (1, 110_000)} and events.steps == [(2, 100_000, 150_000)]
+    assert (events.cpu_t0, events.cpu_t1, events.step_tid) == (100_000, 150_000, 1)
+    assert events.skipped == {"negative duration": 1, "a time or duration beyond ±2**61 ns": 1}
+    assert device.device == [(120.0004, 10.5, 5, "gemm", "kernel", 0)]
+    assert not device.whole_us and list(device.cpu_start) == [100, 110, 130, 140, 105]
+    assert device.step_starts == {"ProfilerStep#2": 105}  # a step's latest start
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(events, max_size=25), max_size=4))
-def test_random_events_read_the_same_in_one_loop(batches: list[list[Kept]]) -> None:
-    again = [[_copy(e) for e in batch] for batch in batches]
-    _assert_same(batches, again)
-
-
-def _copy(event: Kept) -> Kept:
-    args = event.args
-    copied = None if args is None else Args(**{f: getattr(args, f) for f in Args.__struct_fields__})
-    fields = {f: getattr(event, f) for f in Kept.__struct_fields__}
-    return Kept(**(fields | {"args": copied}))
+def test_random_events_keep_the_invariants(batches: list[list[Kept]]) -> None:
+    _assert_invariants(batches)
 
 
 # --- the device time's inputs in numpy (device_arrays.inputs) against the loops (_inputs) ---

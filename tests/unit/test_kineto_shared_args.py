@@ -27,12 +27,11 @@ def test_equal_argument_sets_are_one_object_and_a_launch_keeps_its_own() -> None
         {"ph": "X", "name": "aten::mm", "args": {"Input Dims": [[1, 2]]}}
     ]""")
     share = files.SharedArgs()
-    share(events[:2])
-    share(events[2:])
-    assert events[0].args is events[1].args and events[2].args is not events[0].args
-    assert events[2].args.seq == 2
-    assert events[3].args is not events[4].args  # a launch's: its own
-    assert events[5].args is not events[6].args  # a list among them: not hashable, as is
+    kept = [share.one(event.args) for event in events]
+    assert kept[0] is kept[1] is events[0].args and kept[2] is not kept[0]
+    assert kept[2].seq == 2
+    assert kept[3] is events[3].args and kept[4] is events[4].args  # a launch's: its own
+    assert kept[5] is events[5].args and kept[6] is events[6].args  # a list: not hashable
 
 
 def test_a_trace_reads_the_same_with_its_argument_sets_shared(
@@ -46,8 +45,7 @@ def test_a_trace_reads_the_same_with_its_argument_sets_shared(
     assert result.exit_code == 0, result.output
     trace = sorted(out.glob("*.json"))[1]
     shared = files.parse_file(trace, KernelPatterns())
-    monkeypatch.setattr(files.SharedArgs, "__call__", lambda self, batch: None)
-    monkeypatch.setattr(files.SharedArgs, "one", lambda self, args: args)  # one_pass.py's
+    monkeypatch.setattr(files.SharedArgs, "one", lambda self, args: args)
     decoded = files.parse_file(trace, KernelPatterns())
     assert shared.records == decoded.records and len(shared.records["comm"]) > 10
     assert shared.device_time == decoded.device_time

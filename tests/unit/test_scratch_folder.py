@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import diag.read.kineto as kineto
+from benchmarks.processes import children
 from diag.metrics.file_reduction import reduce_rank_files
 from diag.read import scratch
 from diag.read.kineto import SPILL_NAMES, SPILL_PREFIX, load_trace_dir
@@ -63,18 +64,6 @@ def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield found
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
 def _running(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -111,7 +100,7 @@ def test_a_sigkilled_analysis_spill_is_removed_by_the_next(
     traces: Path, temp_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     child, folder = _analysis_inside_its_spill(traces, temp_dir)
-    workers = _children(child.pid)
+    workers = children(child.pid)
     assert len(workers) >= 2, workers
     os.kill(child.pid, signal.SIGKILL)
     assert child.wait(timeout=60) == -signal.SIGKILL
@@ -128,7 +117,7 @@ def test_a_sigkilled_analysis_spill_is_removed_by_the_next(
 
 def test_a_sigterm_removes_the_spill_at_once(traces: Path, temp_dir: Path) -> None:
     child, folder = _analysis_inside_its_spill(traces, temp_dir)
-    workers = _children(child.pid)
+    workers = children(child.pid)
     started = time.monotonic()
     os.kill(child.pid, signal.SIGTERM)
     assert child.wait(timeout=60) == 128 + signal.SIGTERM  # not after the workers' 600 s

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as _dt
 import gc
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from diag.contract import schema
 from diag.contract.files import open_regular
 from diag.contract.limits import MAX_TRACE_FILE_BYTES
-from diag.contract.names import grid_groups
 from diag.errors import InputError
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
@@ -34,12 +32,11 @@ from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
 from diag.read.kineto.kernels import KernelPatterns
-from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
+from diag.read.kineto.manifest import axis_of, folder_manifest
 from diag.read.kineto.packed_comms import (
     MESSAGE_COLUMNS,
     LayoutKey,
     LayoutRows,
-    LayoutView,
     Message,
     PackedComms,
     message_column,
@@ -48,8 +45,7 @@ from diag.read.kineto.packed_comms import (
     pack_comms,
     split_packed_batches,
 )
-from diag.read.kineto.schedule import with_schedule
-from diag.read.kineto.sharding import with_sharding
+from diag.read.kineto.placement import grid_size
 from diag.read.kineto.window import Reduced, reduce_spilled, reduce_traces, window_end
 from diag.read.kineto.window import note as window_note
 from diag.read.load import (
@@ -132,10 +128,10 @@ def _loaded(
             records[kind] += rows
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = _manifest(folder, traces, layout, records, list(comm_parts))
+    manifest = folder_manifest(folder, traces, layout, records, list(comm_parts))
     for part in comm_parts:  # counted: no longer needed
         part.layout_rows = Counter()
-    grid = _grid(manifest.layout)
+    grid = grid_size(manifest.layout)
     if layout is not None and grid != manifest.world_size:
         raise InputError(folder, f"the layout's dp x tp x pp x ep x cp = {grid} is not the "
                                  f"traces' world size {manifest.world_size}")  # fmt: skip
@@ -146,7 +142,7 @@ def _loaded(
             f"{folder}: traces of {len(traces)} of {manifest.world_size} ranks ({shown}); "
             "the others are not analysed"
         )
-    axis_of = _axis_of(manifest)
+    axes = axis_of(manifest)
     records_count = sum(_rows(p) for p in span_parts) + sum(len(p) for p in comm_parts)
     spilled = [p for p in comm_parts if isinstance(p, Spilled)]
     unnamed = layout is not None and any(None in p.members for p in comm_parts)
@@ -160,11 +156,11 @@ def _loaded(
         # every trace on disk and no op whose naming reads other traces' ops: reduced by workers
         end = window_end([t.records["step"] for t in traces], records_count, manifest.world_size)
         kept = spill_to if not isinstance(spill_to, Path) else None
-        reduced = reduce_spilled(reduce, [p.where for p in spilled], axis_of, end, workers, kept)
+        reduced = reduce_spilled(reduce, [p.where for p in spilled], axes, end, workers, kept)
         del span_parts, comm_parts, spilled
         return _run(folder, manifest, traces, records, skipped, reduced)
     span_parts, comm_parts = _read_back(span_parts, comm_parts, spill_to)
-    comm_columns = [named_by_axis(part, axis_of) for part in comm_parts]
+    comm_columns = [named_by_axis(part, axes) for part in comm_parts]
     if layout is not None:  # an older trace's ops, named by none of its groups
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
     # a batched kernel's ops given their own ends and waits from their peers' ops (batches.py)
@@ -406,94 +402,6 @@ def _layout_beside(folder: Path) -> schema.Layout | None:
         return schema.read_manifest(folder.parent).layout
     except (OSError, ValueError, schema.SchemaError):
         return None
-
-
-def _manifest(
-    folder: Path,
-    traces: list[ParsedTrace],
-    layout: schema.Layout | None,
-    records: dict[str, list[dict]],
-    comm_parts: list[PackedComms],
-) -> schema.Manifest:
-    worlds = [t.world_size for t in traces if t.world_size]
-    world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
-    # the collectives as the inference counts them (packed_comms.LayoutView: exact)
-    view = LayoutView([p.layout_rows for p in comm_parts])
-    if layout is not None:
-        # the groups a job on this grid forms: the pipeline's neighbours pair its messages
-        grid = _grid(layout) == world_size
-        sizes = {"dp": layout.dp, "pp": layout.pp, "ep": layout.ep, "tp": layout.tp,
-                 "cp": layout.cp}  # fmt: skip
-        found = FoundLayout(layout, grid_groups(sizes) if grid else {}, GIVEN)
-    else:
-        configs = [group for t in traces for group in t.pg_groups]
-        comms = cast(list[dict[str, Any]], view)
-        found = infer_layout(world_size, configs, comms, records["step"])
-    # m and v: given, or from the pipeline's sends and receives per step (schedule.py)
-    found = with_schedule(found, layout, view.rows, records["step"])
-    # the ZeRO stage: given, or from the data-parallel collectives (sharding.py)
-    found = with_sharding(found, layout, view.rows)
-    backends = {t.backend for t in traces if t.backend}
-    device = next((t.device_name for t in traces if t.device_name), None)
-    on_device = any(t.on_device for t in traces)
-    return schema.Manifest(
-        run_id=folder.resolve().name,
-        created=_dt.datetime.fromtimestamp(_newest_mtime(traces), _dt.UTC).isoformat(),
-        world_size=world_size,
-        trainer="kineto",
-        command=None,
-        backend=backends.pop() if len(backends) == 1 else None,
-        device_type="cuda" if on_device else "cpu",
-        layout=found.layout,
-        groups=found.groups,
-        layout_source=found.source,
-        ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
-        status=window_status(traces, records),
-    )
-
-
-def _grid(layout: schema.Layout) -> int:
-    return layout.dp * layout.tp * layout.pp * layout.ep * (layout.cp or 1)
-
-
-def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> str:
-    """`complete` where every traced rank's profiled window closed alike: each has steps and
-    the same last one; else unknown (a rank whose trace stops steps before the others':
-    it hung, died or was cut short, which the traces cannot tell apart). A trace folder says
-    no more: not whether the job finished, only whether the window it profiled did (each
-    kept step closed; a kernel launched outside every step is not read)."""
-    last: dict[int, int] = {}
-    for step in records["step"]:
-        rank = int(step["rank"])
-        last[rank] = max(last.get(rank, step["step"]), step["step"])
-    if any(int(t.rank or 0) not in last for t in traces) or len(set(last.values())) > 1:
-        return schema.RunStatus.UNKNOWN.value
-    return schema.RunStatus.COMPLETE.value
-
-
-def _axis_of(manifest: schema.Manifest) -> dict[tuple[int, ...], str]:
-    """Each manifest group's sorted ranks -> its axis (the first axis of equal ranks). A
-    collective whose process group's ranks are one of these is named by that axis (`dp`,
-    `tp`, ...; `packed_comms.named_by_axis`): the trace's own names (`mesh_dp`, `pg3`, or one
-    description for many groups) say nothing the analysis may rely on, the members do. Others
-    keep the trace's name."""
-    axis_of: dict[tuple[int, ...], str] = {}
-    for axis, groups in manifest.groups.items():
-        for members in groups:
-            axis_of.setdefault(tuple(sorted(members)), axis)
-    return axis_of
-
-
-def _newest_mtime(traces: list[ParsedTrace]) -> float:
-    """When the newest trace was written: the run's date (the folder's own time changes when
-    its cache is written)."""
-    times = []
-    for trace in traces:
-        try:
-            times.append(trace.path.stat().st_mtime)
-        except OSError:
-            continue
-    return max(times, default=0.0)
 
 
 def _device_table(traces: list[ParsedTrace]) -> pd.DataFrame:

@@ -19,11 +19,9 @@ Times are Kineto's microseconds turned into integer nanoseconds.
 
 from __future__ import annotations
 
-import math
 import re
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,14 +30,11 @@ import numpy as np
 from diag.contract import schema
 from diag.contract.limits import (
     MAX_ABS_TIME_NS,
-    MAX_ARG_INTEGER,
-    MAX_LABEL_CHARS,
-    MAX_STEP,
 )
 from diag.numeric import intervals
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
-from diag.read.kineto.events import ABSENT, Args, Kept
+from diag.read.kineto.events import Args
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 from diag.read.kineto.queued import MESSAGE_OPS, queued_arrivals
 from diag.read.kineto.send_waits import send_waited
@@ -82,111 +77,16 @@ class RankEvents:
     comm_sources: dict[str, int] = field(default_factory=dict)  # comm kernels by how read
 
 
-def scan(events: Iterable[Kept]) -> RankEvents:
-    """The parts of one rank's events the analysis uses (`Scan` over all of them at once)."""
-    scanned = Scan()
-    scanned.add(events)
-    return scanned.result()
-
-
 class Scan:
-    """One pass over a trace's complete ('X') events, a batch at a time (`add`), as the file
-    is read (diag/read/kineto/stream.py): the hot loop of a trace load, so plain type checks
-    and local names, no regex unless the name can be a step."""
+    """The converter's part of a trace's complete ('X') events, gathered a batch at a time as
+    the file is read (diag/read/kineto/stream.py) by the one loop over the events
+    (one_pass.take, which fills the device time's `DeviceScan` beside it)."""
 
     def __init__(self) -> None:
         self.out = RankEvents()
         self.params: dict[Any, list[tuple[int, int, Args]]] = defaultdict(list)
         self.labels: dict[str, str] = {}  # one object for each kernel name and category
         self.annotations: dict[Any, list[tuple[int, int, str, Args]]] = defaultdict(list)
-
-    def add(self, events: Iterable[Kept]) -> None:
-        out, params = self.out, self.params
-        gpu_name, gpu_category = out.gpu_name, out.gpu_category
-        gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
-        cpu_ops, launches, labels = out.cpu_ops, out.launches, self.labels
-        gpu_args, annotations = out.gpu_args, self.annotations
-        cpu_first, cpu_last = [], []
-        for event in events:
-            if event.ph != "X":
-                continue
-            ts = event.ts
-            if type(ts) is not int and (type(ts) is not float or not math.isfinite(ts)):
-                continue
-            duration = event.dur
-            timed = type(duration) is int or (type(duration) is float and math.isfinite(duration))
-            if not -MAX_TIME_US < ts < MAX_TIME_US or (
-                timed and not -MAX_TIME_US < duration < MAX_TIME_US
-            ):
-                out.skipped["a time or duration beyond ±2**61 ns"] += 1
-                continue
-            if timed and duration < 0:
-                out.skipped["negative duration"] += 1
-                continue
-            t0 = ts * NS_PER_US if type(ts) is int else round(ts * NS_PER_US)
-            if type(duration) is int:
-                t1 = t0 + duration * NS_PER_US
-            else:
-                t1 = t0 + round(duration * NS_PER_US) if timed else t0
-            category, name, tid = event.cat, event.name, event.tid
-            if type(category) is not str:
-                category = None
-            if type(name) is not str:
-                name = str(name) if type(name) is int or type(name) is float else ""
-            if type(tid) is list or type(tid) is dict:
-                tid = None
-            args = event.args or NO_ARGS
-            if category in GPU_CATEGORIES:
-                gpu_name.append(labels.setdefault(name, name))
-                gpu_category.append(labels.setdefault(category, category))
-                # newer Kineto copies the collective's metadata onto its kernel
-                gpu_args.append(args if args.collective is not ABSENT else None)
-                gpu_t0.append(t0)
-                gpu_t1.append(t1)
-                correlation = args.correlation
-                gpu_correlation.append(
-                    correlation if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER
-                    else correlation_of(correlation)
-                )  # fmt: skip
-                stream = args.stream
-                out.gpu_stream.append(
-                    stream if type(stream) is int and 0 <= stream < MAX_ARG_INTEGER else -1
-                )
-                continue
-            cpu_first.append(t0)
-            cpu_last.append(t1)
-            if name.startswith("nccl:") and category != "gpu_user_annotation":
-                # `nccl:<op>` (record_function around the launch): the op on older traces
-                annotations[tid].append((t0, t1, name[5:], args))
-            elif category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-                ops = cpu_ops.get(tid)  # c10d ops only enqueue
-                if ops is None:
-                    ops = cpu_ops[tid] = (array("q"), array("q"))
-                ops[0].append(t0)
-                ops[1].append(t1)
-            elif category in LAUNCH_CATEGORIES:
-                correlation = args.correlation
-                if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
-                    launches[correlation] = (tid, t0)
-                elif correlation is not ABSENT:
-                    launches[correlation_of(correlation)] = (tid, t0)
-            elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
-                if step := STEP_NAME.match(name):
-                    if int(step.group(1)) >= MAX_STEP:
-                        out.skipped["step number beyond 2**40"] += 1
-                        continue
-                    out.steps.append((int(step.group(1)), t0, t1))
-                    out.step_tid = tid
-            elif name.startswith("gloo:"):
-                out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
-            elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
-                out.c10d.append((name[6:MAX_LABEL_CHARS], t0))
-            if name == "record_param_comms":
-                params[tid].append((t0, t1, args))
-        if cpu_first:
-            first, last = min(cpu_first), max(cpu_last)
-            out.cpu_t0 = first if out.cpu_t0 is None else min(out.cpu_t0, first)
-            out.cpu_t1 = last if out.cpu_t1 is None else max(out.cpu_t1, last)
 
     def result(self) -> RankEvents:
         """The events added, with the launches' arguments and the steps in time order."""

@@ -28,19 +28,17 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
 import numpy as np
 
-from diag.contract.limits import MAX_LABEL_CHARS, MAX_LAUNCHES_PER_KERNEL
+from diag.contract.limits import MAX_LAUNCHES_PER_KERNEL
 from diag.numeric import intervals
 from diag.read.kineto import device_arrays
-from diag.read.kineto.convert import MAX_TIME_US
-from diag.read.kineto.events import ABSENT, Kept
-from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED, HostCalls, HostCallScan
+from diag.read.kineto.host_calls import HostCalls, HostCallScan
 from diag.read.kineto.idle import KERNEL_CATEGORIES, NO_IDLE, IdleSplit, idle_split
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 
@@ -55,7 +53,6 @@ HTA_PATTERNS = KernelPatterns(
 """HTA's classification (it matches names only, anchored at the start): NCCL names are its
 only communication; names on its list of non-computation that are neither are "other"."""
 STEP_START = re.compile(r"^ProfilerStep#\d+")
-_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 
 
 @dataclass(frozen=True)
@@ -111,15 +108,9 @@ def number_of(value: Any, default: float = -1) -> float:
         return default
 
 
-def device_time(events: Iterable[Kept], patterns: KernelPatterns) -> DeviceTime | None:
-    """The rank's device time over its kept events; None when it has no device events."""
-    scanned = DeviceScan()
-    scanned.add(events)
-    return scanned.result(patterns)
-
-
 class DeviceScan:
-    """What `device_time` needs of a trace's events, gathered a batch at a time (`add`)."""
+    """What the device time needs of a trace's events, gathered a batch at a time by the
+    one loop over the events (one_pass.take, which fills the converter's `Scan` beside it)."""
 
     def __init__(self) -> None:
         self.whole_us = True  # HTA rounds every event when any timestamp is fractional (or missing)
@@ -130,46 +121,6 @@ class DeviceScan:
         self.device: list[tuple[float, float, Any, str, str, float]] = []
         self.labels: dict[str, str] = {}  # one object for each kernel name and category
         self.host = HostCallScan()
-
-    def add(self, events: Iterable[Kept]) -> None:
-        cpu_start, cpu_correlation = self.cpu_start, self.cpu_correlation
-        step_starts, device, labels = self.step_starts, self.device, self.labels
-        isfinite = math.isfinite
-        for event in events:
-            ts = event.ts
-            if type(ts) is not int:
-                self.whole_us = False
-            duration, category = event.dur, event.cat
-            if ts is None or duration is None or category is None or category == "Trace":
-                continue
-            if (type(ts) is not int and (type(ts) is not float or not isfinite(ts))) or (
-                type(duration) is not int
-                and (type(duration) is not float or not isfinite(duration))
-            ):  # an int, or a finite float
-                continue  # a NaN or a string where a time should be
-            args = event.args
-            stream, correlation = (args.stream, args.correlation) if args else (-1, -1)
-            if type(stream) is not int:
-                stream = -1 if stream is ABSENT else number_of(stream)
-            if type(correlation) is not int:
-                # hashable: a key of the launch count
-                correlation = -1 if correlation is ABSENT else number_of(correlation)
-            if abs(ts) >= MAX_TIME_US or abs(duration) >= MAX_TIME_US:
-                continue  # as the converter skips them (convert.py)
-            name = event.name if type(event.name) is str else ""
-            on_device = stream >= 0 and correlation >= 0
-            if on_device or name in _SYNC_NAMES:
-                if stream >= 0:
-                    kind = str(category)[:MAX_LABEL_CHARS]
-                    kind, name = labels.setdefault(kind, kind), labels.setdefault(name, name)
-                    device.append((ts, duration, correlation, name, kind, stream))
-                continue
-            if name in WATCHED or name.startswith(LOADER_PREFIX):  # host_calls.watched, inline
-                self.host.add(name, ts, duration)
-            cpu_start.append(ts)
-            cpu_correlation.append(correlation)
-            if name.startswith("ProfilerStep") and STEP_START.match(name):
-                step_starts[name] = max(ts, step_starts.get(name, ts))
 
     def result(self, patterns: KernelPatterns) -> DeviceTime | None:
         """The device time of the events added; None when none ran on the device."""

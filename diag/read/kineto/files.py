@@ -29,8 +29,8 @@ from diag.contract.names import WORLD
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
 from diag.read.kineto import one_pass
-from diag.read.kineto.convert import RankEvents, Scan, scan, to_records
-from diag.read.kineto.device import DeviceScan, DeviceTime, device_time
+from diag.read.kineto.convert import RankEvents, Scan, to_records
+from diag.read.kineto.device import DeviceScan, DeviceTime
 from diag.read.kineto.events import (
     ABSENT,
     DECODE_ERRORS,
@@ -240,14 +240,15 @@ def _scanned(
 ) -> tuple[KeptTrace, RankEvents, DeviceTime | None, list[str]]:
     """The trace's metadata, what the converter and the device time take of its events, and
     notes. Read a batch of events at a time as the file inflates (stream.py); a file that is
-    not read so is read whole, which gives the same events, or the error."""
+    not read so is read whole, which gives the same events, or the error. Either way the
+    events are taken by one loop (one_pass.take)."""
     if FAST:
         scanned, measured = Scan(), DeviceScan()
 
         share = SharedArgs()
 
         def take(batch: list[Kept]) -> None:
-            one_pass.take(batch, scanned, measured, share.one)  # the three in one loop
+            one_pass.take(batch, scanned, measured, share.one)
 
         try:
             data = stream_events(path, take)
@@ -255,7 +256,15 @@ def _scanned(
         except NotStreamable:
             pass
     data, notes = read_events(path)
-    return data, scan(data.traceEvents), device_time(data.traceEvents, patterns), notes
+    scanned, measured = Scan(), DeviceScan()
+    # the whole file's events at once, their argument sets as decoded (SharedArgs keys them
+    # by msgspec, which a file read without it lacks; sharing changes nothing read)
+    one_pass.take(data.traceEvents, scanned, measured, _as_decoded)
+    return data, scanned.result(), measured.result(patterns), notes
+
+
+def _as_decoded(args: Args) -> Args:
+    return args
 
 
 MAX_SHARED_ARGS = 65_536
@@ -274,25 +283,9 @@ class SharedArgs:
     def __init__(self) -> None:
         self.seen: dict[tuple[Any, ...], Args] = {}
 
-    def __call__(self, batch: list[Kept]) -> None:
-        seen, astuple = self.seen, struct_tuple
-        for event in batch:
-            args = event.args
-            if args is None or args.correlation is not ABSENT:
-                continue
-            key = astuple(args)
-            try:
-                found = seen.get(key)
-            except TypeError:  # a list among them
-                continue
-            if found is not None:
-                event.args = found
-            elif len(seen) < MAX_SHARED_ARGS:
-                seen[key] = args
-
     def one(self, args: Args) -> Args:
-        """`args` as the set kept for its values (`__call__` for one event's arguments:
-        one_pass.py shares only the sets the converter keeps)."""
+        """`args` as the set kept for its values (one_pass.py asks only for the sets the
+        converter keeps)."""
         if args.correlation is not ABSENT:
             return args
         key = struct_tuple(args)

@@ -31,11 +31,7 @@ LAUNCH_CALLS = frozenset({
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
 LOADER_PREFIX = "enumerate(DataLoader)"
 WATCHED = SYNC_CALLS | SCALAR_READS | LAUNCH_CALLS | GRAPH_LAUNCHES
-
-
-def watched(name: str) -> bool:
-    """Whether a CPU event of this name is tallied (the scan's cheap test)."""
-    return name in WATCHED or name.startswith(LOADER_PREFIX)
+"""The CPU events tallied, with those named from LOADER_PREFIX (one_pass.take's test)."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +50,6 @@ class HostCallScan:
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, str]] = []  # start, duration, name
-
-    def add(self, name: str, ts: float, duration: float) -> None:
-        """One watched call (`watched(name)`), as the scan meets it."""
-        self.calls.append((ts, duration, name))
 
     def result(self, last_start: float | None) -> HostCalls:
         kept = [c for c in self.calls if last_start is None or c[0] < last_start]

@@ -1,15 +1,19 @@
-"""A batch of decoded events taken in one loop (issue 43): what `convert.Scan.add`,
-`device.DeviceScan.add` and `files.SharedArgs` did in three loops over every event, each
-reading the event's fields and checking their types again, done in one.
+"""The one loop over a trace's decoded events, a batch at a time (issue 43): what the
+converter (`convert.Scan`) and the device time (`device.DeviceScan`) take of each event, and
+the argument sets kept as one object (`files.SharedArgs.one`), in one pass. Both readers use
+it: the streamed one batch by batch, the whole-file one over every event at once.
 
-The loop is the three loops' bodies side by side, each reading what it read before, so it
-adds to the `Scan` and the `DeviceScan` exactly what their `add`s add (the same lists, dicts
-and arrays, in the same order; tests/unit/test_kineto_one_pass.py compares them on every
-real trace, simulated folders and random events). Two things it does not repeat:
+It replaced three loops, each reading the event's fields and checking their types again; it
+was proved to add exactly what they added (the same lists, dicts and arrays, in the same
+order) on every real trace, simulated folders and random events, and that state is recorded
+(tests/unit/test_kineto_one_pass.py: against the record, and against invariants of what it
+keeps). What it does once where they did it each:
 - an argument set is shared (`SharedArgs.one`) only where the converter keeps it (a
   `record_param_comms`, an `nccl:` annotation, a kernel's collective arguments): sharing
   saves memory and changes nothing read, and the sets of other events are dropped anyway;
 - a field is read from the event once (locals), its type tested once where both tested it.
+The hot loop of a trace load: plain type checks and local names, no regex unless the name
+can be a step.
 
 (Taking the events as columns instead, numpy over attribute lists, was measured: 1.3x on
 the simulated folders' comm-heavy traces but 0.8x on the 216k-event real trace, since
@@ -43,8 +47,9 @@ _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 def take(
     events: list[Kept], scan: Scan, device: DeviceScan, shared: Callable[[Args], Args]
 ) -> None:
-    """`scan.add(events)` and `device.add(events)` in one loop (the module's docstring);
-    `shared`: an argument set as the one kept for its values (`files.SharedArgs.one`)."""
+    """The converter's and the device time's parts of `events` added to `scan` and `device`
+    (the module's docstring); `shared`: an argument set as the one kept for its values
+    (`files.SharedArgs.one`)."""
     out, params = scan.out, scan.params
     gpu_name, gpu_category = out.gpu_name, out.gpu_category
     gpu_t0, gpu_t1, gpu_correlation = out.gpu_t0, out.gpu_t1, out.gpu_correlation
@@ -66,7 +71,7 @@ def take(
         ts_finite = ts_int or (type(ts) is float and isfinite(ts))
         dur_int = type(duration) is int
         timed = dur_int or (type(duration) is float and isfinite(duration))
-        # ---- the device time's (DeviceScan.add): every event, whatever its phase
+        # ---- the device time's (DeviceScan): every event, whatever its phase
         if not ts_int:
             whole_us = False
         if (
@@ -77,7 +82,7 @@ def take(
                 stream, correlation = args.stream, args.correlation
                 if type(stream) is not int:
                     stream = -1 if stream is ABSENT else number_of(stream)
-                if type(correlation) is not int:
+                if type(correlation) is not int:  # hashable: a key of the launch count
                     correlation = -1 if correlation is ABSENT else number_of(correlation)
             else:
                 stream = correlation = -1
@@ -97,7 +102,7 @@ def take(
                 cpu_correlation.append(correlation)
                 if device_name.startswith("ProfilerStep") and STEP_START.match(device_name):
                     step_starts[device_name] = max(ts, step_starts.get(device_name, ts))
-        # ---- the converter's (Scan.add): complete events with a time
+        # ---- the converter's (Scan): complete events with a time
         if event.ph != "X" or not ts_finite:
             continue
         if not -MAX_TIME_US < ts < MAX_TIME_US or (
@@ -125,6 +130,7 @@ def take(
         if category in GPU_CATEGORIES:
             gpu_name.append(labels.setdefault(name, name))
             gpu_category.append(labels.setdefault(category, category))
+            # newer Kineto copies the collective's metadata onto its kernel
             gpu_args.append(shared(args) if args.collective is not ABSENT else None)
             gpu_t0.append(t0)
             gpu_t1.append(t1)
@@ -141,9 +147,10 @@ def take(
         cpu_first.append(t0)
         cpu_last.append(t1)
         if name.startswith("nccl:") and category != "gpu_user_annotation":
+            # `nccl:<op>` (record_function around the launch): the op on older traces
             annotations[tid].append((t0, t1, name[5:], shared(args)))
         elif category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-            ops = cpu_ops.get(tid)
+            ops = cpu_ops.get(tid)  # c10d ops only enqueue
             if ops is None:
                 ops = cpu_ops[tid] = (array("q"), array("q"))
             ops[0].append(t0)

@@ -253,7 +253,7 @@ class LayoutView:
 def named_by_axis(part: PackedComms, axis_of: dict[tuple[int, ...], str]) -> dict[str, Packed]:
     """The part's columns with each collective whose group's ranks are one of the manifest's
     groups (`axis_of`: sorted ranks -> axis) named by that axis; the others keep the trace's
-    name (`kineto._axis_of`, on codes: one lookup per distinct rank list)."""
+    name (`kineto.manifest.axis_of`, on codes: one lookup per distinct rank list)."""
     named = [axis_of.get(m) if m else None for m in part.members]
     if not any(name is not None for name in named):
         return part.columns

@@ -26,7 +26,7 @@ group or a data-parallel group the traces do not give. `--layout` gives it.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diag.contract import schema
@@ -57,6 +57,17 @@ class FoundLayout:
     layout: schema.Layout
     groups: dict[str, list[list[int]]]
     source: str
+
+    def replaced(self, text: str | None, **fields: Any) -> FoundLayout:
+        """The layout with `fields` of its `layout` replaced and `text` (what they were read
+        from, or why unknown) added to its source; None: nothing to add."""
+        source = self.source if text is None else f"{self.source}; {text}"
+        return FoundLayout(replace(self.layout, **fields), self.groups, source)
+
+
+def grid_size(layout: schema.Layout) -> int:
+    """The ranks a layout's grid spans: dp x tp x pp x ep x cp (a cp unset counted as 1)."""
+    return layout.dp * layout.tp * layout.pp * layout.ep * (layout.cp or 1)
 
 
 def unknown(world: int, why: str) -> FoundLayout:

@@ -110,9 +110,7 @@ def with_schedule(
 
 
 def _placed(found: FoundLayout, m: int, v: int, text: str | None) -> FoundLayout:
-    layout = dataclasses.replace(found.layout, microbatches=m, virtual_stages=v)
-    source = found.source if text is None else f"{found.source}; {text}"
-    return FoundLayout(layout, found.groups, source)
+    return found.replaced(text, microbatches=m, virtual_stages=v)
 
 
 def read_schedule(

@@ -25,7 +25,7 @@ from typing import Any
 
 from diag.contract import schema
 from diag.contract.names import DP
-from diag.read.kineto.placement import FoundLayout
+from diag.read.kineto.placement import FoundLayout, grid_size
 
 REDUCTIONS = frozenset({"all_reduce", "reduce_scatter"})
 """The gradients' reductions a data-parallel group runs."""
@@ -59,21 +59,14 @@ def with_sharding(
         return _with(found, given_zero, accumulation, None)
     if (layout.dp or 1) < 2:  # nothing to shard across
         return _with(found, 0, accumulation, None)
-    stage, why = read_zero_stage(rows, found.groups.get(DP), layout.dp == found_world(found))
+    stage, why = read_zero_stage(rows, found.groups.get(DP), layout.dp == grid_size(layout))
     if stage is None:
         return _with(found, 0, accumulation, f"{schema.ZERO_UNKNOWN}{why}")
     return _with(found, stage, accumulation, f"ZeRO-{stage} read: {why}")
 
 
-def found_world(found: FoundLayout) -> int:
-    layout = found.layout
-    return layout.dp * layout.tp * layout.pp * layout.ep * (layout.cp or 1)
-
-
 def _with(found: FoundLayout, zero: int, accumulation: int, text: str | None) -> FoundLayout:
-    layout = dataclasses.replace(found.layout, zero_stage=zero, grad_accum=accumulation)
-    source = found.source if text is None else f"{found.source}; {text}"
-    return FoundLayout(layout, found.groups, source)
+    return found.replaced(text, zero_stage=zero, grad_accum=accumulation)
 
 
 def read_zero_stage(
