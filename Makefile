@@ -23,8 +23,12 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The unit tests on two workers (whole files apart: a module's shared fixtures stay in one);
+# the gloo jobs and the browser one at a time, as their verdicts are judged on a loaded host
+# but not on one loaded by the suite itself.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit
+	$(BIN)/python -m pytest -q tests/distributed tests/browser
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
