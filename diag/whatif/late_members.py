@@ -1,4 +1,5 @@
-"""Waiting, inside collectives the traced members share, for members nobody traced.
+"""Waiting, inside collectives the traced members share and messages to peers nobody traced,
+for the members nobody traced.
 
 A trace folder often lacks some ranks' files (a node's traces lost, a rank that wrote none).
 Where two or more members of a group were traced, their collectives are matched as usual
@@ -21,6 +22,12 @@ are taken to have links alike (the same span of hosts), as a regular layout give
 Where no collective bounds them (one group of the axis, late in every collective alike) the
 data cannot tell transfer from waiting: those collectives are flagged `unsure`, and what
 their transfer is said to cost is a range whose low end reads them as waiting.
+
+A send or receive whose peer left no records is matched to nothing and held at its measured
+length; a GPU's send or receive kernel runs until its peer's is there, so the part of it
+beyond the fastest matched message of the axis with at least its bytes is waiting for that
+peer (a pipeline whose last stage's traces are lost: the stage before it waits in every
+message to it). Only where the records name the peer.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.whatif.absent_members import ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE
+from diag.whatif.matching import P2P_OPS
 from diag.whatif.timeline_model import Kind
 
 
@@ -46,6 +54,9 @@ class LateMembers:
     unsure: np.ndarray
     """Per event: a collective of a group with untraced members whose transfer may be all
     waiting for them (no faster collective bounds it)."""
+    local_ns: np.ndarray
+    """Per event: the waiting for an untraced peer inside an unmatched send's or receive's
+    own time (a LOCAL event's, held as measured by the replay), 0 elsewhere."""
 
 
 def untraced_in_groups(
@@ -68,20 +79,65 @@ def untraced_in_groups(
 
 def late_members(
     events: pd.DataFrame,
-    ops: np.ndarray,
+    comms: pd.DataFrame,
     sizes: np.ndarray | None,
     manifest: schema.Manifest,
     traced: set[int],
 ) -> LateMembers:
     """The `LateMembers` of a timeline's `events` (kind, instance, group, rank, transfer_ns,
-    source); `ops` and `sizes` (bytes, NaN unknown) per comms row (`source`)."""
+    a_ns, e_ns, source, stand_in); `comms` (op, and peer where recorded) and `sizes` (bytes,
+    NaN unknown) per comms row (`source`)."""
     n = len(events)
-    none = LateMembers(np.zeros(n), np.full(n, -1, dtype=np.int64), [], np.zeros(n, dtype=bool))
-    missing = untraced_in_groups(manifest, traced)
-    if not missing or n == 0:
-        return none
+    if n == 0 or not traced:
+        return _none(n)
     if sizes is None:
-        sizes = np.full(int(events["source"].max()) + 1, np.nan)
+        sizes = np.full(len(comms), np.nan)
+    ops = comms["op"].astype(object).to_numpy()
+    late_ns, keys, unsure = _in_collectives(events, ops, sizes, manifest, traced)
+    local_ns, message_keys = _in_messages(events, comms, sizes, manifest, traced)
+    for i, key in message_keys.items():
+        keys.setdefault(i, key)
+    waited = np.flatnonzero((late_ns > 0) | (local_ns > 0)).tolist()
+    late_sets = {keys[i] for i in waited if i in keys}
+    # a rank standing in for untraced members of another group (its only traced member)
+    # waited for the same members there: where they are members found late here, their
+    # lateness is in its local time (`absent_ns`), and their being on time removes it too
+    alone = untraced_in_groups(manifest, traced, at_least=1)
+    source = events["source"].to_numpy(dtype=np.int64)
+    group = events["group"].astype(str).to_numpy()
+    rank = events["rank"].to_numpy(dtype=np.int64)
+    for i in np.flatnonzero((events["stand_in"].to_numpy() > 0) & (source >= 0)).tolist():
+        theirs = alone.get((str(group[i]), int(rank[i])))
+        if theirs in late_sets:
+            keys.setdefault(i, theirs)
+    members = sorted(set(keys.values()))
+    index = {m: k for k, m in enumerate(members)}
+    code = np.full(n, -1, dtype=np.int64)
+    for i, key in keys.items():
+        code[i] = index[key]
+    return LateMembers(late_ns, code, members, unsure, local_ns)
+
+
+def _none(n: int) -> LateMembers:
+    zero = np.zeros(n)
+    return LateMembers(zero, np.full(n, -1, dtype=np.int64), [], np.zeros(n, bool), zero.copy())
+
+
+def _in_collectives(
+    events: pd.DataFrame,
+    ops: np.ndarray,
+    sizes: np.ndarray,
+    manifest: schema.Manifest,
+    traced: set[int],
+) -> tuple[np.ndarray, dict[int, tuple[int, ...]], np.ndarray]:
+    """Matched collectives of incomplete groups: per event the waiting inside its transfer,
+    the untraced members it was for (event -> members), and whether no faster collective
+    bounds it (`unsure`)."""
+    n = len(events)
+    late_ns, unsure = np.zeros(n), np.zeros(n, dtype=bool)
+    missing = untraced_in_groups(manifest, traced)
+    if not missing:
+        return late_ns, {}, unsure
     source = events["source"].to_numpy(dtype=np.int64)
     kind = events["kind"].to_numpy()
     rank = events["rank"].to_numpy(dtype=np.int64)
@@ -90,8 +146,8 @@ def late_members(
     candidates = np.flatnonzero(matched & (source >= 0))
     size = np.asarray(sizes, dtype=np.float64)[source[candidates]]
     pairs = zip(group[candidates], rank[candidates], strict=True)
-    keys = [missing.get((g, int(r))) for g, r in pairs]
-    incomplete = np.array([k is not None for k in keys], dtype=bool)
+    found = [missing.get((g, int(r))) for g, r in pairs]
+    incomplete = np.array([k is not None for k in found], dtype=bool)
     sized = np.isfinite(size) & (size > 0)
     # the reference: every sized matched collective of the axes with untraced members
     axes = {g for g, _ in missing}
@@ -99,36 +155,77 @@ def late_members(
     rows = candidates[reference]
     transfer = events["transfer_ns"].to_numpy(dtype=np.float64)[rows]
     table = pd.DataFrame({
-        "group": group[rows], "op": np.asarray(ops, dtype=object)[source[rows]],
-        "bytes": size[reference], "transfer": transfer,
+        "group": group[rows], "op": ops[source[rows]], "bytes": size[reference],
+        "transfer": transfer,
     })  # fmt: skip
     bound = _transfer_bound(table)
     slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * bound)
     waited = np.where(transfer - bound > slack, transfer - bound, 0.0)
-    late_ns = np.zeros(n)
     mine = incomplete[reference]
     late_ns[rows[mine]] = waited[mine]
     # unsure: the collectives of incomplete groups that no collective of a complete group
     # of the axis bounds (with at least their bytes): the bound itself may be waiting
-    unsure = np.zeros(n, dtype=bool)
     unsure[candidates[incomplete & ~sized]] = True
     complete = table.assign(transfer=np.where(mine, np.inf, transfer))
     unsure[rows[mine]] = ~np.isfinite(_transfer_bound(complete)[mine])
-    chosen = [k for k, ok in zip(keys, incomplete, strict=True) if ok and k is not None]
-    # a rank standing in for untraced members of another group (its only traced member)
-    # waited for the same members there: where they are members found late here, their
-    # lateness is in its local time (`absent_ns`), and their being on time removes it too
-    alone = untraced_in_groups(manifest, traced, at_least=1)
-    standing = np.flatnonzero((events["stand_in"].to_numpy() > 0) & (source >= 0))
-    theirs = [alone.get((g, int(r))) for g, r in zip(group[standing], rank[standing], strict=True)]
-    late_sets = {k for k, w in zip(chosen, late_ns[candidates[incomplete]] > 0, strict=True) if w}
-    found = [i for i, k in enumerate(theirs) if k in late_sets]
-    members = sorted(set(chosen))
-    index = {m: i for i, m in enumerate(members)}
-    code = np.full(n, -1, dtype=np.int64)
-    code[candidates[incomplete]] = [index[k] for k in chosen]
-    code[standing[found]] = [index[theirs[i]] for i in found]  # type: ignore[index]
-    return LateMembers(late_ns, code, members, unsure)
+    keys = {int(i): k for i, k in zip(candidates, found, strict=True) if k is not None}
+    return late_ns, keys, unsure
+
+
+def _in_messages(
+    events: pd.DataFrame,
+    comms: pd.DataFrame,
+    sizes: np.ndarray,
+    manifest: schema.Manifest,
+    traced: set[int],
+) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
+    """Sends and receives whose peer (as the record names it) left no records: unmatched,
+    their own time is held as measured (LOCAL), and a GPU's send or receive kernel runs until
+    its peer's is there. Per event the part of that time beyond the fastest matched message of
+    the axis with at least its bytes (waiting for the peer), and the peer set: every untraced
+    peer of the axis, as a pipeline's stage is all its ranks (event -> members)."""
+    n = len(events)
+    local_ns = np.zeros(n)
+    if "peer" not in comms:
+        return local_ns, {}
+    world = int(manifest.world_size)
+    source = events["source"].to_numpy(dtype=np.int64)
+    kind = events["kind"].to_numpy()
+    ops = comms["op"].astype(object).to_numpy()
+    peers = pd.to_numeric(comms["peer"], errors="coerce").to_numpy(dtype=np.float64)
+    has_row = source >= 0
+    row = np.where(has_row, source, 0)
+    p2p = has_row & np.isin(ops[row], list(P2P_OPS))
+    peer = np.where(p2p, peers[row], np.nan)
+    untraced_peer = np.array(
+        [bool(np.isfinite(p)) and 0 <= int(p) < world and int(p) not in traced for p in peer],
+        dtype=bool,
+    )
+    waiting = p2p & (kind == Kind.LOCAL) & untraced_peer
+    if not waiting.any():
+        return local_ns, {}
+    size = np.asarray(sizes, dtype=np.float64)[row]
+    group = events["group"].astype(str).to_numpy()
+    # the reference: matched messages (a receive's, a launched send's transfer) of the axis
+    matched = p2p & np.isin(kind, [Kind.RECV, Kind.LAUNCH]) & (events["sender"].to_numpy() >= 0)
+    sized = np.isfinite(size) & (size > 0)
+    reference = np.flatnonzero((matched | waiting) & sized)
+    own = (events["e_ns"] - events["a_ns"]).to_numpy(dtype=np.float64)
+    transfer = events["transfer_ns"].to_numpy(dtype=np.float64)
+    table = pd.DataFrame({
+        "group": group[reference], "op": "message", "bytes": size[reference],
+        "transfer": np.where(waiting[reference], np.inf, transfer[reference]),
+    })  # fmt: skip
+    bound = _transfer_bound(table)
+    slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * bound)
+    late = own[reference] - bound
+    wanted = waiting[reference] & np.isfinite(bound) & (late > slack)
+    local_ns[reference[wanted]] = late[wanted]
+    by_axis: dict[str, set[int]] = {}
+    for i in np.flatnonzero(waiting):
+        by_axis.setdefault(str(group[i]), set()).add(int(peer[i]))
+    keys = {int(i): tuple(sorted(by_axis[str(group[i])])) for i in np.flatnonzero(waiting)}
+    return local_ns, keys
 
 
 def _transfer_bound(table: pd.DataFrame) -> np.ndarray:

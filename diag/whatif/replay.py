@@ -34,6 +34,9 @@ class Durations:
     seg_ns: np.ndarray
     transfer_ns: np.ndarray
     post_ns: np.ndarray
+    local_ns: np.ndarray | None = None
+    """Each LOCAL event's own length (None: as measured): a send or receive to a peer nobody
+    traced, less its waiting for that peer (diag/whatif/late_members.py)."""
 
     @classmethod
     def measured(cls, timeline: Timeline) -> Durations:
@@ -52,14 +55,30 @@ def relative_ns(timeline: Timeline) -> np.ndarray:
     return (a - a.min()).astype(np.float64) if len(a) else np.zeros(0)
 
 
+def local_own_ns(timeline: Timeline) -> np.ndarray:
+    """Each event's own length as the replay holds a LOCAL one: from its start, or from the
+    end of the rank's event before it where that ran on past its start (one batched kernel
+    recorded as two unmatched messages, a send and a receive, each with the kernel's whole
+    time: played one after the other, they counted it twice), to its end (float ns)."""
+    ev = timeline.events
+    a = ev["a_ns"].to_numpy(dtype=np.int64)
+    e = ev["e_ns"].to_numpy(dtype=np.int64)
+    before = np.r_[np.iinfo(np.int64).min, e[:-1]]
+    before[timeline.first[:-1]] = np.iinfo(np.int64).min  # each rank's first event
+    local = ev["kind"].to_numpy() == Kind.LOCAL
+    start = np.where(local, np.maximum(a, before), a)
+    return np.maximum(e - start, 0).astype(np.float64)
+
+
 def replay(timeline: Timeline, durations: Durations, compiled: bool | None = None) -> np.ndarray:
     """The replayed end time (ns after the earliest event, float) of every event; the loop
     compiled or not as `compiled` says (None: by the timeline's size)."""
     fixed = _fixed_inputs(timeline)
     size = len(timeline.events) if compiled is None else (COMPILE_FROM_EVENTS if compiled else 0)
+    own = fixed.own if durations.local_ns is None else durations.local_ns
     return for_size(_replay, size)(
         fixed.kind,
-        fixed.own,
+        np.ascontiguousarray(own, dtype=np.float64),
         fixed.instance,
         fixed.sender,
         fixed.from_start,
@@ -106,7 +125,7 @@ def _fixed_inputs(timeline: Timeline) -> _FixedInputs:
     origin = relative[opening] - ev["seg_ns"].to_numpy(dtype=np.float64)[opening]
     fixed = _FixedInputs(
         kind=ev["kind"].to_numpy(dtype=np.int64),
-        own=(ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64),
+        own=local_own_ns(timeline),
         instance=ev["instance"].to_numpy(dtype=np.int64),
         sender=ev["sender"].to_numpy(dtype=np.int64),
         from_start=ev["from_start"].to_numpy(dtype=np.bool_),

@@ -30,7 +30,7 @@ from diag.whatif.places import (
     stage_means,
     stage_places,
 )
-from diag.whatif.replay import Durations, replay, step_times_ns
+from diag.whatif.replay import Durations, local_own_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S
 
 MAX_CANDIDATES = 4
@@ -367,16 +367,31 @@ class Scenarios:
         everything = np.ones(len(self.base.transfer_ns), dtype=bool)
         return self._transfers_zeroed(everything, keep_unsure=True) / NS_PER_S
 
+    @cached_property
+    def _late_local_ns(self) -> np.ndarray:
+        """Per event, the waiting for an untraced peer inside an unmatched message's own time
+        (diag/whatif/late_members.py), at most that time."""
+        ev = self.timeline.events
+        if "late_members_local_ns" not in ev:
+            return np.zeros(len(ev))
+        late = ev["late_members_local_ns"].to_numpy(dtype=np.float64)
+        return np.minimum(late, self._measured_local_ns)
+
+    @cached_property
+    def _measured_local_ns(self) -> np.ndarray:
+        return local_own_ns(self.timeline)
+
     def untraced_members(self) -> list[Cause]:
         """Per set of untraced members the traced ones waited for (the largest waits first, at
         most MAX_CANDIDATES sets): what those members arriving with the last traced one saves.
         Their lateness is read from sizes (diag/whatif/late_members.py), a lower bound."""
         late = self._late_members_ns
-        if not (late > 0).any():
+        if not ((late > 0).any() or (self._late_local_ns > 0).any()):
             return []
         code = self.timeline.events["late_members"].to_numpy()
         steps = max(int(self.ok.sum()), 1)
-        totals = pd.Series(late).groupby(code).sum().drop(-1, errors="ignore")
+        both = late + self._late_local_ns
+        totals = pd.Series(both).groupby(code).sum().drop(-1, errors="ignore")
         causes = []
         for index in totals[totals > 0].nlargest(MAX_CANDIDATES).index:
             members = list(self.timeline.late_members[int(index)])
@@ -385,17 +400,19 @@ class Scenarios:
             # where a rank stood in for them (their group's one traced member), their
             # lateness is in its local time: removed as well
             own = self.base.seg_ns - np.where(mine, np.minimum(self.absent_ns, self.base.seg_ns), 0)
-            saved = self.saving(Durations(own, on_time, self.base.post_ns))
-            waiting = mine & (late > 0)
+            # and a message to one of them held its sender or receiver: its waiting removed
+            local = self._measured_local_ns - np.where(mine, self._late_local_ns, 0.0)
+            saved = self.saving(Durations(own, on_time, self.base.post_ns, local))
+            waiting = mine & (both > 0)
             peers = sorted(int(r) for r in np.unique(self.rank[waiting]))
             groups = sorted({str(g) for g in self.timeline.events["group"].to_numpy()[waiting]})
-            label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} collectives "
+            label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} communication "
                      f"waiting for {'it' if len(members) == 1 else 'them'}")  # fmt: skip
             causes.append(self._cause(CauseKind.UNTRACED, label, saved, ranks=members,
                                       group=groups[0] if len(groups) == 1 else None, evidence={
                 "waiting_ranks": peers,
                 "groups": groups,
-                "median_wait_s": float(np.median(late[waiting])) / NS_PER_S,
+                "median_wait_s": float(np.median(both[waiting])) / NS_PER_S,
                 "collectives_waited_per_step": float(waiting.sum()) / max(len(peers), 1) / steps,
             }))  # fmt: skip
         return causes

@@ -156,9 +156,9 @@ def _built(
     local_time(timeline, spans, previous_step_ends(run.steps, steps, ranks))
     dependencies(timeline, recv_rows, send_rows)
     traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)[:recorded_rows]).tolist())
-    ops = comms["op"].astype(object).to_numpy()
-    late = late_members(timeline.events, ops, sizes, run.manifest, traced)
+    late = late_members(timeline.events, comms, sizes, run.manifest, traced)
     timeline.events["late_members_ns"] = late.late_ns
+    timeline.events["late_members_local_ns"] = late.local_ns
     timeline.events["late_members"] = late.code
     timeline.events["late_members_unsure"] = late.unsure
     timeline.late_members = late.members

@@ -105,7 +105,9 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         A group's collectives run far longer from their last traced member's arrival than
         collectives of the same op and at least as many bytes in other groups of the same
         axis (or in the same group, when nobody was late): the rest of that time is waiting
-        for the members with no records, which the transfer alone cannot take.
+        for the members with no records, which the transfer alone cannot take. Likewise sends
+        and receives to a peer with no records (a pipeline stage whose traces are lost) run
+        far longer than the fastest message of the axis with as many bytes.
     Likely cause:
         The untraced rank is slow: a straggler, a host stall, a slow device or link; its own
         records (a trace file lost, a node not profiled) would say which.
@@ -133,7 +135,7 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
             Finding(
                 severity="medium",
                 title=f"waiting for an untraced rank: {waiting} wait {wait_ms:.1f} ms (median) "
-                f"in {groups} collectives for {missing}, which left no records",
+                f"in {groups} communication for {missing}, which left no records",
                 ranks=list(cause.ranks),
                 evidence=dict(cause.evidence),
                 advice=f"trace or record {missing} and analyse again; look at its host, "
