@@ -56,17 +56,22 @@ def relative_ns(timeline: Timeline) -> np.ndarray:
 
 
 def local_own_ns(timeline: Timeline) -> np.ndarray:
-    """Each event's own length as the replay holds a LOCAL one: from its start, or from the
-    end of the rank's event before it where that ran on past its start (one batched kernel
-    recorded as two unmatched messages, a send and a receive, each with the kernel's whole
-    time: played one after the other, they counted it twice), to its end (float ns)."""
+    """Each event's own length as the replay holds a LOCAL one: from its start to its end,
+    or, for a LOCAL event that began with the blocking event before it on its rank (one
+    batched kernel recorded as two messages, a send and a receive, the unmatched one with the
+    kernel's whole time: played one after the other, they counted it twice), from that one's
+    end (float ns)."""
     ev = timeline.events
     a = ev["a_ns"].to_numpy(dtype=np.int64)
     e = ev["e_ns"].to_numpy(dtype=np.int64)
-    before = np.r_[np.iinfo(np.int64).min, e[:-1]]
-    before[timeline.first[:-1]] = np.iinfo(np.int64).min  # each rank's first event
-    local = ev["kind"].to_numpy() == Kind.LOCAL
-    start = np.where(local, np.maximum(a, before), a)
+    kind = ev["kind"].to_numpy()
+    local = kind == Kind.LOCAL
+    blocking = kind != Kind.LAUNCH  # a launch holds no rank: what follows it is not its
+    batched = np.zeros(len(ev), dtype=bool)
+    batched[1:] = local[1:] & blocking[:-1] & (a[1:] == a[:-1])
+    batched[timeline.first[:-1]] = False  # each rank's first event
+    previous_end = np.r_[0, e[:-1]]
+    start = np.where(batched, np.maximum(a, previous_end), a)
     return np.maximum(e - start, 0).astype(np.float64)
 
 
