@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, rule
-from diag.whatif.causes import CauseKind
+from diag.whatif.causes import Cause, CauseKind
 
 MIN_SHARE = Threshold(0.05, "fraction", "share of the step the cause costs: at least")
 
@@ -74,13 +74,8 @@ def host_time(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         The counterfactual's saving (cost_s), split into what its host time and its compute
         at the peers' median would each save.
     """
-    attribution = ctx.metrics.attribution
-    if attribution is None:
-        return []
     findings = []
-    for cause in attribution.causes:
-        if cause.kind != CauseKind.HOST or cause.cost_share < limits["min_share"]:
-            continue
+    for cause in _worth_a_finding(ctx, CauseKind.HOST, limits):
         ranks = ranks_phrase(list(cause.ranks))
         findings.append(
             Finding(
@@ -120,13 +115,8 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         the median wait per collective. A lower bound: a transfer is bounded by the fastest
         collective of the same op with at least its bytes in a group of the same axis.
     """
-    attribution = ctx.metrics.attribution
-    if attribution is None:
-        return []
     findings = []
-    for cause in attribution.causes:
-        if cause.kind != CauseKind.UNTRACED or cause.cost_share < limits["min_share"]:
-            continue
+    for cause in _worth_a_finding(ctx, CauseKind.UNTRACED, limits):
         missing = ranks_phrase(list(cause.ranks))
         waiting = ranks_phrase(list(cause.evidence.get("waiting_ranks", [])))
         groups = ", ".join(cause.evidence.get("groups", [])) or "their"
@@ -144,3 +134,13 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
             )
         )
     return findings
+
+
+def _worth_a_finding(ctx: RuleContext, kind: CauseKind, limits: Mapping[str, float]) -> list[Cause]:
+    """The replay's causes of `kind` that cost at least the rule's `min_share` of the step
+    (none without a replay)."""
+    attribution = ctx.metrics.attribution
+    if attribution is None:
+        return []
+    return [c for c in attribution.causes
+            if c.kind == kind and c.cost_share >= limits["min_share"]]  # fmt: skip

@@ -105,6 +105,16 @@ def _raised_in_collective(runs: Any, step: int, ranks: int) -> list[dict[str, An
             _event(step, "rank_closed", t_ns=raised + MS, status="failed")]  # fmt: skip
 
 
+def _reset_in_collective(
+    runs: Any, step: int, ranks: int, raised_ms: float
+) -> list[dict[str, Any] | str]:
+    """A survivor's records when its peer died in all-reduce #7: it waits there until the
+    connection resets `raised_ms` into the run, then raises (what follows is the caller's)."""
+    return [*_waiting(runs, step, ranks)[:4],
+            _event(step, "exception", t_ns=run_ns(raised_ms), type="RuntimeError",
+                   message="Read error: Connection reset by peer", frames=STACK[:1])]  # fmt: skip
+
+
 def _late_rank(runs: Any, step: int, kind: str) -> list[dict[str, Any] | str]:
     """Rank 2 of a `timeout-*` run: in its loader until after the others timed out, then (a
     desync) a broadcast as #7 of dp; alive (heartbeats) to the end of the records."""
@@ -188,12 +198,8 @@ def failure_run(
         if kind.startswith("aborted-early"):
             if rank != 2:
                 raised = t + 80 + 300
-                reset = "Read error: Connection reset by peer"
-                rows += [*_waiting(runs, step, ranks)[:4],
-                         _event(step, "exception", t_ns=run_ns(raised), type="RuntimeError",
-                                message=reset, frames=STACK[:1]),
-                         _event(step, "signal", t_ns=run_ns(raised + 20),
-                                signal="SIGTERM")]  # fmt: skip
+                rows += _reset_in_collective(runs, step, ranks, raised)
+                rows.append(_event(step, "signal", t_ns=run_ns(raised + 20), signal="SIGTERM"))
             continue
         if kind == "aborted":
             if rank != 2:
@@ -207,12 +213,8 @@ def failure_run(
         if kind == "killed-fr":
             if rank != 2:
                 raised = t + 80 + 20
-                reset = "Read error: Connection reset by peer"
-                rows += [*_waiting(runs, step, ranks)[:4],
-                         _event(step, "exception", t_ns=run_ns(raised), type="RuntimeError",
-                                message=reset, frames=STACK[:1]),
-                         _event(step, "rank_closed", t_ns=run_ns(raised + 1),
-                                status="failed")]  # fmt: skip
+                rows += _reset_in_collective(runs, step, ranks, raised)
+                rows.append(_event(step, "rank_closed", t_ns=run_ns(raised + 1), status="failed"))
             continue
         if kind.startswith("timeout"):
             if kind == "timeout-bare":
