@@ -12,6 +12,7 @@ from diag.numeric import intervals
 from diag.outputs.units import ranks_phrase
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import straggler_ranks
+from diag.whatif.late_members import untraced_in_groups
 
 
 @rule(
@@ -93,13 +94,9 @@ def unrecorded_peers(ctx: RuleContext, axis: str | None = None) -> list[int]:
     analysed = {int(r) for r in ctx.metrics.ranks["rank"]} if not ctx.metrics.ranks.empty else set()
     if not analysed:
         return []
-    found: set[int] = set()
-    for name, groups in ctx.run.manifest.groups.items():
-        if axis is not None and name != axis:
-            continue
-        for members in groups:
-            if analysed.intersection(members):
-                found |= set(members) - analysed
+    incomplete = untraced_in_groups(ctx.run.manifest, analysed, at_least=1)
+    found = {r for (name, _), missing in incomplete.items() if axis in (None, name)
+             for r in missing}  # fmt: skip
     world = int(ctx.run.manifest.world_size)
     return sorted(r for r in found if 0 <= r < world)
 
