@@ -164,3 +164,18 @@ def test_the_stragglers_are_found_once_an_analysis(runs, monkeypatch) -> None:
     findings = run_rules(run, compute_metrics(run)).findings
     assert "BAL001" in {f.rule for f in findings}
     assert len(calls) == 1
+
+
+def test_a_collective_that_moved_no_bytes_is_the_ledgers_farthest_off(runs) -> None:
+    """COM004 ranks how far off each collective is either way (max(r, 1/r)); a ratio of 0
+    (a record of 0 bytes against the ledger's 1000, as the fuzz test wrote one) divided by
+    zero, and the rule was skipped."""
+    rows = {r: [runs.step(0, 0, 20), runs.comm(0, 10, 15, bytes=1000, expected_bytes=1000),
+                runs.step(1, 20, 40),
+                runs.comm(1, 30, 35, bytes=0, expected_bytes=1000, tag="empty")]
+            for r in range(2)}  # fmt: skip
+    run = load_run(runs.write(rows))
+    judgement = run_rules(run, compute_metrics(run))
+    assert not judgement.notes, judgement.notes
+    (found,) = [f for f in judgement.findings if f.rule == "COM004"]
+    assert found.title.startswith("all_reduce on dp moves 0.00x")

@@ -304,7 +304,9 @@ def bytes_vs_ledger(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     off = rows[(rows["ratio"] > high) | (rows["ratio"] < 1 / high)]
     if off.empty:
         return []
-    worst = off.loc[(off["ratio"].astype(float).apply(lambda r: max(r, 1 / r))).idxmax()]
+    # how far off either way; a collective that moved no bytes (ratio 0) is the farthest
+    worst = off.loc[(off["ratio"].astype(float).apply(
+        lambda r: max(r, 1 / r) if r > 0 else float("inf"))).idxmax()]  # fmt: skip
     return [
         Finding(
             severity="medium",
