@@ -24,6 +24,7 @@ from diag.errors import InputError
 from diag.metrics import flops
 from diag.outputs.html_charts import Chart
 from diag.outputs.report import render_html, render_markdown, render_text
+from diag.read.memory_budget import parse_size, use_budget
 from diag.read.parallel import use_scheduler
 
 FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -104,6 +105,13 @@ def write_output(path: str, text: str) -> None:
     help="Parse the rank files or traces on this Dask cluster [default: $DASK_SCHEDULER_ADDRESS,"
     " else local processes]; its workers must see PATH at the same path.",
 )
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    callback=lambda _ctx, _param, value: _memory_size(value),
+    help="Memory the analysis may hold, every process together (e.g. 2GiB): traces are parsed "
+    "as many at once as fit it [default: $DIAG_MEMORY_BUDGET, else 3/4 of the available].",
+)
 def analyze(
     path: str,
     fmt: str | None,
@@ -116,10 +124,12 @@ def analyze(
     peak_tflops: float | None,
     replay: str,
     scheduler: str | None,
+    memory_budget: int | None,
 ) -> None:
     """Analyse PATH, a run directory or a folder of PyTorch profiler traces, and report
     busy/comm/idle, bytes, memory and experts with the findings."""
     use_scheduler(scheduler)
+    use_budget(memory_budget)
     try:
         source, settings = project_config(config)
         thresholds = rule_thresholds(source, settings) if source else None
@@ -160,6 +170,16 @@ def html_report(
     report = flops.with_overrides(report, *overrides)
     charts = [Chart(section, figure) for section, figure in report_charts(run, metrics, report)]
     return render_html(report, charts, plotly_js_gzip())
+
+
+def _memory_size(text: str | None) -> int | None:
+    """`--memory-budget` in bytes, checked here (exit 2 naming the bad size)."""
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def _model_spec(text: str | None) -> str | None:

@@ -13,12 +13,16 @@ import gc
 import multiprocessing
 import os
 import signal
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from diag.read.progress import Progress
+
+if TYPE_CHECKING:
+    from diag.read.memory_budget import Admission
 
 Result = TypeVar("Result")
 PARALLEL_MIN_BYTES = 16 * 2**20
@@ -78,6 +82,7 @@ def map_chunks(
     chunk_files: int = MAX_CHUNK_FILES,
     progress: str | None = None,
     cluster: bool = True,
+    admission: Admission | None = None,
 ) -> list[Result]:
     """`parse(chunk)` for consecutive chunks of (key, path) that cover `files` in order, in
     worker processes when there are `min_bytes` to parse (default PARALLEL_MIN_BYTES; `count`
@@ -85,7 +90,9 @@ def map_chunks(
     `cluster` is False: a `parse` that writes this machine's files). A chunk holds at most
     `chunk_files` files, so a worker's memory does not grow with the run. `progress`: what
     the files are called ("trace files") in the line of progress a long read shows on a
-    terminal (`diag.read.progress`), updated as chunks finish; None: no line."""
+    terminal (`diag.read.progress`), updated as chunks finish; None: no line. `admission`:
+    which chunk may start beside those in flight (memory_budget.py; None: all are queued at
+    once), in order; it sees the chunks' indices."""
     forced = count is not None
     count = min(count or workers(), len(files))
     threshold = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
@@ -109,12 +116,20 @@ def map_chunks(
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         return _here(parse, chunks, chunk_done)
     try:
-        pending = {
-            pool.submit(_collector_paused, parse, chunk): i for i, chunk in enumerate(chunks)
-        }
-        for future in as_completed(pending):
-            results[pending[future]] = future.result()
-            chunk_done(pending[future])
+        waiting = deque(range(len(chunks)))
+        pending: dict[Future[Result], int] = {}
+        while waiting or pending:
+            while waiting and (
+                admission is None
+                or (len(pending) < count and admission.admits(waiting[0], pending.values()))
+            ):
+                index = waiting.popleft()
+                pending[pool.submit(_in_worker, parse, chunks[index])] = index
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                index = pending.pop(future)
+                results[index] = future.result()
+                chunk_done(index)
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         _stopped(pool)
         return _here(parse, chunks, chunk_done)
@@ -203,6 +218,30 @@ def _collector_paused(
     finally:
         if enabled:
             gc.enable()
+
+
+def _in_worker(
+    parse: Callable[[list[tuple[int, Path]]], Result], chunk: list[tuple[int, Path]]
+) -> Result:
+    """`parse(chunk)` in a worker process, which then gives what the parse freed back to the
+    system: an idle worker otherwise keeps its largest parse's peak resident (the C
+    allocator holds freed memory for reuse), which a memory budget does not count."""
+    try:
+        return _collector_paused(parse, chunk)
+    finally:
+        _release_freed()
+
+
+def _release_freed() -> None:
+    """The cycles the parse left collected and the allocator's free memory returned to the
+    system (glibc's malloc_trim; nothing where there is none)."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        return
 
 
 def chunk_bounds(items: int, count: int, most: int) -> list[tuple[int, int]]:

@@ -26,6 +26,7 @@ from diag.contract.limits import MAX_TRACE_FILE_BYTES
 from diag.errors import InputError
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
+from diag.read import memory_budget
 from diag.read.cache import Lookup
 from diag.read.kineto import cache, clocks, spill
 from diag.read.kineto.batches import KERNEL_KEY
@@ -56,6 +57,7 @@ from diag.read.load import (
     with_cache_note,
 )
 from diag.read.parallel import file_sizes, map_chunks, planned, scheduler_address
+from diag.read.parallel import workers as parallel_workers
 from diag.read.scratch import owned_folder, remove_stale
 
 if TYPE_CHECKING:
@@ -98,11 +100,14 @@ def load_trace_dir(
         return found.value
     # a large folder: each trace's records wait until the layout is known (window.
     # reduce_spilled), on this machine's disk, or on a cluster with the worker that parsed it
+    how_read: list[str] = []  # notes on this read, not on the data: never cached
     with _waiting_room(reduce is not None) as where:
-        run = _loaded(folder, files, patterns, layout, reduce, workers, where)
+        run = _loaded(folder, files, patterns, layout, reduce, workers, where, how_read)
     run = clocks.aligned(run)  # each host's profiler wrote its own clock
     if use_cache:
         cache.write(beside, key, run)
+    if how_read:
+        run = dataclasses.replace(run, skipped=[*run.skipped, *how_read])
     return with_cache_note(run, found.note)
 
 
@@ -114,9 +119,10 @@ def _loaded(
     reduce: Breakdown | None,
     workers: int | None,
     spill_to: Path | KeptOnCluster | None,
+    how_read: list[str],
 ) -> RunData:
     skipped: list[str] = []
-    parsed = _parse_all(files, patterns, workers, spill_to)
+    parsed = _parse_all(files, patterns, workers, spill_to, how_read)
     packed_of = {id(trace): (spans, comms) for trace, spans, comms in parsed}
     traces = assign_ranks(folder, [trace for trace, _, _ in parsed], skipped)
     del parsed
@@ -255,23 +261,31 @@ def _parse_all(
     patterns: KernelPatterns,
     workers: int | None,
     spill_to: Path | KeptOnCluster | None = None,
+    notes: list[str] | None = None,
 ) -> list[Parsed]:
     """Every file parsed (its spans and collectives packed: `_packed`; kept by the worker when
     `spill_to` is given: written to that folder, or kept on the cluster: `Spilled`), in
     parallel processes when there are several and enough bytes to repay starting them
-    (`workers` forces a count); progress on a terminal after a while (`diag.read.progress`)."""
+    (`workers` forces a count), as many at once as the memory budget allows
+    (memory_budget.py: a line in `notes` where it held them back); progress on a terminal
+    after a while (`diag.read.progress`)."""
+    notes = [] if notes is None else notes
     if spill_to is not None and not isinstance(spill_to, Path):
         files_in, done = planned(list(enumerate(files)), 1, 1, "trace files")
         parse = partial(_parse_chunk, patterns=patterns)
         return [trace for chunk in spill_to.map(parse, files_in, _kept, done) for trace in chunk]
+    budget = memory_budget.admission(_text_sizes(files))
     gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
     try:
         chunks = map_chunks(
             partial(_parse_chunk, patterns=patterns, spill_to=spill_to), list(enumerate(files)),
             count=workers, min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
+            admission=budget,
         )  # fmt: skip
     finally:
         gc.unfreeze()
+    if budget is not None and (line := budget.note(min(workers or parallel_workers(), len(files)))):
+        notes.append(line)
     return [trace for chunk in chunks for trace in chunk]
 
 
