@@ -49,3 +49,32 @@ def test_a_trace_reads_the_same_with_its_argument_sets_shared(
     decoded = files.parse_file(trace, KernelPatterns())
     assert shared.records == decoded.records and len(shared.records["comm"]) > 10
     assert shared.device_time == decoded.device_time
+
+
+def test_a_kernels_own_set_keeps_its_id_and_shares_its_repeated_values(monkeypatch) -> None:
+    events = BATCH_DECODER.decode(b"""[
+        {"ph": "X", "cat": "kernel", "args": {"correlation": 7, "Collective name": "allreduce",
+         "dtype": "Float", "In msg nelems": 4096, "Process Group Name": "0", "Seq": 1}},
+        {"ph": "X", "cat": "kernel", "args": {"correlation": 8, "Collective name": "allreduce",
+         "dtype": "Float", "In msg nelems": 4096, "Process Group Name": "0", "Seq": 2}},
+        {"ph": "X", "cat": "kernel", "args": {"correlation": 9, "Collective name": "allreduce",
+         "dtype": "Float", "In msg nelems": 4096.0, "Process Group Name": 0, "Seq": 3}}
+    ]""")
+    first, second, third = (event.args for event in events)
+    assert first.collective is not second.collective  # decoded apart
+    share = files.SharedArgs()
+    kept = [share.one(args) for args in (first, second, third)]
+    assert kept == [first, second, third]  # each its own set: ids and sequence numbers kept
+    assert [(a.correlation, a.seq) for a in kept] == [(7, 1), (8, 2), (9, 3)]
+    assert second.collective is first.collective and second.dtype is first.dtype
+    assert second.in_nelems is first.in_nelems and second.group_name is first.group_name
+    # equal but of another type: not shared (4096.0 == 4096, 0 != "0")
+    assert type(third.in_nelems) is float and type(third.group_name) is int
+    # past MAX_SHARED_ARGS distinct values, new ones are left as decoded (a hostile trace)
+    monkeypatch.setattr(files, "MAX_SHARED_ARGS", len(share.values))
+    late = BATCH_DECODER.decode(b"""[{"ph": "X", "args": {"correlation": 10,
+        "Collective name": "broadcast"}}, {"ph": "X", "args": {"correlation": 11,
+        "Collective name": "broadcast"}}]""")
+    a, b = (share.one(event.args) for event in late)
+    assert a.collective == b.collective == "broadcast" and a.collective is not b.collective
+    assert len(share.values) <= files.MAX_SHARED_ARGS

@@ -282,12 +282,13 @@ class SharedArgs:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[Any, ...], Args] = {}
+        self.values: dict[tuple[type, Any], Any] = {}
 
     def one(self, args: Args) -> Args:
         """`args` as the set kept for its values (one_pass.py asks only for the sets the
         converter keeps)."""
         if args.correlation is not ABSENT:
-            return args
+            return self._values_shared(args)
         key = struct_tuple(args)
         try:
             found = self.seen.get(key)
@@ -298,6 +299,34 @@ class SharedArgs:
         if len(self.seen) < MAX_SHARED_ARGS:
             self.seen[key] = args
         return args
+
+    def _values_shared(self, args: Args) -> Args:
+        """A set of its event's own (a kernel's: its correlation id) with its repeated values
+        (the op's name, dtype, sizes, group) as the objects equal ones are already kept as:
+        newer Kineto copies the collective's arguments onto every communication kernel, each
+        decoded into its own strings (about 400 bytes a kernel; a quarter of a worker's
+        memory on communication-heavy traces). A value's type is part of its key (1, 1.0
+        and True are equal keys); at most MAX_SHARED_ARGS values are kept (a hostile trace's
+        distinct values are not), others left as decoded."""
+        values = self.values
+        for name in REPEATED_ARGS:
+            value = getattr(args, name)
+            kind = type(value)
+            if kind is str or kind is int:
+                found = values.get((kind, value))
+                if found is None:
+                    if len(values) < MAX_SHARED_ARGS:
+                        values[(kind, value)] = value
+                elif found is not value:
+                    setattr(args, name, found)
+        return args
+
+
+REPEATED_ARGS = ("collective", "dtype", "in_nelems", "out_nelems", "group_size", "group_name",
+                 "group_desc", "group_ranks", "rank_start", "rank_stride", "src", "dst",
+                 "input_type")  # fmt: skip
+"""An event's own argument set's fields that repeat across its events (not its correlation,
+stream or sequence number, each the event's own or a small int)."""
 
 
 def _name_the_only_group(
