@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,12 +234,13 @@ class LayoutView:
         self.parts = parts
 
     @property
-    def rows(self) -> Iterator[tuple[dict[str, Any], int]]:
+    def rows(self) -> Iterable[tuple[dict[str, Any], int]]:
         """Each distinct collective once, with how often it occurred (made as they are read:
-        the layout's tallies and the schedule count them once per distinct value)."""
-        for part in self.parts:
-            for key, count in part.items():
-                yield dict(zip(LAYOUT_FIELDS, key, strict=True)), count
+        the layout's tallies and the schedule count them once per distinct value); iterable
+        any number of times, so a reader that passes over them twice makes them twice rather
+        than holding them (the schedule's reader held every one: 1.4 GiB for a moment on a
+        64-rank, 7,000-step folder)."""
+        return _DistinctRows(self.parts)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         fields = LAYOUT_FIELDS
@@ -248,6 +249,18 @@ class LayoutView:
                 row = dict(zip(fields, key, strict=True))
                 for _ in range(count):
                     yield row
+
+
+class _DistinctRows:
+    """`LayoutView.rows`: each distinct collective as a dict, with its count, made as read."""
+
+    def __init__(self, parts: list[LayoutRows | Counter[LayoutKey]]) -> None:
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], int]]:
+        for part in self.parts:
+            for key, count in part.items():
+                yield dict(zip(LAYOUT_FIELDS, key, strict=True)), count
 
 
 def named_by_axis(part: PackedComms, axis_of: dict[tuple[int, ...], str]) -> dict[str, Packed]:

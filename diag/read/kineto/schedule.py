@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +128,8 @@ def read_schedule(
     stage_of = {rank: (i, s) for i, group in enumerate(groups) for s, rank in enumerate(group)}
     members = {tuple(sorted(group)) for group in groups}
     known = members | {tuple(sorted(group)) for group in rings or []}
-    rows = list(rows)
+    if isinstance(rows, Iterator):  # read twice below: held only where it cannot be re-read
+        rows = list(rows)
     other = _other_group(rows, known, len(stage_of))
     if other is not None:  # a pipeline the layout did not place (a ring of two read as one)
         why = f"sends and receives in a group of ranks {list(other)}, neither the pipeline's "
@@ -149,7 +150,7 @@ def read_schedule(
 
 
 def _other_group(
-    rows: list[Row], known: set[tuple[int, ...]], world: int
+    rows: Iterable[Row], known: set[tuple[int, ...]], world: int
 ) -> tuple[int, ...] | None:
     """The ranks of a group, neither the pipeline's nor context parallel's nor the world's,
     whose sends and receives a CPU op describes, if any."""
