@@ -3,7 +3,10 @@ trace's events (the streamed reader's and the whole-file reader's), checked agai
 not come from a second copy of it:
 - every real trace in ../shared/real-traces (skipped when absent): the loop's state equals
   that recorded in tests/data/kineto_one_pass.json, which the three loops it replaced
-  (issue 43's `Scan.add`, `DeviceScan.add` and `SharedArgs`) gave too; and the streamed
+  (issue 43's `Scan.add`, `DeviceScan.add` and `SharedArgs`) gave too (recorded again when
+  the device events became columns, their starts and durations doubles: `parse_file`'s
+  records, device time and notes were compared equal before and after on every real trace
+  and a simulated folder, both kernel pattern sets); and the streamed
   reader's records and device time equal the whole-file reader's (two decoders, one loop);
 - a simulated trace folder (comm-heavy: a pipeline's sends and receives) and random events
   (hypothesis) with the odd values the loop meets (times that are ints, floats, NaN,
@@ -69,7 +72,7 @@ def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
     scanned, device = _one_loop(batches)
     events = scanned.result()
     kept = [(name, getattr(events, name)) for name in events.__dataclass_fields__]
-    kept += [(name, getattr(device, name)) for name in DEVICE_STATE]
+    kept += [(name, _plain(getattr(device, name))) for name in DEVICE_STATE]
     kept.append(("host_calls", device.host.calls))
     figures = {
         "gpu_events": len(events.gpu_t0),
@@ -81,6 +84,12 @@ def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
         "cpu_events": len(device.cpu_start),
     }
     return figures, repr(kept)
+
+
+def _plain(value: Any) -> Any:
+    """The device events' columns as one tuple an event (start, duration, correlation, name,
+    category, stream), as the state was recorded."""
+    return value.rows() if isinstance(value, device_arrays.DeviceEvents) else value
 
 
 def _batches(path: Path) -> list[list[Kept]]:
@@ -191,7 +200,7 @@ def _assert_invariants(batches: list[list[Kept]]) -> None:
     # a host event widens the host's window (a step numbered beyond 2**40 too)
     assert (events.cpu_t0 is None) == (len(in_range) == len(on_gpu))
     assert device.whole_us == all(type(e.ts) is int for e in flat)
-    assert all(row[5] >= 0 for row in device.device)  # a device event has its stream
+    assert all(stream >= 0 for stream in device.device.stream)  # a device event has its stream
     assert len(device.cpu_start) == len(device.cpu_correlation)
     _, text = _state(batches)
     assert _state([flat])[1] == text  # however the events come in batches
@@ -290,7 +299,7 @@ def test_known_events_are_kept_as_recorded() -> None:
     assert events.launches == {5: (1, 110_000)} and events.steps == [(2, 100_000, 150_000)]
     assert (events.cpu_t0, events.cpu_t1, events.step_tid) == (100_000, 150_000, 1)
     assert events.skipped == {"negative duration": 1, "a time or duration beyond ±2**61 ns": 1}
-    assert device.device == [(120.0004, 10.5, 5, "gemm", "kernel", 0)]
+    assert device.device.rows() == [(120.0004, 10.5, 5, "gemm", "kernel", 0)]
     assert not device.whole_us and list(device.cpu_start) == [100, 110, 130, 140, 105]
     assert device.step_starts == {"ProfilerStep#2": 105}  # a step's latest start
 
@@ -360,9 +369,12 @@ def test_random_device_inputs_in_numpy(
 ) -> None:
     starts = array("d", [start for start, _ in cpu])
     ids = [i for _, i in cpu]
+    events = device_arrays.DeviceEvents.of(device)
+    assert events.rows() == [(float(r[0]), float(r[1]), *r[2:]) for r in device]
     for patterns in (PATTERNS, HTA_PATTERNS):
-        given = (device, starts, ids, steps, whole_us, patterns)
+        given = (events, starts, ids, steps, whole_us, patterns)
         assert _same_inputs(device_arrays.inputs(*given), _inputs(*given))
     # an id that is not a plain int: the loops
-    assert device_arrays.inputs([(*device[0][:2], 1.0, *device[0][3:])], starts, ids, steps,
-                                whole_us, PATTERNS) is device_arrays.NOT_PLAIN  # fmt: skip
+    odd = device_arrays.DeviceEvents.of([(*device[0][:2], 1.0, *device[0][3:])])
+    assert device_arrays.inputs(odd, starts, ids, steps, whole_us,
+                                PATTERNS) is device_arrays.NOT_PLAIN  # fmt: skip

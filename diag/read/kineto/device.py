@@ -117,8 +117,7 @@ class DeviceScan:
         self.cpu_start = array("d")
         self.cpu_correlation: list[Any] = []
         self.step_starts: dict[str, float] = {}  # ProfilerStep name -> its latest CPU start
-        # ts, dur, corr, name, category, stream
-        self.device: list[tuple[float, float, Any, str, str, float]] = []
+        self.device = device_arrays.DeviceEvents()
         self.labels: dict[str, str] = {}  # one object for each kernel name and category
         self.host = HostCallScan()
 
@@ -136,7 +135,7 @@ class DeviceScan:
 
 
 def _measured(
-    device: list[tuple[float, float, Any, str, str, float]],
+    device: device_arrays.DeviceEvents,
     cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
@@ -175,7 +174,7 @@ def _measured(
 
 
 def _inputs(
-    device: list[tuple[float, float, Any, str, str, float]],
+    device: device_arrays.DeviceEvents,
     cpu_start: array,
     cpu_correlation: list[Any],
     step_starts: dict[str, float],
@@ -184,9 +183,12 @@ def _inputs(
 ) -> device_arrays.Inputs | None:
     """`device_arrays.Inputs` event by event (any values; `device_arrays.inputs` takes the
     plain ones)."""
-    _, _, correlations, names, kinds, streams = columns = tuple(zip(*device, strict=True))
-    starts = np.array(columns[0], dtype=float)
-    ends = starts + np.array(columns[1], dtype=float)
+    correlations: Sequence[Any] = device.correlation
+    names: Sequence[str] = device.name
+    kinds: Sequence[str] = device.kind
+    streams: Sequence[Any] = device.stream
+    starts = np.array(device.ts, dtype=float)
+    ends = starts + np.array(device.dur, dtype=float)
     if not whole_us:
         starts, ends = np.ceil(starts), np.floor(ends)
     keep = _launches_before_last_step(

@@ -58,7 +58,14 @@ def take(
     gpu_args, annotations = out.gpu_args, scan.annotations
     cpu_start: array = device.cpu_start
     cpu_correlation = device.cpu_correlation
-    step_starts, on_device_events, device_labels = device.step_starts, device.device, device.labels
+    step_starts, device_labels = device.step_starts, device.labels
+    on_device = device.device  # a column each (device_arrays.DeviceEvents)
+    device_ts, device_dur, device_correlation = (
+        on_device.ts.append, on_device.dur.append, on_device.correlation.append
+    )  # fmt: skip
+    device_names, device_kinds, device_streams = (
+        on_device.name.append, on_device.kind.append, on_device.stream.append
+    )  # fmt: skip
     host_calls = device.host.calls
     isfinite = math.isfinite
     whole_us = device.whole_us
@@ -90,11 +97,13 @@ def take(
             if (stream >= 0 and correlation >= 0) or device_name in _SYNC_NAMES:
                 if stream >= 0:
                     kind = str(category)[:MAX_LABEL_CHARS]
-                    kind, device_name = (
-                        device_labels.setdefault(kind, kind),
-                        device_labels.setdefault(device_name, device_name),
-                    )
-                    on_device_events.append((ts, duration, correlation, device_name, kind, stream))
+                    device_ts(ts)
+                    device_dur(duration)
+                    device_correlation(correlation)
+                    kind = device_labels.setdefault(kind, kind)
+                    device_names(device_labels.setdefault(device_name, device_name))
+                    device_kinds(kind)
+                    device_streams(stream)
             else:
                 if device_name in WATCHED or device_name.startswith(LOADER_PREFIX):
                     host_calls.append((ts, duration, device_name))
