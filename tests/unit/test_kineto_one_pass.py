@@ -4,10 +4,11 @@ not come from a second copy of it:
 - every real trace in ../shared/real-traces (skipped when absent): the loop's state equals
   that recorded in tests/data/kineto_one_pass.json, which the three loops it replaced
   (issue 43's `Scan.add`, `DeviceScan.add` and `SharedArgs`) gave too (recorded again when
-  the device events became columns, their starts and durations doubles: `parse_file`'s
-  records, device time and notes were compared equal before and after on every real trace
-  and a simulated folder, both kernel pattern sets); and the streamed
-  reader's records and device time equal the whole-file reader's (two decoders, one loop);
+  the device events and the host's calls became columns, their starts and durations
+  doubles: `parse_file`'s records, device time and notes were compared equal before and
+  after on every real trace and a simulated folder, both kernel pattern sets); and the
+  streamed reader's records and device time equal the whole-file reader's (two decoders,
+  one loop);
 - a simulated trace folder (comm-heavy: a pipeline's sends and receives) and random events
   (hypothesis) with the odd values the loop meets (times that are ints, floats, NaN,
   infinities, strings, bools, huge or negative; names and categories of other types; threads
@@ -73,7 +74,7 @@ def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
     events = scanned.result()
     kept = [(name, getattr(events, name)) for name in events.__dataclass_fields__]
     kept += [(name, _plain(getattr(device, name))) for name in DEVICE_STATE]
-    kept.append(("host_calls", device.host.calls))
+    kept.append(("host_calls", device.host.calls))  # (start, duration, name) a call
     figures = {
         "gpu_events": len(events.gpu_t0),
         "steps": len(events.steps),

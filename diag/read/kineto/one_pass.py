@@ -66,7 +66,7 @@ def take(
     device_names, device_kinds, device_streams = (
         on_device.name.append, on_device.kind.append, on_device.stream.append
     )  # fmt: skip
-    host_calls = device.host.calls
+    host_call = device.host.add
     isfinite = math.isfinite
     whole_us = device.whole_us
     cpu_first, cpu_last = [], []
@@ -106,7 +106,7 @@ def take(
                     device_streams(stream)
             else:
                 if device_name in WATCHED or device_name.startswith(LOADER_PREFIX):
-                    host_calls.append((ts, duration, device_name))
+                    host_call(ts, duration, device_name)
                 cpu_start.append(ts)
                 cpu_correlation.append(correlation)
                 if device_name.startswith("ProfilerStep") and STEP_START.match(device_name):
