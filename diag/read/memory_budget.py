@@ -1,7 +1,7 @@
 """How many traces are parsed at once: as many as the memory allows, not as many as cores.
 
 A worker parsing a trace holds a multiple of the trace's JSON at its peak (docs/scale.md, "A
-worker's parse": 1.9-2.3x over its imports), so the cores alone are the wrong bound: sixteen
+worker's parse": 1.6-2.3x over its imports), so the cores alone are the wrong bound: sixteen
 workers on a machine of sixteen cores, each reading a 650 MB trace, want about 26 GiB at
 once. Here a parse is started only while the parses in flight, at their estimated peaks, and
 this process's own memory fit the budget; one is always started when none is in flight (the
@@ -20,9 +20,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 MEMORY_ENV = "DIAG_MEMORY_BUDGET"
-PARSE_BYTES_PER_JSON_BYTE = 2.3
-"""A trace's parse at its peak, per byte of its JSON (measured 1.9x on a 647 MB trace, 2.3x
-on a 54 MiB one: docs/scale.md)."""
+PARSE_BYTES_PER_JSON_BYTE = 2.0
+"""A trace's parse at its peak over the worker's imports, per byte of its JSON: measured 1.6x
+on a 650 MB simulated trace and 1.65x on a 79 MiB one (docs/scale.md, "The memory budget");
+a trace of another shape may take more."""
 WORKER_BASE_BYTES = 128 * 2**20
 """A worker's own memory beside its parse (its share of the imports: about 113 MiB)."""
 SHARE_OF_AVAILABLE = 0.75
