@@ -72,7 +72,7 @@ def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
     converter's and the device time's, not what is computed from them later) as text."""
     scanned, device = _one_loop(batches)
     events = scanned.result()
-    kept = [(name, getattr(events, name)) for name in events.__dataclass_fields__]
+    kept = [(name, _plain(getattr(events, name))) for name in events.__dataclass_fields__]
     kept += [(name, _plain(getattr(device, name))) for name in DEVICE_STATE]
     kept.append(("host_calls", device.host.calls))  # (start, duration, name) a call
     figures = {
@@ -89,8 +89,10 @@ def _state(batches: list[list[Kept]]) -> tuple[dict[str, Any], str]:
 
 def _plain(value: Any) -> Any:
     """The device events' columns as one tuple an event (start, duration, correlation, name,
-    category, stream), as the state was recorded."""
-    return value.rows() if isinstance(value, device_arrays.DeviceEvents) else value
+    category, stream), and the kernels' int64 columns as lists, as the state was recorded."""
+    if isinstance(value, device_arrays.DeviceEvents):
+        return value.rows()
+    return value.tolist() if isinstance(value, array) and value.typecode == "q" else value
 
 
 def _batches(path: Path) -> list[list[Kept]]:
@@ -178,14 +180,16 @@ def _assert_invariants(batches: list[list[Kept]]) -> None:
                events.gpu_stream, events.gpu_args)  # fmt: skip
     assert all(len(column) == len(on_gpu) for column in columns)
     # a kernel's start and duration: its own, in whole ns (an untimed one: none)
-    assert events.gpu_t0 == [_ns(e.ts) for e in on_gpu]
+    assert list(events.gpu_t0) == [_ns(e.ts) for e in on_gpu]
     assert [b - a for a, b in zip(events.gpu_t0, events.gpu_t1, strict=True)] == [
         _ns(e.dur) if _finite(e.dur) else 0 for e in on_gpu
     ]
     # a kernel's stream and launch: its arguments', where they are ids, else -1
     arguments = [e.args for e in on_gpu]
-    assert events.gpu_stream == [_stream(a.stream if a else ABSENT) for a in arguments]
-    assert events.gpu_correlation == [_launch(a.correlation if a else ABSENT) for a in arguments]
+    assert list(events.gpu_stream) == [_stream(a.stream if a else ABSENT) for a in arguments]
+    assert list(events.gpu_correlation) == [
+        _launch(a.correlation if a else ABSENT) for a in arguments
+    ]
     out_of_range = sum(
         1 for e in timed
         if abs(e.ts) >= MAX_TIME_US or (_finite(e.dur) and abs(e.dur) >= MAX_TIME_US)
@@ -295,8 +299,8 @@ def test_known_events_are_kept_as_recorded() -> None:
     scanned, device = _one_loop(batches)
     events = scanned.result()
     assert (events.gpu_name, events.gpu_category) == (["gemm"], ["kernel"])
-    assert (events.gpu_t0, events.gpu_t1) == ([120_000], [130_500])
-    assert (events.gpu_correlation, events.gpu_stream) == ([5], [0])
+    assert (list(events.gpu_t0), list(events.gpu_t1)) == ([120_000], [130_500])
+    assert (list(events.gpu_correlation), list(events.gpu_stream)) == ([5], [0])
     assert events.launches == {5: (1, 110_000)} and events.steps == [(2, 100_000, 150_000)]
     assert (events.cpu_t0, events.cpu_t1, events.step_tid) == (100_000, 150_000, 1)
     assert events.skipped == {"negative duration": 1, "a time or duration beyond ±2**61 ns": 1}

@@ -56,10 +56,12 @@ class RankEvents:
 
     gpu_name: list[str] = field(default_factory=list)
     gpu_category: list[str] = field(default_factory=list)
-    gpu_t0: list[int] = field(default_factory=list)
-    gpu_t1: list[int] = field(default_factory=list)
-    gpu_correlation: list[int] = field(default_factory=list)
-    gpu_stream: list[int] = field(default_factory=list)  # -1: the trace does not say
+    # int64 columns, not lists of ints (a number object each: about 64 bytes a kernel more);
+    # every value is bounded: times by MAX_TIME_US, ids and streams by MAX_ARG_INTEGER or -1
+    gpu_t0: array = field(default_factory=lambda: array("q"))
+    gpu_t1: array = field(default_factory=lambda: array("q"))
+    gpu_correlation: array = field(default_factory=lambda: array("q"))
+    gpu_stream: array = field(default_factory=lambda: array("q"))  # -1: the trace does not say
     gpu_args: list[Args | None] = field(default_factory=list)  # a kernel's own collective args
     launches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # corr -> (tid, t0)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1) on the CPU
