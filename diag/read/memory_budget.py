@@ -9,7 +9,8 @@ folder must be read), and the budget then says it was exceeded.
 
 The budget is `diag analyze --memory-budget`, else $DIAG_MEMORY_BUDGET, else three quarters
 of the memory the machine has available when the analysis starts (none where that is not
-known: the cores alone bound it, as before).
+known: the cores alone bound it, as before). It bounds this machine's worker processes; on a
+Dask cluster (`--scheduler`) each worker's own memory limit does.
 """
 
 from __future__ import annotations
