@@ -51,6 +51,10 @@ def _ranks(kinds: tuple[CauseKind, ...]) -> Callable[[Finding, Attribution], flo
 
 
 def _busy_cost_s(finding: Finding, attribution: Attribution) -> float | None:
+    return busy_cost_s(attribution, finding.ranks)
+
+
+def busy_cost_s(attribution: Attribution, ranks: list[int]) -> float:
     """BAL001's cost: what removing the ranks' excess of busy time saves. Where the replay
     found a rank's excess mostly host time (a HOST cause: BAL005 names it, with the whole
     saving), only the part its compute at the peers' median saves is the busy time's; the
@@ -58,7 +62,7 @@ def _busy_cost_s(finding: Finding, attribution: Attribution) -> float | None:
     level with the fetch."""
     total = 0.0
     for cause in attribution.causes:
-        if not set(cause.ranks) & set(finding.ranks):
+        if not set(cause.ranks) & set(ranks):
             continue
         if cause.kind == CauseKind.STRAGGLER:
             total += cause.cost_s

@@ -38,7 +38,10 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         A rank's busy (compute) time per step stands out against the median of the others, in
         most steps and in at least two (a single slow step only when the replay says its
         excess costs the step: one noisy step is not a straggler), and the others spend more
-        time waiting in collectives than it does.
+        time waiting in collectives than it does; where the replay covers every analysed
+        step, bringing its compute to its peers' must save at least 1% of the step (else
+        nobody waited for it: their waits were for something else, or its excess was host
+        time).
     Likely cause:
         A slower or throttled device, a noisy neighbour on its host, more data or work on that
         rank (uneven shards, longer sequences), host-side stalls (data loading, GC) on it.

@@ -86,6 +86,27 @@ def _slow_steps(runs: Any, slow_steps: set[int], steps: int = 3) -> Path:
     return runs.write(ranks, runs.manifest(world_size=4))
 
 
+def _absorbed(runs: Any, steps: int = 5) -> Path:
+    """4 DP ranks, `steps` steps of 90 ms: rank 1 computes 20 ms, the others 10 ms, but rank
+    2 reaches every all-reduce last, at 22 ms, after 12 ms in no record (its host's time),
+    and the all-reduce ends 5 ms later. Rank 1 computes 2x its peers' time while ranks 0 and
+    3 wait, but not for it: at its peers' compute, the step ends as it did."""
+    ranks: dict[int, list[dict[str, Any] | str]] = {}
+    for rank in range(4):
+        rows: list[dict[str, Any] | str] = []
+        for step in range(steps):
+            t0 = step * 100
+            busy = 20 if rank == 1 else 10
+            arrives = 22 if rank == 2 else busy
+            rows += [
+                runs.step(step, t0, t0 + 90),
+                runs.span(step, "fwd", t0, t0 + busy),
+                runs.comm(step, t0 + arrives, t0 + 27, group_size=4, blocking=True),
+            ]
+        ranks[rank] = rows
+    return runs.write(ranks, runs.manifest(world_size=4))
+
+
 CASES = [
     RuleCase("BAL003", True, lambda runs: _late(runs, [0, 0.5, 12, 1]),
              "rank 2 starts every all-reduce 12 ms after the first", severity="medium", ranks=(2,)),
@@ -112,6 +133,10 @@ CASES = [
              "shows a late rank (BAL003), not a persistently slow one"),
     RuleCase("BAL001", False, lambda runs: _mirrored(runs, steps=1),
              "the replay's straggler of the mirrored case, from one step only"),
+    RuleCase("BAL001", False, _absorbed,
+             "rank 1 computes 2x its peers in every step, but the all-reduce waits for rank "
+             "2's host time: the replay, over every analysed step, says its compute costs "
+             "nothing"),
     RuleCase("BAL002", True, lambda runs: _dp(runs, [80, 80, 40, 40]),
              "two ranks compute 2x the other two", severity="medium", ranks=(0, 1)),
     RuleCase("BAL002", False, lambda runs: _dp(runs, [40, 80, 42, 41]),
