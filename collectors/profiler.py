@@ -39,6 +39,9 @@ class ProfilerWindow:
         folder = Path(run_dir) / TRACES_DIR
         profiler = torch.profiler.profile(
             activities=activities,
+            # the shapes: on gloo, the only place a trace gives a collective's bytes
+            # (diag/read/kineto/gloo_sizes.py); on NCCL, older PyTorch's
+            record_shapes=True,
             schedule=torch.profiler.schedule(wait=start, warmup=0, active=stop - start, repeat=1),
             on_trace_ready=torch.profiler.tensorboard_trace_handler(
                 str(folder), worker_name=f"rank{rank}", use_gzip=True

@@ -104,3 +104,24 @@ def test_the_zero_stage_is_read_from_traces_alone(
         ops = {row["op"] for row in report["collectives"]}
         # gloo runs FSDP's reduce-scatters as all-reduces: named by the c10d op that issued them
         assert ops == ({"all_gather", "reduce_scatter"} if stage == 3 else {"all_reduce"}), ops
+
+
+def _bytes_per_step(report: dict) -> dict[str, float]:
+    """Each op's bytes per rank-step, over every group and tag."""
+    found: dict[str, float] = {}
+    for row in report["collectives"]:
+        found[row["op"]] = found.get(row["op"], 0.0) + (row["bytes_per_step"] or 0.0)
+    return found
+
+
+def test_gloo_collectives_are_sized_from_the_recorded_shapes(shared_run, dp_straggler: Path) -> None:
+    """gloo writes no message sizes; the shapes the profiler records (`record_shapes`, as our
+    profiler and most users' run it) give them: the `gloo:` event's tensor and the `c10d::` op
+    that issued it (gloo_sizes.py). DDP's bucket all-reduces and FSDP2's gathers (the whole
+    output, not a rank's part) and reductions carry, per step, the bytes the run directory
+    measured of the same steps."""
+    for run in (dp_straggler, straggler_run(shared_run, "zero3")):
+        ours, traced = analyze_path(run, steps=range(2, 5)), analyze_path(run / "traces")
+        expected = _bytes_per_step(ours)
+        assert expected and all(expected.values()), ours["collectives"]
+        assert _bytes_per_step(traced) == pytest.approx(expected, rel=0.01), (run, traced)

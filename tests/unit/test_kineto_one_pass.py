@@ -6,7 +6,9 @@ not come from a second copy of it:
   (issue 43's `Scan.add`, `DeviceScan.add` and `SharedArgs`) gave too (recorded again when
   the device events and the host's calls became columns, their starts and durations
   doubles: `parse_file`'s records, device time and notes were compared equal before and
-  after on every real trace and a simulated folder, both kernel pattern sets); and the
+  after on every real trace and a simulated folder, both kernel pattern sets; and again when
+  the `gloo:` events and `c10d::` ops kept their arguments, for gloo_sizes.py: without them
+  the state equalled the earlier record on every real trace); and the
   streamed reader's records and device time equal the whole-file reader's (two decoders,
   one loop);
 - a simulated trace folder (comm-heavy: a pipeline's sends and receives) and random events

@@ -16,6 +16,7 @@ from diag.cli.main import main
 from diag.cli.options import parse_layout
 from diag.contract import schema
 from diag.read.kineto import placement
+from diag.read.kineto.events import Args
 from diag.read.kineto.sharding import read_zero_stage
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-traces"
@@ -142,13 +143,16 @@ def test_a_gloo_event_is_named_by_the_c10d_op_that_issued_it() -> None:
     """gloo runs `c10d::_reduce_scatter_base_` as an all-reduce (its event `gloo:all_reduce`):
     the op is the CPU side's, so FSDP's gradient reduce-scatters read as reduce-scatters; an
     all-reduce DDP issued stays one, and an event no c10d op issued keeps its own name."""
-    from diag.read.kineto.convert import RankEvents, gloo_ops
+    from diag.read.kineto.convert import NO_ARGS, RankEvents, gloo_ops
 
     rank = RankEvents()
-    rank.c10d = [("_allgather_base_", 10), ("_reduce_scatter_base_", 30), ("allreduce_", 50)]
-    rank.gloo = [("all_gather", 12, 20, 7), ("all_reduce", 33, 40, 8),
-                 ("all_reduce", 52, 60, 7), ("all_reduce", 90, 95, 7)]  # fmt: skip
-    assert gloo_ops(rank) == ["all_gather", "reduce_scatter", "all_reduce", "all_reduce"]
+    gather, scatter, reduce = Args(collective="g"), Args(collective="s"), Args(collective="r")
+    rank.c10d = [("_allgather_base_", 10, gather), ("_reduce_scatter_base_", 30, scatter),
+                 ("allreduce_", 50, reduce)]  # fmt: skip
+    rank.gloo = [("all_gather", 12, 20, 7, NO_ARGS), ("all_reduce", 33, 40, 8, NO_ARGS),
+                 ("all_reduce", 52, 60, 7, NO_ARGS), ("all_reduce", 90, 95, 7, NO_ARGS)]  # fmt: skip
+    assert gloo_ops(rank) == [("all_gather", gather), ("reduce_scatter", scatter),
+                              ("all_reduce", reduce), ("all_reduce", None)]  # fmt: skip
 
 
 def test_the_order_is_read_where_the_times_are() -> None:

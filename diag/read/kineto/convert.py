@@ -35,6 +35,7 @@ from diag.numeric import intervals
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import Args
+from diag.read.kineto.gloo_sizes import message_bytes
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 from diag.read.kineto.queued import MESSAGE_OPS, queued_arrivals
 from diag.read.kineto.send_waits import send_waited
@@ -70,8 +71,9 @@ class RankEvents:
     # `nccl:<op>` annotations per thread, by start: (t0, t1, op as named, args)
     annotations: dict[Any, list[tuple[int, int, str, Args]]] = field(default_factory=dict)
     cpu_ops: dict[Any, tuple[array, array]] = field(default_factory=dict)  # tid -> t0s, t1s
-    gloo: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (op, t0, t1, tid)
-    c10d: list[tuple[str, int]] = field(default_factory=list)  # c10d ops issued: (name, t0)
+    # `gloo:*` events: (op, t0, t1, tid, args); c10d ops issued: (name, t0, args)
+    gloo: list[tuple[str, int, int, Any, Args]] = field(default_factory=list)
+    c10d: list[tuple[str, int, Args]] = field(default_factory=list)
     step_tid: Any = None  # the thread that runs the steps
     cpu_t0: int | None = None
     cpu_t1: int | None = None
@@ -254,9 +256,10 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     records: dict[str, list[dict]] = {"step": [], "span": [], "comm": []}
     op_starts, op_ends = rank.cpu_ops.get(rank.step_tid, ((), ()))
     ops = np.array(list(zip(op_starts, op_ends, strict=True))).reshape(-1, 2)
-    gloo = np.array([(t0, t1) for _, t0, t1, _ in rank.gloo], dtype=np.int64).reshape(-1, 2)
+    gloo = np.array([event[1:3] for event in rank.gloo], dtype=np.int64).reshape(-1, 2)
     on_step_thread = np.array(
-        [rank.step_tid is not None and tid == rank.step_tid for *_, tid in rank.gloo], dtype=bool
+        [rank.step_tid is not None and event[3] == rank.step_tid for event in rank.gloo],
+        dtype=bool,
     )
     # it blocks only if the thread did nothing else meanwhile: gloo records an asynchronous
     # send on the caller too, and the caller goes on (its next receive starts inside)
@@ -270,6 +273,10 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
     awaited_in_op = ~on_step_thread & idle_meanwhile & _inside_operators(ops, gloo)
     on_step_thread |= awaited_in_op
     issued_as = gloo_ops(rank)
+    sizes = [
+        message_bytes(op, event[4], issuer)
+        for (op, issuer), event in zip(issued_as, rank.gloo, strict=True)
+    ]
     for number, s0, s1 in rank.steps or _whole_trace(rank):
         records["step"].append({"rank": rank_id, "step": number, "t0": s0, "t1": s1})
         operators = intervals.merge(intervals.clip(ops, s0, s1))
@@ -290,11 +297,11 @@ def _cpu_records(rank_id: int, rank: RankEvents) -> dict[str, list[dict]]:
             np.flatnonzero(inside).tolist(), starts[inside].tolist(), ends[inside].tolist(),
             strict=True,
         ):  # fmt: skip
-            op = issued_as[i]
+            op = issued_as[i][0]
             blocking = bool(on_step_thread[i])
             records["comm"].append({
                 "rank": rank_id, "step": number, "op": OP_BY_COLLECTIVE.get(op, op),
-                "group": None, "group_size": None, "bytes": None, "dtype": None,
+                "group": None, "group_size": None, "bytes": sizes[i][0], "dtype": sizes[i][1],
                 "t0": start, "t1": end, "expected_bytes": None, "tag": None,
                 "async": not blocking, "blocking": blocking,
             })  # fmt: skip
@@ -309,17 +316,19 @@ GLOO_RUNS_AS = {"reduce_scatter": "all_reduce", "barrier": "all_reduce"}
 """c10d ops gloo runs as another of its own (its `gloo:*` event named after that one)."""
 
 
-def gloo_ops(rank: RankEvents) -> list[str]:
+def gloo_ops(rank: RankEvents) -> list[tuple[str, Args | None]]:
     """Each `gloo:*` event's op, named from the c10d op that issued it where that differs
     (`c10d::_reduce_scatter_base_` runs as `gloo:all_reduce`): the CPU side's operation, not
-    the backend's. Each c10d op, in issue order, takes the first event not yet taken that
-    starts after it and that gloo runs it as; an event no c10d op takes keeps its own name."""
-    names = [OP_BY_COLLECTIVE.get(name, name) for name, *_ in rank.gloo]
+    the backend's, with that op's arguments (None where no c10d op took the event). Each c10d
+    op, in issue order, takes the first event not yet taken that starts after it and that gloo
+    runs it as; an event no c10d op takes keeps its own name."""
+    names = [OP_BY_COLLECTIVE.get(event[0], event[0]) for event in rank.gloo]
+    issuers: list[Args | None] = [None] * len(rank.gloo)
     if not rank.c10d or not rank.gloo:
-        return names
+        return list(zip(names, issuers, strict=True))
     order = sorted(range(len(rank.gloo)), key=lambda i: rank.gloo[i][1])
     taken = [False] * len(rank.gloo)
-    for name, t0 in sorted(rank.c10d, key=lambda c: c[1]):
+    for name, t0, args in sorted(rank.c10d, key=lambda c: c[1]):
         op = OP_BY_COLLECTIVE.get(name.strip("_"), OP_BY_COLLECTIVE.get(name.rstrip("_")))
         if op is None:
             continue
@@ -327,9 +336,9 @@ def gloo_ops(rank: RankEvents) -> list[str]:
         for i in order:
             if not taken[i] and rank.gloo[i][1] >= t0 and names[i] in (op, runs_as):
                 taken[i] = True
-                names[i] = op
+                names[i], issuers[i] = op, args
                 break
-    return names
+    return list(zip(names, issuers, strict=True))
 
 
 def _inside_operators(ops: np.ndarray, events: np.ndarray) -> np.ndarray:

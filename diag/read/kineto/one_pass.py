@@ -178,9 +178,10 @@ def take(
                 out.steps.append((int(step.group(1)), t0, t1))
                 out.step_tid = tid
         elif name.startswith("gloo:"):
-            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid))
+            # its arguments: the shapes its bytes are read from (gloo_sizes.py)
+            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid, args))
         elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
-            out.c10d.append((name[6:MAX_LABEL_CHARS], t0))
+            out.c10d.append((name[6:MAX_LABEL_CHARS], t0, args))
         if name == "record_param_comms":
             params[tid].append((t0, t1, shared(args)))
     device.whole_us = whole_us
