@@ -57,7 +57,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +64,7 @@ from typing import Any
 
 try:
     from benchmarks.kineto_folders import GENERATED, build_generated, build_large, trace_files
+    from benchmarks.process_tree import KIB_PER_MIB, TreeRss
 except ModuleNotFoundError:  # run as a script: benchmarks/ itself is on sys.path
     from kineto_folders import (  # type: ignore[no-redef]
         GENERATED,
@@ -72,6 +72,7 @@ except ModuleNotFoundError:  # run as a script: benchmarks/ itself is on sys.pat
         build_large,
         trace_files,
     )
+    from process_tree import KIB_PER_MIB, TreeRss  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_TRACES = REPO.parent / "shared" / "real-traces"
@@ -90,7 +91,6 @@ PEAK_GOAL_SHARE = 0.5
 """ours' peak memory at most this share of HTA's."""
 CACHE_GOAL_X = 10.0
 CHILD_TIMEOUT_S = 600
-KIB_PER_MIB = 1024
 
 
 # ---------------------------------------------------------------- child side (one measurement)
@@ -101,74 +101,6 @@ def _peak_mib() -> tuple[float, float]:
     own_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return own_kib / KIB_PER_MIB, children_kib / KIB_PER_MIB
-
-
-class TreeRss(threading.Thread):
-    """The summed RSS of this process and all its descendants, sampled every SAMPLE_S while
-    running: the memory of every process of an analysis together (pages a forked worker
-    shares with its parent counted in both: an upper bound)."""
-
-    SAMPLE_S = 0.05
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.peak_kib = 0
-        self.peak_pss_kib = 0  # proportional: a page shared by n processes counted 1/n each
-        self.done = threading.Event()
-
-    def sample(self) -> None:
-        tree = _tree(os.getpid())
-        self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, tree)))
-        self.peak_pss_kib = max(self.peak_pss_kib, sum(map(_pss_kib, tree)))
-
-    def run(self) -> None:
-        while not self.done.wait(self.SAMPLE_S):
-            self.sample()
-
-    def stop(self) -> float:
-        """Stop sampling; the peak in MiB."""
-        self.sample()
-        self.done.set()
-        self.join()
-        return self.peak_kib / KIB_PER_MIB
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants (Linux: /proc/PID/task/TID/children)."""
-    found, todo = [], [pid]
-    while todo:
-        here = todo.pop()
-        found.append(here)
-        for task in Path(f"/proc/{here}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return found
-
-
-def _rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _pss_kib(pid: int) -> int:
-    """The process's proportional set size (a forked worker's pages shared with its parent
-    counted once between them), KiB; 0 where the kernel does not say."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _silence_hta() -> None:

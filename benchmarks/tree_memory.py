@@ -4,7 +4,7 @@
 
 Runs the command and, every `--every` seconds, sums the RSS and the PSS (proportional: a page
 a forked worker shares with its parent counted once between them) of the command's process
-and all its descendants (kineto_load.py's `_tree`, `_rss_kib`, `_pss_kib`). Prints one JSON
+and all its descendants (process_tree.py). Prints one JSON
 line at the end: exit status, wall time, the peaks of both sums, of the command's own process
 and of its largest descendant. `--log` keeps every sample (the processes' RSS one by one).
 What docs/scale.md's 30 GB row was measured with.
@@ -19,11 +19,9 @@ import time
 from pathlib import Path
 
 try:
-    from benchmarks.kineto_load import _pss_kib, _rss_kib, _tree
+    from benchmarks.process_tree import KIB_PER_MIB, pss_kib, rss_kib, tree_pids
 except ModuleNotFoundError:  # run as a script: benchmarks/ itself is on sys.path
-    from kineto_load import _pss_kib, _rss_kib, _tree  # type: ignore[no-redef]
-
-KIB_PER_MIB = 1024
+    from process_tree import KIB_PER_MIB, pss_kib, rss_kib, tree_pids  # type: ignore[no-redef]
 
 
 def measure(command: list[str], every_s: float, log: Path | None) -> dict[str, float]:
@@ -33,12 +31,12 @@ def measure(command: list[str], every_s: float, log: Path | None) -> dict[str, f
     out = open(log, "w") if log else None  # noqa: SIM115 (closed below)
     try:
         while process.poll() is None:
-            tree = _tree(process.pid)
-            rss = {pid: _rss_kib(pid) for pid in tree}
+            tree = tree_pids(process.pid)
+            rss = {pid: rss_kib(pid) for pid in tree}
             children = [kib for pid, kib in rss.items() if pid != process.pid]
             now = {
                 "rss_sum": sum(rss.values()),
-                "pss_sum": sum(map(_pss_kib, tree)),
+                "pss_sum": sum(map(pss_kib, tree)),
                 "main": rss.get(process.pid, 0),
                 "largest_child": max(children, default=0),
             }

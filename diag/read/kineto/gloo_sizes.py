@@ -38,18 +38,14 @@ def message_bytes(
     own_sizes = tensor_sizes(own) if own is not None else None
     issuer_sizes = tensor_sizes(issuer) if issuer is not None else None
     typed = [dtype for sizes in (own_sizes, issuer_sizes) for _, dtype in sizes or () if dtype]
-    dtype = typed[0] if typed else None
+    dtype = typed[0] if typed else ""
     candidates = list(issuer_sizes or ())
     if op not in PART_ONLY or issuer_sizes:
         candidates += own_sizes or ()
-    found = [
-        elements * DTYPE_BYTES[kind or dtype]
-        for elements, kind in candidates
-        if (kind or dtype) is not None
-    ]
+    found = [elements * DTYPE_BYTES[kind or dtype] for elements, kind in candidates if kind or dtype]
     if not found:
         return None, None
-    return min(max(found), MAX_ARG_INTEGER - 1), dtype
+    return min(max(found), MAX_ARG_INTEGER - 1), dtype or None
 
 
 def tensor_sizes(args: Args) -> list[tuple[int, str]] | None:
