@@ -90,7 +90,7 @@ def _ranks(report: dict[str, Any], layout: str) -> str:
     world = report["run"].get("world_size")
     analysed = {row.get("rank") for row in report.get("ranks") or []}
     if not isinstance(world, int) or not analysed or len(analysed) >= world:
-        return f"{world} ranks ({layout})"
+        return f"{world} rank{'' if world == 1 else 's'} ({layout})"
     missing = [rank for rank in range(world) if rank not in analysed]
     return (
         f"{len(analysed)} of {world} ranks ({layout}; {ranks_phrase(missing)} not analysed: "

@@ -114,7 +114,9 @@ def _bytes_per_step(report: dict) -> dict[str, float]:
     return found
 
 
-def test_gloo_collectives_are_sized_from_the_recorded_shapes(shared_run, dp_straggler: Path) -> None:
+def test_gloo_collectives_are_sized_from_the_recorded_shapes(
+    shared_run, dp_straggler: Path
+) -> None:
     """gloo writes no message sizes; the shapes the profiler records (`record_shapes`, as our
     profiler and most users' run it) give them: the `gloo:` event's tensor and the `c10d::` op
     that issued it (gloo_sizes.py). DDP's bucket all-reduces and FSDP2's gathers (the whole

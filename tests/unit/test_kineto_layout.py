@@ -343,8 +343,11 @@ def test_real_traces_layout_and_ops() -> None:
     assert "dp spans every rank); ZeRO-0 read: " in world2.manifest.layout_source
     alltoall = load_trace_dir(REAL / "hta-alltoall-world16", use_cache=False)
     counts = alltoall.comms["op"].value_counts().to_dict()
-    assert counts.get("all_to_all", 0) == 45 and counts.get("send", 0) == 5
-    assert any("launch is not in the trace" in note for note in alltoall.skipped)
+    # its GPU runs 150 ms behind the CPU: the first 155 ms of stream 7's kernels, 5 SendRecv
+    # among them, were launched before the trace began, and are no step's (they were read
+    # by their start into step 550, as sends: their op from the kernel's name)
+    assert counts.get("all_to_all", 0) == 45 and counts.get("send", 0) == 0
+    assert not any("launch is not in the trace" in note for note in alltoall.skipped)
 
 
 def test_a_dp4_pp4_tp4_job_with_one_trace_per_tensor_parallel_group(tmp_path: Path) -> None:

@@ -149,8 +149,10 @@ def test_a_gloo_event_is_named_by_the_c10d_op_that_issued_it() -> None:
     gather, scatter, reduce = Args(collective="g"), Args(collective="s"), Args(collective="r")
     rank.c10d = [("_allgather_base_", 10, gather), ("_reduce_scatter_base_", 30, scatter),
                  ("allreduce_", 50, reduce)]  # fmt: skip
-    rank.gloo = [("all_gather", 12, 20, 7, NO_ARGS), ("all_reduce", 33, 40, 8, NO_ARGS),
-                 ("all_reduce", 52, 60, 7, NO_ARGS), ("all_reduce", 90, 95, 7, NO_ARGS)]  # fmt: skip
+    rank.gloo = [
+        ("all_gather", 12, 20, 7, NO_ARGS), ("all_reduce", 33, 40, 8, NO_ARGS),
+        ("all_reduce", 52, 60, 7, NO_ARGS), ("all_reduce", 90, 95, 7, NO_ARGS),
+    ]  # fmt: skip
     assert gloo_ops(rank) == [("all_gather", gather), ("reduce_scatter", scatter),
                               ("all_reduce", reduce), ("all_reduce", None)]  # fmt: skip
 

@@ -115,14 +115,29 @@ def step_folders(folder: Path) -> list[tuple[int, Path]]:
     return sorted((n, p) for n, p in found if n < MAX_WORLD_SIZE**2 and is_trace_dir(p))
 
 
+TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"')
+HEAD_CHUNK_BYTES = 64 * 2**10
+MAX_HEAD_BYTES = 4 * 2**20
+"""How far into a file its trace keys are looked for: a trace may open with a long block of
+its own (TraceLens' exports: 26 KB of `"metadata"` before `traceEvents`)."""
+
+
 def _looks_like_trace(path: Path) -> bool:
+    """Whether the file's first MAX_HEAD_BYTES (inflated) hold a key only a Kineto trace has,
+    read a chunk at a time up to the first found."""
+    longest = max(map(len, TRACE_KEYS))
     try:
         with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
             text = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
-            head = text.read(4096).decode("utf-8", errors="ignore")
-    except (OSError, UnicodeDecodeError, EOFError, zlib.error):
+            seen, tail = 0, b""
+            while seen < MAX_HEAD_BYTES and (chunk := text.read(HEAD_CHUNK_BYTES)):
+                window = tail + chunk  # a key cut between two chunks is found whole
+                if any(key in window for key in TRACE_KEYS):
+                    return True
+                seen, tail = seen + len(chunk), window[-longest:]
+    except (OSError, EOFError, zlib.error):
         return False
-    return "traceEvents" in head or '"schemaVersion"' in head or '"distributedInfo"' in head
+    return False
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:

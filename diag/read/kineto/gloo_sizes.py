@@ -29,9 +29,7 @@ PART_ONLY = frozenset({"all_gather"})
 """Ops whose gloo event's own tensor is one rank's part, not the message."""
 
 
-def message_bytes(
-    op: str, own: Args | None, issuer: Args | None
-) -> tuple[int | None, str | None]:
+def message_bytes(op: str, own: Args | None, issuer: Args | None) -> tuple[int | None, str | None]:
     """(bytes, dtype) of a gloo collective from its `gloo:` event's arguments (`own`) and its
     issuing `c10d::` operator's (`issuer`, None where none was matched); (None, None) where
     neither says (the module's docstring)."""
@@ -42,7 +40,7 @@ def message_bytes(
     candidates = list(issuer_sizes or ())
     if op not in PART_ONLY or issuer_sizes:
         candidates += own_sizes or ()
-    found = [elements * DTYPE_BYTES[kind or dtype] for elements, kind in candidates if kind or dtype]
+    found = [n * DTYPE_BYTES[kind or dtype] for n, kind in candidates if kind or dtype]
     if not found:
         return None, None
     return min(max(found), MAX_ARG_INTEGER - 1), dtype or None

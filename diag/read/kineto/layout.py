@@ -37,6 +37,8 @@ from diag.contract.names import DP, EP, PP, TP, WORLD
 from diag.read.kineto import placement
 from diag.read.kineto.placement import COLLECTIVE_OPS, FORWARD_SHARE, FROM_GROUPS, FoundLayout
 
+ONE_RANK = "of one rank (nothing to lay out)"
+
 GIVEN = "given"
 CP = "cp"
 """Context parallelism's groups (the manifest's axis; the simulator writes none)."""
@@ -118,6 +120,8 @@ def infer_layout(
 ) -> FoundLayout:
     """The layout and groups of a world of `world` ranks from the groups the traces list
     ((ranks, name) of pg_config) and their comm records (with `group_ranks`, popped later)."""
+    if world == 1:  # nothing to lay out: every axis is 1, whatever the traces list
+        return FoundLayout(schema.Layout(dp=1), {}, ONE_RANK)
     config_groups = list(config_groups)
     families = _families(world, config_groups, comms, steps)
     placed: dict[str, Family] = {}

@@ -30,6 +30,7 @@ from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
 from diag.read.kineto.convert import (
     GPU_CATEGORIES,
     LAUNCH_CATEGORIES,
+    LEGACY_CATEGORIES,
     MAX_TIME_US,
     NO_ARGS,
     NS_PER_US,
@@ -42,6 +43,7 @@ from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
 
 _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+STEP_OR_ENQUEUE = ("c10d::", "record_param_comms", "ProfilerStep")
 
 
 def take(
@@ -74,6 +76,8 @@ def take(
         ts, duration, category, name, args = (
             event.ts, event.dur, event.cat, event.name, event.args
         )  # fmt: skip
+        if type(category) is str and category in LEGACY_CATEGORIES:  # any JSON value can come
+            category = LEGACY_CATEGORIES[category]
         ts_int = type(ts) is int
         ts_finite = ts_int or (type(ts) is float and isfinite(ts))
         dur_int = type(duration) is int
@@ -158,8 +162,8 @@ def take(
         if name.startswith("nccl:") and category != "gpu_user_annotation":
             # `nccl:<op>` (record_function around the launch): the op on older traces
             annotations[tid].append((t0, t1, name[5:], shared(args)))
-        elif category == "cpu_op" and not name.startswith(("c10d::", "record_param_comms")):
-            ops = cpu_ops.get(tid)  # c10d ops only enqueue
+        elif category == "cpu_op" and not name.startswith(STEP_OR_ENQUEUE):
+            ops = cpu_ops.get(tid)  # c10d ops only enqueue; a legacy step is an `Operator`
             if ops is None:
                 ops = cpu_ops[tid] = (array("q"), array("q"))
             ops[0].append(t0)
