@@ -92,3 +92,22 @@ def test_a_world_of_one_rank_has_its_layout(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=_step_events()))
     run = analyze_path(tmp_path)["run"]
     assert run["layout"]["dp"] == 1 and run["layout_source"].startswith("of one rank")
+
+
+def test_all_reduces_outside_nccl_are_communication() -> None:
+    """vLLM's TP all-reduce on B200 runs PyTorch's symmetric-memory kernel (73 a step, 19% of
+    the kernel time): computation, before; and its op is an all-reduce, not a `reduce`."""
+    from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+
+    names = [
+        "(anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>",
+        "c10d::symmetric_memory::two_shot_all_reduce_kernel<float, 8>",
+        "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)",
+        "void tensorrt_llm::kernels::oneShotAllReduceKernel<half, 8>(...)",
+    ]
+    kinds = KernelPatterns().classify(names, ["kernel"] * len(names))
+    assert set(kinds) == {KernelClass.COMM.value}
+    assert {op_from_kernel_name(n) for n in names} == {"all_reduce"}
+    assert KernelPatterns().classify(["void at::native::reduce_kernel<512, 1>"], ["kernel"])[0] == (
+        KernelClass.COMPUTE.value
+    )

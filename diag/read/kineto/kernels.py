@@ -1,10 +1,12 @@
 """GPU kernels classified as computation, communication or memory, by name.
 
 Communication covers NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL (ROCm's NCCL, same names,
-plus `rccl*`) and custom all-to-all libraries: DeepEP's `...ep::...dispatch/combine/notify...`
-(DeepSeek-V3's trace) and `deep_ep` kernels. Memory: Kineto's `gpu_memcpy` / `gpu_memset`
-events and kernels named `Memcpy*` / `Memset*`. Everything else computes. The patterns are
-regular expressions, replaceable through `KernelPatterns` (`[kineto]` in a --config file).
+plus `rccl*`), custom all-to-all libraries (DeepEP's `...ep::...dispatch/combine/notify...`,
+DeepSeek-V3's trace, and `deep_ep` kernels) and all-reduces outside NCCL (PyTorch's
+symmetric memory, vLLM's and TensorRT-LLM's custom all-reduce). Memory: Kineto's
+`gpu_memcpy` / `gpu_memset` events and kernels named `Memcpy*` / `Memset*`. Everything else
+computes. The patterns are regular expressions, replaceable through `KernelPatterns`
+(`[kineto]` in a --config file).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ DEFAULT_COMM_PATTERNS = (
     r"^rccl",
     r"ep::(?:\w+::)*\w*(?:dispatch|combine|notify)",  # DeepEP: dpsk::ep::internode::dispatch
     r"deep_ep",
+    # PyTorch's symmetric-memory collectives (torch.ops.symm_mem: `multimem_all_reduce_`,
+    # `one_shot_all_reduce`; vLLM's TP all-reduce) and vLLM's and TensorRT-LLM's own
+    r"(?:multimem|one_shot|two_shot)_all_(?:reduce|gather)",
+    r"cross_device_reduce_\d?stage",
+    r"(?:one|two)ShotAllReduce",
 )
 DEFAULT_MEMORY_PATTERNS = (r"^Memcpy", r"^Memset")
 COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
@@ -36,10 +43,10 @@ COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
 
 # Collective from a communication kernel's name, when no record_param_comms names it.
 _OP_BY_NAME = (
-    (re.compile(r"allreduce", re.I), "all_reduce"),
-    (re.compile(r"allgather", re.I), "all_gather"),
-    (re.compile(r"reducescatter", re.I), "reduce_scatter"),
-    (re.compile(r"alltoall|dispatch|combine|notify", re.I), "all_to_all"),
+    (re.compile(r"all_?reduce|cross_device_reduce", re.I), "all_reduce"),
+    (re.compile(r"all_?gather", re.I), "all_gather"),
+    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
+    (re.compile(r"all_?to_?all|dispatch|combine|notify", re.I), "all_to_all"),
     (re.compile(r"broadcast", re.I), "broadcast"),
     (re.compile(r"sendrecv|send", re.I), "send"),
     (re.compile(r"recv", re.I), "recv"),
