@@ -60,8 +60,29 @@ def test_kernels_launched_before_the_window_are_in_no_step(tmp_path: Path) -> No
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=_behind(launched_before=5)))
     steps = load_trace_dir(tmp_path, use_cache=False).steps
     windows = {int(s.step): (int(s.t0), int(s.t1)) for s in steps.itertuples()}
-    # step 1: its gemm (60-90 us) and the unlaunched kernel after it on its stream (95-100)
-    assert windows == {1: (60_000, 100_000), 2: (160_000, 190_000)}
+    # step 1: its gemm (60-90 us) and the unlaunched kernel after it on its stream (95-100);
+    # step 2 from there (the device idled until its gemm: `test_a_late_launch_...`)
+    assert windows == {1: (60_000, 100_000), 2: (100_000, 190_000)}
+
+
+def test_a_late_launch_is_its_steps_time(tmp_path: Path) -> None:
+    """A loader that holds each CPU step 40 us before its launch: the device idles between
+    its steps' kernels; that idle time is the later step's (as a real trace's CPU iterations
+    measure it: hta-nccl-world2 reads 222.4 ms steps, its ProfilerSteps' 222.3, not 216.1),
+    so the step is the iteration (100 us) and its idle share is the wait."""
+    events = [_x("ProfilerStep#1", "user_annotation", 0, 100),
+              _x("ProfilerStep#2", "user_annotation", 100, 100)]  # fmt: skip
+    for step, at in ((1, 40), (2, 140)):
+        events += [
+            _x("cudaLaunchKernel", "cuda_runtime", at, 2, correlation=step),
+            _x("gemm", "kernel", at + 10, 30, correlation=step, stream=7),
+        ]
+    _write(tmp_path, "rank0.json", _trace(0, world=1, events=events))
+    run = load_trace_dir(tmp_path, use_cache=False)
+    windows = {int(s.step): (int(s.t0), int(s.t1)) for s in run.steps.itertuples()}
+    assert windows == {1: (50_000, 80_000), 2: (80_000, 180_000)}
+    second = compute_metrics(run).rank_steps.set_index("step").loc[2]
+    assert (second["wall_s"], second["busy_s"]) == pytest.approx((100e-6, 30e-6))
 
 
 def test_a_trace_without_launches_keeps_its_kernels_steps_by_time(tmp_path: Path) -> None:
