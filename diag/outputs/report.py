@@ -266,7 +266,9 @@ def sections(report: dict[str, Any]) -> list[Section]:
         "collectives (per rank, over the analysed steps)",
         ["op", "group", "tag", "count", "bytes", "expected", "ratio", "time s", "busbw GB/s"],
         [
-            [str(c["op"]), str(c["group"]), str(c["tag"] or "-"), num(c["count"]),
+            # None: the trace does not say (a kernel named after no op; no group recorded)
+            [str(c["op"] or "n/a"), str(c["group"] or "n/a"), str(c["tag"] or "-"),
+             num(c["count"]),
              size(c["bytes"]), size(c["expected_bytes"]), num(c["ratio"]),
              num(c["time_s"]), num(c["busbw_GBps"])]
             for c in report["collectives"]

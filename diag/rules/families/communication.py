@@ -43,7 +43,8 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
         (BAL001) explains the waiting, the finding stays medium and names it; so it does in a
         pipeline run, whose blocking receives are the bubble (PIP rules), and where ranks of
         the analysed ranks' groups left no records (`unrecorded_peers`): some of the waiting
-        may be theirs (BAL006 where the sizes bound it).
+        may be theirs (BAL006 where the sizes bound it); and where the layout is unknown
+        (`arrival_unknown`: who a collective's members are, so who waited for whom, unknown).
     """
     summary = ctx.metrics.summary
     exposed = summary.get("exposed_comm_share")
@@ -57,17 +58,22 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
     stragglers = straggler_ranks(ctx)
     pipelined = (ctx.run.manifest.layout.pp or 1) > 1
     unrecorded = unrecorded_peers(ctx)
-    if stragglers or pipelined or unrecorded:
+    # a layout the traces do not give: who each collective's members are, so how long a rank
+    # waited in it for a late one (the arrival split, the replay), is unknown
+    members_unknown = ctx.run.manifest.layout_unknown and int(ctx.run.manifest.world_size) > 1
+    if stragglers or pipelined or unrecorded or members_unknown:
         # the waiting is a straggler's (BAL001), the pipeline bubble's (PIP rules), or may be
-        # for peers that left no records (BAL006 where the sizes tell)
+        # for peers that left no records (BAL006 where the sizes tell) or for late members
         severity = "medium"
     return [
         Finding(
             severity=severity,
             title=f"communication not hidden: {exposed:.0%} of the step waits on collectives"
-            + _maybe_waiting_for(unrecorded),
+            + _maybe_waiting_for(unrecorded)
+            + (MEMBERS_UNKNOWN if members_unknown and not unrecorded else ""),
             evidence={
                 **_unrecorded_evidence(unrecorded),
+                **({"arrival_unknown": True} if members_unknown else {}),
                 "exposed_comm_share": exposed,
                 "comm_share": summary.get("comm_share"),
                 "threshold": limits[severity],
@@ -85,6 +91,11 @@ def exposed_comm_share(ctx: RuleContext, limits: Mapping[str, float]) -> Iterabl
             "smaller DDP buckets start all-reduces earlier in backward",
         )
     ]
+
+
+MEMBERS_UNKNOWN = (
+    " (the layout unknown, so is how much of it is waiting for late members; --layout gives it)"
+)
 
 
 def unrecorded_peers(ctx: RuleContext, axis: str | None = None) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Any
 from rule_cases import RuleCase
 
 
-def _dp2(runs: Any, comm_ms: float) -> Path:
+def _dp2(runs: Any, comm_ms: float, group: str | None = "dp", **manifest: Any) -> Path:
     """2 DP ranks, 4 steps of 100 ms: compute, then `comm_ms` of blocking all-reduce."""
     ranks: dict[int, list[dict[str, Any] | str]] = {}
     for rank in range(2):
@@ -23,14 +23,21 @@ def _dp2(runs: Any, comm_ms: float) -> Path:
                     t0 + 100 - comm_ms,
                     t0 + 100,
                     op="all_reduce",
-                    group="dp",
+                    group=group,
                     group_size=2,
                     bytes=1000,
                     blocking=True,
                 )
             )
         ranks[rank] = records
-    return runs.write(ranks, runs.manifest(world_size=2))
+    return runs.write(ranks, runs.manifest(world_size=2, **manifest))
+
+
+def _dp2_members_unknown(runs: Any) -> Path:
+    """`_dp2` at 60% with no group on its collectives and its layout unknown (as an older
+    trace folder reads): who waited for whom in them, unknown."""
+    unknown = "unknown: no process groups in the traces (PyTorch before 2.2 writes none)"
+    return _dp2(runs, 60, group=None, layout_source=unknown)
 
 
 def _tp2(runs: Any, comm_ms: float) -> Path:
@@ -132,4 +139,11 @@ CASES = [
         severity="high",
     ),
     RuleCase("COM001", False, lambda runs: _dp2(runs, 5), "5% of each step is blocking comm"),
+    RuleCase(
+        "COM001",
+        True,
+        _dp2_members_unknown,
+        "60% blocking comm, its members unknown: may be waiting, not transfer",
+        severity="medium",
+    ),
 ]
