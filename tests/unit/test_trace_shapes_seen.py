@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diag.api import analyze_path
 from diag.metrics import compute_metrics
@@ -132,3 +134,43 @@ def test_all_reduces_outside_nccl_are_communication() -> None:
     assert KernelPatterns().classify(["void at::native::reduce_kernel<512, 1>"], ["kernel"])[0] == (
         KernelClass.COMPUTE.value
     )
+
+
+def _by_stream_loop(steps: list[int], launched: list[bool], t0: list[int], streams: list[int]):
+    """The rule read plainly, a stream at a time (what the one-sort version must equal)."""
+    out = list(steps)
+    for stream in set(streams):
+        mine = sorted((i for i, s in enumerate(streams) if s == stream), key=lambda i: t0[i])
+        if not any(launched[i] for i in mine):
+            continue
+        last = -1
+        for i in mine:
+            if launched[i]:
+                last = steps[i]
+            else:
+                out[i] = last
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.booleans(), st.integers(0, 50), st.integers(0, 3)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_unlaunched_kernels_take_their_streams_order(kernels: list[tuple]) -> None:
+    import numpy as np
+
+    from diag.read.kineto.convert import _unlaunched_by_stream_order
+
+    steps, launched, t0, streams = (list(column) for column in zip(*kernels, strict=True))
+    t0 = [start * 100 + i for i, start in enumerate(t0)]  # distinct starts: one order
+    found = _unlaunched_by_stream_order(
+        np.array(steps), np.array(launched), np.array(t0), np.array(streams)
+    )
+    expected = steps if all(launched) or not any(launched) else (
+        _by_stream_loop(steps, launched, t0, streams)
+    )  # fmt: skip
+    assert found.tolist() == expected

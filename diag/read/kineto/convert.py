@@ -148,18 +148,24 @@ def _unlaunched_by_stream_order(
     launch at all (a trace without runtime events) keeps the steps its starts give."""
     if has_launch.all() or not has_launch.any():
         return steps
+    # every stream's kernels in start order, one stream after another (one sort: a trace may
+    # hold as many streams as kernels)
+    order = np.lexsort((t0, streams))
+    in_order, launched = streams[order], has_launch[order]
+    position = np.arange(len(order))
+    first = np.flatnonzero(np.r_[True, in_order[1:] != in_order[:-1]])  # each stream's start
+    stream_start = np.repeat(first, np.diff(np.r_[first, len(order)]))
+    # the position of the last launched kernel so far (of this stream where it is not before
+    # the stream's start), and whether the stream has any launched kernel at all
+    last = np.maximum.accumulate(np.where(launched, position, -1))
+    before = last >= stream_start
+    any_launched = np.repeat(
+        np.maximum.reduceat(launched, first), np.diff(np.r_[first, len(order)])
+    )
+    change = ~launched & any_launched
+    found = np.where(before, steps[order[np.maximum(last, 0)]], -1)
     steps = steps.copy()
-    for stream in np.unique(streams).tolist():
-        mine = np.flatnonzero(streams == stream)
-        mine = mine[np.argsort(t0[mine], kind="stable")]
-        launched = has_launch[mine]
-        if launched.all() or not launched.any():
-            continue
-        # the position of the last launched kernel so far, -1 before the first
-        last = np.maximum.accumulate(np.where(launched, np.arange(len(mine)), -1))
-        unlaunched = mine[~launched]
-        source = last[~launched]
-        steps[unlaunched] = np.where(source >= 0, steps[mine[np.maximum(source, 0)]], -1)
+    steps[order[change]] = found[change]
     return steps
 
 
