@@ -12,6 +12,7 @@ The events are built here in the shapes those traces have (test_kineto.py's help
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,10 @@ def test_a_trace_opening_with_a_long_block_is_a_trace(tmp_path: Path) -> None:
     _write(tmp_path / "far", "export.json", far)
     _write(tmp_path / "none", "export.json", {"metadata": "traceEvent" * 20_000})
     assert not is_trace_dir(tmp_path / "far") and not is_trace_dir(tmp_path / "none")
+    # a file that is no JSON object is read no further than its first chunk
+    (tmp_path / "array").mkdir()
+    (tmp_path / "array" / "data.json").write_text(json.dumps(["x" * 70_000, {"traceEvents": []}]))
+    assert not is_trace_dir(tmp_path / "array")
 
 
 def _behind(launched_before: int) -> list[dict]:

@@ -134,6 +134,8 @@ def _looks_like_trace(path: Path) -> bool:
                 window = tail + chunk  # a key cut between two chunks is found whole
                 if any(key in window for key in TRACE_KEYS):
                     return True
+                if not seen and not chunk.lstrip().startswith(b"{"):
+                    return False  # not a JSON object: read no further (a folder of data)
                 seen, tail = seen + len(chunk), window[-longest:]
     except (OSError, EOFError, zlib.error):
         return False
