@@ -117,8 +117,8 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     from diag import analyze_path, compute_metrics
     from diag.metrics.file_reduction import reduce_rank_files
     from diag.read.kineto import cache, load_trace_dir  # the loader itself, its cache off
-    from diag.read.kineto.files import trace_files
     from diag.read.kineto.kernels import KernelPatterns
+    from diag.read.kineto.trace_folder import trace_files
 
     tree = TreeRss()
     tree.start()

@@ -46,9 +46,10 @@ from diag.read.kineto import device_arrays, one_pass
 from diag.read.kineto.convert import GPU_CATEGORIES, MAX_TIME_US, Scan, to_records
 from diag.read.kineto.device import HTA_PATTERNS, DeviceScan, _inputs
 from diag.read.kineto.events import ABSENT, Args, Kept
-from diag.read.kineto.files import SharedArgs, parse_file, read_events, trace_files
+from diag.read.kineto.files import SharedArgs, parse_file, read_events
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.stream import stream_events
+from diag.read.kineto.trace_folder import trace_files
 
 REAL_TRACES = Path(__file__).parents[3] / "shared" / "real-traces"
 REAL_FILES = sorted(

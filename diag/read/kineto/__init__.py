@@ -31,7 +31,7 @@ from diag.read.cache import Lookup
 from diag.read.kineto import cache, clocks, spill
 from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
-from diag.read.kineto.files import ParsedTrace, assign_ranks, is_trace_dir, parse_file, trace_files
+from diag.read.kineto.files import ParsedTrace, assign_ranks, parse_file
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.manifest import axis_of, folder_manifest
 from diag.read.kineto.packed_comms import (
@@ -47,6 +47,7 @@ from diag.read.kineto.packed_comms import (
     split_packed_batches,
 )
 from diag.read.kineto.placement import grid_size
+from diag.read.kineto.trace_folder import is_trace_dir, trace_files
 from diag.read.kineto.window import Reduced, reduce_spilled, reduce_traces, window_end
 from diag.read.kineto.window import note as window_note
 from diag.read.load import (

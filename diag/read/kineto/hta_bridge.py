@@ -24,9 +24,9 @@ import pandas as pd
 
 from diag.contract.limits import MAX_WHOLE_TRACE_BYTES
 from diag.errors import InputError
-from diag.read.kineto.files import trace_files
 from diag.read.kineto.kernels import DEFAULT_COMM_PATTERNS
 from diag.read.kineto.stream import inflated
+from diag.read.kineto.trace_folder import trace_files
 
 HTA_BLIND_SPOT = (
     "HTA counts only NCCL kernels as communication: custom all-to-all kernels (DeepEP "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from diag.errors import InputError
 from diag.read.kineto import is_trace_dir, load_trace_dir
-from diag.read.kineto.files import is_trace_file, step_folders
+from diag.read.kineto.trace_folder import is_trace_file, step_folders
 from diag.read.load import RunData
 from diag.read.sources.base import LoadOptions
 
