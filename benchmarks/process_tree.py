@@ -56,23 +56,22 @@ def tree_pids(pid: int) -> list[int]:
 
 
 def rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    """The process's resident set size, KiB; 0 where the kernel does not say."""
+    return _proc_kib(f"/proc/{pid}/status", "VmRSS:")
 
 
 def pss_kib(pid: int) -> int:
     """The process's proportional set size (a forked worker's pages shared with its parent
     counted once between them), KiB; 0 where the kernel does not say."""
+    return _proc_kib(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def _proc_kib(path: str, field: str) -> int:
+    """The KiB of the line of a /proc file that starts with `field`; 0 without one."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("Pss:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         pass

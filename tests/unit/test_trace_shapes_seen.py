@@ -43,17 +43,24 @@ def test_a_trace_opening_with_a_long_block_is_a_trace(tmp_path: Path) -> None:
     assert not is_trace_dir(tmp_path / "array")
 
 
+def _two_steps(launch_at_us: float, runs_after_us: float) -> list[dict]:
+    """Steps 1 and 2 (CPU 0-100 and 100-200 us), each launching, `launch_at_us` into it, a
+    30 us kernel on stream 7 that runs `runs_after_us` after its launch."""
+    events = [_x("ProfilerStep#1", "user_annotation", 0, 100),
+              _x("ProfilerStep#2", "user_annotation", 100, 100)]  # fmt: skip
+    for step, at in ((1, launch_at_us), (2, 100 + launch_at_us)):
+        events += [
+            _x("cudaLaunchKernel", "cuda_runtime", at, 2, correlation=step),
+            _x("gemm", "kernel", at + runs_after_us, 30, correlation=step, stream=7),
+        ]
+    return events
+
+
 def _behind(launched_before: int) -> list[dict]:
     """Steps 1 and 2 (CPU 0-100 and 100-200 us), each launching a 30 us kernel on stream 7 that
     runs 50 us later; before them, `launched_before` kernels launched before the window (no
     launch in the trace) run 0-40 us; and a kernel of no launch after step 1's, on its stream."""
-    events = [_x("ProfilerStep#1", "user_annotation", 0, 100),
-              _x("ProfilerStep#2", "user_annotation", 100, 100)]  # fmt: skip
-    for step, at in ((1, 10), (2, 110)):
-        events += [
-            _x("cudaLaunchKernel", "cuda_runtime", at, 2, correlation=step),
-            _x("gemm", "kernel", at + 50, 30, correlation=step, stream=7),
-        ]
+    events = _two_steps(launch_at_us=10, runs_after_us=50)
     width = 40 / max(launched_before, 1)
     events += [
         _x("old_gemm", "kernel", i * width, width, correlation=900 + i, stream=7)
@@ -77,13 +84,7 @@ def test_a_late_launch_is_its_steps_time(tmp_path: Path) -> None:
     its steps' kernels; that idle time is the later step's (as a real trace's CPU iterations
     measure it: hta-nccl-world2 reads 222.4 ms steps, its ProfilerSteps' 222.3, not 216.1),
     so the step is the iteration (100 us) and its idle share is the wait."""
-    events = [_x("ProfilerStep#1", "user_annotation", 0, 100),
-              _x("ProfilerStep#2", "user_annotation", 100, 100)]  # fmt: skip
-    for step, at in ((1, 40), (2, 140)):
-        events += [
-            _x("cudaLaunchKernel", "cuda_runtime", at, 2, correlation=step),
-            _x("gemm", "kernel", at + 10, 30, correlation=step, stream=7),
-        ]
+    events = _two_steps(launch_at_us=40, runs_after_us=10)
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=events))
     run = load_trace_dir(tmp_path, use_cache=False)
     windows = {int(s.step): (int(s.t0), int(s.t1)) for s in run.steps.itertuples()}
