@@ -176,14 +176,15 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     t1 = np.array(rank.gpu_t1, dtype=np.int64)
     correlation = np.array(rank.gpu_correlation, dtype=np.int64)
     kinds = patterns.classify(rank.gpu_name, rank.gpu_category)
+    launches = [rank.launches.get(c) for c in rank.gpu_correlation]  # None: not in the trace
+    has_launch = np.array([launch is not None for launch in launches], dtype=bool)
     launched_at = np.array(
         [
-            rank.launches.get(c, (None, t))[1]
-            for c, t in zip(rank.gpu_correlation, rank.gpu_t0, strict=True)
+            t if launch is None else launch[1]
+            for launch, t in zip(launches, rank.gpu_t0, strict=True)
         ],
         dtype=np.int64,
     )
-    has_launch = np.array([c in rank.launches for c in rank.gpu_correlation], dtype=bool)
     steps = _step_of(launched_at, rank.steps)
     steps = _unlaunched_by_stream_order(
         steps, has_launch, t0, np.array(rank.gpu_stream, dtype=np.int64)
