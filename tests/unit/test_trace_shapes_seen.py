@@ -93,6 +93,50 @@ def test_a_late_launch_is_its_steps_time(tmp_path: Path) -> None:
     assert (second["wall_s"], second["busy_s"]) == pytest.approx((100e-6, 30e-6))
 
 
+def _side_stream_ahead(steps: int) -> list[dict]:
+    """A GPU running 150 us behind its CPU (100 us steps): each CPU step launches at once a
+    5 us copy on stream 25, which runs 1 us later, and a 40 us GEMM on stream 7, which runs
+    when the main stream gets to it (hta-alltoall-world16's shape: its side streams run the
+    next step's copies while stream 7 is still on this one)."""
+    events = []
+    for k in range(steps):
+        cpu = 100 * k
+        events += [
+            _x(f"ProfilerStep#{k + 1}", "user_annotation", cpu, 100),
+            _x("cudaMemcpyAsync", "cuda_runtime", cpu + 2, 1, correlation=2 * k + 1),
+            _x("Memcpy HtoD", "gpu_memcpy", cpu + 3, 5, correlation=2 * k + 1, stream=25),
+            _x("cudaLaunchKernel", "cuda_runtime", cpu + 10, 2, correlation=2 * k + 2),
+            _x("gemm", "kernel", cpu + 150, 40, correlation=2 * k + 2, stream=7),
+        ]
+    return events
+
+
+def test_overlapping_step_windows_read_as_the_iteration(tmp_path: Path) -> None:
+    """Each step's kernels span 187 us (its copy at once, its GEMM 150 us later) for 100 us
+    iterations; on the device a step runs from the previous step's end to its own, and its
+    busy time is what ran in that window: its GEMM and the copy launched early for a later
+    step (hta-alltoall-world16 read 374 ms steps for its 216 ms iterations)."""
+    _write(tmp_path, "rank0.json", _trace(0, world=1, events=_side_stream_ahead(steps=4)))
+    run = load_trace_dir(tmp_path, use_cache=False)
+    windows = {int(s.step): (int(s.t0), int(s.t1)) for s in run.steps.itertuples()}
+    assert windows == {1: (3_000, 190_000), 2: (190_000, 290_000), 3: (290_000, 390_000),
+                       4: (390_000, 490_000)}  # fmt: skip
+    measured = compute_metrics(run).rank_steps.set_index("step")
+    assert measured.loc[[2, 3, 4], "wall_s"].tolist() == pytest.approx([100e-6] * 3)
+    # steps 2 and 3: their GEMMs and the next step's copy (203-208 and 303-308 us); step 4:
+    # its GEMM (step 5's copy would run in its window)
+    assert measured.loc[[2, 3, 4], "busy_s"].tolist() == pytest.approx([45e-6, 45e-6, 40e-6])
+
+
+def test_a_collective_before_its_window_is_not_in_the_forward_pass() -> None:
+    """A collective launched early that ran while the previous step's work still ran needed
+    none of its step's: not inside its forward pass (the placement of the layout)."""
+    from diag.read.kineto.placement import starts_early
+
+    assert starts_early(110, 100, 200) and not starts_early(130, 100, 200)
+    assert not starts_early(90, 100, 200) and not starts_early(100, 100, 100)
+
+
 def test_a_trace_without_launches_keeps_its_kernels_steps_by_time(tmp_path: Path) -> None:
     events = [e for e in _behind(launched_before=0) if e["cat"] != "cuda_runtime"]
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=events))

@@ -3,7 +3,8 @@ dashboard read a profiler trace as they read our own runs.
 
 - steps: `ProfilerStep#N` on the CPU; a step's window on the device runs from the first to the
   last end of the GPU work its CPU step launched (matched by correlation id), opened back to
-  the previous step's end where the device idled between them (`_idle_before_steps`); a
+  the previous step's end (`_chain_device_windows`; where they overlapped, each span is the
+  step whose window holds it: `_spans_by_device_time`); a
   kernel whose launch the trace lacks is its stream's previous launched kernel's step, or no
   step before the first (`_unlaunched_by_stream_order`). A CPU-only trace keeps the CPU
   window. No `ProfilerStep` at all: the whole trace is step 0.
@@ -282,22 +283,47 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             records["span"].append(_span(rank_id, number, COMM_WAIT, start, end))
     rank.comm_sources = attribution.counts
     number_in_group(records["comm"])
-    _idle_before_steps(records["step"])
+    if _chain_device_windows(records["step"]):
+        _spans_by_device_time(records["span"], records["step"])
     return records
 
 
-def _idle_before_steps(steps: list[dict[str, Any]]) -> None:
-    """Each step's device window opened back to the previous step's end where the device
-    idled between them (its steps in order, the previous one's number just before): waiting
-    for this step's first launch (its host loading data, a slow launch) is this step's time,
-    as the host's iteration counts it. Read from the first to the last kernel alone, a job
-    whose loader stalls at each step's start read 117 ms steps for its 154 ms iterations,
-    the GPU busy 88% where it idled 27% of them. (Windows that overlap, a GPU running one
-    step's kernels while another stream starts the next's, are left as they are.)"""
+def _chain_device_windows(steps: list[dict[str, Any]]) -> bool:
+    """Each step's device window opened back to the previous step's end (its steps in order,
+    the previous one's number just before, ending before it): on a device that runs its steps
+    one after another, a step is the time from the last one's end to its own, as the host's
+    iteration counts it. True where some window overlapped the one before it.
+
+    - A gap: the device idled waiting for this step's first launch (its host loading data, a
+      slow launch). Read from the first to the last kernel alone, a job whose loader stalls at
+      each step's start read 117 ms steps for its 154 ms iterations.
+    - An overlap: a GPU running behind its CPU runs the next step's copies or side-stream
+      kernels, launched early, while its main stream is still on this step. Read from the
+      first to the last kernel, hta-alltoall-world16's 216 ms iterations read 374 ms."""
     ordered = sorted(steps, key=lambda step: step["step"])
+    overlapped = False
     for before, after in pairwise(ordered):
-        if after["step"] == before["step"] + 1 and after["t0"] > before["t1"]:
+        if after["step"] == before["step"] + 1 and after["t1"] > before["t1"]:
+            overlapped = overlapped or after["t0"] < before["t1"]
             after["t0"] = before["t1"]
+    return overlapped
+
+
+def _spans_by_device_time(spans: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    """Each span is the step whose device window holds its start, where the windows overlapped
+    (`_chain_device_windows`): a step's time breakdown is the device's time in its window, and
+    a copy launched early for the next step runs inside this one. A span in no window keeps
+    its launch's step. The collectives keep their launch's step: where a collective sits in
+    its step (the layout's placement) is read from when it was issued."""
+    ordered = sorted(steps, key=lambda step: step["t0"])
+    starts = np.array([step["t0"] for step in ordered], dtype=np.int64)
+    ends = np.array([step["t1"] for step in ordered], dtype=np.int64)
+    numbers = [step["step"] for step in ordered]
+    span_starts = np.array([span["t0"] for span in spans], dtype=np.int64)
+    window = np.searchsorted(starts, span_starts, side="right") - 1
+    for span, i in zip(spans, window.tolist(), strict=True):
+        if i >= 0 and span["t0"] < ends[i]:
+            span["step"] = numbers[i]
 
 
 def _next(starts: np.ndarray, after: int) -> int | None:

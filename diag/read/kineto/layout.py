@@ -35,7 +35,7 @@ from typing import Any
 from diag.contract import schema
 from diag.contract.names import DP, EP, PP, TP, WORLD
 from diag.read.kineto import placement
-from diag.read.kineto.placement import COLLECTIVE_OPS, FORWARD_SHARE, FROM_GROUPS, FoundLayout
+from diag.read.kineto.placement import COLLECTIVE_OPS, FROM_GROUPS, FoundLayout
 
 ONE_RANK = "of one rank (nothing to lay out)"
 
@@ -248,7 +248,7 @@ def _families(
         if op in COLLECTIVE_OPS:
             family.collectives += times
             t0, t1 = windows.get((comm["rank"], comm["step"]), (0, 0))
-            family.early += times * (t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0))
+            family.early += times * placement.starts_early(comm["t0"], t0, t1)
     return families
 
 

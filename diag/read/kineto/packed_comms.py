@@ -31,8 +31,7 @@ from diag.contract import schema
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Encoded, Packed, pack, unpack
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY, split_batches
-from diag.read.kineto.layout import FORWARD_SHARE
-from diag.read.kineto.placement import name_by_placement
+from diag.read.kineto.placement import name_by_placement, starts_early
 
 COMM = "comm"
 MESSAGE_COLUMNS = ("peer", "seq")
@@ -162,7 +161,7 @@ def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Co
     for i, comm in enumerate(comms):
         rank, step = comm["rank"], comm["step"]
         t0, t1 = windows.get((rank, step), (0, 0))
-        early = t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+        early = starts_early(comm["t0"], t0, t1)
         rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
               t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
               comm.get("bytes"), comm.get("blocking"), alone.get(i),

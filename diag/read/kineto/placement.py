@@ -81,6 +81,16 @@ def is_unknown(source: str | None) -> bool:
     return bool(source) and str(source).startswith(UNKNOWN)
 
 
+def starts_early(start_ns: int, step_t0_ns: int, step_t1_ns: int) -> bool:
+    """Whether a collective starting at `start_ns` does so in its step window's first
+    FORWARD_SHARE. One that started before its window opened ran while the previous step's
+    work was still running (launched early, on a stream of its own), so it needed none of
+    this step's: it is not early."""
+    return step_t1_ns > step_t0_ns and (
+        0 <= start_ns - step_t0_ns < FORWARD_SHARE * (step_t1_ns - step_t0_ns)
+    )
+
+
 def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set[str]:
     """Which kinds of communication (SHOWS' keys) the ops' placement and sizes show."""
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
@@ -98,10 +108,12 @@ def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set
             t0, t1 = windows.get((comm.get("rank"), comm.get("step")), (0, 0))
             # a broadcast at the step's start is DDP's of its buffers, not an activation's; an
             # early collective the computation runs on under (not blocking: DDP's bucket
-            # all-reduces overlapping the backward pass) is no activation's either
+            # all-reduces overlapping the backward pass) is no activation's either, nor one
+            # that ran before its step's window opened (the previous step's work still
+            # running: it needed none of this step's)
             early = (
                 op in ACTIVATION_OPS and comm.get("blocking") is not False
-                and t1 > t0 and comm["t0"] - t0 < FORWARD_SHARE * (t1 - t0)
+                and starts_early(comm["t0"], t0, t1)
             )  # fmt: skip
             per_rank[comm.get("rank")].append((early, float(comm.get("bytes") or 0), str(op)))
     for ops in per_rank.values():
