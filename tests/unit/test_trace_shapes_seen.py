@@ -186,6 +186,25 @@ def test_all_reduces_outside_nccl_are_communication() -> None:
     )
 
 
+def test_transformer_engines_userbuffers_are_communication() -> None:
+    """Megatron's TP communication overlap runs Transformer Engine's userbuffers kernels beside
+    its GEMMs: all-gathers, reduce-scatters and the ring's pushes and pulls; computation,
+    before, so a TP job's overlapped communication was no communication at all."""
+    from diag.read.kineto.kernels import KernelClass, KernelPatterns, op_from_kernel_name
+
+    ops = {
+        "void userbuffers_fp16_sum_inplace_gpu_rw_ag<2>(int, int, void**, int)": "all_gather",
+        "void userbuffers_fp16_sum_inplace_gpu_mc_ag<4>(int)": "all_gather",
+        "void userbuffers_fp16_sum_inplace_gpu_rr_rs<2>(int, int, void**)": "reduce_scatter",
+        "userbuffers_fp16_sum_inplace_gpu_rr_rs_oop_fp8<8>(int)": "reduce_scatter",
+        "kuserbuffers_pushsendrecv(int*, int*, int4*, int4*, int, int, int)": "send",
+        "kuserbuffers_pullrecv(int, int)": "recv",
+    }
+    kinds = KernelPatterns().classify(list(ops), ["kernel"] * len(ops))
+    assert set(kinds) == {KernelClass.COMM.value}
+    assert {name: op_from_kernel_name(name) for name in ops} == ops
+
+
 def _by_stream_loop(steps: list[int], launched: list[bool], t0: list[int], streams: list[int]):
     """The rule read plainly, a stream at a time (what the one-sort version must equal)."""
     out = list(steps)

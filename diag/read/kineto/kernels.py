@@ -3,7 +3,8 @@
 Communication covers NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL (ROCm's NCCL, same names,
 plus `rccl*`), custom all-to-all libraries (DeepEP's `...ep::...dispatch/combine/notify...`,
 DeepSeek-V3's trace, and `deep_ep` kernels) and all-reduces outside NCCL (PyTorch's
-symmetric memory, vLLM's and TensorRT-LLM's custom all-reduce). Memory: Kineto's
+symmetric memory, vLLM's and TensorRT-LLM's custom all-reduce) and Transformer Engine's
+userbuffers (tensor-parallel communication overlapped with GEMMs). Memory: Kineto's
 `gpu_memcpy` / `gpu_memset` events and kernels named `Memcpy*` / `Memset*`. Everything else
 computes. The patterns are regular expressions, replaceable through `KernelPatterns`
 (`[kineto]` in a --config file).
@@ -36,6 +37,10 @@ DEFAULT_COMM_PATTERNS = (
     r"(?:multimem|one_shot|two_shot)_all_(?:reduce|gather)",
     r"cross_device_reduce_\d?stage",
     r"(?:one|two)ShotAllReduce",
+    # Transformer Engine's userbuffers (Megatron's TP communication overlap): its all-gathers
+    # and reduce-scatters (`userbuffers_fp16_sum_inplace_gpu_rw_ag<2>`, `..._rr_rs_oop`) and
+    # the ring's pushes and pulls (`kuserbuffers_pushsendrecv`)
+    r"userbuffers_",
 )
 DEFAULT_MEMORY_PATTERNS = (r"^Memcpy", r"^Memset")
 COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
@@ -43,6 +48,8 @@ COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
 
 # Collective from a communication kernel's name, when no record_param_comms names it.
 _OP_BY_NAME = (
+    (re.compile(r"userbuffers\w*_ag(?![a-z])", re.I), "all_gather"),
+    (re.compile(r"userbuffers\w*_rs(?![a-z])", re.I), "reduce_scatter"),
     (re.compile(r"all_?reduce|cross_device_reduce", re.I), "all_reduce"),
     (re.compile(r"all_?gather", re.I), "all_gather"),
     (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
