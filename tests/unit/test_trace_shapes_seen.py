@@ -7,7 +7,8 @@ a helper session), each of which diag misread:
   first steps from 19 to 35 ms;
 - Kineto before PyTorch 1.9 names its categories `Kernel`, `Operator`, `Runtime`: its kernels
   were no rank's busy time and its steps (`Operator`s) were lost;
-- a world of one rank has no layout to be unknown.
+- a world of one rank has no layout to be unknown;
+- MTIA's device work (`mtia_ccp_events`) was no device work: the trace read as a CPU-only one.
 The events are built here in the shapes those traces have (test_kineto.py's helpers)."""
 
 from __future__ import annotations
@@ -159,6 +160,22 @@ def test_kineto_of_2021_reads_as_today(tmp_path: Path) -> None:
     columns = ["step", "wall_s", "busy_s", "exposed_comm_s", "idle_s"]
     assert read[1][columns].values.ravel() == pytest.approx(read[0][columns].values.ravel())
     assert read[1]["busy_s"].iloc[0] > 0
+
+
+def test_mtias_device_work_reads_as_a_gpus(tmp_path: Path) -> None:
+    """HTA's MTIA traces: the device's work is `mtia_ccp_events`, its launches `mtia_runtime`,
+    tied by correlation. Unread, the trace was a CPU-only one, its operators busy 100% of the
+    step beside a device table that said the device idled 45%."""
+    cuda, mtia = tmp_path / "cuda", tmp_path / "mtia"
+    events = _two_steps(launch_at_us=10, runs_after_us=20)
+    spelled = {"kernel": "mtia_ccp_events", "cuda_runtime": "mtia_runtime"}
+    renamed = [{**e, "cat": spelled.get(e["cat"], e["cat"])} for e in events]
+    _write(cuda, "rank0.json", _trace(0, world=1, events=events))
+    _write(mtia, "rank0.json", _trace(0, world=1, events=renamed))
+    read = [compute_metrics(load_trace_dir(f, use_cache=False)).rank_steps for f in (cuda, mtia)]
+    columns = ["step", "wall_s", "busy_s", "idle_s"]
+    assert read[1][columns].values.ravel() == pytest.approx(read[0][columns].values.ravel())
+    assert read[1]["busy_s"].tolist() == pytest.approx([30e-6] * 2)  # the kernels, not the CPU
 
 
 def test_a_world_of_one_rank_has_its_layout(tmp_path: Path) -> None:

@@ -54,8 +54,11 @@ LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 LEGACY_CATEGORIES = {
     "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
     "Runtime": "cuda_runtime", "Operator": "cpu_op",
+    "mtia_ccp_events": "kernel", "mtia_runtime": "cuda_runtime",
 }  # fmt: skip
-"""Kineto's categories before PyTorch 1.9 (2021: `Kernel`, `Operator`), read as today's."""
+"""Kineto's categories read as today's CUDA ones: those before PyTorch 1.9 (2021: `Kernel`,
+`Operator`), and MTIA's device work and its launches (`mtia_ccp_events`, `mtia_runtime`,
+tied by correlation as a CUDA kernel and its launch are)."""
 STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 NO_ARGS = Args()
 """An event without arguments reads as one whose every argument is absent."""
