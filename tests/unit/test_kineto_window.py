@@ -190,6 +190,17 @@ def test_a_gzipped_folder_is_large_by_its_text_not_its_size_on_disk(
     assert run.rank_steps is None
 
 
+def test_a_gzip_cut_short_is_not_large_by_its_trailer(tmp_path: Path) -> None:
+    """A gzipped trace cut short (a job killed while its profiler wrote it) ends in compressed
+    data, not the inflated size: read as one, its four bytes called a 30 KB folder large."""
+    whole = gzip.compress(b'{"traceEvents": [' + b'{"ph": "X", "ts": 1},' * 3000 + b"{}]}")
+    cut = whole[:1100] + (2**31).to_bytes(4, "little")  # what the trailer's place holds
+    (tmp_path / "whole.json.gz").write_bytes(whole)
+    (tmp_path / "cut.json.gz").write_bytes(cut)
+    sizes = kineto._text_sizes([tmp_path / "whole.json.gz", tmp_path / "cut.json.gz"])
+    assert sizes == [len(gzip.decompress(whole)), len(cut)]
+
+
 def test_a_trace_that_cannot_be_spilled_stays_in_memory(tmp_path: Path) -> None:
     steps = [{"rank": 0, "step": 0, "t0": 0, "t1": 5}]
     comms = PackedComms({"t0": np.zeros(1, dtype=np.int64)}, [None], np.zeros(1, np.int32), {})

@@ -240,6 +240,10 @@ class Spilled:
 Parsed = tuple[ParsedTrace, "dict[str, Packed] | Spilled", "PackedComms | Spilled"]
 
 
+MAX_DEFLATE_RATIO = 1032
+"""The most a deflate stream inflates (258 bytes from each 2-bit code, at best)."""
+
+
 def _text_sizes(files: list[Path]) -> list[int]:
     """Each trace's JSON size in bytes: a gzipped one's as its trailer says (the inflated size
     modulo 2**32; never less than on disk), since the reduction is for what the text holds,
@@ -251,7 +255,11 @@ def _text_sizes(files: list[Path]) -> list[int]:
             try:
                 with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
                     raw.seek(-4, 2)
-                    sizes[i] = max(sizes[i], int.from_bytes(raw.read(4), "little"))
+                    inflated = int.from_bytes(raw.read(4), "little")
+                # deflate inflates at most ~1032-fold: more is no size but a file cut short
+                # (the trailer's place holds compressed data), read at its size on disk
+                if inflated <= MAX_DEFLATE_RATIO * sizes[i]:
+                    sizes[i] = max(sizes[i], inflated)
             except OSError:
                 continue
     return sizes
