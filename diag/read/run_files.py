@@ -50,8 +50,13 @@ def load_manifest(run_dir: Path) -> Manifest:
                 f"holds no run itself but {len(below)} below it ({shown}): name one, or "
                 f"compare them with `diag compare`",
             )
+        from diag.read.kineto.trace_folder import why_no_traces  # only on this error's path
+
+        why = why_no_traces(run_dir)
         raise InputError(
-            run_dir, "has neither manifest.json nor Kineto traces (*.pt.trace.json[.gz])"
+            run_dir,
+            "has neither manifest.json nor Kineto traces (*.pt.trace.json[.gz])"
+            + (f": {why}" if why else ""),
         )
     try:
         manifest = schema.read_manifest(run_dir)

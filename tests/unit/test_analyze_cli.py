@@ -39,6 +39,20 @@ def test_empty_folder(tmp_path: Path) -> None:
     assert_fatal(analyze(str(tmp_path)), tmp_path, "neither manifest.json nor Kineto traces")
 
 
+def test_a_folder_of_traces_a_killed_job_left_says_what_each_file_is(tmp_path: Path) -> None:
+    """A job killed while its profiler wrote leaves empty or cut-short files: the one line
+    says so, file by file, not only that the folder holds no trace."""
+    import gzip
+
+    (tmp_path / "rank-0.json.gz").write_bytes(b"")
+    (tmp_path / "rank-1.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}' * 50)[:30])
+    (tmp_path / "rank-2.json").write_text("[1, 2]")
+    (tmp_path / "rank-3.json").write_text("{}")
+    reason = ("its 4 JSON file(s) hold no trace: rank-0.json.gz (empty), rank-1.json.gz (a "
+              "gzip cut short or corrupt), rank-2.json (not a JSON object) and 1 more")  # fmt: skip
+    assert_fatal(analyze(str(tmp_path)), tmp_path, reason)
+
+
 def test_folder_of_files_named_like_traces_that_are_not(tmp_path: Path) -> None:
     (tmp_path / "w_1.pt.trace.json").write_text("{}")
     reason = "a trace folder is read as one when its files hold traceEvents"

@@ -64,8 +64,12 @@ its own (TraceLens' exports: 26 KB of `"metadata"` before `traceEvents`)."""
 
 
 def _looks_like_trace(path: Path) -> bool:
-    """Whether the file's first MAX_HEAD_BYTES (inflated) hold a key only a Kineto trace has,
-    read a chunk at a time up to the first found."""
+    return why_not_a_trace(path) is None
+
+
+def why_not_a_trace(path: Path) -> str | None:
+    """None where the file's first MAX_HEAD_BYTES (inflated) hold a key only a Kineto trace
+    has (read a chunk at a time up to the first found); else why it is no trace, in words."""
     longest = max(map(len, TRACE_KEYS))
     try:
         with open_regular(path, MAX_TRACE_FILE_BYTES) as raw:
@@ -74,10 +78,29 @@ def _looks_like_trace(path: Path) -> bool:
             while seen < MAX_HEAD_BYTES and (chunk := text.read(HEAD_CHUNK_BYTES)):
                 window = tail + chunk  # a key cut between two chunks is found whole
                 if any(key in window for key in TRACE_KEYS):
-                    return True
+                    return None
                 if not seen and not chunk.lstrip().startswith(b"{"):
-                    return False  # not a JSON object: read no further (a folder of data)
+                    return "not a JSON object"  # read no further (a folder of other data)
                 seen, tail = seen + len(chunk), window[-longest:]
-    except (OSError, EOFError, zlib.error):
-        return False
-    return False
+    except InputError as err:
+        return err.reason
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        return "a gzip cut short or corrupt"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    return "empty" if not seen else "no traceEvents in its head"
+
+
+def why_no_traces(folder: Path, shown: int = 3) -> str | None:
+    """Why the JSON files of a folder that holds no trace are none, the first `shown` of
+    them by name (a job killed while its profiler wrote leaves them empty or cut short);
+    None where the folder holds no JSON file."""
+    try:
+        files = trace_files(folder)
+    except InputError:
+        return None
+    if not files:
+        return None
+    reasons = [f"{p.name} ({why_not_a_trace(p) or 'a trace'})" for p in files[:shown]]
+    more = f" and {len(files) - shown} more" if len(files) > shown else ""
+    return f"its {len(files)} JSON file(s) hold no trace: {', '.join(reasons)}{more}"
