@@ -50,7 +50,12 @@ MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
 """Kineto times and durations (us) beyond this are skipped: start plus duration, in ns, stays within
 diag/contract/limits.py's bound on times."""
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
+LAUNCH_CATEGORIES = frozenset({
+    "cuda_runtime", "cuda_driver", "hip_runtime",
+    "xpu_runtime", "xpu_driver",  # Intel GPUs (urEnqueueKernelLaunch ...)
+    "privateuse1_runtime", "privateuse1_driver",  # out-of-tree backends through PrivateUse1
+})  # fmt: skip
+"""Kineto's categories of the host calls that launch device work (tied to it by correlation)."""
 LEGACY_CATEGORIES = {
     "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
     "Runtime": "cuda_runtime", "Operator": "cpu_op",
