@@ -15,13 +15,18 @@ from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
-from diag.whatif.absent_members import members_own_time
+from diag.whatif.absent_members import (
+    ARRIVED_LAST_SLACK_NS,
+    ARRIVED_LAST_SLACK_SHARE,
+    members_own_time,
+)
 from diag.whatif.causes import (
     Cause,
     CauseKind,
     imbalance_explained,
     straggler_explained,
 )
+from diag.whatif.late_members import untraced_in_groups
 from diag.whatif.places import (
     group_codes,
     group_medians_per_element,
@@ -94,10 +99,15 @@ class Scenarios:
 
     @cached_property
     def _pieces(self) -> dict[str, np.ndarray]:
-        """The local time before each event, whole and split into host time and compute."""
+        """The local time before each event, whole and split into compute, the waiting for
+        untraced members its rank stands for (`absent`: inside a collective of a group whose
+        other members left no records, diag/whatif/absent_members.py; in no compute span) and
+        the rest of the host time."""
         seg = self.base.seg_ns
-        host = np.minimum(self.host, seg)
-        return {"all": seg, "host": host, "compute": seg - host}
+        outside_compute = np.minimum(self.host, seg)
+        absent = np.minimum(np.clip(self.absent_ns, 0, None), outside_compute)
+        return {"all": seg, "host": outside_compute - absent, "compute": seg - outside_compute,
+                "absent": absent}  # fmt: skip
 
     @cached_property
     def _typical(self) -> dict[str, np.ndarray]:
@@ -168,6 +178,10 @@ class Scenarios:
         causes = []
         for rank in candidates.index:
             saved = self.saving(self._without([int(rank)], "all"))
+            untraced = self._waiting_for_untraced(int(rank), saved)
+            if untraced is not None:
+                causes += [untraced] if untraced.cost_s > 0 else []
+                continue
             host, compute = self._split(int(rank), saved)
             kind = CauseKind.HOST if host > compute else CauseKind.STRAGGLER
             if kind == CauseKind.HOST:
@@ -189,6 +203,44 @@ class Scenarios:
                 "explained": straggler_explained(excess, saved, queued),
             }))  # fmt: skip
         return causes
+
+    def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
+        """Where the rank's excess is mostly its waiting for the members it stands for (the
+        only traced rank of its group), those members are the straggler, not the rank: their
+        cause (UNTRACED, as `untraced_members` gives it where two or more members were
+        traced), costed by their waiting at its peers' median. None where the rank's own
+        time, host or compute, saves at least as much, or where `untraced_members` already
+        names those members (found late in a group of their own)."""
+        mine = self.rank == rank
+        if float(self._excesses["absent"][mine].sum()) <= 0:
+            return None
+        absent = self.saving(self._without([rank], "absent"))
+        if absent <= 0 or absent < 0.5 * saved:
+            return None
+        # waiting beyond the transfer's own variation (absent_members.members_own_time's)
+        transfer = self.timeline.events["e_ns"].to_numpy() - self.timeline.events["a_ns"].to_numpy()
+        slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * transfer)
+        waited = mine & (self._pieces["absent"] > slack)
+        if not waited.any():
+            return None
+        groups = sorted({str(g) for g in self.timeline.events["group"].to_numpy()[waited]})
+        traced = {int(r) for r in np.unique(self.rank)}
+        missing = untraced_in_groups(self.run.manifest, traced, at_least=1)
+        members = sorted({m for g in groups for m in missing.get((g, rank), ())})
+        if not members or tuple(members) in set(self.timeline.late_members or []):
+            return None
+        steps = max(int(self.ok.sum()), 1)
+        label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} communication "
+                 f"waiting for {'it' if len(members) == 1 else 'them'}")  # fmt: skip
+        return self._cause(CauseKind.UNTRACED, label, absent, ranks=members,
+                           group=groups[0] if len(groups) == 1 else None, evidence={
+            "waiting_ranks": [rank],
+            "groups": groups,
+            "median_wait_s": float(np.median(self._pieces["absent"][waited])) / NS_PER_S,
+            "collectives_waited_per_step": float(waited.sum()) / steps,
+            "wait_per_step_s": float(self._pieces["absent"][waited].sum()) / steps / NS_PER_S,
+            "stood_in_by": rank,
+        })  # fmt: skip
 
     def _queued_excess_ns(self, rank: int) -> float:
         """How much longer per step `rank`'s training thread waited for a core than the median
@@ -414,6 +466,8 @@ class Scenarios:
                 "groups": groups,
                 "median_wait_s": float(np.median(both[waiting])) / NS_PER_S,
                 "collectives_waited_per_step": float(waiting.sum()) / max(len(peers), 1) / steps,
+                "wait_per_step_s": float(both[waiting].sum()) / max(len(peers), 1) / steps
+                / NS_PER_S,
             }))  # fmt: skip
         return causes
 

@@ -58,6 +58,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "two-groups": two_groups,
         "two-groups-part": _without(two_groups, STRAGGLER, root / "dp4tp2-part"),
         "one-group-part": _without(one_group, STRAGGLER, root / "dp8-part"),
+        # one rank per TP group traced (the even ones): rank 2 stands for its partner 3
+        "one-per-tp": _without(two_groups, (1, 3, 5, 7), root / "dp4tp2-one-per-tp"),
         "healthy-part": _without(healthy, STRAGGLER, root / "healthy-part"),
     }
 
@@ -71,6 +73,21 @@ def test_the_untraced_straggler_is_named_with_the_cost_its_trace_gives(folders) 
     assert (main["rule"], main["ranks"]) == ("BAL006", [STRAGGLER]), main["title"]
     assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
     assert f"rank {STRAGGLER}, which left no records" in main["title"]
+
+
+def test_an_untraced_straggler_its_partner_stands_for_is_named_not_the_partner(folders) -> None:
+    """One rank per TP group traced: rank 2 waits in its TP all-reduces for rank 3, which it
+    stands for (the only traced member of its group). Its persistent excess is that waiting,
+    not its host's time: before, `host time: rank 2 spends 36% of the step on the host` came
+    first, at 23.2 ms against the 29.7 ms rank 3 costs."""
+    whole = analyze_path(folders["two-groups"])["findings"][0]
+    findings = analyze_path(folders["one-per-tp"])["findings"]
+    main = findings[0]
+    assert (main["rule"], main["ranks"]) == ("BAL006", [STRAGGLER]), main["title"]
+    assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+    assert main["evidence"]["wait_per_step_s"] == pytest.approx(0.030, rel=0.2)
+    assert "rank 2 wait" in main["title"] and f"rank {STRAGGLER}, which left no" in main["title"]
+    assert not [f for f in findings if f["rule"] in ("BAL001", "BAL005") and 2 in f["ranks"]]
 
 
 def test_one_group_cannot_tell_transfer_from_waiting_and_says_so(folders) -> None:

@@ -112,7 +112,10 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
     Evidence:
         The counterfactual's saving (cost_s: the named members arriving with the last traced
         one, where a traced rank stood in for them too), the waiting ranks, the groups and
-        the median wait per collective. A lower bound: a transfer is bounded by the fastest
+        the wait per step and its median per collective. Where a traced rank is its group's
+        only one (one per tensor-parallel group traced), its persistent excess that is its
+        waiting for the others stands for them: those members are named, not the rank. A
+        lower bound: a transfer is bounded by the fastest
         collective of the same op with at least its bytes in a group of the same axis.
     """
     findings = []
@@ -120,11 +123,18 @@ def untraced_member(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[F
         missing = ranks_phrase(list(cause.ranks))
         waiting = ranks_phrase(list(cause.evidence.get("waiting_ranks", [])))
         groups = ", ".join(cause.evidence.get("groups", [])) or "their"
-        wait_ms = float(cause.evidence.get("median_wait_s", 0.0)) * 1e3
+        # a step's whole wait: one long wait among many at the transfer's noise has a median
+        # of microseconds (a one-per-TP trace: one of 9 TP all-reduces a step waits 30 ms)
+        per_step = cause.evidence.get("wait_per_step_s")
+        wait = (
+            f"{float(per_step) * 1e3:.1f} ms a step"
+            if per_step is not None
+            else f"{float(cause.evidence.get('median_wait_s', 0.0)) * 1e3:.1f} ms (median)"
+        )
         findings.append(
             Finding(
                 severity="medium",
-                title=f"waiting for an untraced rank: {waiting} wait {wait_ms:.1f} ms (median) "
+                title=f"waiting for an untraced rank: {waiting} wait {wait} "
                 f"in {groups} communication for {missing}, which left no records",
                 ranks=list(cause.ranks),
                 evidence=dict(cause.evidence),
