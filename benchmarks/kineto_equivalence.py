@@ -1,7 +1,9 @@
 """The same simulated job read as a run directory and as a GPU job's profiler traces, in each
 trace shape `diag simulate --format kineto --trace-shape` writes (issue 39, "Done when"): the
 trace folder must give the run directory's main finding (rule and ranks), its cost within 20%,
-its bubble within 5 points, and the layout right.
+its bubble within 5 points, and the layout right. Where the shape did not trace the rank the
+run directory names (a straggler on the second rank of a TP group, one rank per TP group
+traced), the folder's finding is the waiting for it (BAL006 on that rank, UNTRACED_TWIN).
 
     .venv/bin/python benchmarks/kineto_equivalence.py [--ranks 16 256] [--shapes ...]
 
@@ -57,7 +59,7 @@ class Case:
     pp: int
     microbatches: int
     schedule: str  # 1f1b | interleaved
-    fault: str  # straggler | slow-stage | bubble | jitter
+    fault: str  # straggler | straggler-untraced | slow-stage | bubble | jitter
     steps: int = 4
 
     @property
@@ -79,12 +81,16 @@ class Case:
                       virtual_stages=self.virtual)  # fmt: skip
 
     def straggler(self) -> int:
-        """A rank of a middle stage, first in its TP group (traced in every shape)."""
-        return ((self.dp - 1) * self.pp + 1) * self.tp
+        """A rank of a middle stage, first in its TP group (traced in every shape); for
+        `straggler-untraced`, the second of that group (not traced with one rank per TP
+        group: its partner stands for it)."""
+        first = ((self.dp - 1) * self.pp + 1) * self.tp
+        return first + 1 if self.fault == "straggler-untraced" else first
 
     def inject(self) -> list[str]:
         return {
             "straggler": ["--inject", f"straggler:rank={self.straggler()},ms=15"],
+            "straggler-untraced": ["--inject", f"straggler:rank={self.straggler()},ms=15"],
             "slow-stage": ["--inject", "stage-slow:stage=1,ms=10"],
             "bubble": [],
             "jitter": ["--inject", "jitter:ms=60"],
@@ -108,9 +114,11 @@ def matrix(ranks: int) -> list[Case]:
         layouts = [(2, 1, 4, 16), (2, 2, 4, 16)]  # dp x pp at 8 ranks, dp x tp x pp at 16
     else:
         layouts = [(ranks // 8, 1, 8, 16), (ranks // 64, 8, 8, 16)]
+    faults = ("straggler", "straggler-untraced", "slow-stage", "bubble", "jitter")
     return [Case(dp, tp, pp, m, schedule, fault)
             for dp, tp, pp, m in layouts for schedule in ("1f1b", "interleaved")
-            for fault in ("straggler", "slow-stage", "bubble", "jitter")]  # fmt: skip
+            for fault in faults
+            if fault != "straggler-untraced" or tp > 1]  # fmt: skip
 
 
 def simulate(out: Path, args: list[str]) -> Path:
@@ -164,10 +172,17 @@ def _axes(layout: Layout) -> tuple[int, ...]:
     return (layout.dp, layout.tp, layout.pp, layout.ep, layout.cp)
 
 
-def misses(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    """What the trace folder's verdict gets wrong against the run directory's."""
+UNTRACED_TWIN = {"BAL001": "BAL006", "BAL005": "BAL006"}
+"""A rank's own finding in the run directory, and what a trace folder without that rank's
+trace says of it: the waiting for it, of the ranks that were traced (BAL006, the same rank)."""
+
+
+def misses(expected: dict[str, Any], got: dict[str, Any], untraced: bool = False) -> list[str]:
+    """What the trace folder's verdict gets wrong against the run directory's; `untraced`:
+    the ranks the run directory names left no trace (their twin rule stands for the rule)."""
     out = []
-    if (got["rule"], got["ranks"]) != (expected["rule"], expected["ranks"]):
+    rule = UNTRACED_TWIN.get(expected["rule"], expected["rule"]) if untraced else expected["rule"]
+    if (got["rule"], got["ranks"]) != (rule, expected["ranks"]):
         out.append(f"finding {got['rule']} {got['ranks']} != {expected['rule']} "
                    f"{expected['ranks']}")  # fmt: skip
     want, cost = expected["cost_s"], got["cost_s"]
@@ -200,8 +215,16 @@ def compare(case: Case, shape: str, work: Path, expected: dict[str, Any] | None 
     # every job of the matrix has a middle stage and an end stage traced: m and v are read
     wrong = [f"m, v {schedule}"] if schedule != f"m={case.m}, v={case.virtual} read" else []
     return {"case": case.name(), "shape": shape, "expected": expected, "got": got,
-            "given": given, "schedule": schedule, "misses": misses(expected, got) + wrong,
+            "given": given, "schedule": schedule,
+            "misses": misses(expected, got, untraced=_untraced(case, shape, expected)) + wrong,
             "seconds": time.monotonic() - started}  # fmt: skip
+
+
+def _untraced(case: Case, shape: str, expected: dict[str, Any]) -> bool:
+    """Whether the shape leaves every rank the run directory names without a trace (one rank
+    per TP group traced: the first of each)."""
+    ranks = expected.get("ranks") or []
+    return shape == "one-per-tp" and bool(ranks) and all(r % case.tp for r in ranks)
 
 
 def _cost(value: float | None) -> str:
