@@ -183,6 +183,20 @@ def test_mtias_device_work_reads_as_a_gpus(tmp_path: Path) -> None:
         assert read["busy_s"].tolist() == pytest.approx([30e-6] * 2)  # the kernels
 
 
+def test_a_gpu_job_profiled_without_its_device_says_so(tmp_path: Path) -> None:
+    """`activities=[ProfilerActivity.CPU]` on a GPU job: launches, no kernels. Read as a CPU
+    job's, its busy time was the host's operators and its NCCL collectives nothing, with no
+    word; a CPU job's trace (no launches) has nothing to say."""
+    events = [e for e in _two_steps(launch_at_us=10, runs_after_us=20) if e["cat"] != "kernel"]
+    _write(tmp_path / "gpu", "rank0.json", _trace(0, world=1, events=events))
+    notes = analyze_path(tmp_path / "gpu")["skipped"]
+    assert any("call the device's runtime (2 kernel launches" in n and
+               "ProfilerActivity.CUDA" in n for n in notes), notes  # fmt: skip
+    cpu = [e for e in events if e["cat"] != "cuda_runtime"]
+    _write(tmp_path / "cpu", "rank0.json", _trace(0, world=1, events=cpu))
+    assert not any("runtime" in n for n in analyze_path(tmp_path / "cpu")["skipped"])
+
+
 def test_a_world_of_one_rank_has_its_layout(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=_step_events()))
     run = analyze_path(tmp_path)["run"]

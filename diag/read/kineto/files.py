@@ -22,6 +22,7 @@ from diag.contract.limits import (
     MAX_WORLD_SIZE,
 )
 from diag.contract.names import WORLD
+from diag.contract.rank_text import ranks_phrase
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
 from diag.read.kineto import one_pass
@@ -68,6 +69,9 @@ class ParsedTrace:
     notes: list[str] = dataclasses.field(default_factory=list)  # what was left out, and why
     # distributedInfo.pg_config: each group this rank belongs to, (sorted ranks, its name)
     pg_groups: list[tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=list)
+    # calls to the device's runtime in a trace without device events (a GPU job profiled
+    # without ProfilerActivity.CUDA): its work as read is the host's (`host_only_note`)
+    launches_without_device: int = 0
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:
@@ -177,6 +181,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         device_time=measured,
         notes=notes,
         pg_groups=[(ranks, names[0]) for ranks, names in groups],
+        launches_without_device=0 if events.gpu_t0 else len(events.launches),
     )
 
 
@@ -394,7 +399,26 @@ def assign_ranks(folder: Path, parsed: list[ParsedTrace], skipped: list[str]) ->
         why = f" ({errors[0]}" + (f"; and {len(errors) - 1} more)" if len(errors) > 1 else ")")
         raise InputError(folder, "no readable Kineto trace in the folder" + (why if errors else ""))
     known = one_window(folder, known, skipped)
+    if note := host_only_note(folder, known):
+        skipped.append(note)
     return sorted(known, key=lambda t: int(t.rank or 0))
+
+
+def host_only_note(folder: Path, traces: list[ParsedTrace]) -> str | None:
+    """One line for the traces that call the device's runtime but hold no device event (a
+    GPU job profiled without ProfilerActivity.CUDA, or its device activity lost): read as a
+    CPU job's, their busy time would be the host's operators and their NCCL collectives
+    nothing, so that is said, not assumed healthy; None where no trace is so."""
+    host_only = [t for t in traces if t.launches_without_device]
+    if not host_only:
+        return None
+    calls = sum(t.launches_without_device for t in host_only)
+    ranks = ranks_phrase([int(t.rank or 0) for t in host_only])
+    return (f"{folder}: the traces of {ranks} call the device's runtime ({calls:,} kernel "
+            "launches, copies) but hold no device event (profiled without "
+            "ProfilerActivity.CUDA, or the device's activity lost): the device's time is "
+            "unknown, the steps and busy time here are the host's operators, and the NCCL "
+            "collectives are not read")  # fmt: skip
 
 
 def one_window(folder: Path, known: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:
