@@ -197,6 +197,20 @@ def test_a_gpu_job_profiled_without_its_device_says_so(tmp_path: Path) -> None:
     assert not any("runtime" in n for n in analyze_path(tmp_path / "cpu")["skipped"])
 
 
+def test_an_all_to_all_kernel_no_cpu_op_describes_shows_all_to_alls() -> None:
+    """DeepSeek-V3's trace: DeepEP's dispatch and combine kernels, no CPU op naming them. A
+    kernel named an all-to-all is one (MoE tokens): the layout unknown, its headline said
+    "no communication in them tells the layout". An NCCL SendRecv kernel's name says no
+    more than a message (a pipeline's, or part of an all-to-all): still no evidence."""
+    from diag.read.kineto.placement import kinds_shown
+
+    steps = [{"rank": 0, "step": 1, "t0": 0, "t1": 100}]
+    dispatch = {"rank": 0, "step": 1, "op": "all_to_all", "from_name": True, "t0": 10}
+    sendrecv = {**dispatch, "op": "send"}
+    assert kinds_shown([dispatch], steps) == {"a2a"}
+    assert kinds_shown([sendrecv], steps) == set()
+
+
 def test_a_world_of_one_rank_has_its_layout(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, world=1, events=_step_events()))
     run = analyze_path(tmp_path)["run"]

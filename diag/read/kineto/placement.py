@@ -98,7 +98,12 @@ def kinds_shown(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> set
     per_rank: dict[Any, list[tuple[bool, float, str]]] = defaultdict(list)
     for comm in comms:
         op = comm.get("op")
-        if comm.get("from_name"):  # a kernel no CPU op describes: its name is no evidence
+        if comm.get("from_name"):
+            # a kernel no CPU op describes: its name is no evidence of its group's place (an
+            # NCCL SendRecv kernel may be a pipeline's message or part of an all-to-all), but
+            # a kernel named an all-to-all is one (DeepEP's dispatch and combine: MoE tokens)
+            if op == "all_to_all":
+                kinds.add("a2a")
             continue
         if op in P2P_OPS:
             kinds.add(PP)
