@@ -84,9 +84,8 @@ _MAX_LISTED_BELOW = 1000  # entries looked at one level down, so a huge folder c
 def _runs_below(folder: Path) -> list[str]:
     """Names of the folders directly below `folder` that hold a run (a manifest) or profiler
     traces: what a user who named their parent (a before/after pair, a sweep) meant."""
-    from diag.read.kineto.trace_folder import (
-        is_trace_dir,  # its package imports the loader: imported late
-    )
+    # its package imports the loader: imported late
+    from diag.read.kineto.trace_folder import is_trace_dir
 
     try:
         entries = sorted(itertools.islice(folder.iterdir(), _MAX_LISTED_BELOW))

@@ -89,6 +89,14 @@ is the transfer's own variation (the shortest transfer is the zero of every wait
 rank arrived last."""
 
 
+def waited_for_members(absent_ns: np.ndarray, transfer_ns: np.ndarray) -> np.ndarray:
+    """Per event, whether its rank waited for the untraced members it stands for beyond the
+    transfer's own variation (the slack above): an untraced member arrived after it.
+    `transfer_ns`: each event's time from its arrival to its end."""
+    slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * transfer_ns)
+    return absent_ns > slack
+
+
 def members_own_time(
     seg_ns: np.ndarray,
     absent_ns: np.ndarray,
@@ -117,8 +125,7 @@ def members_own_time(
     standing = stand_in > 0
     if not standing.any():
         return own
-    slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * transfer_ns)
-    waited = standing & (absent_ns > slack)  # an untraced member arrived after the rank
+    waited = standing & waited_for_members(absent_ns, transfer_ns)
     sample = pd.Series(np.where(waited, own, np.nan)).groupby(places).transform("mean")
     earlier = sample.to_numpy(dtype=np.float64)
     earlier = np.minimum(np.where(np.isnan(earlier), own, earlier), seg_ns)

@@ -15,11 +15,7 @@ from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
 from diag.whatif import timeline as tl
-from diag.whatif.absent_members import (
-    ARRIVED_LAST_SLACK_NS,
-    ARRIVED_LAST_SLACK_SHARE,
-    members_own_time,
-)
+from diag.whatif.absent_members import members_own_time, waited_for_members
 from diag.whatif.causes import (
     Cause,
     CauseKind,
@@ -217,10 +213,7 @@ class Scenarios:
         absent = self.saving(self._without([rank], "absent"))
         if absent <= 0 or absent < 0.5 * saved:
             return None
-        # waiting beyond the transfer's own variation (absent_members.members_own_time's)
-        transfer = self.timeline.events["e_ns"].to_numpy() - self.timeline.events["a_ns"].to_numpy()
-        slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * transfer)
-        waited = mine & (self._pieces["absent"] > slack)
+        waited = mine & waited_for_members(self._pieces["absent"], self._arrival_to_end_ns)
         if not waited.any():
             return None
         groups = sorted({str(g) for g in self.timeline.events["group"].to_numpy()[waited]})
@@ -300,9 +293,15 @@ class Scenarios:
         ev = self.timeline.events
         if "stand_in" not in ev:
             return np.clip(seg - self.absent_ns, 0, None)
-        transfer = (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64)
         stand_in = ev["stand_in"].to_numpy(dtype=np.float64)
-        return members_own_time(seg, self.absent_ns, transfer, stand_in, self.place)
+        return members_own_time(seg, self.absent_ns, self._arrival_to_end_ns, stand_in, self.place)
+
+    @cached_property
+    def _arrival_to_end_ns(self) -> np.ndarray:
+        """Per event, its time from its rank's arrival to its end (the transfer's variation
+        that a wait for untraced members must exceed: absent_members.waited_for_members)."""
+        ev = self.timeline.events
+        return (ev["e_ns"] - ev["a_ns"]).to_numpy(dtype=np.float64)
 
     def stages(self) -> list[Cause]:
         """Each stage heavier than the others at their mean, replayed with every rank's

@@ -82,11 +82,9 @@ def why_not_a_trace(path: Path) -> str | None:
                 if not seen and not chunk.lstrip().startswith(b"{"):
                     return "not a JSON object"  # read no further (a folder of other data)
                 seen, tail = seen + len(chunk), window[-longest:]
-    except InputError as err:
-        return err.reason
     except (EOFError, zlib.error, gzip.BadGzipFile):
         return "a gzip cut short or corrupt"
-    except OSError as err:
+    except OSError as err:  # contract.files.NotReadable too: its reason is its strerror
         return f"cannot be read ({err.strerror or err})"
     return "empty" if not seen else "no traceEvents in its head"
 
