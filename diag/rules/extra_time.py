@@ -74,12 +74,16 @@ def _cpu_excess_s(on_host: pd.DataFrame, rank: int, peers: list[int]) -> float |
 
 
 def _device_excess_s(metrics: RunMetrics, rank: int, peers: list[int]) -> float | None:
-    """The kernels' time per step of `rank` over its peers' median, from a profiler trace's
-    device time; None without one."""
+    """The compute kernels' time per step of `rank` over its peers' median, from a profiler
+    trace's device time; None without one. Not the kernel time (HTA's: the device's window,
+    idle included) nor every kernel's: a peer's NCCL kernel spins while it waits for the
+    straggler, so all ranks' windows and kernels last as long, and only computation tells
+    the one that worked longer."""
     table = metrics.device
     if table is None or table.empty or not len(metrics.ranks):
         return None
-    kernels = table.set_index("rank")["kernel_time_s"]
+    by_rank = table.set_index("rank")
+    kernels = by_rank["kernel_time_s"] * by_rank["compute_share"]
     steps = metrics.ranks.set_index("rank")["steps"]
     others = [p for p in peers if p != rank]
     per_step = (kernels / steps.reindex(kernels.index)).reindex([rank, *others])

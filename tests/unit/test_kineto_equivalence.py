@@ -299,3 +299,20 @@ def test_context_parallel_rings_are_read_as_context_parallel(tmp_path: Path) -> 
                                          [12, 13, 14, 15]]  # fmt: skip
     sends = run.comms[(run.comms["op"] == "send") & (run.comms["group"] == "cp")]
     assert not sends.empty and set(sends["peer"] - sends["rank"]) <= {1, -3}  # the next, round
+
+
+def test_a_straggler_in_gpu_traces_computes_while_its_peers_kernels_spin(tmp_path: Path) -> None:
+    """The straggler's forward kernels run 15 ms longer a micro-batch; its peers' NCCL kernels
+    spin meanwhile, so every rank's device window (HTA's kernel time) and its kernels last as
+    long. Only the compute kernels tell it worked longer: it "computes", by about its extra
+    busy time (it read "sleeps or blocks outside compute" from the windows)."""
+    args = ["--ranks", "4", "--layout", "dp=4", "--microbatches", "4", "--steps", "4"]
+    inject = ["--inject", "straggler:rank=2,ms=15"]
+    traces = simulate(tmp_path / "t", [*args, "--format", "kineto", *inject])
+    finding = analyze_path(traces)["findings"][0]
+    assert (finding["rule"], finding["ranks"]) == ("BAL001", [2])
+    extra = finding["evidence"]["extra_time"]
+    assert extra["is"] == "computes" and "computes" in finding["title"]
+    assert extra["device_excess_per_step_s"] == pytest.approx(
+        extra["busy_excess_per_step_s"], rel=0.1
+    )

@@ -58,7 +58,7 @@ def straggler(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding
         replayed over) at least 3 steps. Waiting the replay read from the ranks' resuming
         together after time in no record counts as the peers' waiting. `extra_time` says
         what the excess was: "computes" only where it used a core (the steps' CPU time, on a
-        CPU run) or the device (a trace's kernel time), "sleeps or blocks outside compute"
+        CPU run) or the device (a trace's compute kernels), "sleeps or blocks outside compute"
         where it did not, "is busy" where neither was recorded; the title gives the two busy
         figures per step its ratio is of.
     """
