@@ -82,6 +82,36 @@ def stand_ins(comms: pd.DataFrame, instance: np.ndarray, manifest: schema.Manife
     return out
 
 
+def lone_launches(
+    comms: pd.DataFrame,
+    instance: np.ndarray,
+    stand_in: np.ndarray,
+    launched: np.ndarray,
+    sizes: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The asynchronous collectives (`launched`: awaited later, not where they are issued)
+    matched to no traced member (`instance` < 0) whose rank stands for untraced members
+    (`stand_in` > 0), and per row the time each waited for those members (its length less
+    the shortest of its rank, op, group and size, `sizes` as in
+    `arrivals_with_absent_members`; 0 elsewhere).
+
+    A blocking one is read as arriving when its transfer began, the time before it the
+    rank's own. An asynchronous one cannot be: its rank went on after the launch, and its
+    wait (a data-parallel gradient all-reduce whose partner left no trace) sits in the later
+    wait on it, which, awaiting no collective the replay knew, was held at its measured
+    length, so no counterfactual moved it: the untraced partner's lateness could not be
+    costed (a dp2 x tp2 x pp4 job whose straggler's one trace was lost read its waiting as
+    0.4 ms). The timeline makes each its own collective, launched at its measured time and
+    complete after its measured length, of which the waiting for the members is
+    late_members_ns (diag/whatif/late_members.py): on time, they remove it."""
+    lone = (stand_in > 0) & launched & (instance < 0)
+    if not lone.any():
+        return lone, np.zeros(len(comms))
+    arrived = arrivals_with_absent_members(comms, lone.astype(np.float64), sizes)
+    waited = arrived - comms["t0"].to_numpy(dtype=np.int64)
+    return lone, np.where(lone, waited, 0).astype(np.float64)
+
+
 ARRIVED_LAST_SLACK_NS = 10_000
 ARRIVED_LAST_SLACK_SHARE = 0.10
 """A wait for untraced members shorter than the larger of these (ns; share of the transfer)

@@ -18,8 +18,15 @@ LAUNCH_KIND, WAIT_KIND = int(Kind.LAUNCH), int(Kind.WAIT)
 """As plain ints, for the compiled scan of waits."""
 
 
-def dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarray) -> None:
-    """Members of each collective, transfers, what each wait and receive waits for."""
+def dependencies(
+    timeline: Timeline,
+    recv_rows: np.ndarray,
+    send_rows: np.ndarray,
+    one_way: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """Members of each collective, transfers, what each wait and receive waits for; `one_way`:
+    receives (rows) and a send each waits for that is another receive's (a rank standing in
+    for an untraced one: matching.surrogate_message_rows)."""
     ev = timeline.events
     kind = ev["kind"].to_numpy().copy()
     a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)
@@ -29,6 +36,9 @@ def dependencies(timeline: Timeline, recv_rows: np.ndarray, send_rows: np.ndarra
     instance = np.full(len(ev), -1, dtype=np.int64)
     instance[in_instance] = codes
     sender = _senders(ev, kind, recv_rows, send_rows)
+    if one_way is not None and len(one_way[0]):
+        taking = _senders(ev, np.full(len(kind), Kind.LOCAL), *one_way)  # no rendezvous
+        sender = np.where((sender < 0) & (taking >= 0), taking, sender)
     waited = _waiting_gaps(ev, kind, instance, len(uniques), sender)
     a = a - waited  # a rank that waited in a gap arrived when the gap began
     ev["a_ns"] = a

@@ -27,7 +27,9 @@ A send or receive whose peer left no records is matched to nothing and held at i
 length; a GPU's send or receive kernel runs until its peer's is there, so the part of it
 beyond the fastest matched message of the axis with at least its bytes is waiting for that
 peer (a pipeline whose last stage's traces are lost: the stage before it waits in every
-message to it). Only where the records name the peer.
+message to it). The peer is the one the record names, else the neighbour in the pipeline
+the message went to (diag/whatif/matching.py: of two, the traced one where a record of it
+ends with this one, the untraced one where none does).
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
-from diag.whatif.absent_members import ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE
-from diag.whatif.matching import P2P_OPS
+from diag.whatif.absent_members import (
+    ARRIVED_LAST_SLACK_NS,
+    ARRIVED_LAST_SLACK_SHARE,
+    waited_for_members,
+)
+from diag.whatif.matching import P2P_OPS, message_peers
 from diag.whatif.timeline_model import Kind
 
 
@@ -94,18 +100,28 @@ def late_members(
         sizes = np.full(len(comms), np.nan)
     ops = comms["op"].astype(object).to_numpy()
     late_ns, keys, unsure = _in_collectives(events, ops, sizes, manifest, traced)
-    local_ns, message_keys = _in_messages(events, comms, sizes, manifest, traced)
+    local_ns, relay_ns, message_keys = _in_messages(events, comms, sizes, manifest, traced)
+    late_ns = np.where(relay_ns > 0, relay_ns, late_ns)
     for i, key in message_keys.items():
         keys.setdefault(i, key)
+    alone = untraced_in_groups(manifest, traced, at_least=1)
+    source = events["source"].to_numpy(dtype=np.int64)
+    group = events["group"].astype(str).to_numpy()
+    rank = events["rank"].to_numpy(dtype=np.int64)
+    # an asynchronous collective whose rank is its group's only traced member: its waiting
+    # for the others is in its transfer (absent_members.lone_launches)
+    if "lone" in events:
+        lone = _lone_waits(events, ops, sizes)
+        transfer = events["transfer_ns"].to_numpy(dtype=np.float64)
+        for i in np.flatnonzero(waited_for_members(lone, transfer - lone)).tolist():
+            theirs = alone.get((str(group[i]), int(rank[i])))
+            if theirs is not None:
+                late_ns[i], keys[i] = lone[i], theirs
     waited = np.flatnonzero((late_ns > 0) | (local_ns > 0)).tolist()
     late_sets = {keys[i] for i in waited if i in keys}
     # a rank standing in for untraced members of another group (its only traced member)
     # waited for the same members there: where they are members found late here, their
     # lateness is in its local time (`absent_ns`), and their being on time removes it too
-    alone = untraced_in_groups(manifest, traced, at_least=1)
-    source = events["source"].to_numpy(dtype=np.int64)
-    group = events["group"].astype(str).to_numpy()
-    rank = events["rank"].to_numpy(dtype=np.int64)
     for i in np.flatnonzero((events["stand_in"].to_numpy() > 0) & (source >= 0)).tolist():
         theirs = alone.get((str(group[i]), int(rank[i])))
         if theirs in late_sets:
@@ -116,6 +132,38 @@ def late_members(
     for i, key in keys.items():
         code[i] = index[key]
     return LateMembers(late_ns, code, members, unsure, local_ns)
+
+
+def _lone_waits(events: pd.DataFrame, ops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per event, the waiting inside an asynchronous collective whose rank is its group's
+    only traced member (absent_members.lone_launches: its length less the shortest its rank
+    took for the same op, group and size), at least its length less the shortest transfer
+    of a collective of the axis and op, matched across traced members, with at least its
+    bytes: where the untraced member is late in every step (a straggler), each of the
+    rank's own collectives waited for it and none gives the transfer."""
+    lone_ns = events["lone_wait_ns"].to_numpy(dtype=np.float64)
+    lone = events["lone"].to_numpy(dtype=bool)
+    if not lone.any():
+        return lone_ns
+    source = events["source"].to_numpy(dtype=np.int64)
+    instance = events["instance"].to_numpy(dtype=np.int64)
+    kind = events["kind"].to_numpy()
+    row = np.where(source >= 0, source, 0)
+    size = np.where(source >= 0, np.asarray(sizes, dtype=np.float64)[row], np.nan)
+    sized = np.isfinite(size) & (size > 0)
+    transfer = events["transfer_ns"].to_numpy(dtype=np.float64)
+    matched = (instance >= 0) & np.isin(kind, [Kind.SYNC, Kind.LAUNCH]) & ~lone
+    chosen = np.flatnonzero((matched | lone) & sized & (source >= 0))
+    table = pd.DataFrame({
+        "group": events["group"].astype(str).to_numpy()[chosen],
+        "op": ops[source[chosen]], "bytes": size[chosen],
+        "transfer": np.where(lone[chosen], np.inf, transfer[chosen]),
+    })  # fmt: skip
+    bound = _transfer_bound(table)
+    beyond = np.where(np.isfinite(bound), transfer[chosen] - bound, 0.0)
+    out = lone_ns.copy()
+    out[chosen] = np.where(lone[chosen], np.maximum(lone_ns[chosen], beyond), out[chosen])
+    return out
 
 
 def _none(n: int) -> LateMembers:
@@ -178,21 +226,26 @@ def _in_messages(
     sizes: np.ndarray,
     manifest: schema.Manifest,
     traced: set[int],
-) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
-    """Sends and receives whose peer (as the record names it) left no records: unmatched,
+) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[int, ...]]]:
+    """Sends and receives whose peer (as the record names it, else the pipeline neighbour
+    matching.message_peers reads from the times) left no records: unmatched,
     their own time is held as measured (LOCAL), and a GPU's send or receive kernel runs until
     its peer's is there. Per event the part of that time beyond the fastest matched message of
-    the axis with at least its bytes (waiting for the peer), and the peer set: every untraced
-    peer of the axis, as a pipeline's stage is all its ranks (event -> members)."""
+    the axis with at least its bytes (waiting for the peer); the same of a relayed receive's
+    transfer (matching.surrogate_message_rows: from the send the untraced rank passed on, its
+    time in between included); and the peer set: every untraced peer of the axis, as a
+    pipeline's stage is all its ranks (event -> members)."""
     n = len(events)
-    local_ns = np.zeros(n)
-    if "peer" not in comms:
-        return local_ns, {}
+    local_ns, relay_ns = np.zeros(n), np.zeros(n)
     world = int(manifest.world_size)
     source = events["source"].to_numpy(dtype=np.int64)
     kind = events["kind"].to_numpy()
     ops = comms["op"].astype(object).to_numpy()
-    peers = pd.to_numeric(comms["peer"], errors="coerce").to_numpy(dtype=np.float64)
+    rows, guessed = message_peers(comms, manifest)  # named, else the pipeline neighbour
+    if not len(rows):
+        return local_ns, relay_ns, {}
+    peers = np.full(len(comms), np.nan)
+    peers[rows] = np.where(guessed >= 0, guessed, np.nan)
     has_row = source >= 0
     row = np.where(has_row, source, 0)
     p2p = has_row & np.isin(ops[row], list(P2P_OPS))
@@ -201,9 +254,15 @@ def _in_messages(
         [bool(np.isfinite(p)) and 0 <= int(p) < world and int(p) not in traced for p in peer],
         dtype=bool,
     )
-    waiting = p2p & (kind == Kind.LOCAL) & untraced_peer
+    relayed = (
+        (events["relayed"].to_numpy(dtype=bool) if "relayed" in events else np.zeros(n, bool))
+        & p2p
+        & untraced_peer
+    )
+    held = p2p & (kind == Kind.LOCAL) & untraced_peer
+    waiting = held | relayed
     if not waiting.any():
-        return local_ns, {}
+        return local_ns, relay_ns, {}
     size = np.asarray(sizes, dtype=np.float64)[row]
     group = events["group"].astype(str).to_numpy()
     # the reference: matched messages (a receive's, a launched send's transfer) of the axis
@@ -218,14 +277,18 @@ def _in_messages(
     })  # fmt: skip
     bound = _transfer_bound(table)
     slack = np.maximum(ARRIVED_LAST_SLACK_NS, ARRIVED_LAST_SLACK_SHARE * bound)
-    late = own[reference] - bound
+    # a held message waited within its own time; a relayed receive within its transfer
+    # (from the relayed send's arrival: the untraced rank's time in between)
+    late = np.where(relayed[reference], transfer[reference], own[reference]) - bound
     wanted = waiting[reference] & np.isfinite(bound) & (late > slack)
-    local_ns[reference[wanted]] = late[wanted]
+    into = np.where(relayed[reference[wanted]], 1, 0)
+    local_ns[reference[wanted][into == 0]] = late[wanted][into == 0]
+    relay_ns[reference[wanted][into == 1]] = late[wanted][into == 1]
     by_axis: dict[str, set[int]] = {}
     for i in np.flatnonzero(waiting):
         by_axis.setdefault(str(group[i]), set()).add(int(peer[i]))
     keys = {int(i): tuple(sorted(by_axis[str(group[i])])) for i in np.flatnonzero(waiting)}
-    return local_ns, keys
+    return local_ns, relay_ns, keys
 
 
 def _transfer_bound(table: pd.DataFrame) -> np.ndarray:

@@ -175,17 +175,40 @@ def _neighbour_peers(
     )
     if len(ambiguous):
         t1 = comms["t1"].to_numpy(dtype=np.int64)[rows]
-        near_previous = _closeness(rank, send, t1, ambiguous, previous[ambiguous])
-        near_following = _closeness(rank, send, t1, ambiguous, following[ambiguous])
+        recorded = np.unique(comms["rank"].to_numpy(dtype=np.int64))
+        largest = max(size, int(previous.max()), int(following.max()), int(recorded[-1])) + 1
+        traced = np.zeros(largest, dtype=bool)
+        traced[recorded] = True
+        # an untraced neighbour's records are its lockstep partner's (its messages' ends)
+        read_as = np.arange(largest)
+        for untraced, partner in lockstep_stand_ins(comms, manifest).items():
+            if untraced < largest:
+                read_as[untraced] = partner
+        near_previous = _closeness(rank, send, t1, ambiguous, read_as[previous[ambiguous]])
+        near_following = _closeness(rank, send, t1, ambiguous, read_as[following[ambiguous]])
         peer[ambiguous] = np.where(
             near_following > near_previous, following[ambiguous], previous[ambiguous]
         )
         step = comms["step"].to_numpy(dtype=np.int64)[rows]
-        margin = np.abs(np.nan_to_num(near_following - near_previous, nan=0.0, posinf=1e30,
-                                      neginf=1e30))  # fmt: skip
-        alternative = np.where(peer == previous, following, previous)
-        _balance_links(peer, ambiguous, margin, alternative[ambiguous], rank, step, send)
+        alternative = np.where(peer == previous, following, previous)[ambiguous]
+        margin = _guess_margin(near_previous, near_following, ~traced[read_as[alternative]])
+        _balance_links(peer, ambiguous, margin, alternative, rank, step, send, traced)
     return peer
+
+
+def _guess_margin(
+    near_previous: np.ndarray, near_following: np.ndarray, unseen: np.ndarray
+) -> np.ndarray:
+    """How much nearer in time the guessed neighbour's opposite records looked than the
+    other's (the larger, the surer the guess). Where the other neighbour left no records
+    (`unseen`: no file of its traces), nothing of it can look near: the guess is as sure as
+    the guessed neighbour's record ends near this one's (minus the distance), so a message
+    that no record of the traced neighbour ends with is the first to go to the untraced one."""
+    with np.errstate(invalid="ignore"):  # two ranks without records: -inf - -inf
+        apart = np.abs(np.nan_to_num(near_following - near_previous, nan=0.0, posinf=1e30,
+                                     neginf=1e30))  # fmt: skip
+    guessed = np.maximum(near_previous, near_following)
+    return np.where(unseen & np.isfinite(guessed), guessed, apart)
 
 
 def _named_peers(comms: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -215,13 +238,20 @@ def _balance_links(
     rank: np.ndarray,
     step: np.ndarray,
     send: np.ndarray,
+    traced: np.ndarray | None = None,
 ) -> None:
     """Flip the least certain guesses of `peer` (in place) until, in each step, each link
     carries as many sends as receives where a flip can make it so: a send guessed to one
     neighbour while that link has more sends than receives and the other link fewer goes to
     the other; a receive likewise. `alternative[i]` and `margin[i]`: the other neighbour of
-    `ambiguous[i]` and how much nearer the guessed one looked."""
+    `ambiguous[i]` and how much nearer the guessed one looked. A link to a neighbour that
+    left no records (False in `traced`, per rank) shows no count of its own: a guess whose
+    link has too many goes to it (a stage between a traced and an untraced neighbour sends
+    to both; read as all to the traced one, its messages to the other were paired with the
+    wrong receives, and its waiting for the untraced rank went unseen)."""
     other = alternative.copy()
+    if traced is None:
+        traced = np.ones(int(max(alternative.max(initial=0), rank.max(initial=0))) + 1, bool)
     for _ in range(MAX_REPAIR_ROUNDS):
         source, target = np.where(send, rank, peer), np.where(send, peer, rank)
         links = pd.DataFrame({"step": step, "source": source, "target": target,
@@ -238,14 +268,22 @@ def _balance_links(
         new = surplus.reindex(pd.MultiIndex.from_arrays([step[mine], new_source, new_target]))
         now, new = now.fillna(0).to_numpy(), new.fillna(0).to_numpy()
         # a send leaves a link with too many sends for one with too few; a receive the reverse
-        wanted = np.where(send[mine], (now > 0) & (new < 0), (now < 0) & (new > 0))
+        other_unseen = ~traced[other]
+        takes = np.where(send[mine], new < 0, new > 0) | other_unseen  # the other: too few
+        # a link to a rank with no records counts one side only: nothing to take from it
+        wanted = np.where(send[mine], now > 0, now < 0) & takes & traced[peer[mine]]
         if not wanted.any():
             return
+        # per rank, step and direction the least certain guess; toward an unseen neighbour
+        # as many as the link has too many (nothing on the other side to balance them)
         candidates = pd.DataFrame({"i": np.flatnonzero(wanted), "margin": margin[wanted],
                                    "rank": rank[mine][wanted], "step": step[mine][wanted],
-                                   "send": send[mine][wanted]})  # fmt: skip
-        least_certain = candidates.groupby(["rank", "step", "send"])["margin"].idxmin()
-        flip = candidates.loc[least_certain, "i"].to_numpy(dtype=np.int64)
+                                   "send": send[mine][wanted],
+                                   "up_to": np.where(other_unseen[wanted],
+                                                     np.abs(now[wanted]), 1)})  # fmt: skip
+        candidates = candidates.sort_values("margin", kind="stable")
+        nth = candidates.groupby(["rank", "step", "send"]).cumcount().to_numpy()
+        flip = candidates["i"].to_numpy(dtype=np.int64)[nth < candidates["up_to"].to_numpy()]
         records = mine[flip]
         peer[records], other[flip] = other[flip], peer[records]
 
@@ -280,3 +318,167 @@ def _closeness(
         distance = np.abs(sorted_end[np.where(valid, j, 0)] - end).astype(np.float64)
         out = np.where(valid, np.maximum(out, -distance), out)
     return out
+
+
+def lockstep_stand_ins(comms: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int]:
+    """Each rank without a single record whose tensor-parallel group has a traced member: that
+    member (the lowest). The members of a TP group meet in a collective at every layer, so
+    they run in lockstep: the traced one's messages are the untraced one's, in time."""
+    if comms.empty:
+        return {}
+    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist())
+    out: dict[int, int] = {}
+    for members in manifest.groups.get("tp", []):
+        seen = sorted(traced.intersection(int(m) for m in members))
+        for member in members:
+            if seen and int(member) not in traced:
+                out[int(member)] = seen[0]
+    return out
+
+
+def surrogate_message_rows(
+    comms: pd.DataFrame, manifest: schema.Manifest
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Receives from a rank that left no records, each with a traced send it takes the
+    place of:
+    - where the untraced rank x has a lockstep stand-in y (`lockstep_stand_ins`), the n-th
+      receive of a step on rank b from x waits for the n-th send of that step from y to y's
+      neighbour on b's side of the pipeline (x sent when y did);
+    - else, where x's other neighbour a in the pipeline is traced, it waits for the n-th
+      send of the step from a to x (`relayed`): the message x passed on, in the same
+      direction (a forward activation or a backward gradient, each micro-batch in order
+      at every stage); x's own time between the two is then part of the receive's transfer,
+      which late_members.py reads as waiting for x beyond the fastest message of its size.
+    Held at its measured length, such a receive carried the untraced rank's lateness into
+    every counterfactual: a straggler before it in the pipeline, sped up, still waited for
+    the message the untraced rank sent late because of it (a dp2 x tp2 x pp4 job with its
+    straggler's next stage's trace lost read the straggler's cost 1.5% of the step, not
+    52%). Three arrays of equal length (the receives' rows, the sends' rows, which pairs
+    are relayed); the pairing is one-way: the send keeps its own receive."""
+    empty = np.zeros(0, dtype=np.int64)
+    none = (empty, empty, np.zeros(0, dtype=bool))
+    rows, send = _point_to_point(comms)
+    if not len(rows):
+        return none
+    peer = _neighbour_peers(comms, rows, send, manifest)
+    rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
+    step = comms["step"].to_numpy(dtype=np.int64)[rows]
+    t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
+    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist())
+    stand = lockstep_stand_ins(comms, manifest)
+    neighbours = pipeline_peers(manifest)
+    # the receives from an untraced rank, as the link whose send they wait for
+    source = np.full(len(rows), -1, dtype=np.int64)
+    target = np.full(len(rows), -1, dtype=np.int64)
+    relayed = np.zeros(len(rows), dtype=bool)
+    untraced_peer = np.array([int(p) >= 0 and int(p) not in traced for p in peer], dtype=bool)
+    for i in np.flatnonzero(~send & untraced_peer).tolist():
+        x, b = int(peer[i]), int(rank[i])
+        if x not in neighbours or neighbours[x][0] == neighbours[x][1]:
+            continue  # one neighbour: nothing passed on, nothing to read x from
+        side = 0 if neighbours[x][0] == b else 1 if neighbours[x][1] == b else -1
+        y = stand.get(x)
+        if side < 0:
+            continue
+        if y is not None and y in neighbours:
+            source[i], target[i] = y, neighbours[y][side]
+        elif neighbours[x][1 - side] in traced:
+            source[i], target[i], relayed[i] = neighbours[x][1 - side], x, True
+    taking = np.flatnonzero(source >= 0)
+    sends = np.flatnonzero(send & (peer >= 0))
+    if not len(taking) or not len(sends):
+        return none
+    # the n-th, by start, of each (step, link): the taking receives per receiving rank
+    mine = np.concatenate([taking, sends])
+    link_source = np.concatenate([source[taking], rank[sends]])
+    link_target = np.concatenate([target[taking], peer[sends]])
+    receiver = np.concatenate([rank[taking], np.full(len(sends), -1)])
+    order = lexicographic(step[mine], link_source, link_target, receiver, t0[mine])
+    n = occurrence(dense_key(step[mine][order], link_source[order], link_target[order],
+                             receiver[order]))  # fmt: skip
+    table = pd.DataFrame({"row": rows[mine][order], "step": step[mine][order],
+                          "source": link_source[order], "target": link_target[order],
+                          "n": n, "is_send": receiver[order] < 0,
+                          "relayed": np.concatenate([relayed[taking], np.zeros(len(sends), bool)])[
+                              order]})  # fmt: skip
+    keys = ["step", "source", "target", "n"]
+    sends_table = table[table["is_send"]]
+    joined = table[~table["is_send"]].merge(sends_table, on=keys, suffixes=("", "_send"))
+    return (joined["row"].to_numpy(dtype=np.int64), joined["row_send"].to_numpy(dtype=np.int64),
+            joined["relayed"].to_numpy(dtype=bool))  # fmt: skip
+
+
+def _proxy_groups(
+    manifest: schema.Manifest, stand: dict[int, int], traced: set[int]
+) -> dict[tuple[str, int], int]:
+    """(axis, traced rank) -> a rank of another group of that axis whose collectives stand
+    for its group's: where every untraced member of the rank's group has a lockstep stand-in
+    (`stand`), all in one group, that is not the rank itself."""
+    out: dict[tuple[str, int], int] = {}
+    for axis, members_list in manifest.groups.items():
+        where = {int(r): i for i, members in enumerate(members_list) for r in members}
+        for members in members_list:
+            untraced = [int(m) for m in members if int(m) not in traced]
+            proxies = {stand.get(m, -1) for m in untraced}
+            if not untraced or -1 in proxies or len({where.get(p) for p in proxies}) != 1:
+                continue
+            for member in members:
+                if int(member) in traced and int(member) not in proxies:
+                    out[(str(axis), int(member))] = min(proxies)
+    return out
+
+
+def join_stand_ins(
+    comms: pd.DataFrame, manifest: schema.Manifest, instance: np.ndarray, stand_in: np.ndarray
+) -> np.ndarray:
+    """`instance` with each collective of a group with untraced members joined to the
+    collective those members' lockstep stand-ins (`lockstep_stand_ins`: their TP partners,
+    in one group of the same axis) took part in at the same place (the n-th of that op in
+    their group): an untraced member arrived there when its partner did. A data-parallel
+    all-reduce whose member left no trace then completes when that member's TP partner
+    reaches its own, and moves with it in every counterfactual; read without it, it was held
+    at its measured length (alone: `stand_in` > 0), or its waiting for the member read as
+    transfer (two or more traced members). A rank that is its own members' stand-in (one
+    traced rank per TP group) is left alone (absent_members.py)."""
+    stand = lockstep_stand_ins(comms, manifest)
+    if not stand or comms.empty:
+        return instance
+    rank = comms["rank"].to_numpy(dtype=np.int64)
+    groups = comms["group"].astype(object).to_numpy().astype(str)
+    ops = comms["op"].astype(object).to_numpy().astype(str)
+    proxy_of = _proxy_groups(manifest, stand, set(np.unique(rank).tolist()))
+    candidates = (instance >= 0) | (stand_in > 0)
+    keys = list(zip(groups.tolist(), rank.tolist(), strict=True))
+    proxy = np.array([proxy_of.get(k, -1) for k in keys], dtype=np.int64)
+    joining = np.flatnonzero(candidates & (proxy >= 0) & ~np.isin(ops, list(P2P_OPS)))
+    if not len(joining):
+        return instance
+    order = lexicographic(rank, comms["t0"].to_numpy(dtype=np.int64))
+    _, group_code = np.unique(groups, return_inverse=True)
+    _, op_code = np.unique(ops, return_inverse=True)
+    nth = np.empty(len(comms), dtype=np.int64)
+    nth[order] = occurrence(dense_key(rank[order], group_code[order], op_code[order]))
+    place = pd.DataFrame({"rank": rank, "group": group_code, "op": op_code, "n": nth,
+                          "row": np.arange(len(comms))})  # fmt: skip
+    wanted = place.iloc[joining].assign(rank=proxy[joining])
+    found = wanted.merge(place, on=["rank", "group", "op", "n"], suffixes=("", "_proxy"))
+    out = instance.copy()
+    fresh = int(instance.max(initial=-1)) + 1
+    alone = out < 0
+    out[alone] = fresh + np.arange(int(alone.sum()))  # each its own, to be joined
+    parent: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while parent.get(i, i) != i:
+            i = parent[i]
+        return i
+
+    for row, other in zip(found["row"].tolist(), found["row_proxy"].tolist(), strict=True):
+        a, b = root(int(out[row])), root(int(out[other]))
+        if a != b:
+            parent[a] = b
+    joined = np.array([root(int(i)) for i in out], dtype=np.int64)
+    # a row alone before and joined to nothing stays alone
+    counts = pd.Series(joined).value_counts()
+    single = alone & (counts.reindex(joined).to_numpy() < 2)
+    return np.where(single, -1, joined)

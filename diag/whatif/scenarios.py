@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import ledger
+from diag.numeric.intervals import union_length_by
 from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
@@ -220,7 +221,7 @@ class Scenarios:
         traced = {int(r) for r in np.unique(self.rank)}
         missing = untraced_in_groups(self.run.manifest, traced, at_least=1)
         members = sorted({m for g in groups for m in missing.get((g, rank), ())})
-        if not members or tuple(members) in set(self.timeline.late_members or []):
+        if not members or tuple(members) in self._members_found_late:
             return None
         steps = max(int(self.ok.sum()), 1)
         label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} communication "
@@ -234,6 +235,16 @@ class Scenarios:
             "wait_per_step_s": float(self._pieces["absent"][waited].sum()) / steps / NS_PER_S,
             "stood_in_by": rank,
         })  # fmt: skip
+
+    @cached_property
+    def _members_found_late(self) -> set[tuple[int, ...]]:
+        """The sets of untraced members some traced rank waited for in a group of their own
+        (`untraced_members` gives their cause): a set the timeline lists but nobody waited
+        for (every collective of the group on time) is not one."""
+        waited = (self._late_members_ns > 0) | (self._late_local_ns > 0)
+        code = self.timeline.events["late_members"].to_numpy()
+        found = np.unique(code[waited & (code >= 0)])
+        return {tuple(self.timeline.late_members[int(i)]) for i in found}
 
     def _queued_excess_ns(self, rank: int) -> float:
         """How much longer per step `rank`'s training thread waited for a core than the median
@@ -465,10 +476,21 @@ class Scenarios:
                 "groups": groups,
                 "median_wait_s": float(np.median(both[waiting])) / NS_PER_S,
                 "collectives_waited_per_step": float(waiting.sum()) / max(len(peers), 1) / steps,
-                "wait_per_step_s": float(both[waiting].sum()) / max(len(peers), 1) / steps
-                / NS_PER_S,
+                "wait_per_step_s": self._wait_union_ns(waiting, both) / max(len(peers), 1)
+                / steps / NS_PER_S,
             }))  # fmt: skip
         return causes
+
+    def _wait_union_ns(self, waiting: np.ndarray, wait_ns: np.ndarray) -> float:
+        """The time the events `waiting` waited (`wait_ns` each, from their arrival), each
+        rank's waits as a union: asynchronous collectives in flight together (a data-parallel
+        all-reduce's buckets waiting for the same untraced member) wait at once, and summed
+        they read more than the step."""
+        ev = self.timeline.events
+        start = ev["a_ns"].to_numpy(dtype=np.int64)[waiting]
+        frame = pd.DataFrame({"rank": self.rank[waiting].astype(np.int64), "t0": start,
+                              "t1": start + wait_ns[waiting].astype(np.int64)})  # fmt: skip
+        return float(union_length_by(frame, ["rank"]).sum())
 
     def schedule(self) -> list[Cause]:
         layout = self.run.manifest.layout

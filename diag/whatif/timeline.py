@@ -30,7 +30,7 @@ from diag.contract import schema
 from diag.numeric.keys import in_steps
 from diag.numeric.ordering import lexicographic
 from diag.read.load import RunData
-from diag.whatif.absent_members import arrivals_with_absent_members, stand_ins
+from diag.whatif.absent_members import arrivals_with_absent_members, lone_launches, stand_ins
 from diag.whatif.event_dependencies import (  # noqa: F401 (re-exported: the timeline's names)
     GAP_END_TOLERANCE_NS,
     GAP_END_TOLERANCE_SHARE,
@@ -47,7 +47,13 @@ from diag.whatif.local_time import (  # noqa: F401 (re-exported: the timeline's 
     local_time,
     previous_step_ends,
 )
-from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
+from diag.whatif.matching import (
+    P2P_OPS,
+    collective_instances,
+    join_stand_ins,
+    message_pair_rows,
+    surrogate_message_rows,
+)
 from diag.whatif.timeline_model import MIN_WAITING_GAP_NS, WAIT_SLACK_NS, Kind, Timeline
 from diag.whatif.untraced import inferred_syncs
 
@@ -120,16 +126,24 @@ def _built(
     instance = collective_instances(comms, run.manifest)
     sizes = _sizes(run, steps, len(comms))
     stand_in = stand_ins(comms, instance, run.manifest)
+    instance = join_stand_ins(comms, run.manifest, instance, stand_in)
+    stand_in = np.where(instance >= 0, 0.0, stand_in)
+    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
+    launched = is_async & ~self_waiting & ~comms["op"].isin(P2P_OPS).to_numpy(dtype=bool)
+    lone, lone_wait_ns = lone_launches(comms, instance, stand_in, launched, sizes)
+    instance = np.where(lone, int(instance.max(initial=-1)) + 1 + np.arange(len(comms)), instance)
+    stand_in = np.where(lone, 0.0, stand_in)  # their waiting is in the transfer, not before
     arrived = arrivals_with_absent_members(comms, stand_in, sizes)
     absent_ns = arrived - comms["t0"].to_numpy(dtype=np.int64)
     comms["t0"] = arrived
     recv_rows, send_rows = message_pair_rows(comms, run.manifest)
-    is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
+    stood_rows, stand_in_sends, relayed = surrogate_message_rows(comms, run.manifest)
     kinds = np.where(instance >= 0, np.where(is_async & ~self_waiting, Kind.LAUNCH, Kind.SYNC),
                      Kind.LOCAL)  # fmt: skip
     recv = (comms["op"] == schema.CollectiveOp.RECV.value).to_numpy(dtype=bool)
     matched_recv = np.zeros(len(comms), dtype=bool)
     matched_recv[recv_rows] = True
+    matched_recv[stood_rows] = True
     kinds = np.where(recv & matched_recv, Kind.RECV, kinds)
     sends_async = comms["op"].isin(P2P_OPS).to_numpy(dtype=bool) & is_async
     kinds = np.where(sends_async & (kinds == Kind.LOCAL), Kind.LAUNCH, kinds)
@@ -148,13 +162,19 @@ def _built(
     padded = np.append(absent_ns, 0)  # source -1 (no comm): the 0 at the end
     events["absent_ns"] = padded[np.where(source >= 0, source, len(absent_ns))]
     events["stand_in"] = np.append(stand_in, 0.0)[np.where(source >= 0, source, len(stand_in))]
+    at = np.where(source >= 0, source, len(stand_in))
+    events["lone"] = np.append(lone, False)[at]
+    events["lone_wait_ns"] = np.append(lone_wait_ns, 0.0)[at]
+    relayed_row = np.zeros(len(comms) + 1, dtype=bool)
+    relayed_row[stood_rows[relayed]] = True
+    events["relayed"] = relayed_row[at]
     # a synchronisation inferred from time in no record: that time was waiting in a gap
     events["inferred"] = events["source"].to_numpy() >= recorded_rows
     ranks, first = np.unique(events["rank"].to_numpy(), return_index=True)
     first = np.append(first, len(events))
     timeline = Timeline(ranks, first, events, notes=notes)
     local_time(timeline, spans, previous_step_ends(run.steps, steps, ranks))
-    dependencies(timeline, recv_rows, send_rows)
+    dependencies(timeline, recv_rows, send_rows, (stood_rows, stand_in_sends))
     traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)[:recorded_rows]).tolist())
     late = late_members(timeline.events, comms, sizes, run.manifest, traced)
     timeline.events["late_members_ns"] = late.late_ns

@@ -61,7 +61,53 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # one rank per TP group traced (the even ones): rank 2 stands for its partner 3
         "one-per-tp": _without(two_groups, (1, 3, 5, 7), root / "dp4tp2-one-per-tp"),
         "healthy-part": _without(healthy, STRAGGLER, root / "healthy-part"),
+        # the straggler traced, its TP partner not (the partner's data-parallel all-reduces
+        # read from the straggler's, its lockstep stand-in)
+        "partner-part": _without(two_groups, STRAGGLER - 1, root / "dp4tp2-partner-part"),
     }
+
+
+PIPELINE_STRAGGLER = 10  # dp2 x tp2 x pp4: dp 1, stage 1, first of its TP group
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A dp2 x tp2 x pp4 job (1F1B, m=8) with a straggler, whole and with one file lost: the
+    straggler's (10), or the next stage's that receives from it (12)."""
+    root = tmp_path_factory.mktemp("untraced-pp")
+    slow = ["--inject", f"straggler:rank={PIPELINE_STRAGGLER},ms=15"]
+    whole = _simulated(root, "dp2tp2pp4", "dp=2,tp=2,pp=4", slow, "-m", "8", "--steps", "4")
+    return {"whole": whole,
+            "straggler-lost": _without(whole, PIPELINE_STRAGGLER, root / "no-10"),
+            "next-stage-lost": _without(whole, 12, root / "no-12")}  # fmt: skip
+
+
+@pytest.mark.parametrize(("lost", "rule"), [("straggler-lost", "BAL006"),
+                                            ("next-stage-lost", "BAL001")])  # fmt: skip
+def test_a_pipeline_with_one_trace_lost_names_the_straggler_at_its_cost(
+    pipeline: dict[str, Path], lost: str, rule: str
+) -> None:
+    """Rank 12's file lost: the straggler's messages to it and its data-parallel partner's
+    all-reduce with it matched nothing, held at their measured length (the waiting the
+    straggler caused, kept in every counterfactual), and a stage between a traced and an
+    untraced neighbour read all its messages as the traced one's. It read 1.5% of the step
+    for the straggler and named nobody; rank 10's lost, its peers' waiting for it read as
+    0.4 ms. Now rank 12 is read from its TP partner 13 (lockstep), and rank 10 from 11."""
+    whole = analyze_path(pipeline["whole"])["findings"][0]
+    assert (whole["rule"], whole["ranks"]) == ("BAL001", [PIPELINE_STRAGGLER])
+    main = analyze_path(pipeline[lost])["findings"][0]
+    assert (main["rule"], main["ranks"]) == (rule, [PIPELINE_STRAGGLER]), main["title"]
+    assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+
+
+def test_a_traced_straggler_whose_tp_partner_was_lost_is_named(folders) -> None:
+    """Rank 2's file lost: its data-parallel all-reduces, waiting in the other members for
+    it (and it for rank 3 in their TP all-reduce), read as transfer held at its length; the
+    straggler's cost went to 'DP all-reduce not overlapped' at 0.3 ms."""
+    whole = analyze_path(folders["two-groups"])["findings"][0]
+    main = analyze_path(folders["partner-part"])["findings"][0]
+    assert (main["rule"], main["ranks"]) == ("BAL001", [STRAGGLER]), main["title"]
+    assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
 
 
 def test_the_untraced_straggler_is_named_with_the_cost_its_trace_gives(folders) -> None:
