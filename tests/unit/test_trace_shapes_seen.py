@@ -197,6 +197,23 @@ def test_a_gpu_job_profiled_without_its_device_says_so(tmp_path: Path) -> None:
     assert not any("runtime" in n for n in analyze_path(tmp_path / "cpu")["skipped"])
 
 
+def test_a_cupti_range_profilers_trace_says_its_counters_are_no_timeline(tmp_path: Path) -> None:
+    """HTA's `cupti_profiler` trace: the CUPTI range profiler replays each kernel alone to
+    count its instructions, and writes one `cuda_profiler_range` event a kernel, its counters
+    as arguments and no stream. It read 11.8 s steps 100% idle, with a note blaming a profile
+    without ProfilerActivity.CUDA; those events are now left out, said as what they are."""
+    events = [e for e in _two_steps(launch_at_us=10, runs_after_us=20) if e["cat"] != "kernel"]
+    counters = {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 38731776}
+    ranges = [{"ph": "X", "cat": "cuda_profiler_range", "name": "volta_sgemm_128x64_nn",
+               "pid": 0, "tid": 0, "ts": 5 + 40 * i, "dur": 121431, "args": counters}
+              for i in range(2)]  # fmt: skip
+    _write(tmp_path, "rank0.json", _trace(0, world=1, events=events + ranges))
+    notes = analyze_path(tmp_path)["skipped"]
+    assert any("2 events skipped (CUPTI range profiler counters" in n for n in notes), notes
+    assert any("hold the CUPTI range profiler's counters of 2 kernels" in n for n in notes)
+    assert not any("ProfilerActivity.CUDA" in n for n in notes), notes
+
+
 def test_an_all_to_all_kernel_no_cpu_op_describes_shows_all_to_alls() -> None:
     """DeepSeek-V3's trace: DeepEP's dispatch and combine kernels, no CPU op naming them. A
     kernel named an all-to-all is one (MoE tokens): the layout unknown, its headline said

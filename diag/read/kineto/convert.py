@@ -56,6 +56,10 @@ LAUNCH_CATEGORIES = frozenset({
     "privateuse1_runtime", "privateuse1_driver",  # out-of-tree backends through PrivateUse1
 })  # fmt: skip
 """Kineto's categories of the host calls that launch device work (tied to it by correlation)."""
+PROFILER_RANGE = "cuda_profiler_range"
+"""CUPTI's range profiler: a kernel replayed, serialised, to count its instructions; its
+event's time is the measurement's, not the kernel's place in a timeline."""
+PROFILER_RANGE_SKIPPED = "CUPTI range profiler counters: kernels replayed to count, no timeline"
 LEGACY_CATEGORIES = {
     "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
     "Runtime": "cuda_runtime", "Operator": "cpu_op",

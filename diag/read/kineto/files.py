@@ -26,7 +26,7 @@ from diag.contract.rank_text import ranks_phrase
 from diag.errors import InputError
 from diag.rankfile.record_checks import is_int
 from diag.read.kineto import one_pass
-from diag.read.kineto.convert import RankEvents, Scan, to_records
+from diag.read.kineto.convert import PROFILER_RANGE_SKIPPED, RankEvents, Scan, to_records
 from diag.read.kineto.device import DeviceScan, DeviceTime
 from diag.read.kineto.events import (
     ABSENT,
@@ -72,6 +72,7 @@ class ParsedTrace:
     # calls to the device's runtime in a trace without device events (a GPU job profiled
     # without ProfilerActivity.CUDA): its work as read is the host's (`host_only_note`)
     launches_without_device: int = 0
+    profiler_ranges: int = 0  # CUPTI range profiler events: counters, not a timeline
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:
@@ -182,6 +183,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         notes=notes,
         pg_groups=[(ranks, names[0]) for ranks, names in groups],
         launches_without_device=0 if events.gpu_t0 else len(events.launches),
+        profiler_ranges=events.skipped.get(PROFILER_RANGE_SKIPPED, 0),
     )
 
 
@@ -414,11 +416,15 @@ def host_only_note(folder: Path, traces: list[ParsedTrace]) -> str | None:
         return None
     calls = sum(t.launches_without_device for t in host_only)
     ranks = ranks_phrase([int(t.rank or 0) for t in host_only])
+    counted = sum(t.profiler_ranges for t in host_only)
+    why = (f"hold the CUPTI range profiler's counters of {counted:,} kernels and no kernel's "
+           "run (each kernel replayed alone to count its instructions: their times are no "
+           "timeline)" if counted else "hold no device event (profiled without "
+           "ProfilerActivity.CUDA, or the device's activity lost)")  # fmt: skip
     return (f"{folder}: the traces of {ranks} call the device's runtime ({calls:,} kernel "
-            "launches, copies) but hold no device event (profiled without "
-            "ProfilerActivity.CUDA, or the device's activity lost): the device's time is "
-            "unknown, the steps and busy time here are the host's operators, and the NCCL "
-            "collectives are not read")  # fmt: skip
+            f"launches, copies) but {why}: the device's time is unknown, the steps and "
+            "busy time here are the host's operators, and the NCCL collectives are not "
+            "read")  # fmt: skip
 
 
 def one_window(folder: Path, known: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:

@@ -34,6 +34,8 @@ from diag.read.kineto.convert import (
     MAX_TIME_US,
     NO_ARGS,
     NS_PER_US,
+    PROFILER_RANGE,
+    PROFILER_RANGE_SKIPPED,
     STEP_NAME,
     Scan,
     correlation_of,
@@ -156,6 +158,9 @@ def take(
             gpu_stream.append(
                 stream if type(stream) is int and 0 <= stream < MAX_ARG_INTEGER else -1
             )
+            continue
+        if category == PROFILER_RANGE:  # no host work and no timeline: said, not read
+            out.skipped[PROFILER_RANGE_SKIPPED] += 1
             continue
         cpu_first.append(t0)
         cpu_last.append(t1)
