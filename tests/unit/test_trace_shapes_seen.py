@@ -178,9 +178,24 @@ def test_mtias_device_work_reads_as_a_gpus(tmp_path: Path) -> None:
     for device, spelled in spellings.items():
         renamed = [{**e, "cat": spelled.get(e["cat"], e["cat"])} for e in events]
         _write(tmp_path / device, "rank0.json", _trace(0, world=1, events=renamed))
-        read = compute_metrics(load_trace_dir(tmp_path / device, use_cache=False)).rank_steps
+        run = load_trace_dir(tmp_path / device, use_cache=False)
+        read = compute_metrics(run).rank_steps
         assert read[columns].values.ravel() == pytest.approx(cuda[columns].values.ravel())
         assert read["busy_s"].tolist() == pytest.approx([30e-6] * 2)  # the kernels
+        assert run.manifest.device_type == device  # its findings name it, not a GPU
+    assert load_trace_dir(tmp_path / "cuda", use_cache=False).manifest.device_type == "cuda"
+
+
+def test_findings_name_the_device_and_its_remedies() -> None:
+    """A host-starved MTIA read "GPU starved by its host ... CUDA graphs ...
+    torch.cuda.synchronize()": the device's name and the remedies said for it."""
+    from diag.rules.device_words import device_word, for_device
+
+    advice = "fewer syncs: no .item() of GPU tensors or torch.cuda.synchronize(); CUDA graphs"
+    assert (device_word("mtia"), device_word("cuda"), device_word(None)) == ("MTIA", "GPU", "GPU")
+    assert for_device(advice, "cuda") == advice
+    said = for_device(advice, "mtia")
+    assert "cuda" not in said.lower() and "GPU" not in said and "graph capture" in said
 
 
 def test_a_gpu_job_profiled_without_its_device_says_so(tmp_path: Path) -> None:

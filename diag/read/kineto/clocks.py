@@ -109,7 +109,7 @@ def offsets(run: RunData) -> Offsets:
     comms = run.comms
     if comms.empty or comms["rank"].nunique() < 2 or run.manifest.layout_unknown:
         return Offsets({})
-    if run.manifest.device_type != "cuda":  # a CPU trace's collectives are host threads'
+    if run.manifest.device_type == "cpu":  # a CPU trace's collectives are host threads'
         return Offsets({})
     found = _from_collectives(comms, run.manifest.groups)
     messages = comms["op"].isin(message_clocks.P2P).to_numpy()

@@ -68,6 +68,12 @@ LEGACY_CATEGORIES = {
 """Kineto's categories read as today's CUDA ones: those before PyTorch 1.9 (2021: `Kernel`,
 `Operator`), and MTIA's device work and its launches (`mtia_ccp_events`, `mtia_runtime`,
 tied by correlation as a CUDA kernel and its launch are)."""
+DEVICE_OF_CATEGORY = {
+    "mtia_ccp_events": "mtia", "mtia_runtime": "mtia",
+    "xpu_runtime": "xpu", "xpu_driver": "xpu",
+    "privateuse1_runtime": "privateuse1", "privateuse1_driver": "privateuse1",
+}  # fmt: skip
+"""The device whose work a category read as CUDA's is (the manifest's `device_type`)."""
 STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 NO_ARGS = Args()
 """An event without arguments reads as one whose every argument is absent."""
@@ -101,6 +107,8 @@ class RankEvents:
     cpu_t1: int | None = None
     skipped: Counter[str] = field(default_factory=Counter)  # events left out, by reason
     comm_sources: dict[str, int] = field(default_factory=dict)  # comm kernels by how read
+    # the devices other than CUDA's whose events were read as CUDA's (DEVICE_OF_CATEGORY)
+    other_devices: set[str] = field(default_factory=set)
 
 
 class Scan:

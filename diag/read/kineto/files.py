@@ -73,6 +73,7 @@ class ParsedTrace:
     # without ProfilerActivity.CUDA): its work as read is the host's (`host_only_note`)
     launches_without_device: int = 0
     profiler_ranges: int = 0  # CUPTI range profiler events: counters, not a timeline
+    other_devices: tuple[str, ...] = ()  # a device not CUDA's whose events it holds (mtia)
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:
@@ -184,6 +185,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         pg_groups=[(ranks, names[0]) for ranks, names in groups],
         launches_without_device=0 if events.gpu_t0 else len(events.launches),
         profiler_ranges=events.skipped.get(PROFILER_RANGE_SKIPPED, 0),
+        other_devices=tuple(sorted(events.other_devices)),
     )
 
 

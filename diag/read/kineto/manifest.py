@@ -47,6 +47,10 @@ def folder_manifest(
     backends = {t.backend for t in traces if t.backend}
     device = next((t.device_name for t in traces if t.device_name), None)
     on_device = any(t.on_device for t in traces)
+    # the device: CUDA's (or ROCm's, through the same API), else the one whose categories
+    # were read as CUDA's (an MTIA, an Intel GPU) where every trace that names one agrees
+    others = {d for t in traces for d in t.other_devices}
+    device_type = (others.pop() if len(others) == 1 else "cuda") if on_device else "cpu"
     return schema.Manifest(
         run_id=folder.resolve().name,
         created=_dt.datetime.fromtimestamp(_newest_mtime(traces), _dt.UTC).isoformat(),
@@ -54,7 +58,7 @@ def folder_manifest(
         trainer="kineto",
         command=None,
         backend=backends.pop() if len(backends) == 1 else None,
-        device_type="cuda" if on_device else "cpu",
+        device_type=device_type,
         layout=found.layout,
         groups=found.groups,
         layout_source=found.source,

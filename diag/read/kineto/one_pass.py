@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
 from diag.read.kineto.convert import (
+    DEVICE_OF_CATEGORY,
     GPU_CATEGORIES,
     LAUNCH_CATEGORIES,
     LEGACY_CATEGORIES,
@@ -74,11 +75,14 @@ def take(
     isfinite = math.isfinite
     whole_us = device.whole_us
     cpu_first, cpu_last = [], []
+    other_devices = out.other_devices
     for event in events:
         ts, duration, category, name, args = (
             event.ts, event.dur, event.cat, event.name, event.args
         )  # fmt: skip
         if type(category) is str and category in LEGACY_CATEGORIES:  # any JSON value can come
+            if category in DEVICE_OF_CATEGORY:  # an MTIA's: its device named
+                other_devices.add(DEVICE_OF_CATEGORY[category])
             category = LEGACY_CATEGORIES[category]
         ts_int = type(ts) is int
         ts_finite = ts_int or (type(ts) is float and isfinite(ts))
@@ -174,6 +178,8 @@ def take(
             ops[0].append(t0)
             ops[1].append(t1)
         elif category in LAUNCH_CATEGORIES:
+            if category in DEVICE_OF_CATEGORY:  # an Intel GPU's, a PrivateUse1 backend's
+                other_devices.add(DEVICE_OF_CATEGORY[category])
             correlation = args.correlation
             if type(correlation) is int and 0 <= correlation < MAX_ARG_INTEGER:
                 launches[correlation] = (tid, t0)

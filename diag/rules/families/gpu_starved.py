@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from diag.outputs.units import ranks_phrase
+from diag.rules.device_words import device_word, for_device
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.balance import straggler_ranks
 
@@ -125,8 +126,10 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
     }
     everyone = len(ranks) == ctx.run.manifest.world_size and len(ranks) > 1
     where = "every rank" if everyone else ranks_phrase(ranks)
+    device_type = ctx.run.manifest.device_type
     title = (
-        f"GPU starved by its host on {where}: idle {share:.0%} of its time waiting for the CPU "
+        f"{device_word(device_type)} starved by its host on {where}: idle {share:.0%} of its "
+        "time waiting for the CPU "
         f"to launch work; the step would be {_ms(step_s - cost_s)} instead of {_ms(step_s)} "
         f"(likely: {causes[0].name})"
     )
@@ -136,7 +139,7 @@ def gpu_starved(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Findi
             title=title,
             ranks=ranks,
             evidence=evidence,
-            advice="; ".join(fixes),
+            advice=for_device("; ".join(fixes), device_type),
             margin=share / limits["high"],
             # a GPU that waits for its CPU makes every collective and every gap look like
             # the device's: exposed communication and uneven device time follow from it. Only

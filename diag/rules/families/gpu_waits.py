@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag.outputs.units import ranks_phrase
+from diag.rules.device_words import device_word, for_device
 from diag.rules.engine import Finding, RuleContext, Threshold, grade, rule
 from diag.rules.families.gpu_starved import or_none, ranks_over
 
@@ -90,8 +91,10 @@ def gpu_waits_on_a_dependency(ctx: RuleContext, limits: Mapping[str, float]) -> 
     everyone = len(ranks) == ctx.run.manifest.world_size and len(ranks) > 1
     where = "every rank" if everyone else ranks_phrase(ranks)
     inside = " (its kernels come from CUDA graph launches: an edge inside a graph)" * graphs
+    device_type = ctx.run.manifest.device_type
     title = (
-        f"GPU idle with its work already launched on {where}: {share:.0%} of its time the next "
+        f"{device_word(device_type)} idle with its work already launched on {where}: "
+        f"{share:.0%} of its time the next "
         f"kernel sat queued (longest gap {longest_s * 1e3:.1f} ms), waiting on a dependency the "
         f"trace does not record{inside}; up to {cost_s * 1e3:.1f} ms of the step"
     )
@@ -101,9 +104,12 @@ def gpu_waits_on_a_dependency(ctx: RuleContext, limits: Mapping[str, float]) -> 
             title=title,
             ranks=ranks,
             evidence=evidence,
-            advice="find what the queued kernel waits for (Nsight Systems; the profiler's "
-            "with_stack around the longest gap): a cross-stream or cross-process event, a "
-            "CUDA graph's edge, a pageable host-to-device copy; then remove or overlap it",
+            advice=for_device(
+                "find what the queued kernel waits for (Nsight Systems; the profiler's "
+                "with_stack around the longest gap): a cross-stream or cross-process event, a "
+                "CUDA graph's edge, a pageable host-to-device copy; then remove or overlap it",
+                device_type,
+            ),
             margin=share / limits["high"],
             cost_s=cost_s,
             cost_share=share,
