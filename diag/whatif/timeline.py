@@ -125,14 +125,11 @@ def _built(
     self_waiting = waits.empty  # profiler traces: a collective's interval is its own wait
     instance = collective_instances(comms, run.manifest)
     sizes = _sizes(run, steps, len(comms))
-    stand_in = stand_ins(comms, instance, run.manifest)
-    instance = join_stand_ins(comms, run.manifest, instance, stand_in)
-    stand_in = np.where(instance >= 0, 0.0, stand_in)
     is_async = comms["async"].where(comms["async"].notna(), False).astype(bool).to_numpy()
     launched = is_async & ~self_waiting & ~comms["op"].isin(P2P_OPS).to_numpy(dtype=bool)
-    lone, lone_wait_ns = lone_launches(comms, instance, stand_in, launched, sizes)
-    instance = np.where(lone, int(instance.max(initial=-1)) + 1 + np.arange(len(comms)), instance)
-    stand_in = np.where(lone, 0.0, stand_in)  # their waiting is in the transfer, not before
+    instance, stand_in, lone, lone_wait_ns = _untraced_members_read(
+        comms, run.manifest, instance, sizes, launched
+    )
     arrived = arrivals_with_absent_members(comms, stand_in, sizes)
     absent_ns = arrived - comms["t0"].to_numpy(dtype=np.int64)
     comms["t0"] = arrived
@@ -159,10 +156,9 @@ def _built(
     kinds = np.where(held, Kind.RECV, kinds)
     events = _events(steps, comms, kinds, instance, waits)
     source = events["source"].to_numpy()
-    padded = np.append(absent_ns, 0)  # source -1 (no comm): the 0 at the end
-    events["absent_ns"] = padded[np.where(source >= 0, source, len(absent_ns))]
-    events["stand_in"] = np.append(stand_in, 0.0)[np.where(source >= 0, source, len(stand_in))]
-    at = np.where(source >= 0, source, len(stand_in))
+    at = np.where(source >= 0, source, len(comms))  # source -1 (no comm): the value appended
+    events["absent_ns"] = np.append(absent_ns, 0)[at]
+    events["stand_in"] = np.append(stand_in, 0.0)[at]
     events["lone"] = np.append(lone, False)[at]
     events["lone_wait_ns"] = np.append(lone_wait_ns, 0.0)[at]
     relayed_row = np.zeros(len(comms) + 1, dtype=bool)
@@ -183,6 +179,28 @@ def _built(
     timeline.events["late_members_unsure"] = late.unsure
     timeline.late_members = late.members
     return timeline
+
+
+def _untraced_members_read(
+    comms: pd.DataFrame,
+    manifest: schema.Manifest,
+    instance: np.ndarray,
+    sizes: np.ndarray | None,
+    launched: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """How the collectives of groups with untraced members are read (instance, stand_in,
+    lone, lone_wait_ns per comms row): joined to their lockstep stand-ins' where those were
+    traced (matching.join_stand_ins); else a rank alone in its group stands for the others
+    (absent_members.stand_ins: its blocking ones read as arriving when their transfer
+    began), and an asynchronous one of those is its own collective, its waiting for them in
+    its transfer (`lone`, absent_members.lone_launches)."""
+    stand_in = stand_ins(comms, instance, manifest)
+    instance = join_stand_ins(comms, manifest, instance, stand_in)
+    stand_in = np.where(instance >= 0, 0.0, stand_in)
+    lone, lone_wait_ns = lone_launches(comms, instance, stand_in, launched, sizes)
+    instance = np.where(lone, int(instance.max(initial=-1)) + 1 + np.arange(len(comms)), instance)
+    stand_in = np.where(lone, 0.0, stand_in)  # their waiting is in the transfer, not before
+    return instance, stand_in, lone, lone_wait_ns
 
 
 def _sizes(run: RunData, steps: pd.DataFrame, rows: int) -> np.ndarray | None:
