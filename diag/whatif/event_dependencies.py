@@ -36,9 +36,11 @@ def dependencies(
     instance = np.full(len(ev), -1, dtype=np.int64)
     instance[in_instance] = codes
     sender = _senders(ev, kind, recv_rows, send_rows)
+    standing = np.zeros(len(ev), dtype=bool)
     if one_way is not None and len(one_way[0]):
         taking = _senders(ev, np.full(len(kind), Kind.LOCAL), *one_way)  # no rendezvous
-        sender = np.where((sender < 0) & (taking >= 0), taking, sender)
+        standing = (sender < 0) & (taking >= 0)
+        sender = np.where(standing, taking, sender)
     waited = _waiting_gaps(ev, kind, instance, len(uniques), sender)
     a = a - waited  # a rank that waited in a gap arrived when the gap began
     ev["a_ns"] = a
@@ -65,7 +67,7 @@ def dependencies(
     # receiver's kernel takes the message) completes once both sides are there, plus its own
     # rest: a wait may wait for it. One that ended before (a buffered send, gloo's) completed
     # on its own, as measured.
-    receives = np.flatnonzero((kind == Kind.RECV) & (sender >= 0))
+    receives = np.flatnonzero((kind == Kind.RECV) & (sender >= 0) & ~standing)
     receives = receives[kind[sender[receives]] == Kind.LAUNCH]
     held = e[sender[receives]] + WAIT_SLACK_NS >= a[receives]
     launched_sends = sender[receives[held]]
@@ -88,6 +90,7 @@ def dependencies(
     ev["transfer_ns"] = transfer
     ev["post_ns"] = post
     ev["sender"] = sender
+    ev["one_way"] = standing  # its send is another receive's: the replay leaves it alone
 
 
 def _senders(

@@ -86,6 +86,7 @@ def replay(timeline: Timeline, durations: Durations, compiled: bool | None = Non
         np.ascontiguousarray(own, dtype=np.float64),
         fixed.instance,
         fixed.sender,
+        fixed.one_way,
         fixed.from_start,
         fixed.relative,
         np.ascontiguousarray(durations.seg_ns, dtype=np.float64),
@@ -111,6 +112,7 @@ class _FixedInputs:
     own: np.ndarray  # measured e - a of each event (float ns)
     instance: np.ndarray
     sender: np.ndarray
+    one_way: np.ndarray  # a receive whose send is another receive's (it leaves the send alone)
     from_start: np.ndarray
     relative: np.ndarray  # relative_ns
     first: np.ndarray
@@ -133,6 +135,11 @@ def _fixed_inputs(timeline: Timeline) -> _FixedInputs:
         own=local_own_ns(timeline),
         instance=ev["instance"].to_numpy(dtype=np.int64),
         sender=ev["sender"].to_numpy(dtype=np.int64),
+        one_way=(
+            ev["one_way"].to_numpy(dtype=np.bool_)
+            if "one_way" in ev
+            else np.zeros(len(ev), dtype=np.bool_)
+        ),
         from_start=ev["from_start"].to_numpy(dtype=np.bool_),
         relative=relative,
         first=timeline.first.astype(np.int64),
@@ -142,7 +149,7 @@ def _fixed_inputs(timeline: Timeline) -> _FixedInputs:
     return fixed
 
 
-def _replay(kind, own, instance, sender, from_start, measured_start, seg, transfer, post,
+def _replay(kind, own, instance, sender, one_way, from_start, measured_start, seg, transfer, post,
             first, origin, member_ptr, member_event, wait_ptr, wait_event,
             wait_by_arrival):  # fmt: skip
     """Each rank runs until it meets something not yet complete; a collective completes when
@@ -199,7 +206,8 @@ def _replay(kind, own, instance, sender, from_start, measured_start, seg, transf
                     if sent != sent:
                         break
                     done[k] = max(arrival, sent) + transfer[k]
-                    if kind[sender[k]] == LAUNCH:  # a launched send: both sides there
+                    if kind[sender[k]] == LAUNCH and not one_way[k]:  # a launched send: both
+                        # sides there (a receive standing in for another's leaves it alone)
                         done[sender[k]] = max(arrival, sent) + transfer[sender[k]]
                 else:  # WAIT
                     ready = arrival

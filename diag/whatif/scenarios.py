@@ -32,7 +32,7 @@ from diag.whatif.places import (
     stage_means,
     stage_places,
 )
-from diag.whatif.replay import Durations, local_own_ns, replay, step_times_ns
+from diag.whatif.replay import Durations, local_own_ns, relative_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S
 
 MAX_CANDIDATES = 4
@@ -44,6 +44,16 @@ the step is no straggler candidate."""
 
 def _ranks_said(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+HELD_SLACK_SHARE = 0.01
+"""An event of the replay without the held waits for untraced members may end this much (a
+share of the step) later than in the base before the replay's reading of them is doubted."""
+
+
+HELD_REPLAY_ERROR = 0.10
+"""The replay's error on the measured steps (median, relative) above which the waits held for
+untraced members are not removed to cost a straggler beside them."""
 
 
 class Scenarios:
@@ -174,7 +184,8 @@ class Scenarios:
         candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
         causes = []
         for rank in candidates.index:
-            saved = self.saving(self._without([int(rank)], "all"))
+            saved = max(self.saving(self._without([int(rank)], "all")),
+                        self._saving_beside_held(int(rank)))  # fmt: skip
             untraced = self._waiting_for_untraced(int(rank), saved)
             if untraced is not None:
                 causes += [untraced] if untraced.cost_s > 0 else []
@@ -200,6 +211,49 @@ class Scenarios:
                 "explained": straggler_explained(excess, saved, queued),
             }))  # fmt: skip
         return causes
+
+    @cached_property
+    def _held_removed(self) -> tuple[Durations, float] | None:
+        """The waits for untraced members the replay holds at their measured length removed
+        (an asynchronous collective a rank had alone: its transfer's; a message to an untraced
+        peer: its own time's), and what that alone saves; None where there are none."""
+        ev = self.timeline.events
+        lone = ev["lone"].to_numpy(dtype=bool) if "lone" in ev else np.zeros(len(ev), bool)
+        relayed = ev["relayed"].to_numpy(dtype=bool) if "relayed" in ev else lone & False
+        in_transfer = np.where(lone | relayed, self._late_members_ns, 0.0)
+        if not ((in_transfer > 0).any() or (self._late_local_ns > 0).any()):
+            return None
+        local = self._measured_local_ns - self._late_local_ns
+        removed = Durations(self.base.seg_ns, self.base.transfer_ns - in_transfer,
+                            self.base.post_ns, local)  # fmt: skip
+        # less waiting cannot end an event later, and the replay must give the steps as
+        # measured: else it cannot read those waits (records it could not pair, resolved as
+        # they came), and nothing is claimed
+        base, without = replay(self.timeline, self.base), replay(self.timeline, removed)
+        if np.nanmax(without - base, initial=0.0) > HELD_SLACK_SHARE * self.base_mean:
+            return None
+        measured = step_times_ns(self.timeline, relative_ns(self.timeline))[self.ok]
+        replayed = step_times_ns(self.timeline, base)[self.ok]
+        if np.median(np.abs(replayed - measured) / measured) > HELD_REPLAY_ERROR:
+            return None
+        return removed, self.saving(removed)
+
+    def _saving_beside_held(self, rank: int) -> float:
+        """What leveling the rank's excess saves once the held waits for untraced members are
+        removed, beyond what their removal saves alone (0 where there are none). Held at their
+        measured length, those waits keep the step whatever the rank does: where an untraced
+        rank was late because it waited for this one (the next stage after a straggler, its
+        trace lost), the straggler read as costing nothing (a dp2 x pp4 job, rank 6 lost:
+        rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is costed by that
+        removal alone, so what is late on its own stays theirs."""
+        held = self._held_removed
+        if held is None:
+            return 0.0
+        removed, alone = held
+        mine = self.rank == rank
+        both = Durations(removed.seg_ns - np.where(mine, self._excesses["all"], 0.0),
+                         removed.transfer_ns, removed.post_ns, removed.local_ns)  # fmt: skip
+        return max(self.saving(both) - alone, 0.0)
 
     def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
         """Where the rank's excess is mostly its waiting for the members it stands for (the

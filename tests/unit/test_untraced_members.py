@@ -77,9 +77,27 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("untraced-pp")
     slow = ["--inject", f"straggler:rank={PIPELINE_STRAGGLER},ms=15"]
     whole = _simulated(root, "dp2tp2pp4", "dp=2,tp=2,pp=4", slow, "-m", "8", "--steps", "4")
+    no_tp = _simulated(root, "dp2pp4", "dp=2,pp=4", ["--inject", "straggler:rank=5,ms=15"],
+                       "-m", "8", "--steps", "4")  # fmt: skip
     return {"whole": whole,
             "straggler-lost": _without(whole, PIPELINE_STRAGGLER, root / "no-10"),
-            "next-stage-lost": _without(whole, 12, root / "no-12")}  # fmt: skip
+            "next-stage-lost": _without(whole, 12, root / "no-12"),
+            "no-tp": no_tp, "no-tp-next-stage-lost": _without(no_tp, 6, root / "no-6")}  # fmt: skip
+
+
+def test_a_lost_stage_rank_without_a_tp_partner_passes_the_straggler_on(
+    pipeline: dict[str, Path],
+) -> None:
+    """dp2 x pp4, the straggler rank 5's next stage (rank 6) lost, no TP partner to read it
+    from: its messages are relayed (rank 7 receives what rank 6 had from rank 5) and its
+    data-parallel partner's all-reduce with it, held at its measured length, is removed
+    beside the straggler to cost it. It read PIP003 on the last stage (the straggler's cost
+    0: every step held by rank 2 waiting for the rank with no trace)."""
+    whole = analyze_path(pipeline["no-tp"])["findings"][0]
+    assert (whole["rule"], whole["ranks"]) == ("BAL001", [5])
+    main = analyze_path(pipeline["no-tp-next-stage-lost"])["findings"][0]
+    assert (main["rule"], main["ranks"]) == ("BAL001", [5]), main["title"]
+    assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
 
 
 @pytest.mark.parametrize(("lost", "rule"), [("straggler-lost", "BAL006"),
