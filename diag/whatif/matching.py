@@ -357,6 +357,10 @@ def surrogate_message_rows(
     are relayed); the pairing is one-way: the send keeps its own receive."""
     empty = np.zeros(0, dtype=np.int64)
     none = (empty, empty, np.zeros(0, dtype=bool))
+    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist())
+    neighbours = pipeline_peers(manifest)
+    if not set(neighbours) - traced:  # every rank of the pipeline traced: nothing to stand in
+        return none
     rows, send = _point_to_point(comms)
     if not len(rows):
         return none
@@ -364,9 +368,7 @@ def surrogate_message_rows(
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
     step = comms["step"].to_numpy(dtype=np.int64)[rows]
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist())
     stand = lockstep_stand_ins(comms, manifest)
-    neighbours = pipeline_peers(manifest)
     # the receives from an untraced rank, as the link whose send they wait for
     source = np.full(len(rows), -1, dtype=np.int64)
     target = np.full(len(rows), -1, dtype=np.int64)
