@@ -412,21 +412,24 @@ def surrogate_message_rows(
 
 def _proxy_groups(
     manifest: schema.Manifest, stand: dict[int, int], traced: set[int]
-) -> dict[tuple[str, int], int]:
-    """(axis, traced rank) -> a rank of another group of that axis whose collectives stand
-    for its group's: where every untraced member of the rank's group has a lockstep stand-in
-    (`stand`), all in one group, that is not the rank itself."""
-    out: dict[tuple[str, int], int] = {}
+) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(axis, traced rank) -> a rank of each other group of that axis whose collectives stand
+    for its group's untraced members': where every untraced member of the rank's group has a
+    lockstep stand-in (`stand`) that is not the rank itself (one for each group they lie in:
+    two members lost, their partners in two groups)."""
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
     for axis, members_list in manifest.groups.items():
         where = {int(r): i for i, members in enumerate(members_list) for r in members}
         for members in members_list:
             untraced = [int(m) for m in members if int(m) not in traced]
             proxies = {stand.get(m, -1) for m in untraced}
-            if not untraced or -1 in proxies or len({where.get(p) for p in proxies}) != 1:
+            if not untraced or -1 in proxies:
                 continue
+            one_each = {where.get(p): p for p in sorted(proxies, reverse=True)}  # the lowest
+            chosen = tuple(sorted(one_each.values()))
             for member in members:
                 if int(member) in traced and int(member) not in proxies:
-                    out[(str(axis), int(member))] = min(proxies)
+                    out[(str(axis), int(member))] = chosen
     return out
 
 
@@ -449,11 +452,13 @@ def join_stand_ins(
     groups = comms["group"].astype(object).to_numpy().astype(str)
     ops = comms["op"].astype(object).to_numpy().astype(str)
     proxy_of = _proxy_groups(manifest, stand, set(np.unique(rank).tolist()))
-    candidates = (instance >= 0) | (stand_in > 0)
-    keys = list(zip(groups.tolist(), rank.tolist(), strict=True))
-    proxy = np.array([proxy_of.get(k, -1) for k in keys], dtype=np.int64)
-    joining = np.flatnonzero(candidates & (proxy >= 0) & ~np.isin(ops, list(P2P_OPS)))
-    if not len(joining):
+    candidates = np.flatnonzero(((instance >= 0) | (stand_in > 0)) & ~np.isin(ops, list(P2P_OPS)))
+    joining, proxy = [], []  # a row once for each rank whose collective stands for its own
+    for i in candidates.tolist():
+        for one in proxy_of.get((groups[i], int(rank[i])), ()):
+            joining.append(i)
+            proxy.append(one)
+    if not joining:
         return instance
     order = lexicographic(rank, comms["t0"].to_numpy(dtype=np.int64))
     _, group_code = np.unique(groups, return_inverse=True)
@@ -462,7 +467,7 @@ def join_stand_ins(
     nth[order] = occurrence(dense_key(rank[order], group_code[order], op_code[order]))
     place = pd.DataFrame({"rank": rank, "group": group_code, "op": op_code, "n": nth,
                           "row": np.arange(len(comms))})  # fmt: skip
-    wanted = place.iloc[joining].assign(rank=proxy[joining])
+    wanted = place.iloc[joining].assign(rank=np.asarray(proxy, dtype=np.int64))
     found = wanted.merge(place, on=["rank", "group", "op", "n"], suffixes=("", "_proxy"))
     out = instance.copy()
     fresh = int(instance.max(initial=-1)) + 1
