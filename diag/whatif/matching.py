@@ -376,15 +376,16 @@ def surrogate_message_rows(
     untraced_peer = np.array([int(p) >= 0 and int(p) not in traced for p in peer], dtype=bool)
     for i in np.flatnonzero(~send & untraced_peer).tolist():
         x, b = int(peer[i]), int(rank[i])
-        if x not in neighbours or neighbours[x][0] == neighbours[x][1]:
-            continue  # one neighbour: nothing passed on, nothing to read x from
+        if x not in neighbours:
+            continue
         side = 0 if neighbours[x][0] == b else 1 if neighbours[x][1] == b else -1
         y = stand.get(x)
         if side < 0:
             continue
         if y is not None and y in neighbours:
             source[i], target[i] = y, neighbours[y][side]
-        elif neighbours[x][1 - side] in traced:
+        elif neighbours[x][1 - side] in traced and neighbours[x][0] != neighbours[x][1]:
+            # (x's only neighbour, a first or last stage: nothing passed on to read it from)
             source[i], target[i], relayed[i] = neighbours[x][1 - side], x, True
     taking = np.flatnonzero(source >= 0)
     sends = np.flatnonzero(send & (peer >= 0))

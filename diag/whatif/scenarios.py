@@ -5,7 +5,7 @@ the step time it saves (the list of scenarios: attribution.py's docstring)."""
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -246,14 +246,26 @@ class Scenarios:
         trace lost), the straggler read as costing nothing (a dp2 x pp4 job, rank 6 lost:
         rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is costed by that
         removal alone, so what is late on its own stays theirs."""
+        if self._held_removed is None:
+            return 0.0
+        mine = self.rank == rank
+        return self._beside_held(self.base.seg_ns - np.where(mine, self._excesses["all"], 0.0))
+
+    def _beside_held(self, seg_ns: np.ndarray, baseline_seg_ns: np.ndarray | None = None) -> float:
+        """What the local times `seg_ns` save with the held waits for untraced members
+        removed, beyond what `baseline_seg_ns` (None: the measured local times) saves with
+        them removed; 0 where there are none (`_held_removed`)."""
         held = self._held_removed
         if held is None:
             return 0.0
-        removed, alone = held
-        mine = self.rank == rank
-        both = Durations(removed.seg_ns - np.where(mine, self._excesses["all"], 0.0),
-                         removed.transfer_ns, removed.post_ns, removed.local_ns)  # fmt: skip
-        return max(self.saving(both) - alone, 0.0)
+        alone = held[1]
+        if baseline_seg_ns is not None:
+            alone = self.saving(self._with_held_removed(baseline_seg_ns))
+        return max(self.saving(self._with_held_removed(seg_ns)) - alone, 0.0)
+
+    def _with_held_removed(self, seg_ns: np.ndarray) -> Durations:
+        removed = cast(tuple[Durations, float], self._held_removed)[0]
+        return Durations(seg_ns, removed.transfer_ns, removed.post_ns, removed.local_ns)
 
     def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
         """Where the rank's excess is mostly its waiting for the members it stands for (the
@@ -398,7 +410,8 @@ class Scenarios:
             evidence = {"stage_local_s": total / NS_PER_S / steps,
                         "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
             label = f"pipeline stage {s}: more work than the other stages"
-            saved_ns = max(saved - baseline, 0.0)
+            # as a straggler's: beside the waits held for untraced members, where there are
+            saved_ns = max(saved - baseline, self._beside_held(scaled, seg), 0.0)
             causes.append(self._cause(CauseKind.STAGE, label, saved_ns, ranks=ranks, stage=int(s),
                                       evidence=evidence))  # fmt: skip
         return causes
