@@ -151,11 +151,12 @@ def main() -> int:
             whole_dir = simulate(job, root / job.name)
             whole = main_finding(whole_dir, root / "cache")
             print(f"{job.name}: whole folder {said(whole)}", flush=True)
-            ranks = sorted(rank_of(p) for p in whole_dir.glob("*.json"))
+            files = sorted(whole_dir.glob("*.json"))  # by name, as a listing gives them
             losses = [set(lost) for lost in job.lost]
             if job.fraction:
-                count = max(1, int(len(ranks) * job.fraction))
-                losses += [set(random.Random(s).sample(ranks, count)) for s in range(args.seeds)]
+                count = max(1, int(len(files) * job.fraction))
+                losses += [{rank_of(p) for p in random.Random(s).sample(files, count)}
+                           for s in range(args.seeds)]  # fmt: skip
             for n, lost in enumerate(losses):
                 part_dir = without(whole_dir, lost, root / f"{job.name}-{n}")
                 part = main_finding(part_dir, root / f"cache-{job.name}-{n}")
