@@ -13,9 +13,10 @@ tests/unit/test_kineto_equivalence.py runs the small cases of the same matrix.
 
 Every folder is read as a user reads it: with nothing given where the traces say the job's
 axes (dp, tp, pp, ep, cp), the micro-batches per step (m) and the virtual stages (v, read
-from the pipeline's sends and receives per step: diag/read/kineto/schedule.py). Only what
-the traces cannot say is given (an older trace without process groups reads its layout
-`unknown`: its axes are given, as `--layout dp=..,tp=..,pp=..` would, never m or v); the
+from the pipeline's sends and receives per step: diag/read/kineto/schedule.py). An older
+trace without process groups gives its axes through what its ranks do
+(diag/read/kineto/grid_placement.py). Only what the traces cannot say is given (a layout read
+`unknown` or wrong: its axes are given, as `--layout dp=..,tp=..,pp=..` would, never m or v); the
 `given` column says what was, the `m, v` column what the reader took (`read`) or that it
 could not (`unknown`).
 """

@@ -30,11 +30,14 @@ _GRID_ORDER = (DP, PP, EP, CP, TP)
 `tp-cp-ep-dp-pp` order keeps it next to tp); cp = 1 leaves GRID_AXES' grid as it is."""
 
 
-def grid_groups(sizes: dict[str, int]) -> dict[str, list[list[int]]]:
+def grid_groups(
+    sizes: dict[str, int], order: tuple[str, ...] = _GRID_ORDER
+) -> dict[str, list[list[int]]]:
     """The groups of each axis of size > 1 (every rank list with only that axis varying,
     sorted) and the world, for the axes' sizes in GRID_AXES order (`{"dp": 2, "pp": 4, ...}`;
-    a missing axis is 1; `cp` just outside tp): what a job laid out on this grid forms."""
-    shape = [max(int(sizes.get(axis, 1)), 1) for axis in _GRID_ORDER]
+    a missing axis is 1; `cp` just outside tp): what a job laid out on this grid forms.
+    `order`: another grid's, outermost first (axes it leaves out are of size 1)."""
+    shape = [max(int(sizes.get(axis, 1)), 1) for axis in order]
     world = 1
     for size in shape:
         world *= size
@@ -47,7 +50,7 @@ def grid_groups(sizes: dict[str, int]) -> dict[str, list[list[int]]]:
             continue
         starts = [r for r in range(world) if (r // stride) % size == 0]
         groups = [[start + i * stride for i in range(size)] for start in starts]
-        out[_GRID_ORDER[axis]] = sorted(groups)
+        out[order[axis]] = sorted(groups)
     out[WORLD] = [list(range(world))]
     return out
 

@@ -20,6 +20,7 @@ import pytest
 
 from benchmarks.kineto_equivalence import Case, misses, read_traces, simulate, verdict
 from diag.api import analyze_path, load_any
+from diag.contract.names import grid_groups
 from diag.contract.schema import Layout
 from diag.metrics import compute_metrics
 from diag.metrics.arrival import arrivals
@@ -94,8 +95,8 @@ def test_every_trace_shape_gives_the_run_directorys_verdict(
     trace's kernel its op and group: read as a send of no group, a kernel under which the
     device computes is launched and awaited, its exposed time the stage's."""
     traces = _traces(case, SHAPE_ARGS[shape], tmp_path / "traces")
-    report, _, schedule = read_traces(traces, case.layout)
-    assert schedule == f"m={case.m}, v={case.virtual} read"  # nothing gives them
+    report, given, schedule = read_traces(traces, case.layout)
+    assert (given, schedule) == ("-", f"m={case.m}, v={case.virtual} read")  # nothing given
     got, want = verdict(report), expected[case]
     pending = _reader_pending(traces, case, shape)
     if pending and misses(want, got):
@@ -106,19 +107,21 @@ def test_every_trace_shape_gives_the_run_directorys_verdict(
 @pytest.mark.parametrize("shape", ["devicemesh", "megatron", "old", "one-per-tp"])
 def test_the_layout_is_derived_from_the_traces(shape: str, tmp_path: Path) -> None:
     """dp, tp and pp from the process groups where the traces list them, the micro-batches
-    and virtual stages from the pipeline's messages per step; an older trace's layout, without
-    groups, said to be unknown with what its placement shows, never silently data parallel."""
+    and virtual stages from the pipeline's messages per step; an older trace's, without
+    groups, from the placement of its ops (grid_placement.py: the first stage opens each
+    step by sending, tensor-parallel partners end their collectives together), saying so."""
     case = CASES[4]
     traces = _traces(case, SHAPE_ARGS.get(shape, ["--trace-shape", shape]), tmp_path / "t")
     manifest = load_any(traces).manifest
     layout, source = manifest.layout, str(manifest.layout_source)
-    if shape == "old":
-        assert source.startswith("unknown: no process groups") and manifest.groups == {}
-        for shown in ("tensor-parallel", "data-parallel", "pipeline"):
-            assert shown in source
-        return
     assert (layout.dp, layout.tp, layout.pp) == (case.dp, case.tp, case.pp)
-    assert source.startswith("from the traces' process groups")
+    assert manifest.groups == grid_groups({"dp": case.dp, "tp": case.tp, "pp": case.pp})
+    if shape == "old":
+        assert source.startswith("inferred: no process groups")
+        for said in ("pp=4: 4 of 16 ranks open each step by sending", "tp=2: ranks ending"):
+            assert said in source
+    else:
+        assert source.startswith("from the traces' process groups")
     assert (layout.microbatches, layout.virtual_stages) == (case.m, case.virtual)
     assert manifest.schedule_known
 

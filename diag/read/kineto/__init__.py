@@ -28,10 +28,11 @@ from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
 from diag.read import memory_budget
 from diag.read.cache import Lookup
-from diag.read.kineto import cache, clocks, spill
+from diag.read.kineto import cache, clocks, placement, spill
 from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
 from diag.read.kineto.files import ParsedTrace, assign_ranks, parse_file
+from diag.read.kineto.grid_placement import PlacementMarks
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.manifest import axis_of, folder_manifest
 from diag.read.kineto.packed_comms import (
@@ -152,7 +153,9 @@ def _loaded(
     axes = axis_of(manifest)
     records_count = sum(_rows(p) for p in span_parts) + sum(len(p) for p in comm_parts)
     spilled = [p for p in comm_parts if isinstance(p, Spilled)]
-    unnamed = layout is not None and any(None in p.members for p in comm_parts)
+    # an older trace's ops, named by none of its groups, in a layout given or read from them
+    by_placement = layout is not None or placement.named_by_placement_in(manifest.layout_source)
+    unnamed = by_placement and any(None in p.members for p in comm_parts)
     if (
         reduce is not None
         and spilled
@@ -168,7 +171,7 @@ def _loaded(
         return _run(folder, manifest, traces, records, skipped, reduced)
     span_parts, comm_parts = _read_back(span_parts, comm_parts, spill_to)
     comm_columns = [named_by_axis(part, axes) for part in comm_parts]
-    if layout is not None:  # an older trace's ops, named by none of its groups
+    if by_placement:
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
     # a batched kernel's ops given their own ends and waits from their peers' ops (batches.py)
     comm_columns = split_packed_batches(comm_parts, comm_columns)
@@ -232,6 +235,7 @@ class Spilled:
     layout_rows: LayoutRows | Counter[LayoutKey]
     members: list[tuple[int, ...] | None]
     batched: bool
+    marks: PlacementMarks
 
     def __len__(self) -> int:
         return self.comm_rows
@@ -344,7 +348,9 @@ def _summary(
         if isinstance(kernels, Message)
         else any(v is not None for v in kernels)
     )
-    return Spilled(where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched)
+    return Spilled(
+        where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched, comms.marks
+    )
 
 
 def _read_back(

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from diag.contract import schema
 from diag.contract.names import grid_groups
+from diag.read.kineto import grid_placement
 from diag.read.kineto.files import ParsedTrace
 from diag.read.kineto.layout import GIVEN, FoundLayout, infer_layout
 from diag.read.kineto.packed_comms import LayoutView, PackedComms
@@ -40,6 +41,8 @@ def folder_manifest(
         configs = [group for t in traces for group in t.pg_groups]
         comms = cast(list[dict[str, Any]], view)
         found = infer_layout(world_size, configs, comms, records["step"])
+        marks_of = {int(t.rank or 0): p.marks for t, p in zip(traces, comm_parts, strict=True)}
+        found = grid_placement.refined(found, world_size, marks_of)
     # m and v: given, or from the pipeline's sends and receives per step (schedule.py)
     found = with_schedule(found, layout, view.rows, records["step"])
     # the ZeRO stage: given, or from the data-parallel collectives (sharding.py)

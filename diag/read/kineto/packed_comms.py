@@ -31,6 +31,7 @@ from diag.contract import schema
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Encoded, Packed, pack, unpack
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY, split_batches
+from diag.read.kineto.grid_placement import PlacementMarks, marks
 from diag.read.kineto.placement import name_by_placement, starts_early
 
 COMM = "comm"
@@ -109,6 +110,8 @@ class PackedComms:
     member_codes: np.ndarray  # per row, its index into `members`
     messages: dict[str, Message | list[Any]]  # peer, seq (a list where they are not ints)
     layout_rows: LayoutRows | Counter[LayoutKey] = field(default_factory=Counter)
+    marks: PlacementMarks = field(default_factory=PlacementMarks)
+    """Where no op names its group: what grid_placement.py reads of the trace."""
 
     def __len__(self) -> int:
         return len(self.member_codes)
@@ -134,7 +137,10 @@ def pack_comms(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Pack
         name: _message([comm.get(name) for comm in comms])
         for name in (*MESSAGE_COLUMNS, *BATCH_COLUMNS)
     }
-    return PackedComms(columns, list(distinct), member_codes, messages, LayoutRows.of(layout_rows))
+    return PackedComms(
+        columns, list(distinct), member_codes, messages, LayoutRows.of(layout_rows),
+        marks(comms, steps),
+    )  # fmt: skip
 
 
 def _message(values: list[Any]) -> Message | list[Any]:

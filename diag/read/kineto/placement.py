@@ -57,6 +57,9 @@ class FoundLayout:
     layout: schema.Layout
     groups: dict[str, list[list[int]]]
     source: str
+    shown: frozenset[str] = frozenset()
+    """Where the layout is unknown from the placement of ops naming no group: the kinds of
+    communication it shows (SHOWS' keys), which grid_placement.py reads the grid of."""
 
     def replaced(self, text: str | None, **fields: Any) -> FoundLayout:
         """The layout with `fields` of its `layout` replaced and `text` (what they were read
@@ -79,6 +82,13 @@ def is_unknown(source: str | None) -> bool:
     """Whether a manifest's `layout_source` says the layout is unknown (rules that need the
     layout claim nothing from it then)."""
     return bool(source) and str(source).startswith(UNKNOWN)
+
+
+def named_by_placement_in(source: str | None) -> bool:
+    """Whether a layout read from the traces (its `layout_source`) was read from the placement
+    of ops that name no group, across more than one axis (grid_placement.py): those ops are
+    then named by placement, as in a layout given (`name_by_placement`)."""
+    return bool(source) and str(source).startswith(f"{INFERRED}: {NO_GROUPS}; their placement")
 
 
 def starts_early(start_ns: int, step_t0_ns: int, step_t1_ns: int) -> bool:
@@ -150,8 +160,9 @@ def from_placement(
         return unknown(world, f"{where}, and no communication in them tells the layout")
     shown = " and ".join(SHOWS[k] for k in (TP, DP, PP, "a2a") if k in kinds)
     if len(kinds) > 1 or kinds == {"a2a"}:
-        return unknown(world, f"{where}; their placement shows {shown}, of sizes the traces "
-                              "do not give (--layout gives them)")  # fmt: skip
+        found = unknown(world, f"{where}; their placement shows {shown}, of sizes the traces "
+                               "do not give (--layout gives them)")  # fmt: skip
+        return replace(found, shown=frozenset(kinds)) if not listed else found
     traced = len({s.get("rank") for s in steps} | {c.get("rank") for c in comms})
     # a rank of a job with a pipeline or tensor parallelism communicates in them, so gradient
     # reduction alone on some ranks is every rank's; what else one rank's file shows need not be
