@@ -13,7 +13,7 @@ import pytest
 from benchmarks.kineto_equivalence import simulate
 from diag.api import load_any
 from diag.contract.names import DP, PP, TP, grid_groups
-from diag.read.kineto.grid_placement import PlacementMarks, inferred
+from diag.read.kineto.grid_placement import PlacementMarks, inferred, marks
 
 SHOWN_3D = frozenset({DP, TP, PP})
 
@@ -107,3 +107,17 @@ def test_an_old_folder_missing_a_trace_says_its_layout_unknown_and_why(tmp_path:
     assert str(manifest.layout_source).startswith("unknown: no process groups")
     assert "not read: the traces of 15 of 16 ranks" in str(manifest.layout_source)
     assert manifest.groups == {}
+
+
+def test_a_step_opened_by_a_batch_holding_a_send_is_the_first_stages() -> None:
+    """Megatron's interleaved first stage sends its first activations in one batch with a
+    receive from the last stage (issued first); a later stage receives alone, and sends once
+    it has computed."""
+
+    def message(op: str, t0_us: int, step: int = 1) -> dict[str, object]:
+        return {"op": op, "t0": t0_us * 1000, "t1": t0_us * 1000 + 500, "rank": 0, "step": step}
+
+    first = [message("recv", 100), message("send", 104), message("recv", 2_000)]
+    later = [message("recv", 100), message("send", 2_100), message("recv", 4_000)]
+    assert marks(first, []).opens == {"send": 1}
+    assert marks(later, []).opens == {"recv": 1}

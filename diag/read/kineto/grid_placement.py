@@ -5,8 +5,9 @@ groups, read from the order and the timing of what every rank's trace holds.
 `placement.py` reads which kinds of communication a folder shows; alone they do not give the
 axes' sizes. With every rank traced, these do:
 - the pipeline (pp): its first stage opens each step by sending its first micro-batch's
-  activations; every later stage opens it by receiving them (1F1B, GPipe and interleaved
-  alike). The ranks whose steps open with a send are the world's 1/pp.
+  activations (with a receive issued in the same batch, in Megatron's interleaved schedule);
+  every later stage opens it by receiving them alone (1F1B, GPipe and interleaved alike). The
+  ranks whose steps open with a send are the world's 1/pp.
 - tensor parallel against data parallel among the ranks of one stage (both shown): the
   members of a tensor-parallel group meet at every layer's collective, and the members of an
   NCCL collective finish it within microseconds of each other, so their collectives' ends
@@ -48,6 +49,8 @@ APART_NS = 25_000
 """Ranks whose ends wander at least this far apart keep no step together; between the two,
 the split of tensor and data parallelism is unknown (a small model's replicas drift apart by
 microseconds only: as little as its members' ends may differ on a real device)."""
+BATCHED_NS = 20_000
+"""Ops issued together (`batch_isend_irecv`) start within this of each other."""
 MARKED_STEPS = 2
 """Steps whose collectives' ends are kept per trace (after its first, the warm-up)."""
 MARKED_ENDS = 128
@@ -64,7 +67,7 @@ class PlacementMarks:
     """What this module reads of one trace: made by its worker (`marks`)."""
 
     opens: dict[str, int] = field(default_factory=dict)
-    """Steps opened by a send, by a receive: {"send": n, "recv": n}."""
+    """Steps whose first batch of messages holds a send, and the others: {"send": n, "recv": n}."""
     ends_ns: dict[int, list[int]] = field(default_factory=dict)
     """Per marked step, the ends of its activation-sized collectives, in the order they start."""
 
@@ -83,14 +86,17 @@ def marks(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Placement
     if any(c.get("group") or c.get("group_ranks") for c in comms):
         return PlacementMarks()
     described = [c for c in comms if not c.get("from_name")]
-    opens: Counter[str] = Counter()
-    first: dict[Any, dict[str, Any]] = {}
+    messages: dict[Any, list[tuple[int, str]]] = {}
     for comm in described:
-        key = comm.get("step")
-        opener = key is not None and (key not in first or comm["t0"] < first[key]["t0"])
-        if comm.get("op") in P2P_OPS and opener:
-            first[key] = comm
-    opens.update(str(comm["op"]) for comm in first.values())
+        if comm.get("op") in P2P_OPS and comm.get("step") is not None:
+            messages.setdefault(comm["step"], []).append((int(comm["t0"]), str(comm["op"])))
+    opens: Counter[str] = Counter()
+    for ops in messages.values():
+        # the step's first batch: Megatron's interleaved first stage sends its activations
+        # together with a receive from the last stage (for its next chunk), the receive first
+        t0 = min(start for start, _ in ops)
+        sends = any(op == "send" and start - t0 <= BATCHED_NS for start, op in ops)
+        opens["send" if sends else "recv"] += 1
     activations = [c for c in described if c.get("op") in ACTIVATION_OPS]
     sizes = Counter(float(c.get("bytes") or 0) for c in activations)
     # every layer's activations, forward and backward: the size issued most often (the
