@@ -144,13 +144,15 @@ def _attributed(
     """The attribution of one reading of the steps (`timeline`)."""
     base = Durations.measured(timeline)
     measured = step_times_ns(timeline, relative_ns(timeline))
-    replayed = step_times_ns(timeline, replay(timeline, base))
+    base_done = replay(timeline, base)
+    replayed = step_times_ns(timeline, base_done)
     ok = np.isfinite(measured) & np.isfinite(replayed) & (measured > 0)
     if not ok.any():
         return None
     base_mean = float(replayed[ok].mean())
     errors = np.abs(replayed[ok] - measured[ok]) / measured[ok]
-    scenarios = Scenarios(run, timeline, base, ok, base_mean, host)
+    scenarios = Scenarios(run, timeline, base, ok, base_mean, host,
+                          base_done=base_done, replay_error=float(np.median(errors)))  # fmt: skip
     causes = scenarios.all()
     ideal = scenarios.ideal()
     attribution = Attribution(

@@ -67,7 +67,11 @@ class Scenarios:
         ok: np.ndarray,
         base_mean: float,
         host: pd.DataFrame,
+        base_done: np.ndarray | None = None,
+        replay_error: float | None = None,
     ) -> None:
+        """`base_done` and `replay_error`: the base replay's end of every event and its
+        error on the measured steps, where the caller has them (else replayed here)."""
         self.run, self.timeline, self.base, self.ok, self.base_mean = (
             run,
             timeline,
@@ -89,6 +93,7 @@ class Scenarios:
         self.place = stage_places(ev, self.role)
         self.balanced = 0.0  # set by `imbalance`
         self.host_steps = host
+        self._base_done, self._replay_error = base_done, replay_error
 
     def saving(self, durations: Durations) -> float:
         times = step_times_ns(self.timeline, replay(self.timeline, durations))
@@ -229,14 +234,19 @@ class Scenarios:
         # less waiting cannot end an event later, and the replay must give the steps as
         # measured: else it cannot read those waits (records it could not pair, resolved as
         # they came), and nothing is claimed
-        base, without = replay(self.timeline, self.base), replay(self.timeline, removed)
+        base = self._base_done if self._base_done is not None else replay(self.timeline, self.base)
+        without = replay(self.timeline, removed)
         if np.nanmax(without - base, initial=0.0) > HELD_SLACK_SHARE * self.base_mean:
             return None
-        measured = step_times_ns(self.timeline, relative_ns(self.timeline))[self.ok]
-        replayed = step_times_ns(self.timeline, base)[self.ok]
-        if np.median(np.abs(replayed - measured) / measured) > HELD_REPLAY_ERROR:
+        error = self._replay_error
+        if error is None:
+            measured = step_times_ns(self.timeline, relative_ns(self.timeline))[self.ok]
+            replayed = step_times_ns(self.timeline, base)[self.ok]
+            error = float(np.median(np.abs(replayed - measured) / measured))
+        if error > HELD_REPLAY_ERROR:
             return None
-        return removed, self.saving(removed)
+        times = step_times_ns(self.timeline, without)
+        return removed, max(self.base_mean - float(times[self.ok].mean()), 0.0)
 
     def _saving_beside_held(self, rank: int) -> float:
         """What leveling the rank's excess saves once the held waits for untraced members are
