@@ -15,14 +15,17 @@ axes' sizes. With every rank traced, these do:
   apart by their own computation's noise. Ranks whose ends' differences wander by at most
   LOCKSTEP_NS beyond a steady offset (each host's clock, each device's conversion of its
   timestamps: the mean |difference - its median| over a step's collectives, in every step
-  read), each with each, form a group; every other pair must wander at least APART_NS apart.
+  read), each with each, form a group; every other pair must wander apart by at least APART_NS
+  and APART_RATIO times the most any pair of a group did.
   A pair in between (a small model's replicas drift apart by microseconds only) or groups of
   unequal sizes leave the split unknown. The layout's source says how it was read.
 - where the groups lie: the grid's orders that put the first stage's ranks and these groups
   where they were found: the data-parallel axis outermost (DeviceMesh's ("dp", "pp", "tp")),
   or the pipeline's (Megatron-LM's tp-dp-pp order); neither: unknown.
-A folder missing some ranks' traces is left unknown: the share of first-stage ranks, and who
-keeps step with whom, need every rank.
+With some ranks' traces missing (lost, or one per tensor-parallel group written), the grid is
+the only one of every dp x tp x pp = world, in each order, that puts the traced ranks where
+they were found; where several fit (the ranks traced too few to tell), the layout is unknown,
+naming them.
 
 The traces are reduced where they are parsed (`marks`: per step, which kind of message opened
 it, and the ends of a few steps' activation-sized collectives), so a large folder's records
@@ -45,10 +48,12 @@ from diag.read.kineto.placement import ACTIVATION_OPS, P2P_OPS, FoundLayout, sta
 LOCKSTEP_NS = 5_000
 """Members of one collective end it together: their ends' differences wander by at most this
 (the mean |difference - its median| over a step's collectives), beyond a steady offset."""
-APART_NS = 25_000
-"""Ranks whose ends wander at least this far apart keep no step together; between the two,
-the split of tensor and data parallelism is unknown (a small model's replicas drift apart by
-microseconds only: as little as its members' ends may differ on a real device)."""
+APART_NS = 8_000
+APART_RATIO = 4.0
+"""Ranks whose ends wander at least APART_NS and APART_RATIO times the most the ranks found
+together did keep no step together; a pair between leaves the split of tensor and data
+parallelism unknown (a small model's replicas drift apart by microseconds only: as little as
+its members' ends may differ on a real device)."""
 BATCHED_NS = 20_000
 """Ops issued together (`batch_isend_irecv`) start within this of each other."""
 MARKED_STEPS = 2
@@ -120,65 +125,113 @@ def marks(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Placement
 
 def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMarks]) -> Grid | str:
     """The grid of a world whose traces show the kinds `shown` (placement.SHOWS' keys: two or
-    more of tp, dp, pp) from every rank's marks; else why not (for the headline)."""
-    if len(marks_of) < world:
-        return f"the traces of {len(marks_of)} of {world} ranks, where this needs every rank's"
-    pp = 1
-    stage = sorted(marks_of)
-    if PP in shown:
-        firsts = [r for r, m in sorted(marks_of.items())
-                  if m.opens.get("send", 0) > m.opens.get("recv", 0)]  # fmt: skip
-        if not firsts or world % len(firsts) or len(firsts) == world:
-            return (f"{len(firsts)} of {world} ranks open their steps with a send, which is "
-                    "no pipeline's first stage")  # fmt: skip
-        pp, stage = world // len(firsts), firsts
-        how = [f"pp={pp}: {len(firsts)} of {world} ranks open each step by sending "
-               "(a pipeline's first stage)"]  # fmt: skip
-    else:
-        how = []
-    tp_groups: list[list[int]] | None = None
-    if TP in shown and DP in shown:
-        found = lockstep_groups(stage, marks_of)
+    more of tp, dp, pp) from the traced ranks' marks: the only grid (sizes and order) that
+    puts the ranks opening their steps with a send in its first stage and the ranks keeping
+    step together in its tensor-parallel groups; else why not (for the headline)."""
+    traced = sorted(marks_of)
+    firsts = [
+        r for r in traced if marks_of[r].opens.get("send", 0) > marks_of[r].opens.get("recv", 0)
+    ]
+    if PP in shown and not firsts:
+        return "no traced rank opens its steps with a send, as a pipeline's first stage does"
+    partition: list[list[int]] | None = None
+    if TP in shown:
+        # read even where no data parallelism shows: a trace without sizes shows none (its
+        # gradients' all-reduces are the activations' op, of no size to tell them apart)
+        found = lockstep_groups(firsts if PP in shown else traced, marks_of)
         if isinstance(found, str):
             return found
-        tp_groups = found
-        tp = len(found[0])
-        how.append(f"tp={tp}: ranks ending their activations' collectives together "
+        partition = found
+    fits: dict[str, tuple[dict[str, int], dict[str, list[list[int]]], str]] = {}
+    for sizes in _grid_sizes(world, shown):
+        for said, order in ORDERS.items():
+            groups = grid_groups(sizes, order)
+            if _fits(groups, traced, set(firsts) if PP in shown else None, partition):
+                fits.setdefault(repr(groups), (sizes, groups, said))
+    compared = firsts if PP in shown else traced
+    if not fits and DP in shown and partition == [compared] and len(traced) == world:
+        return (f"the {len(compared)} ranks of a stage keep step at every collective, where the "
+                "gradients' reduction shows data parallelism (its replicas drift apart too "
+                "little to be told from tensor parallelism)")  # fmt: skip
+    if not fits:
+        return ("the ranks opening their steps with a send and those keeping step together fit "
+                "no grid (tensor parallelism innermost; data parallelism or the pipeline "
+                "outermost; data parallelism where the gradients' reduction shows it)")  # fmt: skip
+    if len(fits) > 1:
+        shown_grids = "; ".join(_said(sizes) for sizes, _, _ in list(fits.values())[:3])
+        return (f"the traces of {len(traced)} of {world} ranks fit {len(fits)} grids "
+                f"({shown_grids}{'; ...' if len(fits) > 3 else ''})")  # fmt: skip
+    ((sizes, groups, said),) = fits.values()
+    how = []
+    if PP in shown:
+        some = " traced" if len(traced) < world else ""
+        how.append(f"pp={sizes[PP]}: {len(firsts)} of {len(traced)} ranks{some} open each step "
+                   "by sending (a pipeline's first stage)")  # fmt: skip
+    if TP in shown:
+        how.append(f"tp={sizes[TP]}: ranks ending their activations' collectives together "
                    f"(within {LOCKSTEP_NS / 1000:g} us, beyond a steady offset)")  # fmt: skip
-    else:
-        tp = world // pp if TP in shown else 1
-    sizes = {DP: world // (pp * tp), PP: pp, TP: tp}
-    if DP in shown and sizes[DP] < 2:
-        return (f"the {len(stage)} ranks of a stage keep step at every collective, where the "
-                "gradients' reduction shows data parallelism")  # fmt: skip
-    for said, order in ORDERS.items():
-        groups = grid_groups(sizes, order)
-        if _fits(groups, stage if PP in shown else None, tp_groups):
-            if sizes[PP] > 1 and sizes[DP] > 1:
-                how.append(f"the grid's order {said}")
-            how.append(f"dp={sizes[DP]}: what the others leave")
-            return Grid(sizes, groups, "; ".join(how))
-    return "the ranks found together fit no grid order (tensor parallelism innermost)"
+    if sizes[PP] > 1 and sizes[DP] > 1:
+        how.append(f"the grid's order {said}")
+    how.append(f"dp={sizes[DP]}: what the others leave")
+    if len(traced) < world:
+        how.append(f"the only grid the {len(traced)} of {world} ranks traced fit")
+    return Grid(sizes, groups, "; ".join(how))
+
+
+def _grid_sizes(world: int, shown: frozenset[str]) -> list[dict[str, int]]:
+    """The sizes dp x tp x pp = world with an axis > 1 where its communication shows (the
+    pipeline and tensor parallelism exactly so; data parallelism may hide where sizes are
+    unknown, so it may also be > 1 unshown)."""
+    out = []
+    for pp in _divisors(world):
+        for tp in _divisors(world // pp):
+            dp = world // (pp * tp)
+            if (
+                (pp > 1) == (PP in shown)
+                and (tp > 1) == (TP in shown)
+                and (dp > 1 or DP not in shown)
+            ):
+                out.append({DP: dp, PP: pp, TP: tp})
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _said(sizes: dict[str, int]) -> str:
+    return " x ".join(f"{axis}{sizes[axis]}" for axis in (DP, TP, PP) if sizes[axis] > 1)
 
 
 def _fits(
-    groups: dict[str, list[list[int]]], firsts: list[int] | None, tp_groups: list[list[int]] | None
+    groups: dict[str, list[list[int]]],
+    traced: list[int],
+    firsts: set[int] | None,
+    partition: list[list[int]] | None,
 ) -> bool:
-    """Whether a grid's groups put the first stage (`firsts`) and the tensor-parallel groups
-    (those of the ranks read) where they were found; None: not read."""
-    if firsts is not None and sorted(g[0] for g in groups.get(PP, [])) != sorted(firsts):
-        return False
-    if tp_groups is not None:
-        read = {r for g in tp_groups for r in g}
-        grid = sorted(sorted(g) for g in groups.get(TP, []) if g[0] in read)
-        return grid == sorted(sorted(g) for g in tp_groups)
+    """Whether a grid's groups put the traced ranks opening with a send (`firsts`) in its first
+    stage, and no other traced rank, and the ranks of `partition` (the traced ranks compared,
+    in the groups found keeping step) together exactly where its tensor-parallel groups do;
+    None: not read."""
+    if firsts is not None:
+        first_stage = {g[0] for g in groups.get(PP, [])}
+        if any((r in first_stage) != (r in firsts) for r in traced):
+            return False
+    if partition is not None:
+        group_of = {r: i for i, g in enumerate(groups.get(TP, [])) for r in g}
+        seen: set[int] = set()
+        for found in partition:
+            of = {group_of.get(r, -1 - r) for r in found}  # a rank alone where tp = 1
+            if len(of) != 1 or of & seen:
+                return False
+            seen |= of
     return True
 
 
 def lockstep_groups(ranks: list[int], marks_of: dict[int, PlacementMarks]) -> list[list[int]] | str:
-    """The ranks' groups keeping step at every collective (within LOCKSTEP_NS of each other,
-    each with each, and at least APART_NS from every other rank), each of the same size (at
-    least two); else why they are not read."""
+    """The ranks in groups keeping step at every collective (within LOCKSTEP_NS of each other,
+    each with each, and apart from every other rank: APART_NS, APART_RATIO; a rank keeping
+    step with none alone); else why they are not read."""
     steps = sorted(set.intersection(*(set(marks_of[r].ends_ns) for r in ranks))) if ranks else []
     if not steps:
         return "no step whose activations' collectives every rank of a stage traced"
@@ -193,7 +246,9 @@ def lockstep_groups(ranks: list[int], marks_of: dict[int, PlacementMarks]) -> li
             continue
         ends = [np.array([marks_of[r].ends_ns[s] for r in alike], dtype=np.int64) for s in steps]
         spread = np.stack([_spread_ns(ends, i) for i in range(len(alike))])
-        between = (spread > LOCKSTEP_NS) & (spread < APART_NS)
+        close = spread <= LOCKSTEP_NS
+        apart_ns = max(APART_NS, APART_RATIO * float(spread[close].max()))
+        between = ~close & (spread < apart_ns)
         if between.any():
             i, j = (int(x) for x in np.argwhere(between)[0])
             return (f"ranks {alike[i]} and {alike[j]} end their collectives "
@@ -206,11 +261,7 @@ def lockstep_groups(ranks: list[int], marks_of: dict[int, PlacementMarks]) -> li
                 return f"ranks {alike[left[0]]} and others keep step only through others"
             groups.append([alike[j] for j in together])
             left = [j for j in left if j not in together]
-    found = sorted(sorted(g) for g in groups)
-    if len({len(g) for g in found}) != 1 or len(found[0]) < 2:
-        sizes = sorted({len(g) for g in found})
-        return f"the ranks keeping step at every collective form groups of {sizes} ranks"
-    return found
+    return sorted(sorted(g) for g in groups)
 
 
 def _spread_ns(ends: list[np.ndarray], i: int) -> np.ndarray:
