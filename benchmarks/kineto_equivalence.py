@@ -48,6 +48,7 @@ SHAPES = {
     "megatron": ["--trace-shape", "megatron"],
     "old": ["--trace-shape", "old"],
     "one-per-tp": ["--trace-shape", "devicemesh", "--traced-ranks", "one-per-tp"],
+    "old-one-per-tp": ["--trace-shape", "old", "--traced-ranks", "one-per-tp"],
 }
 """The trace shapes compared with the run directory (host-bound has no run-directory twin)."""
 
@@ -232,7 +233,7 @@ def _untraced(case: Case, shape: str, expected: dict[str, Any]) -> bool:
     """Whether the shape leaves every rank the run directory names without a trace (one rank
     per TP group traced: the first of each)."""
     ranks = expected.get("ranks") or []
-    return shape == "one-per-tp" and bool(ranks) and all(r % case.tp for r in ranks)
+    return shape.endswith("one-per-tp") and bool(ranks) and all(r % case.tp for r in ranks)
 
 
 def _cost(value: float | None) -> str:
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 expected = verdict(analyze_path(run))
                 shutil.rmtree(run, ignore_errors=True)
                 for shape in options.shapes:
-                    if shape == "one-per-tp" and case.tp == 1:
+                    if shape.endswith("one-per-tp") and case.tp == 1:
                         continue
                     try:
                         row = compare(case, shape, work, expected)
