@@ -4,7 +4,7 @@ The folder with files lost must give the whole folder's main finding (rule and r
 cost within 20%; where the named rank itself was lost, the waiting for it (BAL006) on that
 rank.
 
-    .venv/bin/python benchmarks/lost_traces.py [--jobs 16 healthy megatron 256] [--seeds 3]
+    .venv/bin/python benchmarks/lost_traces.py [--jobs 16 healthy megatron old 256] [--seeds 3]
 
 Prints one line per folder and exits 1 when one misses. The jobs:
 - `16`: a dp2 x tp2 x pp4 straggler (1F1B and interleaved) and slow stage, a dp2 x pp4 and
@@ -14,6 +14,9 @@ Prints one line per folder and exits 1 when one misses. The jobs:
 - `megatron`: the 3D straggler in Megatron's trace shape (batched sends and receives naming
   their peers), 1F1B, with the straggler's, its next stage's, both TP ranks of that stage's,
   or three ranks of three stages' files removed;
+- `old`: the 3D straggler in an older trace's shape (no process groups: the layout read from
+  what the ranks do, diag/read/kineto/grid_placement.py), a fifth of the files removed at
+  random per seed, and the straggler's, its TP partner's, its next stage's;
 - `256`: a dp4 x tp8 x pp8 straggler, a tenth of the files removed at random per seed, and
   the straggler's, its TP partner's, its next stage's two ranks'.
 docs/metrics.md ("an untraced member read from its lockstep partner") gives the figures.
@@ -76,6 +79,10 @@ def jobs(which: list[str]) -> list[Job]:
         "megatron": [
             Job("3d-straggler-megatron", f"{THREE_D} {straggler} --trace-shape megatron",
                 lost=((10,), (12,), (11, 12), (4, 9, 13))),
+        ],
+        "old": [
+            Job("3d-straggler-old", f"{THREE_D} {straggler} --trace-shape old", 0.2,
+                lost=((STRAGGLER_3D,), (STRAGGLER_3D + 1,), (STRAGGLER_3D + 2,))),
         ],
         "256": [
             Job("256-straggler", "--ranks 256 --layout dp=4,tp=8,pp=8 --layers 16 -m 16 "
@@ -141,7 +148,7 @@ def said(finding: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", default=["16", "healthy", "megatron"],
-                        choices=["16", "healthy", "megatron", "256"])  # fmt: skip
+                        choices=["16", "healthy", "megatron", "old", "256"])  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     failed = 0
