@@ -3,29 +3,30 @@ communication (issue 39): which ranks form the pipeline's stages and the tensor-
 groups, read from the order and the timing of what every rank's trace holds.
 
 `placement.py` reads which kinds of communication a folder shows; alone they do not give the
-axes' sizes. With every rank traced, these do:
-- the pipeline (pp): its first stage opens each step by sending its first micro-batch's
+axes' sizes. What the ranks do does:
+- the pipeline's first stage: it opens each step by sending its first micro-batch's
   activations (with a receive issued in the same batch, in Megatron's interleaved schedule);
-  every later stage opens it by receiving them alone (1F1B, GPipe and interleaved alike). The
-  ranks whose steps open with a send are the world's 1/pp.
-- tensor parallel against data parallel among the ranks of one stage (both shown): the
-  members of a tensor-parallel group meet at every layer's collective, and the members of an
-  NCCL collective finish it within microseconds of each other, so their collectives' ends
-  coincide one by one through the step; the ranks of another data-parallel replica drift
-  apart by their own computation's noise. Ranks whose ends' differences wander by at most
-  LOCKSTEP_NS beyond a steady offset (each host's clock, each device's conversion of its
-  timestamps: the mean |difference - its median| over a step's collectives, in every step
-  read), each with each, form a group; every other pair must wander apart by at least APART_NS
-  and APART_RATIO times the most any pair of a group did.
-  A pair in between (a small model's replicas drift apart by microseconds only) or groups of
-  unequal sizes leave the split unknown. The layout's source says how it was read.
-- where the groups lie: the grid's orders that put the first stage's ranks and these groups
-  where they were found: the data-parallel axis outermost (DeviceMesh's ("dp", "pp", "tp")),
-  or the pipeline's (Megatron-LM's tp-dp-pp order); neither: unknown.
-With some ranks' traces missing (lost, or one per tensor-parallel group written), the grid is
-the only one of every dp x tp x pp = world, in each order, that puts the traced ranks where
-they were found; where several fit (the ranks traced too few to tell), the layout is unknown,
-naming them.
+  every later stage opens it by receiving them alone (1F1B, GPipe and interleaved alike);
+- tensor-parallel partners: the members of a tensor-parallel group meet at every layer's
+  collective, and the members of an NCCL collective finish it within microseconds of each
+  other, so their collectives' ends coincide one by one through the step; the ranks of
+  another data-parallel replica drift apart by their own computation's noise. Ranks whose
+  ends' differences wander by at most LOCKSTEP_NS beyond a steady offset (each host's clock,
+  each device's conversion of its timestamps: the mean |difference - its median| over a
+  step's collectives, in every step read), each with each, are together; every other pair
+  must wander apart by at least APART_NS and APART_RATIO times the most any pair together
+  did. A pair in between (a small model's replicas drift apart by microseconds only) leaves
+  the layout unknown. Read among the first stage's ranks (every rank's, without a pipeline),
+  wherever tensor parallelism shows: where no op has a size, no data parallelism shows (its
+  gradients' all-reduces are the activations' op), yet it may be there.
+The grid is the only dp x tp x pp = world, in either order (the data-parallel axis outermost,
+as DeviceMesh's ("dp", "pp", "tp"); or the pipeline's, as Megatron-LM's tp-dp-pp), tensor
+parallelism innermost, that puts the traced ranks opening with a send in its first stage and
+no other, and the ranks found together in its tensor-parallel groups and no others. With
+every rank traced that fixes pp (the world over the first stage's ranks) and tp (the groups'
+size); with some ranks' traces missing (lost, or one per tensor-parallel group written) it
+often still does. Where several grids fit (the ranks traced too few to tell) or none, the
+layout is unknown, saying why; the source says how a grid was read.
 
 The traces are reduced where they are parsed (`marks`: per step, which kind of message opened
 it, and the ends of a few steps' activation-sized collectives), so a large folder's records
