@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,15 @@ def test_a_step_opened_by_a_batch_holding_a_send_is_the_first_stages() -> None:
     later = [message("recv", 100), message("send", 2_100), message("recv", 4_000)]
     assert marks(first, []).opens == {"send": 1}
     assert marks(later, []).opens == {"recv": 1}
+
+
+def test_a_world_of_a_million_ranks_is_never_laid_out_to_test_a_grid() -> None:
+    """Hostile input: a folder of two old traces claiming the largest world allowed (2**20
+    ranks). Every grid is tested on the traced ranks alone, so the answer (unknown: too few
+    traced to tell) comes at once rather than after laying out 2**20 ranks per grid."""
+    ends = {1: [1_000, 2_000, 3_000], 2: [4_000, 5_000, 6_000]}
+    marks_of = {0: PlacementMarks({"send": 3}, ends), 5: PlacementMarks({"recv": 3}, ends)}
+    started = time.monotonic()
+    grid = inferred(2**20, SHOWN_3D, marks_of)
+    assert isinstance(grid, str) and "the traces of 2 of 1048576 ranks fit 35 grids" in grid
+    assert time.monotonic() - started < 5  # a bound on a hang, not a speed claim

@@ -61,7 +61,7 @@ MARKED_STEPS = 2
 """Steps whose collectives' ends are kept per trace (after its first, the warm-up)."""
 MARKED_ENDS = 128
 """Ends kept per marked step (the first, in the order the collectives start)."""
-ORDERS = {
+ORDERS: dict[str, tuple[str, ...]] = {
     "data parallel outermost (DeviceMesh's dp, pp, tp)": (DP, PP, TP),
     "the pipeline outermost (Megatron-LM's tp-dp-pp)": (PP, DP, TP),
 }
@@ -143,12 +143,14 @@ def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMar
         if isinstance(found, str):
             return found
         partition = found
-    fits: dict[str, tuple[dict[str, int], dict[str, list[list[int]]], str]] = {}
+    fits: dict[str, tuple[dict[str, int], tuple[str, ...], str]] = {}
     for sizes in _grid_sizes(world, shown):
         for said, order in ORDERS.items():
-            groups = grid_groups(sizes, order)
-            if _fits(groups, traced, set(firsts) if PP in shown else None, partition):
-                fits.setdefault(repr(groups), (sizes, groups, said))
+            if _fits(sizes, order, traced, set(firsts) if PP in shown else None, partition):
+                # the orders lay out the same grid where data parallelism or the pipeline is 1
+                same = sizes[DP] == 1 or sizes[PP] == 1
+                key = repr((sizes, None if same else order))
+                fits.setdefault(key, (sizes, order, said))
     compared = firsts if PP in shown else traced
     if not fits and DP in shown and partition == [compared] and len(traced) == world:
         return (f"the {len(compared)} ranks of a stage keep step at every collective, where the "
@@ -162,7 +164,8 @@ def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMar
         shown_grids = "; ".join(_said(sizes) for sizes, _, _ in list(fits.values())[:3])
         return (f"the traces of {len(traced)} of {world} ranks fit {len(fits)} grids "
                 f"({shown_grids}{'; ...' if len(fits) > 3 else ''})")  # fmt: skip
-    ((sizes, groups, said),) = fits.values()
+    ((sizes, grid_order, said),) = fits.values()
+    groups = grid_groups(sizes, grid_order)
     how = []
     if PP in shown:
         some = " traced" if len(traced) < world else ""
@@ -197,7 +200,8 @@ def _grid_sizes(world: int, shown: frozenset[str]) -> list[dict[str, int]]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _said(sizes: dict[str, int]) -> str:
@@ -205,28 +209,41 @@ def _said(sizes: dict[str, int]) -> str:
 
 
 def _fits(
-    groups: dict[str, list[list[int]]],
+    sizes: dict[str, int],
+    order: tuple[str, ...],
     traced: list[int],
     firsts: set[int] | None,
     partition: list[list[int]] | None,
 ) -> bool:
-    """Whether a grid's groups put the traced ranks opening with a send (`firsts`) in its first
-    stage, and no other traced rank, and the ranks of `partition` (the traced ranks compared,
-    in the groups found keeping step) together exactly where its tensor-parallel groups do;
-    None: not read."""
-    if firsts is not None:
-        first_stage = {g[0] for g in groups.get(PP, [])}
-        if any((r in first_stage) != (r in firsts) for r in traced):
-            return False
+    """Whether the grid of `sizes` laid out in `order` puts the traced ranks opening with a
+    send (`firsts`) in its first stage, and no other traced rank, and the ranks of `partition`
+    (the traced ranks compared, in the groups found keeping step) together exactly where its
+    tensor-parallel groups do; None: not read. Computed on the traced ranks alone (a world
+    of up to 2**20 ranks is never laid out whole to test a grid)."""
+    if firsts is not None and any(
+        (_index(r, sizes, order, PP) == 0) != (r in firsts) for r in traced
+    ):
+        return False
     if partition is not None:
-        group_of = {r: i for i, g in enumerate(groups.get(TP, [])) for r in g}
-        seen: set[int] = set()
+        seen: set[tuple[int, ...]] = set()
         for found in partition:
-            of = {group_of.get(r, -1 - r) for r in found}  # a rank alone where tp = 1
+            # a tensor-parallel group: the ranks at one place of every other axis
+            of = {tuple(_index(r, sizes, order, a) for a in order if a != TP) for r in found}
+            if sizes[TP] == 1 and len(found) > 1:
+                return False
             if len(of) != 1 or of & seen:
                 return False
             seen |= of
     return True
+
+
+def _index(rank: int, sizes: dict[str, int], order: tuple[str, ...], axis: str) -> int:
+    """The rank's place along `axis` in the grid of `sizes` laid out in `order` (outermost
+    first)."""
+    stride = 1
+    for later in reversed(order[order.index(axis) + 1 :]):
+        stride *= sizes[later]
+    return (rank // stride) % sizes[axis]
 
 
 def lockstep_groups(ranks: list[int], marks_of: dict[int, PlacementMarks]) -> list[list[int]] | str:
