@@ -8,7 +8,8 @@ rank.
 
 Prints one line per folder and exits 1 when one misses. The jobs:
 - `16`: a dp2 x tp2 x pp4 straggler (1F1B and interleaved) and slow stage, a dp2 x pp4 and
-  a dp4 x tp2 straggler; a fifth of the files removed at random, per seed;
+  a dp4 x tp2 straggler; a fifth of the files removed at random, per seed; and for the
+  straggler, a whole TP group's (a node lost: the straggler's, its next stage's, the last's);
 - `healthy`: the 3D job and the dp2 x pp4 one without a fault (their last stage the heavier:
   PIP003), and a jitter job; likewise;
 - `megatron`: the 3D straggler in Megatron's trace shape (batched sends and receives naming
@@ -44,6 +45,8 @@ STRAGGLER_3D = 10  # dp2 x tp2 x pp4: dp 1, stage 1, first of its TP group
 STRAGGLER_256 = 200  # dp4 x tp8 x pp8: dp 3, stage 1, first of its TP group
 THREE_D = "--ranks 16 --layout dp=2,tp=2,pp=4 --layers 8 -m 16 --steps 4"
 INTERLEAVED = "--schedule interleaved --virtual-stages 2"
+NODES_3D = ((10, 11), (12, 13), (14, 15))
+"""A node lost: a whole TP group's files (the straggler's, its next stage's, the last stage's)."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,9 @@ def jobs(which: list[str]) -> list[Job]:
     straggler = f"--inject straggler:rank={STRAGGLER_3D},ms=15"
     found = {
         "16": [
-            Job("3d-straggler", f"{THREE_D} {straggler}", 0.2),
-            Job("3d-straggler-interleaved", f"{THREE_D} {INTERLEAVED} {straggler}", 0.2),
+            Job("3d-straggler", f"{THREE_D} {straggler}", 0.2, lost=NODES_3D),
+            Job("3d-straggler-interleaved", f"{THREE_D} {INTERLEAVED} {straggler}", 0.2,
+                lost=NODES_3D),
             Job("3d-slow-stage", f"{THREE_D} --inject stage-slow:stage=1,ms=10", 0.2),
             Job("dp2pp4-straggler", "--ranks 8 --layout dp=2,pp=4 --layers 8 -m 16 --steps 4 "
                 "--inject straggler:rank=5,ms=15", 0.2),

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.contract.names import TP
 from diag.whatif.absent_members import (
     ARRIVED_LAST_SLACK_NS,
     ARRIVED_LAST_SLACK_SHARE,
@@ -126,6 +127,11 @@ def late_members(
         theirs = alone.get((str(group[i]), int(rank[i])))
         if theirs in late_sets:
             keys.setdefault(i, theirs)
+    # a tensor-parallel group nobody traced steps together (every layer's collective): its
+    # members are late together, each waited for in the messages and collectives of its own
+    # pipeline and data-parallel groups; one set, so that their being on time is read at once
+    units = _untraced_lockstep_groups(manifest, traced)
+    keys = {i: _with_lockstep(key, units) for i, key in keys.items()}
     members = sorted(set(keys.values()))
     index = {m: k for k, m in enumerate(members)}
     code = np.full(n, -1, dtype=np.int64)
@@ -164,6 +170,26 @@ def _lone_waits(events: pd.DataFrame, ops: np.ndarray, sizes: np.ndarray) -> np.
     out = lone_ns.copy()
     out[chosen] = np.where(lone[chosen], np.maximum(lone_ns[chosen], beyond), out[chosen])
     return out
+
+
+def _untraced_lockstep_groups(
+    manifest: schema.Manifest, traced: set[int]
+) -> dict[int, tuple[int, ...]]:
+    """Each rank of a tensor-parallel group with no traced member (a lost node's), with the
+    group's ranks; a group with a traced member has its stand-in (absent_members.py)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for group in manifest.groups.get(TP, []):
+        members = tuple(sorted(int(r) for r in group))
+        if len(members) > 1 and not traced.intersection(members):
+            out.update(dict.fromkeys(members, members))
+    return out
+
+
+def _with_lockstep(key: tuple[int, ...], units: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """A set of untraced members with the rest of their untraced tensor-parallel groups."""
+    if not any(r in units for r in key):
+        return key
+    return tuple(sorted({*key, *(m for r in key for m in units.get(r, ()))}))
 
 
 def _none(n: int) -> LateMembers:

@@ -18,6 +18,8 @@ docs/metrics.md ("Dependencies") says more, and where this can go wrong.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -374,6 +376,11 @@ def surrogate_message_rows(
     target = np.full(len(rows), -1, dtype=np.int64)
     relayed = np.zeros(len(rows), dtype=bool)
     untraced_peer = np.array([int(p) >= 0 and int(p) not in traced for p in peer], dtype=bool)
+    # messages per step on each link and way: a relay pairs the n-th of one link with the
+    # n-th of the other, so only where the untraced rank passes on as many as it receives
+    # (not an interleaved schedule's last stage, whose second chunk's activations go back to
+    # the first stage: half of what it receives from the stage before it)
+    per_link = Counter(zip(step.tolist(), rank.tolist(), peer.tolist(), send.tolist(), strict=True))
     for i in np.flatnonzero(~send & untraced_peer).tolist():
         x, b = int(peer[i]), int(rank[i])
         if x not in neighbours:
@@ -386,7 +393,9 @@ def surrogate_message_rows(
             source[i], target[i] = y, neighbours[y][side]
         elif neighbours[x][1 - side] in traced and neighbours[x][0] != neighbours[x][1]:
             # (x's only neighbour, a first or last stage: nothing passed on to read it from)
-            source[i], target[i], relayed[i] = neighbours[x][1 - side], x, True
+            a, at_step = neighbours[x][1 - side], int(step[i])
+            if per_link[(at_step, a, x, True)] == per_link[(at_step, b, x, False)]:
+                source[i], target[i], relayed[i] = a, x, True
     taking = np.flatnonzero(source >= 0)
     sends = np.flatnonzero(send & (peer >= 0))
     if not len(taking) or not len(sends):
