@@ -2,7 +2,8 @@
 GPU profiler traces analysed whole and with some ranks' files removed, at random or by rank.
 The folder with files lost must give the whole folder's main finding (rule and ranks) and its
 cost within 20%; where the named rank itself was lost, the waiting for it (BAL006) on that
-rank.
+rank (and on no rank that left its trace: a lost node's whole TP group, which steps together,
+may be named with it).
 
     .venv/bin/python benchmarks/lost_traces.py [--jobs 16 healthy megatron old 256] [--seeds 3]
 
@@ -19,7 +20,8 @@ Prints one line per folder and exits 1 when one misses. The jobs:
   what the ranks do, diag/read/kineto/grid_placement.py), a fifth of the files removed at
   random per seed, and the straggler's, its TP partner's, its next stage's;
 - `256`: a dp4 x tp8 x pp8 straggler, a tenth of the files removed at random per seed, and
-  the straggler's, its TP partner's, its next stage's two ranks'.
+  the straggler's, its TP partner's, its next stage's two ranks', and a node's (a whole TP
+  group of 8: the straggler's, its next stage's, the last stage's).
 docs/metrics.md ("an untraced member read from its lockstep partner") gives the figures.
 """
 
@@ -92,7 +94,9 @@ def jobs(which: list[str]) -> list[Job]:
             Job("256-straggler", "--ranks 256 --layout dp=4,tp=8,pp=8 --layers 16 -m 16 "
                 f"--steps 4 --inject straggler:rank={STRAGGLER_256},ms=15", 0.1,
                 lost=((STRAGGLER_256,), (STRAGGLER_256 + 1,),
-                      (STRAGGLER_256 + 8, STRAGGLER_256 + 9))),
+                      (STRAGGLER_256 + 8, STRAGGLER_256 + 9),
+                      # a node lost: the straggler's TP group of 8, its next stage's, the last's
+                      tuple(range(200, 208)), tuple(range(208, 216)), tuple(range(248, 256)))),
         ],
     }  # fmt: skip
     return [job for name in which for job in found[name]]
@@ -136,9 +140,14 @@ def without(whole: Path, lost: set[int], into: Path) -> Path:
 def misses(whole: dict[str, Any], part: dict[str, Any], lost: set[int]) -> str:
     """Why the folder with files lost misses the whole folder's verdict ('' where it does not)."""
     named = set(whole["ranks"])
-    rule = UNTRACED_RULE if named and named <= lost else whole["rule"]
-    if (part["rule"], part["ranks"]) != (rule, whole["ranks"]):
-        return f"{part['rule']} {part['ranks']}, not {rule} {whole['ranks']}"
+    if named and named <= lost:
+        # the waiting for them, on the lost ranks that hold them: a lost node's whole TP group
+        # steps together, and which of its members was late its peers' traces cannot say
+        got = set(part["ranks"])
+        if part["rule"] != UNTRACED_RULE or not named <= got <= lost:
+            return f"{part['rule']} {part['ranks']}, not {UNTRACED_RULE} on {sorted(named)}"
+    elif (part["rule"], part["ranks"]) != (whole["rule"], whole["ranks"]):
+        return f"{part['rule']} {part['ranks']}, not {whole['rule']} {whole['ranks']}"
     if abs(part["cost_s"] - whole["cost_s"]) > COST_WITHIN * max(whole["cost_s"], 1e-9):
         return f"cost {part['cost_s'] * 1e3:.1f} ms, not {whole['cost_s'] * 1e3:.1f} ms"
     return ""

@@ -220,12 +220,14 @@ class Scenarios:
     @cached_property
     def _held_removed(self) -> tuple[Durations, float] | None:
         """The waits for untraced members the replay holds at their measured length removed
-        (an asynchronous collective a rank had alone: its transfer's; a message to an untraced
-        peer: its own time's), and what that alone saves; None where there are none."""
-        ev = self.timeline.events
-        lone = ev["lone"].to_numpy(dtype=bool) if "lone" in ev else np.zeros(len(ev), bool)
-        relayed = ev["relayed"].to_numpy(dtype=bool) if "relayed" in ev else lone & False
-        in_transfer = np.where(lone | relayed, self._late_members_ns, 0.0)
+        (in a collective's transfer: one a rank had alone, or one whose traced members waited
+        for them beyond the transfer; a received message relayed or a message to an untraced
+        peer: its own time's), and what that alone saves; None where there are none. Every
+        such wait, not only those of ranks with no traced partner: a data-parallel all-reduce
+        of three traced members waiting for a lost fourth (dp4 x tp8 x pp8, the straggler's
+        next stage's node lost) held every replica's step end, and the straggler read as
+        costing nothing (PIP002 came first)."""
+        in_transfer = self._late_members_ns
         if not ((in_transfer > 0).any() or (self._late_local_ns > 0).any()):
             return None
         local = self._measured_local_ns - self._late_local_ns
