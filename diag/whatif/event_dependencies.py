@@ -26,7 +26,7 @@ def dependencies(
 ) -> None:
     """Members of each collective, transfers, what each wait and receive waits for; `one_way`:
     receives (rows) and a send each waits for that is another receive's (a rank standing in
-    for an untraced one: matching.surrogate_message_rows)."""
+    for an untraced one: lockstep.surrogate_message_rows)."""
     ev = timeline.events
     kind = ev["kind"].to_numpy().copy()
     a, e = ev["a_ns"].to_numpy(dtype=np.int64), ev["e_ns"].to_numpy(dtype=np.int64)

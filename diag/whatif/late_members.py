@@ -40,12 +40,12 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
-from diag.contract.names import TP
 from diag.whatif.absent_members import (
     ARRIVED_LAST_SLACK_NS,
     ARRIVED_LAST_SLACK_SHARE,
     waited_for_members,
 )
+from diag.whatif.lockstep import untraced_lockstep_groups
 from diag.whatif.matching import P2P_OPS, message_peers
 from diag.whatif.timeline_model import Kind
 
@@ -130,7 +130,7 @@ def late_members(
     # a tensor-parallel group nobody traced steps together (every layer's collective): its
     # members are late together, each waited for in the messages and collectives of its own
     # pipeline and data-parallel groups; one set, so that their being on time is read at once
-    units = _untraced_lockstep_groups(manifest, traced)
+    units = untraced_lockstep_groups(manifest, traced)
     keys = {i: _with_lockstep(key, units) for i, key in keys.items()}
     members = sorted(set(keys.values()))
     index = {m: k for k, m in enumerate(members)}
@@ -169,19 +169,6 @@ def _lone_waits(events: pd.DataFrame, ops: np.ndarray, sizes: np.ndarray) -> np.
     beyond = np.where(np.isfinite(bound), transfer[chosen] - bound, 0.0)
     out = lone_ns.copy()
     out[chosen] = np.where(lone[chosen], np.maximum(lone_ns[chosen], beyond), out[chosen])
-    return out
-
-
-def _untraced_lockstep_groups(
-    manifest: schema.Manifest, traced: set[int]
-) -> dict[int, tuple[int, ...]]:
-    """Each rank of a tensor-parallel group with no traced member (a lost node's), with the
-    group's ranks; a group with a traced member has its stand-in (absent_members.py)."""
-    out: dict[int, tuple[int, ...]] = {}
-    for group in manifest.groups.get(TP, []):
-        members = tuple(sorted(int(r) for r in group))
-        if len(members) > 1 and not traced.intersection(members):
-            out.update(dict.fromkeys(members, members))
     return out
 
 
@@ -258,7 +245,7 @@ def _in_messages(
     their own time is held as measured (LOCAL), and a GPU's send or receive kernel runs until
     its peer's is there. Per event the part of that time beyond the fastest matched message of
     the axis with at least its bytes (waiting for the peer); the same of a relayed receive's
-    transfer (matching.surrogate_message_rows: from the send the untraced rank passed on, its
+    transfer (lockstep.surrogate_message_rows: from the send the untraced rank passed on, its
     time in between included); and the peer set: every untraced peer of the axis, as a
     pipeline's stage is all its ranks (event -> members)."""
     n = len(events)

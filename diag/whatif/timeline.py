@@ -47,13 +47,8 @@ from diag.whatif.local_time import (  # noqa: F401 (re-exported: the timeline's 
     local_time,
     previous_step_ends,
 )
-from diag.whatif.matching import (
-    P2P_OPS,
-    collective_instances,
-    join_stand_ins,
-    message_pair_rows,
-    surrogate_message_rows,
-)
+from diag.whatif.lockstep import join_stand_ins, surrogate_message_rows
+from diag.whatif.matching import P2P_OPS, collective_instances, message_pair_rows
 from diag.whatif.timeline_model import MIN_WAITING_GAP_NS, WAIT_SLACK_NS, Kind, Timeline
 from diag.whatif.untraced import inferred_syncs
 
@@ -190,7 +185,7 @@ def _untraced_members_read(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """How the collectives of groups with untraced members are read (instance, stand_in,
     lone, lone_wait_ns per comms row): joined to their lockstep stand-ins' where those were
-    traced (matching.join_stand_ins); else a rank alone in its group stands for the others
+    traced (lockstep.join_stand_ins); else a rank alone in its group stands for the others
     (absent_members.stand_ins: its blocking ones read as arriving when their transfer
     began), and an asynchronous one of those is its own collective, its waiting for them in
     its transfer (`lone`, absent_members.lone_launches)."""

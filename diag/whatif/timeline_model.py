@@ -49,7 +49,7 @@ class Timeline:
     lone (an asynchronous collective its rank had alone among traced members: its own
     instance) and lone_wait_ns (its waiting for them, absent_members.lone_launches), relayed
     (a receive from an untraced rank paired with the send it passed on,
-    matching.surrogate_message_rows),
+    lockstep.surrogate_message_rows),
     late_members_ns (the part of transfer_ns spent waiting for group members nobody traced,
     diag/whatif/late_members.py), late_members (which: an index into `late_members`, -1) and
     late_members_unsure (a transfer no faster collective bounds: it may be all waiting)."""
