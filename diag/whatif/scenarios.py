@@ -32,7 +32,7 @@ from diag.whatif.places import (
     stage_means,
     stage_places,
 )
-from diag.whatif.replay import Durations, local_own_ns, relative_ns, replay, step_times_ns
+from diag.whatif.replay import Durations, local_own_ns, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S
 
 MAX_CANDIDATES = 4
@@ -67,11 +67,11 @@ class Scenarios:
         ok: np.ndarray,
         base_mean: float,
         host: pd.DataFrame,
-        base_done: np.ndarray | None = None,
-        replay_error: float | None = None,
+        base_done: np.ndarray,
+        replay_error: float,
     ) -> None:
         """`base_done` and `replay_error`: the base replay's end of every event and its
-        error on the measured steps, where the caller has them (else replayed here)."""
+        error on the measured steps (median, relative), as the attribution read them."""
         self.run, self.timeline, self.base, self.ok, self.base_mean = (
             run,
             timeline,
@@ -236,16 +236,10 @@ class Scenarios:
         # less waiting cannot end an event later, and the replay must give the steps as
         # measured: else it cannot read those waits (records it could not pair, resolved as
         # they came), and nothing is claimed
-        base = self._base_done if self._base_done is not None else replay(self.timeline, self.base)
         without = replay(self.timeline, removed)
-        if np.nanmax(without - base, initial=0.0) > HELD_SLACK_SHARE * self.base_mean:
+        if np.nanmax(without - self._base_done, initial=0.0) > HELD_SLACK_SHARE * self.base_mean:
             return None
-        error = self._replay_error
-        if error is None:
-            measured = step_times_ns(self.timeline, relative_ns(self.timeline))[self.ok]
-            replayed = step_times_ns(self.timeline, base)[self.ok]
-            error = float(np.median(np.abs(replayed - measured) / measured))
-        if error > HELD_REPLAY_ERROR:
+        if self._replay_error > HELD_REPLAY_ERROR:
             return None
         times = step_times_ns(self.timeline, without)
         return removed, max(self.base_mean - float(times[self.ok].mean()), 0.0)

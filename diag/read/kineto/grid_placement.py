@@ -135,23 +135,25 @@ def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMar
     ]
     if PP in shown and not firsts:
         return "no traced rank opens its steps with a send, as a pipeline's first stage does"
+    # the ranks compared for lockstep: the first stage's (every rank's, without a pipeline)
+    compared = firsts if PP in shown else traced
+    first_stage = set(firsts) if PP in shown else None
     partition: list[list[int]] | None = None
     if TP in shown:
         # read even where no data parallelism shows: a trace without sizes shows none (its
         # gradients' all-reduces are the activations' op, of no size to tell them apart)
-        found = lockstep_groups(firsts if PP in shown else traced, marks_of)
+        found = lockstep_groups(compared, marks_of)
         if isinstance(found, str):
             return found
         partition = found
     fits: dict[str, tuple[dict[str, int], tuple[str, ...], str]] = {}
     for sizes in _grid_sizes(world, shown):
         for said, order in ORDERS.items():
-            if _fits(sizes, order, traced, set(firsts) if PP in shown else None, partition):
+            if _fits(sizes, order, traced, first_stage, partition):
                 # the orders lay out the same grid where data parallelism or the pipeline is 1
                 same = sizes[DP] == 1 or sizes[PP] == 1
                 key = repr((sizes, None if same else order))
                 fits.setdefault(key, (sizes, order, said))
-    compared = firsts if PP in shown else traced
     if not fits and DP in shown and partition == [compared] and len(traced) == world:
         return (f"the {len(compared)} ranks of a stage keep step at every collective, where the "
                 "gradients' reduction shows data parallelism (its replicas drift apart too "
@@ -305,7 +307,5 @@ def refined(found: FoundLayout, world: int, marks_of: dict[int, PlacementMarks])
         return FoundLayout(found.layout, found.groups, f"{found.source}; not read: {grid}")
     layout = schema.Layout(dp=grid.sizes[DP], tp=grid.sizes[TP], pp=grid.sizes[PP])
     shown = " and ".join(placement.SHOWS[k] for k in (TP, DP, PP) if k in found.shown)
-    source = (
-        f"{placement.INFERRED}: {placement.NO_GROUPS}; their placement shows {shown}; {grid.how}"
-    )
+    source = f"{placement.GRID_READ} {shown}; {grid.how}"
     return FoundLayout(layout, grid.groups, source)

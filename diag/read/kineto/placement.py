@@ -43,6 +43,9 @@ FORWARD_SHARE = 0.25
 """A collective starting in this first share of its step's window is inside the forward pass."""
 NO_GROUPS = "no process groups in the traces (PyTorch before 2.2 writes none)"
 WORLD_ONLY = "the traces list no process group but the world's"
+GRID_READ = f"{INFERRED}: {NO_GROUPS}; their placement shows"
+"""How a layout read from the placement across several axes (grid_placement.py) begins its
+source: its ops, which name no group, are then named by placement, as in a layout given."""
 SHOWS = {
     TP: "tensor-parallel collectives inside the forward and backward passes",
     DP: "data-parallel gradient reduction after the forward pass",
@@ -88,7 +91,7 @@ def named_by_placement_in(source: str | None) -> bool:
     """Whether a layout read from the traces (its `layout_source`) was read from the placement
     of ops that name no group, across more than one axis (grid_placement.py): those ops are
     then named by placement, as in a layout given (`name_by_placement`)."""
-    return bool(source) and str(source).startswith(f"{INFERRED}: {NO_GROUPS}; their placement")
+    return bool(source) and str(source).startswith(GRID_READ)
 
 
 def starts_early(start_ns: int, step_t0_ns: int, step_t1_ns: int) -> bool:
