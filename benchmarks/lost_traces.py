@@ -48,6 +48,8 @@ STRAGGLER_256 = 200  # dp4 x tp8 x pp8: dp 3, stage 1, first of its TP group
 THREE_D = "--ranks 16 --layout dp=2,tp=2,pp=4 --layers 8 -m 16 --steps 4"
 INTERLEAVED = "--schedule interleaved --virtual-stages 2"
 NODES_3D = ((10, 11), (12, 13), (14, 15))
+MEGATRON_LOST = ((10,), (12,), (11, 12), (4, 9, 13))
+"""The straggler's file, its next stage's, both TP ranks of that stage, three of three stages'."""
 """A node lost: a whole TP group's files (the straggler's, its next stage's, the last stage's)."""
 
 
@@ -84,7 +86,12 @@ def jobs(which: list[str]) -> list[Job]:
         ],
         "megatron": [
             Job("3d-straggler-megatron", f"{THREE_D} {straggler} --trace-shape megatron",
-                lost=((10,), (12,), (11, 12), (4, 9, 13))),
+                lost=MEGATRON_LOST),
+            Job("3d-straggler-megatron-interleaved",
+                f"{THREE_D} {INTERLEAVED} {straggler} --trace-shape megatron", lost=MEGATRON_LOST),
+            Job("3d-slow-stage-megatron",
+                f"{THREE_D} --inject stage-slow:stage=1,ms=10 --trace-shape megatron",
+                lost=MEGATRON_LOST),
         ],
         "old": [
             Job("3d-straggler-old", f"{THREE_D} {straggler} --trace-shape old", 0.2,

@@ -20,8 +20,9 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.contract.names import TP
+from diag.contract.peers import pipeline_peers
 from diag.numeric.ordering import dense_key, lexicographic, occurrence
-from diag.whatif.matching import P2P_OPS, lockstep_stand_ins, message_peers, pipeline_peers
+from diag.whatif.matching import P2P_OPS, lockstep_stand_ins, message_peers
 
 
 def surrogate_message_rows(

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.contract.peers import pipeline_peers, tp_stand_ins
 from diag.numeric.ordering import dense_key, lexicographic, occurrence
 
 P2P_OPS = frozenset({schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value})
@@ -74,27 +75,6 @@ def collective_instances(comms: pd.DataFrame, manifest: schema.Manifest) -> np.n
     instance[(np.bincount(ids)[ids] < 2) | is_p2p] = -1
     out[order] = instance
     return out
-
-
-def pipeline_peers(manifest: schema.Manifest) -> dict[int, tuple[int, int]]:
-    """Each rank's (previous, next) rank in its pipeline group, as a ring; empty without one.
-    Without virtual stages the first and last stage exchange nothing: each is the other's
-    neighbour only in an interleaved schedule (its chunks wrap around), so the first stage's
-    only neighbour is the next (given as both) and the last stage's the previous."""
-    wraps = (manifest.layout.virtual_stages or 1) > 1
-    peers: dict[int, tuple[int, int]] = {}
-    for members in manifest.groups.get("pp", []):
-        size = len(members)
-        for i, rank in enumerate(members):
-            if size < 2:
-                continue
-            previous, following = int(members[(i - 1) % size]), int(members[(i + 1) % size])
-            if not wraps and i == 0:
-                previous = following
-            elif not wraps and i == size - 1:
-                following = previous
-            peers[int(rank)] = (previous, following)
-    return peers
 
 
 def message_pairs(comms: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int]:
@@ -322,15 +302,7 @@ def _closeness(
 
 def lockstep_stand_ins(comms: pd.DataFrame, manifest: schema.Manifest) -> dict[int, int]:
     """Each rank without a single record whose tensor-parallel group has a traced member: that
-    member (the lowest). The members of a TP group meet in a collective at every layer, so
-    they run in lockstep: the traced one's messages are the untraced one's, in time."""
+    member (the lowest; `peers.tp_stand_ins`)."""
     if comms.empty:
         return {}
-    traced = set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist())
-    out: dict[int, int] = {}
-    for members in manifest.groups.get("tp", []):
-        seen = sorted(traced.intersection(int(m) for m in members))
-        for member in members:
-            if seen and int(member) not in traced:
-                out[int(member)] = seen[0]
-    return out
+    return tp_stand_ins(manifest, set(np.unique(comms["rank"].to_numpy(dtype=np.int64)).tolist()))

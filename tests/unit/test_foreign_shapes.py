@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.api import analyze_path, load_any
+from diag.contract.peers import pipeline_peers
 from diag.contract.schema import Layout
 from diag.rankfile.convert import convert_run
-from diag.whatif.matching import message_peers, pipeline_peers
+from diag.whatif.matching import message_peers
 from simulator.cli import simulate as simulate_command
 from simulator.injections import Faults
 

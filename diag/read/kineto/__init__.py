@@ -23,6 +23,7 @@ import pandas as pd
 from diag.contract import schema
 from diag.contract.files import open_regular
 from diag.contract.limits import MAX_TRACE_FILE_BYTES
+from diag.contract.peers import stand_in_links
 from diag.errors import InputError
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Packed, pack
@@ -174,7 +175,9 @@ def _loaded(
     if by_placement:
         comm_columns = named_by_placement(comm_parts, comm_columns, manifest.layout)
     # a batched kernel's ops given their own ends and waits from their peers' ops (batches.py)
-    comm_columns = split_packed_batches(comm_parts, comm_columns)
+    traced = {int(t.rank) for t in traces if t.rank is not None}
+    links = stand_in_links(manifest, traced) if missing > 0 else {}
+    comm_columns = split_packed_batches(comm_parts, comm_columns, links)
     spans, comms = list(span_parts), list(comm_parts)
     del span_parts, comm_parts
     if reduce is not None:

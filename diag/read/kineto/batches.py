@@ -17,8 +17,16 @@ started (the last member's start), and the rest of the kernel is transfer. So ea
 the transfer after the later of its own start and its peer's, and the kernel's end is its
 latest op's. A receive stays its rank's wait; a send is one only where the rank's computation
 did not resume before the send's end (the rank waited for the whole batch, as Megatron's
-`wait_on_reqs` does), else the rank launched it and went on. A batch with an op whose peer
-is unknown or untraced keeps the kernel's interval for every op.
+`wait_on_reqs` does), else the rank launched it and went on.
+
+A batch with an op whose peer left no trace (a lost rank's) is split where its other ops'
+peers are known: each of those ends a typical transfer (the median of the batches whose
+every peer is known, for its size) after it and its peer both started, and the ops with
+no known peer keep the kernel's end (what held the kernel past the others was theirs).
+Kept whole, the batch of an interleaved schedule's last stage, a receive from the lost rank
+beside a send to the first stage, read that send as 15 ms of transfer after the first
+stage's receive had started, and the replay of the step was 55% long. Where no batch of
+that size has every peer known, or no op has, the batch keeps the kernel's interval.
 """
 
 from __future__ import annotations
@@ -41,19 +49,24 @@ RESUME_WITHIN_NS = 10_000
 SEND, RECV = schema.CollectiveOp.SEND.value, schema.CollectiveOp.RECV.value
 
 
-def split_batches(comms: list[dict[str, Any]]) -> int:
+def split_batches(
+    comms: list[dict[str, Any]], stand_ins: dict[tuple[int, int], tuple[int, int]] | None = None
+) -> int:
     """Give each op of a batched kernel its own end and wait (in place, `comms`: every
     rank's comm records); drop the keys the conversion left for this. The number of
-    batches split."""
+    batches split. `stand_ins`: (untraced rank, its traced neighbour) -> the link whose
+    messages stand for theirs (`peers.stand_in_links`)."""
     batched = [i for i, c in enumerate(comms) if c.get(KERNEL_KEY) is not None]
     if not batched:
         return 0
     messages = [i for i, c in enumerate(comms)
                 if c.get("op") in (SEND, RECV) and _rank(c.get("peer")) is not None]  # fmt: skip
-    partner_start = _partner_starts(comms, messages)
+    partner_start = _partner_starts(comms, messages, stand_ins or {})
+    batches = _batches(comms, batched)
+    typical = _typical_transfers(comms, batches, partner_start)
     split = 0
-    for batch in _batches(comms, batched):
-        split += _split(comms, batch, partner_start)
+    for batch in batches:
+        split += _split(comms, batch, partner_start, typical)
     for i in batched:
         comms[i].pop(KERNEL_KEY, None)
         comms[i].pop(RESUME_KEY, None)
@@ -64,9 +77,16 @@ def _rank(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def _partner_starts(comms: list[dict[str, Any]], messages: list[int]) -> dict[int, int]:
+def _partner_starts(
+    comms: list[dict[str, Any]],
+    messages: list[int],
+    stand_ins: dict[tuple[int, int], tuple[int, int]],
+) -> dict[int, int]:
     """For each send and receive that names its peer (index into `comms`), the start of the
-    other side's op: the n-th, by start, of the step's messages on its link in its group."""
+    other side's op: the n-th, by start, of the step's messages on its link in its group;
+    where the peer left no trace and has a lockstep stand-in (`stand_ins`), the n-th
+    opposite op on the link that stands for theirs (the partner's, to or from the same
+    stage: it sent and received when the peer did)."""
     if not messages:
         return {}
     rows = np.asarray(messages, dtype=np.int64)
@@ -88,6 +108,37 @@ def _partner_starts(comms: list[dict[str, Any]], messages: list[int]) -> dict[in
     receives, sends = by_message[:-1][pair], by_message[1:][pair]
     out = dict(zip(rows[receives].tolist(), start[sends].tolist(), strict=True))
     out.update(zip(rows[sends].tolist(), start[receives].tolist(), strict=True))
+    if stand_ins:
+        out.update(_stand_in_starts(rows, np.stack([send, group, step, source, target, n]),
+                                    start, rank, peer, stand_ins))  # fmt: skip
+    return out
+
+
+def _stand_in_starts(
+    rows: np.ndarray,
+    key: np.ndarray,
+    start: np.ndarray,
+    rank: np.ndarray,
+    peer: np.ndarray,
+    stand_ins: dict[tuple[int, int], tuple[int, int]],
+) -> dict[int, int]:
+    """For each message whose peer x left no trace (row of `rows`), the start of the op its
+    lockstep stand-in y took on the link standing for theirs: a receive on b from x, y's
+    send to b' (y's neighbour on b's side); a send from b to x, y's receive from b'.
+    `key`: (is send, group, step, source, target, n) per message."""
+    at = {tuple(column): i for i, column in enumerate(key.T.tolist())}
+    out: dict[int, int] = {}
+    for i in range(len(rows)):
+        link = stand_ins.get((int(peer[i]), int(rank[i])))
+        if link is None:
+            continue
+        y, other = link
+        is_send, group, step, _, _, n = key[:, i].tolist()
+        # the opposite op on the standing link: y -> other for a receive, other -> y for a send
+        source, target = (other, y) if is_send else (y, other)
+        found = at.get((1 - is_send, group, step, source, target, n))
+        if found is not None:
+            out[int(rows[i])] = int(start[found])
     return out
 
 
@@ -99,16 +150,57 @@ def _batches(comms: list[dict[str, Any]], batched: list[int]) -> list[list[int]]
     return list(found.values())
 
 
-def _split(comms: list[dict[str, Any]], batch: list[int], partner_start: dict[int, int]) -> int:
-    """One batch's ops their own ends and waits, where every op's peer op is known."""
-    if len(batch) < 2 or any(i not in partner_start for i in batch):
+def _typical_transfers(
+    comms: list[dict[str, Any]], batches: list[list[int]], partner_start: dict[int, int]
+) -> dict[int | None, int]:
+    """Per message size (bytes, None where unknown), the median transfer of the batches whose
+    every op's peer op is known: the kernel's end less the last of its ops' meeting (both
+    sides started), taken for each op of the batch."""
+    found: dict[int | None, list[int]] = {}
+    for batch in batches:
+        if len(batch) < 2 or any(i not in partner_start for i in batch):
+            continue
+        first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
+        last = max(max(first, partner_start[i]) for i in batch)
+        if last > end:  # the peers' clocks disagree with this one: no transfer read
+            continue
+        for i in batch:
+            found.setdefault(_size(comms[i]), []).append(end - last)
+    return {size: int(np.median(times)) for size, times in found.items()}
+
+
+def _size(comm: dict[str, Any]) -> int | None:
+    """The op's bytes; None where the trace does not give them (NaN, absent)."""
+    size = comm.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int | float) or size != size:
+        return None
+    return int(size)
+
+
+def _split(
+    comms: list[dict[str, Any]],
+    batch: list[int],
+    partner_start: dict[int, int],
+    typical: dict[int | None, int],
+) -> int:
+    """One batch's ops their own ends and waits, where every op's peer op is known; where
+    only some are, those a typical transfer after they met (`typical`, by size) and the
+    others the kernel's end."""
+    known = [i for i in batch if i in partner_start]
+    if len(batch) < 2 or not known:
         return 0
     first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
-    met = {i: max(first, partner_start[i]) for i in batch}  # both sides there
-    last = max(met.values())
-    transfer = max(end - last, 0)
-    for i in batch:
-        comms[i]["t1"] = min(end, met[i] + transfer) if last <= end else min(end, met[i])
+    met = {i: max(first, partner_start[i]) for i in known}  # both sides there
+    if len(known) < len(batch):
+        if any(_size(comms[i]) not in typical for i in known):
+            return 0
+        for i in known:
+            comms[i]["t1"] = min(end, met[i] + typical[_size(comms[i])])
+    else:
+        last = max(met.values())
+        transfer = max(end - last, 0)
+        for i in batch:
+            comms[i]["t1"] = min(end, met[i] + transfer) if last <= end else min(end, met[i])
     received = [int(comms[i]["t1"]) for i in batch if comms[i]["op"] == RECV]
     if not received:
         return 1  # sends only: the kernel's own reading says whether the rank waited

@@ -325,12 +325,15 @@ def named_by_placement(
 
 
 def split_packed_batches(
-    parts: list[PackedComms], columns: list[dict[str, Packed]]
+    parts: list[PackedComms],
+    columns: list[dict[str, Packed]],
+    stand_ins: dict[tuple[int, int], tuple[int, int]] | None = None,
 ) -> list[dict[str, Packed]]:
     """The columns with each op of a batched point-to-point kernel given its own end and wait
     from its peer's op (`batches.split_batches`, on light rows of the sends and receives that
     name a peer and the batched ops: the others are not read), made only where some kernel
-    ran several ops."""
+    ran several ops. `stand_ins`: the links standing for an untraced rank's
+    (`peers.stand_in_links`)."""
     if not any(_has_values(part.messages[KERNEL_KEY]) for part in parts):
         return columns
     picked: list[tuple[int, list[int]]] = []
@@ -345,7 +348,7 @@ def split_packed_batches(
         ]  # fmt: skip
         if not keep:
             continue
-        named = ("rank", "step", "group", "t0", "t1", "async", "blocking")
+        named = ("rank", "step", "group", "t0", "t1", "async", "blocking", "bytes")
         fields = {name: _listed(table[name]) for name in named}
         resume = _values(part.messages[RESUME_KEY])
         picked.append((index, keep))
@@ -354,7 +357,7 @@ def split_packed_batches(
              "peer": peer[i], KERNEL_KEY: kernel[i], RESUME_KEY: resume[i]}
             for i in keep
         ]  # fmt: skip
-    if not split_batches(rows):
+    if not split_batches(rows, stand_ins):
         return columns
     out = list(columns)
     at = 0
