@@ -13,9 +13,10 @@ Prints one line per folder and exits 1 when one misses. The jobs:
   straggler, a whole TP group's (a node lost: the straggler's, its next stage's, the last's);
 - `healthy`: the 3D job and the dp2 x pp4 one without a fault (their last stage the heavier:
   PIP003), and a jitter job; likewise;
-- `megatron`: the 3D straggler in Megatron's trace shape (batched sends and receives naming
-  their peers), 1F1B, with the straggler's, its next stage's, both TP ranks of that stage's,
-  or three ranks of three stages' files removed;
+- `megatron`: Megatron's trace shape (batched sends and receives naming their peers): the 3D
+  straggler (1F1B and interleaved) and slow stage with the straggler's, its next stage's,
+  both TP ranks of that stage's, or three ranks of three stages' files removed; a dp2 x pp4
+  straggler (no TP partner to stand in) with each of five ranks' files removed;
 - `old`: the 3D straggler in an older trace's shape (no process groups: the layout read from
   what the ranks do, diag/read/kineto/grid_placement.py), a fifth of the files removed at
   random per seed, and the straggler's, its TP partner's, its next stage's;
@@ -89,6 +90,9 @@ def jobs(which: list[str]) -> list[Job]:
                 lost=MEGATRON_LOST),
             Job("3d-straggler-megatron-interleaved",
                 f"{THREE_D} {INTERLEAVED} {straggler} --trace-shape megatron", lost=MEGATRON_LOST),
+            Job("dp2pp4-straggler-megatron", "--ranks 8 --layout dp=2,pp=4 --layers 8 -m 16 "
+                "--steps 4 --inject straggler:rank=5,ms=15 --trace-shape megatron",
+                lost=((4,), (5,), (6,), (2,), (0,))),
             Job("3d-slow-stage-megatron",
                 f"{THREE_D} --inject stage-slow:stage=1,ms=10 --trace-shape megatron",
                 lost=MEGATRON_LOST),

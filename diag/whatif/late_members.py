@@ -143,10 +143,10 @@ def late_members(
 def _lone_waits(events: pd.DataFrame, ops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per event, the waiting inside an asynchronous collective whose rank is its group's
     only traced member (absent_members.lone_launches: its length less the shortest its rank
-    took for the same op, group and size), at least its length less the shortest transfer
-    of a collective of the axis and op, matched across traced members, with at least its
-    bytes: where the untraced member is late in every step (a straggler), each of the
-    rank's own collectives waited for it and none gives the transfer."""
+    took for the same op, group and size), at least its length less the most its transfer
+    can take, read from the collectives of the axis and op matched across traced members
+    (`_transfer_bound`): where the untraced member is late in every step (a straggler), each
+    of the rank's own collectives waited for it and none gives the transfer."""
     lone_ns = events["lone_wait_ns"].to_numpy(dtype=np.float64)
     lone = events["lone"].to_numpy(dtype=bool)
     if not lone.any():
@@ -307,14 +307,25 @@ def _in_messages(
 
 
 def _transfer_bound(table: pd.DataFrame) -> np.ndarray:
-    """Per row (group, op, bytes, transfer), the shortest transfer of any row of its group
-    label (axis) and op with at least its bytes."""
+    """Per row (group, op, bytes, transfer), the most its transfer can take: the least, over
+    the rows of its group label (axis) and op, of their transfer times the ratio of its bytes
+    to theirs where that is above 1. A collective's transfer is a latency plus its bytes over
+    the link's bandwidth, so a larger one's transfer bounds it, and a smaller one's scaled by
+    the ratio does too (its latency counted that many times): a rank whose collective is
+    the axis's largest (a first stage's gradients, with the embedding) is bounded by the
+    smaller ones; bounded by larger ones alone, it was not, and its waiting for an untraced
+    member read 1 ms of 149 (dp2 x pp4, the straggler's first stage lost)."""
     if table.empty:
         return np.zeros(0)
-    by_size = table.groupby(["group", "op", "bytes"], sort=True)["transfer"].min()
+    by_size = table.groupby(["group", "op", "bytes"], sort=True)["transfer"].min().reset_index()
     # within each (axis, op), from the largest size down: the running minimum
-    frame = by_size.reset_index().iloc[::-1]
-    frame["bound"] = frame.groupby(["group", "op"], sort=False)["transfer"].cummin()
+    frame = by_size.iloc[::-1].copy()
+    frame["above"] = frame.groupby(["group", "op"], sort=False)["transfer"].cummin()
+    # from the smallest up: the least time per byte so far, times the row's bytes
+    frame = frame.iloc[::-1]
+    per_byte = frame["transfer"] / frame["bytes"]
+    frame["below"] = per_byte.groupby([frame["group"], frame["op"]], sort=False).cummin()
+    frame["bound"] = np.minimum(frame["above"], frame["below"] * frame["bytes"])
     bounds = frame.set_index(["group", "op", "bytes"])["bound"]
     keys = pd.MultiIndex.from_frame(table[["group", "op", "bytes"]])
     return bounds.reindex(keys).to_numpy(dtype=np.float64)

@@ -57,7 +57,15 @@ def local_time(timeline: Timeline, spans: pd.DataFrame, previous_step_end: np.nd
     starts = timeline.first[:-1]
     opening = (previous_step_end >= 0) & (previous_step_end <= a[starts])
     previous_end[starts[opening]] = previous_step_end[opening]
-    from_start = launch & (a < previous_end)
+    # one batched kernel's ops (Megatron's batch_isend_irecv: a receive and a send, each with
+    # the kernel's interval where a peer left no trace) ran together: the later in the chain
+    # is timed from their common start too, and the rank goes on when both are done
+    # (replay.py); played one after the other, the kernel's time counted twice (a dp2 x pp4
+    # job whose straggler's trace was lost replayed its step 61% long)
+    message = np.isin(kind, [Kind.RECV, Kind.LOCAL])
+    batched = message & chained & message[np.where(chained, before, 0)] & (
+        a == previous_start) & (a < previous_end)  # fmt: skip
+    from_start = (launch & (a < previous_end)) | batched
     reference = np.where(from_start, previous_start, previous_end)
     seg = np.maximum(a - reference, 0)
     ev["from_start"] = from_start

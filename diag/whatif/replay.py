@@ -69,6 +69,9 @@ def local_own_ns(timeline: Timeline) -> np.ndarray:
     blocking = kind != Kind.LAUNCH  # a launch holds no rank: what follows it is not its
     batched = np.zeros(len(ev), dtype=bool)
     batched[1:] = local[1:] & blocking[:-1] & (a[1:] == a[:-1])
+    # (a message after a message of its batch is timed from their start: local_time.py)
+    if "from_start" in ev:
+        batched &= ~ev["from_start"].to_numpy(dtype=bool)
     batched[timeline.first[:-1]] = False  # each rank's first event
     previous_end = np.r_[0, e[:-1]]
     start = np.where(batched, np.maximum(a, previous_end), a)
@@ -223,7 +226,9 @@ def _replay(kind, own, instance, sender, one_way, from_start, measured_start, se
                     if blocked:
                         break
                     done[k] = ready + post[k]
-                clock[r] = done[k]
+                # an op batched with the one before it (`from_start`) ran beside it: the rank
+                # goes on when both are done
+                clock[r] = max(clock[r], done[k]) if from_start[k] else done[k]
                 k += 1
                 progressed = True
             position[r] = k

@@ -88,7 +88,15 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     megatron = _simulated(root, "dp2tp2pp4-il-megatron", "dp=2,tp=2,pp=4", slow, "-m", "8",
                           "--steps", "4", "--schedule", "interleaved", "--virtual-stages", "2",
                           "--trace-shape", "megatron")  # fmt: skip
+    no_tp_megatron = _simulated(root, "dp2pp4-megatron", "dp=2,pp=4", ["--inject",
+                                "straggler:rank=5,ms=15"], "-m", "8", "--steps", "4",
+                                "--trace-shape", "megatron")  # fmt: skip
     return {"whole": whole,
+            "no-tp-first-stage-lost": _without(no_tp, 4, root / "no-4"),
+            "no-tp-megatron": no_tp_megatron,
+            "no-tp-megatron-straggler-lost": _without(no_tp_megatron, 5, root / "megatron-no-5"),
+            "no-tp-megatron-next-stage-lost": _without(no_tp_megatron, 6,
+                                                       root / "megatron-no-6"),
             "megatron-interleaved": megatron,
             "megatron-next-stage-lost": _without(megatron, 12, root / "megatron-no-12"),
             "megatron-partners-lost": _without(megatron, (11, 12), root / "megatron-no-11-12"),
@@ -116,6 +124,35 @@ def test_a_lost_stage_rank_without_a_tp_partner_passes_the_straggler_on(
     main = analyze_path(pipeline["no-tp-next-stage-lost"])["findings"][0]
     assert (main["rule"], main["ranks"]) == ("BAL001", [5]), main["title"]
     assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+
+
+@pytest.mark.parametrize(("whole", "lost", "rule"), [
+    ("no-tp", "no-tp-first-stage-lost", "BAL001"),
+    ("no-tp-megatron", "no-tp-megatron-straggler-lost", "BAL006"),
+    ("no-tp-megatron", "no-tp-megatron-next-stage-lost", "BAL001"),
+])  # fmt: skip
+def test_a_lost_rank_with_no_tp_partner_leaves_the_straggler_its_cost(
+    pipeline: dict[str, Path], whole: str, lost: str, rule: str
+) -> None:
+    """dp2 x pp4, straggler rank 5, nobody to stand in for a lost rank:
+    - its first stage's (rank 4) lost: rank 0's data-parallel all-reduces, alone of their
+      group, waited 149 ms a step for rank 4 (which waited for the straggler), and that
+      waiting read 1 ms: their bytes are the axis's largest (the first stage holds the
+      embedding), and only a larger collective's transfer bounded theirs. A smaller one's,
+      scaled by the ratio of bytes, bounds it too (late_members._transfer_bound): BAL003
+      [5, 6, 7] at no cost came first before;
+    - Megatron's shape (a receive and a send in one kernel, both with the lost rank): the
+      send held the rank for the kernel's whole time and the receive then replayed its
+      transfer again (the straggler's own trace lost: the replay 61% long, BAL006 at 388 ms
+      against 149); its next stage's lost, 180 ms against 149. The two ops of the batch are
+      now timed from their common start (local_time.py)."""
+    first = analyze_path(pipeline[whole])["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("BAL001", [5])
+    report = analyze_path(pipeline[lost])
+    main = report["findings"][0]
+    assert (main["rule"], main["ranks"]) == (rule, [5]), main["title"]
+    assert main["cost_s"] == pytest.approx(first["cost_s"], rel=0.2)
+    assert report["attribution"]["replay_error"] < 0.05
 
 
 @pytest.mark.parametrize(("lost", "rule"), [("straggler-lost", "BAL006"),
