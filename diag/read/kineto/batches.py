@@ -19,18 +19,22 @@ latest op's. A receive stays its rank's wait; a send is one only where the rank'
 did not resume before the send's end (the rank waited for the whole batch, as Megatron's
 `wait_on_reqs` does), else the rank launched it and went on.
 
-A batch with an op whose peer left no trace (a lost rank's) is split where its other ops'
-peers are known: each of those ends a typical transfer (the median of the batches whose
-every peer is known, for its size) after it and its peer both started, and the ops with
-no known peer keep the kernel's end (what held the kernel past the others was theirs).
-Kept whole, the batch of an interleaved schedule's last stage, a receive from the lost rank
-beside a send to the first stage, read that send as 15 ms of transfer after the first
-stage's receive had started, and the replay of the step was 55% long. Where no batch of
-that size has every peer known, or no op has, the batch keeps the kernel's interval.
+An op whose peer left no trace (a lost rank's) takes its peer op from the lost rank's
+lockstep stand-in where it has one (its TP partner's op on the link to or from the same
+stage, diag/contract/peers.py). Kept whole, the batch of an interleaved schedule's last
+stage, a receive from the lost rank beside a send to the first stage, read that send as
+15 ms of transfer after the first stage's receive had started, and the replay of the step
+was 55% long. Where nobody stands for the lost rank, the batch is split where its other
+ops' peers are known: each of those ends a typical transfer (the median of the batches
+whose every peer is known, for its size) after it and its peer both started, and the ops
+with no known peer keep the kernel's end (what held the kernel past the others was
+theirs). Where no batch of that size has every peer known, or no op has, the batch keeps
+the kernel's interval.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -172,7 +176,7 @@ def _typical_transfers(
 def _size(comm: dict[str, Any]) -> int | None:
     """The op's bytes; None where the trace does not give them (NaN, absent)."""
     size = comm.get("bytes")
-    if isinstance(size, bool) or not isinstance(size, int | float) or size != size:
+    if isinstance(size, bool) or not isinstance(size, int | float) or not math.isfinite(size):
         return None
     return int(size)
 
