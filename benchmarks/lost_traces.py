@@ -22,7 +22,8 @@ Prints one line per folder and exits 1 when one misses. The jobs:
   random per seed, and the straggler's, its TP partner's, its next stage's;
 - `256`: a dp4 x tp8 x pp8 straggler, a tenth of the files removed at random per seed, and
   the straggler's, its TP partner's, its next stage's two ranks', and a node's (a whole TP
-  group of 8: the straggler's, its next stage's, the last stage's).
+  group of 8: the straggler's, its next stage's, the last stage's); `256-megatron`: the
+  same in Megatron's trace shape.
 docs/metrics.md ("an untraced member read from its lockstep partner") gives the figures.
 """
 
@@ -49,6 +50,16 @@ STRAGGLER_256 = 200  # dp4 x tp8 x pp8: dp 3, stage 1, first of its TP group
 THREE_D = "--ranks 16 --layout dp=2,tp=2,pp=4 --layers 8 -m 16 --steps 4"
 INTERLEAVED = "--schedule interleaved --virtual-stages 2"
 NODES_3D = ((10, 11), (12, 13), (14, 15))
+LOST_256 = (
+    (STRAGGLER_256,),
+    (STRAGGLER_256 + 1,),
+    (STRAGGLER_256 + 8, STRAGGLER_256 + 9),
+    # a node lost: the straggler's TP group of 8, its next stage's, the last stage's
+    tuple(range(200, 208)),
+    tuple(range(208, 216)),
+    tuple(range(248, 256)),
+)
+"""At 256 ranks: the straggler's file, its TP partner's, its next stage's two, three nodes'."""
 MEGATRON_LOST = ((10,), (12,), (11, 12), (4, 9, 13))
 """The straggler's file, its next stage's, both TP ranks of that stage, three of three stages'."""
 """A node lost: a whole TP group's files (the straggler's, its next stage's, the last stage's)."""
@@ -104,10 +115,12 @@ def jobs(which: list[str]) -> list[Job]:
         "256": [
             Job("256-straggler", "--ranks 256 --layout dp=4,tp=8,pp=8 --layers 16 -m 16 "
                 f"--steps 4 --inject straggler:rank={STRAGGLER_256},ms=15", 0.1,
-                lost=((STRAGGLER_256,), (STRAGGLER_256 + 1,),
-                      (STRAGGLER_256 + 8, STRAGGLER_256 + 9),
-                      # a node lost: the straggler's TP group of 8, its next stage's, the last's
-                      tuple(range(200, 208)), tuple(range(208, 216)), tuple(range(248, 256)))),
+                lost=LOST_256),
+        ],
+        "256-megatron": [
+            Job("256-straggler-megatron", "--ranks 256 --layout dp=4,tp=8,pp=8 --layers 16 "
+                f"-m 16 --steps 4 --inject straggler:rank={STRAGGLER_256},ms=15 "
+                "--trace-shape megatron", 0.1, lost=LOST_256),
         ],
     }  # fmt: skip
     return [job for name in which for job in found[name]]
@@ -172,7 +185,8 @@ def said(finding: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", default=["16", "healthy", "megatron"],
-                        choices=["16", "healthy", "megatron", "old", "256"])  # fmt: skip
+                        choices=["16", "healthy", "megatron", "old", "256",
+                                 "256-megatron"])  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     failed = 0
