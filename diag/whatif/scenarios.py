@@ -1,17 +1,17 @@
 """The counterfactual replays of one timeline (diag/whatif/attribution.py runs them): each
 replays the measured run with some durations replaced, and returns the `Cause`s whose cost is
-the step time it saves (the list of scenarios: attribution.py's docstring)."""
+the step time it saves (the list of scenarios: attribution.py's docstring). The waiting for
+ranks that left no records is diag/whatif/held_waits.py's."""
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diag.contract import ledger
-from diag.numeric.intervals import union_length_by
 from diag.read.load import RunData
 from diag.read.roles import rank_roles
 from diag.whatif import descheduled as ds
@@ -23,6 +23,7 @@ from diag.whatif.causes import (
     imbalance_explained,
     straggler_explained,
 )
+from diag.whatif.held_waits import HeldWaits, untraced_label
 from diag.whatif.late_members import untraced_in_groups
 from diag.whatif.places import (
     group_codes,
@@ -32,7 +33,7 @@ from diag.whatif.places import (
     stage_means,
     stage_places,
 )
-from diag.whatif.replay import Durations, local_own_ns, replay, step_times_ns
+from diag.whatif.replay import Durations, replay, step_times_ns
 from diag.whatif.waits import NS_PER_S
 
 MAX_CANDIDATES = 4
@@ -40,20 +41,6 @@ MAX_CANDIDATES = 4
 MIN_EXCESS_SHARE = 0.01
 """A rank whose typical excess, or whose net excess over the whole step, is below this share of
 the step is no straggler candidate."""
-
-
-def _ranks_said(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
-HELD_SLACK_SHARE = 0.01
-"""An event of the replay without the held waits for untraced members may end this much (a
-share of the step) later than in the base before the replay's reading of them is doubted."""
-
-
-HELD_REPLAY_ERROR = 0.10
-"""The replay's error on the measured steps (median, relative) above which the waits held for
-untraced members are not removed to cost a straggler beside them."""
 
 
 class Scenarios:
@@ -102,9 +89,18 @@ class Scenarios:
     def _cause(self, kind: CauseKind, label: str, saved_ns: float, **fields: Any) -> Cause:
         return Cause(kind, label, saved_ns / NS_PER_S, saved_ns / self.base_mean, **fields)
 
+    @cached_property
+    def held(self) -> HeldWaits:
+        """The waiting for untraced members (diag/whatif/held_waits.py)."""
+        return HeldWaits(self.timeline, self.base, self.ok, self.base_mean, self.absent_ns,
+                         self._base_done, self._replay_error, self.saving, self._cause)  # fmt: skip
+
+    def untraced_unsure_ranks(self) -> list[int]:
+        return self.held.unsure_ranks()
+
     def all(self) -> list[Cause]:
         causes = [*self.stragglers(), *self.imbalance(), *self.stages(), *self.transfers()]
-        causes += self.schedule() + self.descheduled() + self.untraced_members()
+        causes += self.schedule() + self.descheduled() + self.held.causes()
         return [c for c in causes if c.cost_s > 0]
 
     # --- local time ------------------------------------------------------------------------
@@ -217,33 +213,6 @@ class Scenarios:
             }))  # fmt: skip
         return causes
 
-    @cached_property
-    def _held_removed(self) -> tuple[Durations, float] | None:
-        """The waits for untraced members the replay holds at their measured length removed
-        (in a collective's transfer: one a rank had alone, or one whose traced members waited
-        for them beyond the transfer; a received message relayed or a message to an untraced
-        peer: its own time's), and what that alone saves; None where there are none. Every
-        such wait, not only those of ranks with no traced partner: a data-parallel all-reduce
-        of three traced members waiting for a lost fourth (dp4 x tp8 x pp8, the straggler's
-        next stage's node lost) held every replica's step end, and the straggler read as
-        costing nothing (PIP002 came first)."""
-        in_transfer = self._late_members_ns
-        if not ((in_transfer > 0).any() or (self._late_local_ns > 0).any()):
-            return None
-        local = self._measured_local_ns - self._late_local_ns
-        removed = Durations(self.base.seg_ns, self.base.transfer_ns - in_transfer,
-                            self.base.post_ns, local)  # fmt: skip
-        # less waiting cannot end an event later, and the replay must give the steps as
-        # measured: else it cannot read those waits (records it could not pair, resolved as
-        # they came), and nothing is claimed
-        without = replay(self.timeline, removed)
-        if np.nanmax(without - self._base_done, initial=0.0) > HELD_SLACK_SHARE * self.base_mean:
-            return None
-        if self._replay_error > HELD_REPLAY_ERROR:
-            return None
-        times = step_times_ns(self.timeline, without)
-        return removed, max(self.base_mean - float(times[self.ok].mean()), 0.0)
-
     def _saving_beside_held(self, rank: int) -> float:
         """What leveling the rank's excess saves once the held waits for untraced members are
         removed, beyond what their removal saves alone (0 where there are none). Held at their
@@ -252,33 +221,17 @@ class Scenarios:
         trace lost), the straggler read as costing nothing (a dp2 x pp4 job, rank 6 lost:
         rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is costed by that
         removal alone, so what is late on its own stays theirs."""
-        if self._held_removed is None:
+        if self.held.removed is None:
             return 0.0
         mine = self.rank == rank
-        return self._beside_held(self.base.seg_ns - np.where(mine, self._excesses["all"], 0.0))
-
-    def _beside_held(self, seg_ns: np.ndarray, baseline_seg_ns: np.ndarray | None = None) -> float:
-        """What the local times `seg_ns` save with the held waits for untraced members
-        removed, beyond what `baseline_seg_ns` (None: the measured local times) saves with
-        them removed; 0 where there are none (`_held_removed`)."""
-        held = self._held_removed
-        if held is None:
-            return 0.0
-        alone = held[1]
-        if baseline_seg_ns is not None:
-            alone = self.saving(self._with_held_removed(baseline_seg_ns))
-        return max(self.saving(self._with_held_removed(seg_ns)) - alone, 0.0)
-
-    def _with_held_removed(self, seg_ns: np.ndarray) -> Durations:
-        removed = cast(tuple[Durations, float], self._held_removed)[0]
-        return Durations(seg_ns, removed.transfer_ns, removed.post_ns, removed.local_ns)
+        return self.held.beside(self.base.seg_ns - np.where(mine, self._excesses["all"], 0.0))
 
     def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
         """Where the rank's excess is mostly its waiting for the members it stands for (the
         only traced rank of its group), those members are the straggler, not the rank: their
-        cause (UNTRACED, as `untraced_members` gives it where two or more members were
+        cause (UNTRACED, as `HeldWaits.causes` gives it where two or more members were
         traced), costed by their waiting at its peers' median. None where the rank's own
-        time, host or compute, saves at least as much, or where `untraced_members` already
+        time, host or compute, saves at least as much, or where `HeldWaits.causes` already
         names those members (found late in a group of their own)."""
         mine = self.rank == rank
         if float(self._excesses["absent"][mine].sum()) <= 0:
@@ -293,11 +246,10 @@ class Scenarios:
         traced = {int(r) for r in np.unique(self.rank)}
         missing = untraced_in_groups(self.run.manifest, traced, at_least=1)
         members = sorted({m for g in groups for m in missing.get((g, rank), ())})
-        if not members or tuple(members) in self._members_found_late:
+        if not members or tuple(members) in self.held.members_found_late:
             return None
         steps = max(int(self.ok.sum()), 1)
-        label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} communication "
-                 f"waiting for {'it' if len(members) == 1 else 'them'}")  # fmt: skip
+        label = untraced_label(members, groups)
         return self._cause(CauseKind.UNTRACED, label, absent, ranks=members,
                            group=groups[0] if len(groups) == 1 else None, evidence={
             "waiting_ranks": [rank],
@@ -307,16 +259,6 @@ class Scenarios:
             "wait_per_step_s": float(self._pieces["absent"][waited].sum()) / steps / NS_PER_S,
             "stood_in_by": rank,
         })  # fmt: skip
-
-    @cached_property
-    def _members_found_late(self) -> set[tuple[int, ...]]:
-        """The sets of untraced members some traced rank waited for in a group of their own
-        (`untraced_members` gives their cause): a set the timeline lists but nobody waited
-        for (every collective of the group on time) is not one."""
-        waited = (self._late_members_ns > 0) | (self._late_local_ns > 0)
-        code = self.timeline.events["late_members"].to_numpy()
-        found = np.unique(code[waited & (code >= 0)])
-        return {tuple(self.timeline.late_members[int(i)]) for i in found}
 
     def _queued_excess_ns(self, rank: int) -> float:
         """How much longer per step `rank`'s training thread waited for a core than the median
@@ -417,42 +359,19 @@ class Scenarios:
                         "mean_stage_local_s": mean / NS_PER_S / steps}  # fmt: skip
             label = f"pipeline stage {s}: more work than the other stages"
             # as a straggler's: beside the waits held for untraced members, where there are
-            saved_ns = max(saved - baseline, self._beside_held(scaled, seg), 0.0)
+            saved_ns = max(saved - baseline, self.held.beside(scaled, seg), 0.0)
             causes.append(self._cause(CauseKind.STAGE, label, saved_ns, ranks=ranks, stage=int(s),
                                       evidence=evidence))  # fmt: skip
         return causes
 
     # --- communication and schedule --------------------------------------------------------
 
-    @cached_property
-    def _late_members_ns(self) -> np.ndarray:
-        """Per event, the part of its transfer that waited for untraced members (0 where
-        none: diag/whatif/late_members.py): a transfer at zero keeps it, as it keeps every
-        other waiting for a late peer."""
-        ev = self.timeline.events
-        if "late_members_ns" not in ev:
-            return np.zeros(len(ev))
-        return np.minimum(ev["late_members_ns"].to_numpy(dtype=np.float64), self.base.transfer_ns)
-
-    @cached_property
-    def _unsure(self) -> np.ndarray:
-        """Per event: a transfer that may be all waiting for untraced members."""
-        ev = self.timeline.events
-        if "late_members_unsure" not in ev:
-            return np.zeros(len(ev), dtype=bool)
-        return ev["late_members_unsure"].to_numpy(dtype=bool)
-
-    def untraced_unsure_ranks(self) -> list[int]:
-        code = self.timeline.events["late_members"].to_numpy()[self._unsure]
-        members = self.timeline.late_members
-        return sorted({r for c in np.unique(code) if c >= 0 for r in members[int(c)]})
-
     def _transfers_zeroed(self, mine: np.ndarray, keep_unsure: bool) -> float:
         """What the transfers of `mine` at zero save (waiting for untraced members kept; and
         with `keep_unsure`, the transfers that may be all such waiting, kept whole)."""
-        kept = self._late_members_ns
+        kept = self.held.in_transfer_ns
         if keep_unsure:
-            kept = np.where(self._unsure, self.base.transfer_ns, kept)
+            kept = np.where(self.held.unsure, self.base.transfer_ns, kept)
         zero = np.where(mine, kept, self.base.transfer_ns)
         return self.saving(Durations(self.base.seg_ns, zero, self.base.post_ns))
 
@@ -465,7 +384,7 @@ class Scenarios:
             mine = moving & (groups == group)
             saved = self._transfers_zeroed(mine, keep_unsure=False)
             evidence = {}
-            if (mine & self._unsure).any():
+            if (mine & self.held.unsure).any():
                 low = self._transfers_zeroed(mine, keep_unsure=True)
                 evidence["if_untraced_waited_s"] = low / NS_PER_S
             label = f"{group} communication (transfers, the waiting for peers excluded)"
@@ -497,73 +416,10 @@ class Scenarios:
     def all_transfers_if_untraced_waited(self) -> float | None:
         """`all_transfers` with the transfers that may be waiting for untraced members kept
         (s; None where there are none)."""
-        if not self._unsure.any():
+        if not self.held.unsure.any():
             return None
         everything = np.ones(len(self.base.transfer_ns), dtype=bool)
         return self._transfers_zeroed(everything, keep_unsure=True) / NS_PER_S
-
-    @cached_property
-    def _late_local_ns(self) -> np.ndarray:
-        """Per event, the waiting for an untraced peer inside an unmatched message's own time
-        (diag/whatif/late_members.py), at most that time."""
-        ev = self.timeline.events
-        if "late_members_local_ns" not in ev:
-            return np.zeros(len(ev))
-        late = ev["late_members_local_ns"].to_numpy(dtype=np.float64)
-        return np.minimum(late, self._measured_local_ns)
-
-    @cached_property
-    def _measured_local_ns(self) -> np.ndarray:
-        return local_own_ns(self.timeline)
-
-    def untraced_members(self) -> list[Cause]:
-        """Per set of untraced members the traced ones waited for (the largest waits first, at
-        most MAX_CANDIDATES sets): what those members arriving with the last traced one saves.
-        Their lateness is read from sizes (diag/whatif/late_members.py), a lower bound."""
-        late = self._late_members_ns
-        if not ((late > 0).any() or (self._late_local_ns > 0).any()):
-            return []
-        code = self.timeline.events["late_members"].to_numpy()
-        steps = max(int(self.ok.sum()), 1)
-        both = late + self._late_local_ns
-        totals = pd.Series(both).groupby(code).sum().drop(-1, errors="ignore")
-        causes = []
-        for index in totals[totals > 0].nlargest(MAX_CANDIDATES).index:
-            members = list(self.timeline.late_members[int(index)])
-            mine = code == index
-            on_time = self.base.transfer_ns - np.where(mine, late, 0.0)
-            # where a rank stood in for them (their group's one traced member), their
-            # lateness is in its local time: removed as well
-            own = self.base.seg_ns - np.where(mine, np.minimum(self.absent_ns, self.base.seg_ns), 0)
-            # and a message to one of them held its sender or receiver: its waiting removed
-            local = self._measured_local_ns - np.where(mine, self._late_local_ns, 0.0)
-            saved = self.saving(Durations(own, on_time, self.base.post_ns, local))
-            waiting = mine & (both > 0)
-            peers = sorted(int(r) for r in np.unique(self.rank[waiting]))
-            groups = sorted({str(g) for g in self.timeline.events["group"].to_numpy()[waiting]})
-            label = (f"{_ranks_said(members)} (no records): {', '.join(groups)} communication "
-                     f"waiting for {'it' if len(members) == 1 else 'them'}")  # fmt: skip
-            causes.append(self._cause(CauseKind.UNTRACED, label, saved, ranks=members,
-                                      group=groups[0] if len(groups) == 1 else None, evidence={
-                "waiting_ranks": peers,
-                "groups": groups,
-                "median_wait_s": float(np.median(both[waiting])) / NS_PER_S,
-                "collectives_waited_per_step": float(waiting.sum()) / max(len(peers), 1) / steps,
-                "wait_per_step_s": self._wait_union_ns(waiting, both) / max(len(peers), 1)
-                / steps / NS_PER_S,
-            }))  # fmt: skip
-        return causes
-
-    def _wait_union_ns(self, waiting: np.ndarray, wait_ns: np.ndarray) -> float:
-        """The time the events `waiting` waited (`wait_ns` each, from their arrival), each
-        rank's waits as a union: asynchronous collectives in flight together (a data-parallel
-        all-reduce's buckets waiting for the same untraced member) wait at once, and summed
-        they read more than the step."""
-        ev = self.timeline.events
-        start = ev["a_ns"].to_numpy(dtype=np.int64)[waiting]
-        frame = pd.DataFrame({"rank": self.rank[waiting].astype(np.int64), "t0": start,
-                              "t1": start + wait_ns[waiting].astype(np.int64)})  # fmt: skip
-        return float(union_length_by(frame, ["rank"]).sum())
 
     def schedule(self) -> list[Cause]:
         layout = self.run.manifest.layout
