@@ -141,6 +141,8 @@ def main_finding(folder: Path, cache: Path) -> dict[str, Any]:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}  # cold: a cache of its own
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200,
                             env=env)  # fmt: skip
+    if result.returncode != 0 or not result.stdout.strip():
+        raise RuntimeError(f"diag analyze {folder}: {result.stderr.strip()[-2000:]}")
     report = json.loads(result.stdout)
     first = report["findings"][0] if report["findings"] else {}
     return {"rule": first.get("rule"), "ranks": first.get("ranks") or [],
