@@ -28,6 +28,7 @@ from diag.whatif import timeline as tl
 from diag.whatif.absent_members import (
     ARRIVED_LAST_SLACK_NS,
     ARRIVED_LAST_SLACK_SHARE,
+    mean_below,
     members_own_time,
 )
 from diag.whatif.places import stage_places
@@ -107,7 +108,7 @@ def test_where_the_traced_rank_arrived_last_its_members_took_less(
     folders: tuple[RunData, RunData, dict[int, int]],
 ) -> None:
     """Bounded by its time, a member that did not arrive last is read at the mean own time
-    of the traced ranks that did not either, at the same place of the stage's step."""
+    of the traced ranks at the same place of the stage's step below the last's."""
     _, partial, _ = folders
     timeline = _timeline(partial)
     read = _members(partial, timeline)
@@ -119,3 +120,38 @@ def test_where_the_traced_rank_arrived_last_its_members_took_less(
     # where no traced rank stands for anyone (a send, a step's start): its own time
     alone = read[~standing]
     assert alone["members"].to_numpy() == pytest.approx(alone["own"].to_numpy())
+
+
+def test_a_member_not_last_is_read_from_the_traced_times_below_the_last() -> None:
+    """One place of a stage, three steps' traced ranks (own times 10, 20, 40 ms; one
+    untraced partner each). The first two waited for their partners (measured: 30 ms); the
+    third arrived last, so its partner took less: read at the mean of the traced times below
+    40 ms (15 ms). A rank that arrived last with no traced time below its own reads its
+    partner at its own time."""
+    ms = 1_000_000
+    own = np.array([10, 20, 40], dtype=np.float64) * ms
+    absent = np.array([20, 10, 0], dtype=np.float64) * ms  # the first two waited for partners
+    seg = own + absent
+    transfer = np.full(3, 0.1 * ms)
+    read = members_own_time(seg, absent, transfer, np.ones(3), np.zeros(3, dtype=np.int64))
+    assert read == pytest.approx(np.array([20, 25, 27.5]) * ms)
+    alone = members_own_time(own[:1], np.zeros(1), transfer[:1], np.ones(1), np.zeros(1, int))
+    assert alone == pytest.approx([10 * ms])
+
+
+def test_themean_below_a_bound_equals_a_plain_count() -> None:
+    """absent_members.mean_below (one sort) against the definition, on random places,
+    values with gaps (NaN) and ties with the bounds."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        places = rng.integers(0, 4, n)
+        values = rng.integers(0, 10, n).astype(np.float64)
+        values[rng.random(n) < 0.3] = np.nan
+        bound = rng.integers(0, 12, n).astype(np.float64)
+        want = []
+        for i in range(n):
+            below = [v for v, p in zip(values, places, strict=True)
+                     if p == places[i] and not np.isnan(v) and v < bound[i]]  # fmt: skip
+            want.append(np.mean(below) if below else np.nan)
+        assert mean_below(values, places, bound) == pytest.approx(np.array(want), nan_ok=True)
