@@ -164,10 +164,17 @@ class Scenarios:
         mine = self.rank == rank
         host_excess = float(self._excesses["host"][mine].sum())
         compute_excess = float(self._excesses["compute"][mine].sum())
-        host = self.saving(self._without([rank], "host")) if host_excess > 0 else 0.0
+        host = self._leveling_saves(rank, "host") if host_excess > 0 else 0.0
         if compute_excess <= 0:
             return host, 0.0
-        return host, self.saving(self._without([rank], "compute")) if host_excess > 0 else saved
+        return host, self._leveling_saves(rank, "compute") if host_excess > 0 else saved
+
+    def _leveling_saves(self, rank: int, part: str) -> float:
+        """What leveling the rank's excess of `part` (`_pieces`) saves, as its whole excess
+        is costed: alone, or beside the held waits for untraced members removed (each part
+        read the second way too: read only alone, where the whole's saving came from beside
+        them, both parts read 0 and the straggler was named for its host time)."""
+        return max(self.saving(self._without([rank], part)), self._saving_beside_held(rank, part))
 
     def stragglers(self) -> list[Cause]:
         """The ranks with the largest typical excess, among those whose local time over the
@@ -185,8 +192,7 @@ class Scenarios:
         candidates = per_rank[(per_rank > floor) & (net > floor)].nlargest(MAX_CANDIDATES)
         causes = []
         for rank in candidates.index:
-            saved = max(self.saving(self._without([int(rank)], "all")),
-                        self._saving_beside_held(int(rank)))  # fmt: skip
+            saved = self._leveling_saves(int(rank), "all")
             untraced = self._waiting_for_untraced(int(rank), saved)
             if untraced is not None:
                 causes += [untraced] if untraced.cost_s > 0 else []
@@ -213,10 +219,10 @@ class Scenarios:
             }))  # fmt: skip
         return causes
 
-    def _saving_beside_held(self, rank: int) -> float:
-        """What leveling the rank's excess saves once the held waits for untraced members are
-        removed, beyond what their removal saves alone (0 where there are none). Held at their
-        measured length, those waits keep the step whatever the rank does: where an untraced
+    def _saving_beside_held(self, rank: int, part: str = "all") -> float:
+        """What leveling the rank's excess of `part` saves once the held waits for untraced
+        members are removed, beyond what their removal saves alone (0 where there are none).
+        Held at their measured length, those waits keep the step whatever the rank does: where an untraced
         rank was late because it waited for this one (the next stage after a straggler, its
         trace lost), the straggler read as costing nothing (a dp2 x pp4 job, rank 6 lost:
         rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is costed by that
@@ -224,7 +230,7 @@ class Scenarios:
         if self.held.removed is None:
             return 0.0
         mine = self.rank == rank
-        return self.held.beside(self.base.seg_ns - np.where(mine, self._excesses["all"], 0.0))
+        return self.held.beside(self.base.seg_ns - np.where(mine, self._excesses[part], 0.0))
 
     def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
         """Where the rank's excess is mostly its waiting for the members it stands for (the

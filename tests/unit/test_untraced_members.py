@@ -121,9 +121,13 @@ def test_a_lost_stage_rank_without_a_tp_partner_passes_the_straggler_on(
     0: every step held by rank 2 waiting for the rank with no trace)."""
     whole = analyze_path(pipeline["no-tp"])["findings"][0]
     assert (whole["rule"], whole["ranks"]) == ("BAL001", [5])
-    main = analyze_path(pipeline["no-tp-next-stage-lost"])["findings"][0]
+    report = analyze_path(pipeline["no-tp-next-stage-lost"])
+    main = report["findings"][0]
     assert (main["rule"], main["ranks"]) == ("BAL001", [5]), main["title"]
     assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+    # its cost is its compute's (Scenarios._split: each part costed as the whole is)
+    (cause,) = [c for c in report["attribution"]["causes"] if c["kind"] == "straggler"]
+    assert cause["evidence"]["compute_saving_s"] == pytest.approx(main["cost_s"], rel=0.05)
 
 
 @pytest.mark.parametrize(("whole", "lost", "rule"), [
