@@ -14,9 +14,9 @@ Prints one line per folder and exits 1 when one misses. The jobs:
 - `healthy`: the 3D job and the dp2 x pp4 one without a fault (their last stage the heavier:
   PIP003), and a jitter job; likewise;
 - `megatron`: Megatron's trace shape (batched sends and receives naming their peers): the 3D
-  straggler (1F1B and interleaved) and slow stage with the straggler's, its next stage's,
-  both TP ranks of that stage's, or three ranks of three stages' files removed; a dp2 x pp4
-  straggler (no TP partner to stand in) with each of five ranks' files removed;
+  straggler and slow stage (1F1B and interleaved) with the straggler's, its next stage's,
+  a rank of each of those stages', three ranks of three stages', or a node's files removed;
+  a dp2 x pp4 straggler (no TP partner to stand in) with each of five ranks' files removed;
 - `old`: the 3D straggler in an older trace's shape (no process groups: the layout read from
   what the ranks do, diag/read/kineto/grid_placement.py), a fifth of the files removed at
   random per seed, and the straggler's, its TP partner's, its next stage's;
@@ -60,8 +60,9 @@ LOST_256 = (
     tuple(range(248, 256)),
 )
 """At 256 ranks: the straggler's file, its TP partner's, its next stage's two, three nodes'."""
-MEGATRON_LOST = ((10,), (12,), (11, 12), (4, 9, 13))
-"""The straggler's file, its next stage's, both TP ranks of that stage, three of three stages'."""
+MEGATRON_LOST = ((10,), (12,), (11, 12), (4, 9, 13), *NODES_3D)
+"""The straggler's file, its next stage's, a rank of each of those stages, three of three
+stages', and a node's (a whole TP group: the straggler's, its next stage's, the last's)."""
 """A node lost: a whole TP group's files (the straggler's, its next stage's, the last stage's)."""
 
 
@@ -107,6 +108,9 @@ def jobs(which: list[str]) -> list[Job]:
             Job("3d-slow-stage-megatron",
                 f"{THREE_D} --inject stage-slow:stage=1,ms=10 --trace-shape megatron",
                 lost=MEGATRON_LOST),
+            Job("3d-slow-stage-megatron-interleaved",
+                f"{THREE_D} {INTERLEAVED} --inject stage-slow:stage=1,ms=10 "
+                "--trace-shape megatron", lost=MEGATRON_LOST),
         ],
         "old": [
             Job("3d-straggler-old", f"{THREE_D} {straggler} --trace-shape old", 0.2,

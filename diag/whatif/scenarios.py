@@ -222,11 +222,11 @@ class Scenarios:
     def _saving_beside_held(self, rank: int, part: str = "all") -> float:
         """What leveling the rank's excess of `part` saves once the held waits for untraced
         members are removed, beyond what their removal saves alone (0 where there are none).
-        Held at their measured length, those waits keep the step whatever the rank does: where an untraced
-        rank was late because it waited for this one (the next stage after a straggler, its
-        trace lost), the straggler read as costing nothing (a dp2 x pp4 job, rank 6 lost:
-        rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is costed by that
-        removal alone, so what is late on its own stays theirs."""
+        Held at their measured length, those waits keep the step whatever the rank does:
+        where an untraced rank was late because it waited for this one (the next stage after
+        a straggler, its trace lost), the straggler read as costing nothing (a dp2 x pp4 job,
+        rank 6 lost: rank 5's 149 ms read 0). The untraced members' own cause (BAL006) is
+        costed by that removal alone, so what is late on its own stays theirs."""
         if self.held.removed is None:
             return 0.0
         mine = self.rank == rank

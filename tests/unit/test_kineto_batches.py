@@ -84,3 +84,22 @@ def test_ops_whose_peers_are_known_end_a_typical_transfer_after_they_met() -> No
         row["t1"] = 900 if row["rank"] == 4 else row["t1"]
     split_batches(other)
     assert (other[0]["t1"], other[1]["t1"]) == (900, 900)
+
+
+def test_a_batch_of_unknown_peers_is_read_from_when_its_rank_computed() -> None:
+    """A lost node's peer (nobody stands for it): the batch keeps the kernel's interval, its
+    send is covered by the receive's wait (launched, as a split batch's send that ends with
+    its receive), and where the rank computed again before the kernel's end (at 300) the
+    receive was over by then: held to the end, it held the rank past its computing."""
+    rows = [_op(0, "send", 2, 100, 500, kernel=0), _op(0, "recv", 2, 100, 500, kernel=0)]
+    for row in rows:
+        row[RESUME_KEY] = 300
+    assert split_batches(rows) == 1
+    assert rows[0]["async"] and not rows[0]["blocking"]
+    assert (rows[0]["t1"], rows[1]["t1"]) == (500, 300)
+    # computed only after the kernel: the receive keeps its end
+    later = [_op(0, "send", 2, 100, 500, kernel=0), _op(0, "recv", 2, 100, 500, kernel=0)]
+    for row in later:
+        row[RESUME_KEY] = 600
+    assert split_batches(later) == 0
+    assert later[1]["t1"] == 500 and later[0]["async"]

@@ -189,36 +189,83 @@ def _split(
 ) -> int:
     """One batch's ops their own ends and waits, where every op's peer op is known; where
     only some are, those a typical transfer after they met (`typical`, by size) and the
-    others the kernel's end."""
-    known = [i for i in batch if i in partner_start]
-    if len(batch) < 2 or not known:
+    others the kernel's end. Whether each send was awaited is read either way (1: the batch
+    was split, 0: its ops kept the kernel's interval)."""
+    if len(batch) < 2:
         return 0
+    split = _ends_from_peers(comms, batch, partner_start, typical)
+    split |= _receives_until_resumed(comms, batch, partner_start)
+    _sends_awaited(comms, batch)
+    return int(split)
+
+
+def _receives_until_resumed(
+    comms: list[dict[str, Any]], batch: list[int], partner_start: dict[int, int]
+) -> bool:
+    """Each receive of the batch whose peer's op is unknown (it keeps the kernel's end) ends
+    at the latest when the rank computed again (`RESUME_KEY`): a rank does not compute
+    past a receive it waits for, so where it computed before the kernel's end, the receive
+    was done by then or not awaited there (an interleaved schedule posts the next chunk's
+    receive beside a send and goes on). Held to the kernel's end, a first stage's receive
+    from a lost last stage, batched with a send to a slow next stage, held its rank 20 ms
+    past its computing, and the replay of the step was 21% long. Whether any was cut."""
+    resume = comms[batch[0]].get(RESUME_KEY)
+    first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
+    if type(resume) is not int or not first <= resume < end:
+        return False
+    cut = False
+    for i in batch:
+        if comms[i]["op"] == RECV and i not in partner_start and comms[i]["t1"] > resume:
+            comms[i]["t1"] = resume
+            cut = True
+    return cut
+
+
+def _ends_from_peers(
+    comms: list[dict[str, Any]],
+    batch: list[int],
+    partner_start: dict[int, int],
+    typical: dict[int | None, int],
+) -> bool:
+    """Each op of the batch its end from its peer's op where it can be read (`_split`);
+    whether any was."""
+    known = [i for i in batch if i in partner_start]
+    if not known:
+        return False
     first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
     met = {i: max(first, partner_start[i]) for i in known}  # both sides there
     if len(known) < len(batch):
         if any(_size(comms[i]) not in typical for i in known):
-            return 0
+            return False
         for i in known:
             comms[i]["t1"] = min(end, met[i] + typical[_size(comms[i])])
-    else:
-        last = max(met.values())
-        transfer = max(end - last, 0)
-        for i in batch:
-            comms[i]["t1"] = min(end, met[i] + transfer) if last <= end else min(end, met[i])
+        return True
+    last = max(met.values())
+    transfer = max(end - last, 0)
+    for i in batch:
+        comms[i]["t1"] = min(end, met[i] + transfer) if last <= end else min(end, met[i])
+    return True
+
+
+def _sends_awaited(comms: list[dict[str, Any]], batch: list[int]) -> None:
+    """Whether each send of a batch with a receive was awaited apart (`blocking`) or
+    launched (`async`). The receive made the kernel the rank's wait; a send is part of it
+    where it ends last and the rank computed nothing before its end. One that ends with or
+    before a receive is covered by the wait for that receive (the computation resuming then
+    says nothing of the send): launched, not awaited apart. So is each send of a batch
+    kept whole (its peers unknown, a lost node's): read as awaited, a send to the lost rank
+    was a place of the step its traced peers' batches did not have, and the ranks of its
+    stage were compared place by place out of step (a slow stage beside the lost node read
+    11 ms of its 115)."""
     received = [int(comms[i]["t1"]) for i in batch if comms[i]["op"] == RECV]
     if not received:
-        return 1  # sends only: the kernel's own reading says whether the rank waited
+        return  # sends only: the kernel's own reading says whether the rank waited
     resume = comms[batch[0]].get(RESUME_KEY)
     for i in batch:
         comm = comms[i]
         if comm["op"] != SEND:
             continue
-        # the receive made the kernel the rank's wait; a send is part of it where it ends
-        # last and the rank computed nothing before its end. One that ends with or before a
-        # receive is covered by the wait for that receive (the computation resuming then
-        # says nothing of the send): launched, not awaited apart
         waited = comm["t1"] > max(received) + RESUME_WITHIN_NS and (
             resume is None or resume >= comm["t1"] - RESUME_WITHIN_NS
         )
         comm["blocking"], comm["async"] = waited, not waited
-    return 1
