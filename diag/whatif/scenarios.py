@@ -194,8 +194,8 @@ class Scenarios:
         for rank in candidates.index:
             saved = self._leveling_saves(int(rank), "all")
             untraced = self._waiting_for_untraced(int(rank), saved)
-            if untraced is not None:
-                causes += [untraced] if untraced.cost_s > 0 else []
+            if untraced is not None:  # the members it waited for, not the rank
+                causes += [c for c in untraced if c.cost_s > 0]
                 continue
             host, compute = self._split(int(rank), saved)
             kind = CauseKind.HOST if host > compute else CauseKind.STRAGGLER
@@ -232,13 +232,15 @@ class Scenarios:
         mine = self.rank == rank
         return self.held.beside(self.base.seg_ns - np.where(mine, self._excesses[part], 0.0))
 
-    def _waiting_for_untraced(self, rank: int, saved: float) -> Cause | None:
+    def _waiting_for_untraced(self, rank: int, saved: float) -> list[Cause] | None:
         """Where the rank's excess is mostly its waiting for the members it stands for (the
         only traced rank of its group), those members are the straggler, not the rank: their
         cause (UNTRACED, as `HeldWaits.causes` gives it where two or more members were
-        traced), costed by their waiting at its peers' median. None where the rank's own
-        time, host or compute, saves at least as much, or where `HeldWaits.causes` already
-        names those members (found late in a group of their own)."""
+        traced), costed by their waiting at its peers' median; none where `HeldWaits.causes`
+        already names those members (found late in a group of their own: named there, the
+        rank was named too, a straggler at the same cost, dp4 x tp2 x pp2 with the
+        straggler's trace lost). None where the rank's own time, host or compute, saves at
+        least as much: the rank's own excess."""
         mine = self.rank == rank
         if float(self._excesses["absent"][mine].sum()) <= 0:
             return None
@@ -252,11 +254,13 @@ class Scenarios:
         traced = {int(r) for r in np.unique(self.rank)}
         missing = untraced_in_groups(self.run.manifest, traced, at_least=1)
         members = sorted({m for g in groups for m in missing.get((g, rank), ())})
-        if not members or tuple(members) in self.held.members_found_late:
+        if not members:
             return None
+        if tuple(members) in self.held.members_found_late:
+            return []
         steps = max(int(self.ok.sum()), 1)
         label = untraced_label(members, groups)
-        return self._cause(CauseKind.UNTRACED, label, absent, ranks=members,
+        return [self._cause(CauseKind.UNTRACED, label, absent, ranks=members,
                            group=groups[0] if len(groups) == 1 else None, evidence={
             "waiting_ranks": [rank],
             "groups": groups,
@@ -264,7 +268,7 @@ class Scenarios:
             "collectives_waited_per_step": float(waited.sum()) / steps,
             "wait_per_step_s": float(self._pieces["absent"][waited].sum()) / steps / NS_PER_S,
             "stood_in_by": rank,
-        })  # fmt: skip
+        })]  # fmt: skip
 
     def _queued_excess_ns(self, rank: int) -> float:
         """How much longer per step `rank`'s training thread waited for a core than the median

@@ -91,7 +91,12 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     no_tp_megatron = _simulated(root, "dp2pp4-megatron", "dp=2,pp=4", ["--inject",
                                 "straggler:rank=5,ms=15"], "-m", "8", "--steps", "4",
                                 "--trace-shape", "megatron")  # fmt: skip
+    two_stages = _simulated(root, "dp4tp2pp2", "dp=4,tp=2,pp=2", ["--inject",
+                            "straggler:rank=6,ms=15"], "-m", "8", "--steps", "4",
+                            "--trace-shape", "megatron")  # fmt: skip
     return {"whole": whole,
+            "two-stages": two_stages,
+            "two-stages-straggler-lost": _without(two_stages, 6, root / "dp4tp2pp2-no-6"),
             "no-tp-first-stage-lost": _without(no_tp, 4, root / "no-4"),
             "no-tp-megatron": no_tp_megatron,
             "no-tp-megatron-straggler-lost": _without(no_tp_megatron, 5, root / "megatron-no-5"),
@@ -175,6 +180,21 @@ def test_a_pipeline_with_one_trace_lost_names_the_straggler_at_its_cost(
     main = analyze_path(pipeline[lost])["findings"][0]
     assert (main["rule"], main["ranks"]) == (rule, [PIPELINE_STRAGGLER]), main["title"]
     assert main["cost_s"] == pytest.approx(whole["cost_s"], rel=0.2)
+
+
+def test_an_untraced_straggler_found_late_is_not_its_partner_too(
+    pipeline: dict[str, Path],
+) -> None:
+    """dp4 x tp2 x pp2, the straggler's trace lost: its data-parallel peers' waits name it
+    (BAL006), and its TP partner's excess, all waiting for it, is that same straggler: it
+    read BAL001 on the partner first, at the same cost."""
+    first = analyze_path(pipeline["two-stages"])["findings"][0]
+    assert (first["rule"], first["ranks"]) == ("BAL001", [6])
+    findings = analyze_path(pipeline["two-stages-straggler-lost"])["findings"]
+    main = findings[0]
+    assert (main["rule"], main["ranks"]) == ("BAL006", [6]), main["title"]
+    assert main["cost_s"] == pytest.approx(first["cost_s"], rel=0.2)
+    assert not [f for f in findings if f["rule"] in ("BAL001", "BAL005") and 7 in f["ranks"]]
 
 
 @pytest.mark.parametrize("lost", ["megatron-next-stage-lost", "megatron-partners-lost"])
