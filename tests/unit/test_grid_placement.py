@@ -34,6 +34,7 @@ def _marks(
     groups = grid_groups(sizes, order)
     world = sizes[DP] * sizes[TP] * sizes[PP]
     firsts = {g[0] for g in groups.get(PP, [list(range(world))])}
+    lasts = {g[-1] for g in groups.get(PP, [])}
     rng = np.random.default_rng(seed)
     out: dict[int, PlacementMarks] = {}
     tp_groups = groups.get(TP, [[r] for r in range(world)])
@@ -41,8 +42,12 @@ def _marks(
         walk = np.cumsum(1_000_000 + rng.normal(0, drift_ns, size=32)).astype(np.int64)
         for r in group:
             opened = "send" if r in firsts or PP not in groups else "recv"
+            # 16 micro-batches: a middle stage's activations and gradients go both ways
+            messages = 32.0 if r in firsts or r in lasts else 64.0
             out[r] = PlacementMarks(
-                {opened: 3}, {s: [int(t) + offset_ns * (r % 2) for t in walk] for s in (1, 2)}
+                {opened: 3},
+                {s: [int(t) + offset_ns * (r % 2) for t in walk] for s in (1, 2)},
+                messages,
             )
     return out
 
@@ -137,12 +142,14 @@ def test_an_old_folders_grid_with_no_sizes_and_with_traces_missing(tmp_path: Pat
 
 
 def test_traced_ranks_that_fit_several_grids_leave_the_layout_unknown() -> None:
-    """One rank per tensor-parallel group of 8 (32 of 256): groups of 2, 4 or 8 fit them alike
-    (with 16 or 32 stages), so none is claimed; a fifth lost at random fits the truth only."""
+    """One rank per tensor-parallel group of 8 (32 of 256): groups of 2, 4 or 8 fit the first
+    stage and the groups alike (with 16 or 32 stages); without the messages a step, none is
+    claimed; a fifth lost at random fits the truth only."""
     sizes = {DP: 4, TP: 8, PP: 8}
     every = _marks(sizes, (DP, PP, TP), drift_ns=20_000)
     one_per_tp = {r: m for r, m in every.items() if r % 8 == 0}
-    grid = inferred(256, SHOWN_3D, one_per_tp)
+    uncounted = {r: PlacementMarks(m.opens, m.ends_ns) for r, m in one_per_tp.items()}
+    grid = inferred(256, SHOWN_3D, uncounted)
     assert grid == ("the traces of 32 of 256 ranks fit 3 grids (dp4 x tp8 x pp8; "
                     "dp4 x tp4 x pp16; dp4 x tp2 x pp32)")  # fmt: skip
     rng = np.random.default_rng(1)
@@ -151,6 +158,36 @@ def test_traced_ranks_that_fit_several_grids_leave_the_layout_unknown() -> None:
     read = inferred(256, SHOWN_3D, some)
     assert not isinstance(read, str), read
     assert (read.sizes, read.groups) == (sizes, grid_groups(sizes))
+
+
+def test_the_last_stage_tells_the_grids_one_rank_per_tp_group_fits() -> None:
+    """One rank per tensor-parallel group of 8 (32 of 256, data parallelism outermost): the
+    ranks whose steps hold the fewest messages without opening with a send are the last
+    stage; only 8 stages put a traced rank there (with 16 or 32, the last stage's ranks are
+    never the traced ones). With the pipeline outermost the grids that fit differ in dp and
+    tp alone, within a stage, which no rank traced per group can tell: unknown."""
+    sizes = {DP: 4, TP: 8, PP: 8}
+    order = (DP, PP, TP)
+    one_per_tp = {r: m for r, m in _marks(sizes, order, 20_000).items() if r % 8 == 0}
+    grid = inferred(256, SHOWN_3D, one_per_tp)
+    assert not isinstance(grid, str), grid
+    assert (grid.sizes, grid.groups) == (sizes, grid_groups(sizes, order))
+    assert "4 of them the last stage (the fewest messages a step" in grid.how
+    # no middle stage traced (only the first and last): nothing to tell the last by
+    ends = {r: m for r, m in one_per_tp.items() if _stage(r, sizes, order) in (0, 7)}
+    assert isinstance(inferred(256, SHOWN_3D, ends), str)
+    megatron = (PP, DP, TP)
+    within = {r: m for r, m in _marks(sizes, megatron, 20_000).items() if r % 8 == 0}
+    assert inferred(256, SHOWN_3D, within) == (
+        "the traces of 32 of 256 ranks fit 3 grids (dp16 x tp2 x pp8; dp8 x tp4 x pp8; "
+        "dp4 x tp8 x pp8)"
+    )
+
+
+def _stage(rank: int, sizes: dict[str, int], order: tuple[str, ...]) -> int:
+    """The rank's pipeline stage in the grid."""
+    groups = grid_groups(sizes, order)[PP]
+    return next(g.index(rank) for g in groups if rank in g)
 
 
 def test_a_step_opened_by_a_batch_holding_a_send_is_the_first_stages() -> None:

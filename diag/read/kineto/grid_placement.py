@@ -28,9 +28,14 @@ size); with some ranks' traces missing (lost, or one per tensor-parallel group w
 often still does. Where several grids fit (the ranks traced too few to tell) or none, the
 layout is unknown, saying why; the source says how a grid was read.
 
+Where several grids fit the first stage and the groups (one rank per tensor-parallel group
+traced: no lockstep to read), the last stage tells them apart: its steps hold the fewest
+messages of the ranks not opening with a send (a middle stage's activations and gradients go
+both ways), and only one grid may put those ranks, and no other, in its last stage.
+
 The traces are reduced where they are parsed (`marks`: per step, which kind of message opened
-it, and the ends of a few steps' activation-sized collectives), so a large folder's records
-never gather for this.
+it, the median count of its messages, and the ends of a few steps' activation-sized
+collectives), so a large folder's records never gather for this.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class PlacementMarks:
     """Steps whose first batch of messages holds a send, and the others: {"send": n, "recv": n}."""
     ends_ns: dict[int, list[int]] = field(default_factory=dict)
     """Per marked step, the ends of its activation-sized collectives, in the order they start."""
+    messages_per_step: float = 0.0
+    """The median over its steps of the sends and receives a step holds (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,9 @@ def marks(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Placement
     for step in marked:
         ones = sorted((c for c in activations if c["step"] == step), key=lambda c: c["t0"])
         ends[int(step)] = [int(c["t1"]) for c in ones[:MARKED_ENDS]]
-    return PlacementMarks(dict(opens), ends)
+    counts = sorted(len(ops) for ops in messages.values())
+    per_step = float(np.median(counts)) if counts else 0.0
+    return PlacementMarks(dict(opens), ends, per_step)
 
 
 def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMarks]) -> Grid | str:
@@ -162,6 +171,11 @@ def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMar
         return ("the ranks opening their steps with a send and those keeping step together fit "
                 "no grid (tensor parallelism innermost; data parallelism or the pipeline "
                 "outermost; data parallelism where the gradients' reduction shows it)")  # fmt: skip
+    lasts = _last_stage(traced, set(firsts), marks_of) if PP in shown else None
+    if len(fits) > 1 and lasts:
+        # the fewest messages tell the last stage where several grids fit the first alone
+        last_fits = {k: f for k, f in fits.items() if _lasts_fit(f[0], f[1], traced, lasts)}
+        fits = last_fits if len(last_fits) == 1 else fits
     if len(fits) > 1:
         shown_grids = "; ".join(_said(sizes) for sizes, _, _ in list(fits.values())[:3])
         return (f"the traces of {len(traced)} of {world} ranks fit {len(fits)} grids "
@@ -181,7 +195,38 @@ def inferred(world: int, shown: frozenset[str], marks_of: dict[int, PlacementMar
     how.append(f"dp={sizes[DP]}: what the others leave")
     if len(traced) < world:
         how.append(f"the only grid the {len(traced)} of {world} ranks traced fit")
+        if lasts and _lasts_fit(sizes, grid_order, traced, lasts):
+            how.append(f"{len(lasts)} of them the last stage (the fewest messages a step, "
+                       "not opening with a send)")  # fmt: skip
     return Grid(sizes, groups, "; ".join(how))
+
+
+LAST_STAGE_SHARE = 0.9
+"""A rank not opening its steps with a send whose messages a step are at most this share of
+the most any traced rank's are is the pipeline's last stage (1F1B and GPipe: half a middle
+stage's; interleaved with two chunks a stage: three quarters)."""
+
+
+def _last_stage(
+    traced: list[int], firsts: set[int], marks_of: dict[int, PlacementMarks]
+) -> set[int]:
+    """The traced ranks of the pipeline's last stage: a middle stage receives and sends each
+    micro-batch's activations and gradients, the last only its activations in and gradients
+    out, so its steps hold fewer messages (the first stage's too, told by its opening send).
+    Empty where no middle stage is traced (nothing to compare with)."""
+    others = [r for r in traced if r not in firsts and marks_of[r].messages_per_step > 0]
+    if not others:
+        return set()
+    most = max(marks_of[r].messages_per_step for r in others)
+    return {r for r in others if marks_of[r].messages_per_step <= LAST_STAGE_SHARE * most}
+
+
+def _lasts_fit(
+    sizes: dict[str, int], order: tuple[str, ...], traced: list[int], lasts: set[int]
+) -> bool:
+    """Whether the grid puts the traced ranks read as the last stage in its last stage, and
+    no other traced rank."""
+    return all((_index(r, sizes, order, PP) == sizes[PP] - 1) == (r in lasts) for r in traced)
 
 
 def _grid_sizes(world: int, shown: frozenset[str]) -> list[dict[str, int]]:
