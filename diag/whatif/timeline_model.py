@@ -39,7 +39,9 @@ class Timeline:
     """rank, step, kind, a_ns, e_ns (arrival and measured end: the arrival is the measured
     start, earlier by `gap_wait_ns` where the rank waited in a gap before it), seg_ns and
     host_ns (local time before the event, and its host part), gap_ns (its time in no record
-    right before the event), j (position in its step), instance, group,
+    right before the event), j (position in its step), from_start (timed from the start of
+    the rank's event before it, not its end: a launch issued while that one blocked, or a
+    message of the same batched kernel; diag/whatif/local_time.py), instance, group,
     transfer_ns (SYNC, LAUNCH, RECV: from the last arrival, or the send, to the end), inferred
     (a synchronisation inferred from time in no record, diag/whatif/untraced.py), absent_ns
     (the part of seg_ns spent waiting for group members nobody traced: the arrival moved to
