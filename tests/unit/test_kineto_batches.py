@@ -103,3 +103,18 @@ def test_a_batch_of_unknown_peers_is_read_from_when_its_rank_computed() -> None:
         row[RESUME_KEY] = 600
     assert split_batches(later) == 0
     assert later[1]["t1"] == 500 and later[0]["async"]
+
+
+def test_a_receive_is_cut_by_the_kernels_end_not_by_a_split_op() -> None:
+    """A batch whose first op is split (its peer known) and whose other op's peer is unknown:
+    the rank computed at 400, before the kernel's end (900), so the receive ends there; read
+    against the first op's new end (230), the resumption fell after it and was ignored."""
+    rows = [
+        _op(4, "send", 5, 100, 900, kernel=0), _op(4, "recv", 6, 100, 900, kernel=0),
+        _op(5, "recv", 4, 200, 900),
+        _op(7, "send", 8, 0, 70, kernel=1), _op(7, "recv", 8, 0, 70, kernel=1),
+        _op(8, "recv", 7, 40, 70, kernel=2), _op(8, "send", 7, 40, 70, kernel=2),
+    ]  # fmt: skip
+    rows[0][RESUME_KEY] = rows[1][RESUME_KEY] = 400
+    split_batches(rows)
+    assert (rows[0]["t1"], rows[1]["t1"]) == (230, 400)

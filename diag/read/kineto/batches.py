@@ -193,14 +193,18 @@ def _split(
     was split, 0: its ops kept the kernel's interval)."""
     if len(batch) < 2:
         return 0
-    split = _ends_from_peers(comms, batch, partner_start, typical)
-    split |= _receives_until_resumed(comms, batch, partner_start)
+    kernel = (int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"]))  # before any is split
+    split = _ends_from_peers(comms, batch, partner_start, typical, kernel)
+    split |= _receives_until_resumed(comms, batch, partner_start, kernel)
     _sends_awaited(comms, batch)
     return int(split)
 
 
 def _receives_until_resumed(
-    comms: list[dict[str, Any]], batch: list[int], partner_start: dict[int, int]
+    comms: list[dict[str, Any]],
+    batch: list[int],
+    partner_start: dict[int, int],
+    kernel: tuple[int, int],
 ) -> bool:
     """Each receive of the batch whose peer's op is unknown (it keeps the kernel's end) ends
     at the latest when the rank computed again (`RESUME_KEY`): a rank does not compute
@@ -210,7 +214,7 @@ def _receives_until_resumed(
     from a lost last stage, batched with a send to a slow next stage, held its rank 20 ms
     past its computing, and the replay of the step was 21% long. Whether any was cut."""
     resume = comms[batch[0]].get(RESUME_KEY)
-    first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
+    first, end = kernel
     if type(resume) is not int or not first <= resume < end:
         return False
     cut = False
@@ -226,13 +230,14 @@ def _ends_from_peers(
     batch: list[int],
     partner_start: dict[int, int],
     typical: dict[int | None, int],
+    kernel: tuple[int, int],
 ) -> bool:
-    """Each op of the batch its end from its peer's op where it can be read (`_split`);
-    whether any was."""
+    """Each op of the batch its end from its peer's op where it can be read (`_split`;
+    `kernel`: the batch's start and end); whether any was."""
     known = [i for i in batch if i in partner_start]
     if not known:
         return False
-    first, end = int(comms[batch[0]]["t0"]), int(comms[batch[0]]["t1"])
+    first, end = kernel
     met = {i: max(first, partner_start[i]) for i in known}  # both sides there
     if len(known) < len(batch):
         if any(_size(comms[i]) not in typical for i in known):
