@@ -20,7 +20,7 @@ import pandas as pd
 
 from diag.contract import schema
 from diag.contract.names import TP
-from diag.contract.peers import pipeline_peers
+from diag.contract.peers import pipeline_peers, stand_in_links
 from diag.numeric.ordering import dense_key, lexicographic, occurrence
 from diag.whatif.matching import P2P_OPS, lockstep_stand_ins, message_peers
 
@@ -30,7 +30,7 @@ def surrogate_message_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Receives from a rank that left no records, each with a traced send it takes the
     place of:
-    - where the untraced rank x has a lockstep stand-in y (`lockstep_stand_ins`), the n-th
+    - where the untraced rank x has a lockstep stand-in y (`peers.stand_in_links`), the n-th
       receive of a step on rank b from x waits for the n-th send of that step from y to y's
       neighbour on b's side of the pipeline (x sent when y did);
     - else, where x's other neighbour a in the pipeline is traced, it waits for the n-th
@@ -57,7 +57,7 @@ def surrogate_message_rows(
     rank = comms["rank"].to_numpy(dtype=np.int64)[rows]
     step = comms["step"].to_numpy(dtype=np.int64)[rows]
     t0 = comms["t0"].to_numpy(dtype=np.int64)[rows]
-    stand = lockstep_stand_ins(comms, manifest)
+    links = stand_in_links(manifest, traced)
     # the receives from an untraced rank, as the link whose send they wait for
     source = np.full(len(rows), -1, dtype=np.int64)
     target = np.full(len(rows), -1, dtype=np.int64)
@@ -73,11 +73,10 @@ def surrogate_message_rows(
         if x not in neighbours:
             continue
         side = 0 if neighbours[x][0] == b else 1 if neighbours[x][1] == b else -1
-        y = stand.get(x)
         if side < 0:
             continue
-        if y is not None and y in neighbours:
-            source[i], target[i] = y, neighbours[y][side]
+        if (x, b) in links:
+            source[i], target[i] = links[(x, b)]
         elif neighbours[x][1 - side] in traced and neighbours[x][0] != neighbours[x][1]:
             # (x's only neighbour, a first or last stage: nothing passed on to read it from)
             a, at_step = neighbours[x][1 - side], int(step[i])
