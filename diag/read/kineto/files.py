@@ -42,6 +42,7 @@ from diag.read.kineto.events import (
     kept_from,
 )
 from diag.read.kineto.kernels import KernelPatterns
+from diag.read.kineto.scanned import ScannedBatch, take_scanned
 from diag.read.kineto.stream import NotStreamable, inflated, stream_events
 
 try:
@@ -204,8 +205,11 @@ def _scanned(
         def take(batch: list[Kept]) -> None:
             one_pass.take(batch, scanned, measured, share.one)
 
+        def take_columns(batch: ScannedBatch) -> None:
+            take_scanned(batch, scanned, measured, share.one)
+
         try:
-            data = stream_events(path, take)
+            data = stream_events(path, take, take_columns)
             return data, scanned.result(), measured.result(patterns), []
         except NotStreamable:
             pass

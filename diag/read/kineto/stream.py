@@ -39,6 +39,7 @@ from diag.read.kineto.events import (
     Kept,
     KeptTrace,
 )
+from diag.read.kineto.scanned import AVAILABLE, ScannedBatch, scan_batch
 
 CHUNK_BYTES = 2**20
 """Inflated bytes read (and events decoded) at a time."""
@@ -67,10 +68,16 @@ class NotStreamable(Exception):
     """The trace is not read a batch at a time: the caller reads it whole."""
 
 
-def stream_events(path: Path, take: Callable[[list[Kept]], None]) -> KeptTrace:
+def stream_events(
+    path: Path,
+    take: Callable[[list[Kept]], None],
+    take_scanned: Callable[[ScannedBatch], None] | None = None,
+) -> KeptTrace:
     """Hand `take` the trace's events, a batch at a time, in file order; the trace's metadata.
-    InputError for an unreadable file or a gzip bomb; NotStreamable for anything else
-    that is not a well-formed trace with its events in one top-level array."""
+    With `take_scanned`, a batch the C scanner reads goes to it instead, as columns
+    (scanned.py). InputError for an unreadable file or a gzip bomb; NotStreamable for
+    anything else that is not a well-formed trace with its events in one top-level array."""
+    known: dict[str, int] | None = {} if take_scanned is not None and AVAILABLE else None
     lexer = _Lexer()
     buffer = bytearray()  # the text from `start` on
     start = 0
@@ -90,13 +97,19 @@ def stream_events(path: Path, take: Callable[[list[Kept]], None]) -> KeptTrace:
                 continue
             head, cut = bytes(buffer[: opened + 1 - start]), opened + 1
             chunk_start = cut
-        events, end, tried = _batch(buffer, cut - start, chunk_start - start - 1, first_batch)
+        events, end, tried = _batch(
+            buffer, cut - start, chunk_start - start - 1, first_batch, known
+        )
         if events is None:
             refused += tried > 0
             if refused > MAX_REFUSED:
                 raise NotStreamable("events the typed decoder refuses")
             continue
-        take(events)
+        if isinstance(events, ScannedBatch):
+            assert take_scanned is not None
+            take_scanned(events)
+        else:
+            take(events)
         first_batch, refused = False, 0
         del buffer[:end]
         start += end
@@ -107,8 +120,8 @@ def stream_events(path: Path, take: Callable[[list[Kept]], None]) -> KeptTrace:
 
 
 def _batch(
-    buffer: bytearray, cut: int, search_from: int, first_batch: bool
-) -> tuple[list[Kept] | None, int, int]:
+    buffer: bytearray, cut: int, search_from: int, first_batch: bool, known: dict[str, int] | None
+) -> tuple[list[Kept] | ScannedBatch | None, int, int]:
     """The events from `cut` (after the last batch: a comma, unless `first_batch`, then an
     event) to the last end of an object followed by a comma at or after `search_from`, where
     they end, and how many places were tried; no events when none decodes.
@@ -117,7 +130,8 @@ def _batch(
     the start of an event, text that decodes as a list of objects ends where an event ends,
     since a cut inside a string or inside an event leaves something unclosed. A place that
     does not decode is one inside an event (or the trace has what the decoder refuses): the
-    one before it is tried, MAX_TRIES in all."""
+    one before it is tried, MAX_TRIES in all. With `known` (scanned.scan_batch's), the C
+    scanner reads the events where it can; msgspec decodes where it does not."""
     position = len(buffer)
     search_from = max(search_from, cut)
     for tried in range(MAX_TRIES):
@@ -129,6 +143,9 @@ def _batch(
         gap = (_FIRST_GAP if first_batch else _GAP).match(buffer, cut, position)
         if gap is None:
             raise NotStreamable("a value between events that is not an object")
+        scanned = None if known is None else scan_batch(buffer, gap.end(), position + 1, known)
+        if scanned is not None:
+            return scanned, position + 1, tried + 1
         try:
             events = _decoded_in_place(buffer, gap.end(), position + 1)
         except _REFUSED:
