@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test lint clean
 
-$(BIN)/diag: pyproject.toml diag/read/kineto/_event_scan.c
+$(BIN)/diag: pyproject.toml diag/read/kineto/event_scan.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel first: pip then finds torch satisfied and downloads no CUDA build.

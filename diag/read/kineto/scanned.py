@@ -1,4 +1,4 @@
-"""A batch of a trace's events read as columns by the C scanner (`_event_scan.c`, issue 43),
+"""A batch of a trace's events read as columns by the C scanner (`event_scan.c`, issue 43),
 and taken by numpy where one_pass.take would read them one by one.
 
 Decoding every event into a struct and then reading its fields in a Python loop was most of
@@ -50,14 +50,14 @@ from diag.read.kineto.events import ABSENT, BATCH_DECODER, DECODE_ERRORS, Args, 
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
 
 try:
-    from diag.read.kineto import _event_scan  # type: ignore[attr-defined]
+    import diag.read.kineto.event_scan as event_scan  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # built without a C compiler: msgspec reads every batch
-    _event_scan = None
+    event_scan = None
 
-AVAILABLE = _event_scan is not None and os.environ.get("DIAG_EVENT_SCAN", "1") != "0"
+AVAILABLE = event_scan is not None and os.environ.get("DIAG_EVENT_SCAN", "1") != "0"
 """The scanner reads the batches (else msgspec alone)."""
 
-# the scanner's columns (_event_scan.c's enum)
+# the scanner's columns (event_scan.c's enum)
 (KIND, START, END, PH, CAT, NAME, TS_KIND, TS, DUR_KIND, DUR, TID_KIND, TID, ARGS,
  CORRELATION_KIND, CORRELATION, STREAM_KIND, STREAM, COLLECTIVE, NCOL) = range(19)  # fmt: skip
 F_TS, F_DUR = 0, 1
@@ -117,14 +117,14 @@ def scan_batch(
     is to decode the whole batch (the scanner does not read it, or an event it leaves to
     msgspec does not decode: the whole batch's decoding then says why). `known`: the flags
     of the strings a trace's earlier batches held (filled here)."""
-    assert _event_scan is not None
+    assert event_scan is not None
     size = end - first
     capacity = max(64, size // ROW_BYTES)
     while True:
         rows = np.empty((capacity, NCOL), dtype=np.int64)
         times = np.empty((capacity, 2), dtype=np.float64)
         strings = np.empty((3 * capacity, 2), dtype=np.int64)
-        status, count, distinct = _event_scan.scan(buffer, first, end, rows, times, strings)
+        status, count, distinct = event_scan.scan(buffer, first, end, rows, times, strings)
         if status != -2:
             break
         capacity = size // 3 + 2  # an event is at least `{}` and a comma

@@ -568,11 +568,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_event_scan", "A Kineto trace's events read as columns.", -1,
+    PyModuleDef_HEAD_INIT, "event_scan", "A Kineto trace's events read as columns.", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__event_scan(void) {
+PyMODINIT_FUNC PyInit_event_scan(void) {
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "NCOL", NCOL) < 0) {
         Py_DECREF(m);
