@@ -70,6 +70,15 @@ static void skip_ws(Reader *r) {
     }
 }
 
+/* The bytes that end a run of plain characters in a string: the quote, the backslash, a
+ * control character (not JSON) and a byte beyond ASCII (made by init_tables). */
+static unsigned char STOPS_A_STRING[256];
+
+static void init_tables(void) {
+    for (int c = 0; c < 256; c++)
+        STOPS_A_STRING[c] = c == '"' || c == '\\' || c < 0x20 || c > 0x7f;
+}
+
 static int is_hex(unsigned char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
@@ -82,7 +91,9 @@ static int read_string(Reader *r, Py_ssize_t *start, Py_ssize_t *length, int *pl
     Py_ssize_t i = r->i + 1;
     *plain = 1;
     *start = i;
-    while (i < r->n) {
+    for (;;) {
+        while (i < r->n && !STOPS_A_STRING[r->s[i]]) i++; /* the run of plain characters */
+        if (i >= r->n) break;
         unsigned char c = r->s[i];
         if (c == '"') {
             *length = i - *start;
@@ -573,6 +584,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit_event_scan(void) {
+    init_tables();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "NCOL", NCOL) < 0) {
         Py_DECREF(m);
