@@ -106,12 +106,13 @@ def source_closure(modules: Iterable[str]) -> set[Path]:
 
 
 def _module_file(name: str) -> Path | None:
-    """The file of a dotted `diag` module or package; None for anything else."""
+    """The file of a dotted `diag` module or package (a compiled extension's C source); None
+    for anything else."""
     parts = name.split(".")
     if parts[0] != "diag":
         return None
     base = _DIAG.joinpath(*parts[1:])
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+    for candidate in (base.with_suffix(".py"), base / "__init__.py", base.with_suffix(".c")):
         if candidate.is_file():
             return candidate
     return None

@@ -370,14 +370,22 @@ def _add_cpu_ops(
     first occur (the loop's order of the dict's keys)."""
     if not len(at):
         return
-    tids = _tids(rows[at])
-    order: dict[int | None, list[int]] = {}
-    for position, tid in enumerate(tids):
-        order.setdefault(tid, []).append(position)
-    for tid, positions in order.items():
-        ops = cpu_ops.get(tid)
+    known = rows[at, TID_KIND] == INT
+    place = np.flatnonzero(known)  # a group a thread, then one for operators without one
+    distinct, first, inverse = np.unique(
+        rows[at[place], TID], return_index=True, return_inverse=True
+    )
+    keys: list[int | None] = list(distinct.tolist())
+    group = np.full(len(at), len(keys), dtype=np.int64)
+    group[place] = inverse
+    firsts = place[first].tolist()
+    if not known.all():
+        keys.append(None)
+        firsts.append(int(np.flatnonzero(~known)[0]))
+    for index in np.argsort(firsts, kind="stable").tolist():
+        ops = cpu_ops.get(keys[index])
         if ops is None:
-            ops = cpu_ops[tid] = (array("q"), array("q"))
-        picked = at[positions]
+            ops = cpu_ops[keys[index]] = (array("q"), array("q"))
+        picked = at[group == index]
         ops[0].frombytes(t0[picked].tobytes())
         ops[1].frombytes(t1[picked].tobytes())
