@@ -285,3 +285,11 @@ def test_a_gzipped_trace_reads_alike_as_columns(tmp_path: Path) -> None:
     with gzip.open(path, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
     _same_both_ways(path)
+
+
+def test_a_batch_of_more_events_than_rows_is_msgspec_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = b",".join([b'{"ph": "X", "ts": 1, "dur": 1}'] * 300)
+    batch = _scan(text)
+    assert batch is not None and len(batch.rows) == 300  # more rows asked for, once
+    monkeypatch.setattr(scanned, "MAX_ROWS", 256)
+    assert _scan(text) is None

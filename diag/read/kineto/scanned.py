@@ -65,6 +65,9 @@ ODD, PH_X, INT, FLOAT = 1, 1, 1, 2
 ROW_BYTES = 128
 """The rows first allocated: one per this many bytes of text (events are longer; more rows
 are asked for when a batch has more)."""
+MAX_ROWS = 2**18
+"""At most this many rows a batch (about 55 MB with the strings' table): a batch of more
+(events of a few bytes each, as only a hostile file writes) is msgspec's."""
 
 _BY_NAME = ("nccl:", "gloo:", "c10d::", "record_param_comms", "ProfilerStep")
 """Names whose events the converter keeps with their arguments, or reads as steps."""
@@ -119,15 +122,15 @@ def scan_batch(
     of the strings a trace's earlier batches held (filled here)."""
     assert event_scan is not None
     size = end - first
-    capacity = max(64, size // ROW_BYTES)
+    capacity = min(max(64, size // ROW_BYTES), MAX_ROWS)
     while True:
         rows = np.empty((capacity, NCOL), dtype=np.int64)
         times = np.empty((capacity, 2), dtype=np.float64)
         strings = np.empty((3 * capacity, 2), dtype=np.int64)
         status, count, distinct = event_scan.scan(buffer, first, end, rows, times, strings)
-        if status != -2:
+        if status != -2 or capacity == MAX_ROWS:
             break
-        capacity = size // 3 + 2  # an event is at least `{}` and a comma
+        capacity = min(size // 3 + 2, MAX_ROWS)  # an event is at least `{}` and a comma
     if status != 0:
         return None
     rows, times = rows[:count], times[:count]
