@@ -243,7 +243,7 @@ def _scan(text: bytes) -> scanned.ScannedBatch | None:
     "text",
     [b'{"ph": "X"', b'{"ph": "X"},', b'{"ph": "X",}', b'{"name": "a}', b'{"ts": 01}',
      b'{"ts": 1.}', b'{"ts": tru}', b'[1]', b'{"a": "\\x"}', b'{"a": "\x01"}', b'{"ts": -}',
-     b'{"a": ' + b"[" * 80 + b"]" * 80 + b"}"],
+     b'{"a": ' + b"[" * 80 + b"]" * 80 + b"}", b'{"ts": 1740461679479712.500'],
 )  # fmt: skip
 def test_text_that_is_not_events_goes_to_msgspec(text: bytes) -> None:
     assert _scan(text) is None

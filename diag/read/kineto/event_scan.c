@@ -200,6 +200,10 @@ static int read_number(Reader *r, int exact, int *kind, int64_t *whole, double *
     }
     /* more digits: Python's own correctly rounded conversion (float()'s); msgspec's is
      * correctly rounded too, so the same double */
+    if (i >= r->n) { /* nothing after it in the batch: not read past the batch's end */
+        r->odd = 1;
+        return 0;
+    }
     char *stop = NULL;
     double v = PyOS_string_to_double((const char *)r->s + start, &stop, NULL);
     if ((v == -1.0 && PyErr_Occurred()) || stop != (const char *)r->s + i) {
