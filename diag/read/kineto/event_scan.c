@@ -216,6 +216,47 @@ static int read_number(Reader *r, int exact, int *kind, int64_t *whole, double *
     return 0;
 }
 
+/* An object's members, read by its reader in a loop:
+ *   if (opens(r)) done (an empty object);
+ *   for (;;) { read_key(...); <its value>; ends = member_ends(r); <-1: not JSON; 1: done> }
+ */
+/* At an object's `{`: passed, and 1 when the object is empty (its `}` passed too). */
+static int opens(Reader *r) {
+    r->i++;
+    skip_ws(r);
+    if (r->i < r->n && r->s[r->i] == '}') {
+        r->i++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A member's key and its colon, up to its value; -1 on text that is not that. */
+static int read_key(Reader *r, Py_ssize_t *start, Py_ssize_t *length, int *plain) {
+    if (r->i >= r->n || r->s[r->i] != '"') return -1;
+    if (read_string(r, start, length, plain)) return -1;
+    skip_ws(r);
+    if (r->i >= r->n || r->s[r->i] != ':') return -1;
+    r->i++;
+    skip_ws(r);
+    return 0;
+}
+
+/* After a member's value: 1 at the object's end (its `}` passed), 0 before another member
+ * (its comma passed), -1 on text that is neither. */
+static int member_ends(Reader *r) {
+    skip_ws(r);
+    if (r->i >= r->n) return -1;
+    if (r->s[r->i] == '}') {
+        r->i++;
+        return 1;
+    }
+    if (r->s[r->i] != ',') return -1;
+    r->i++;
+    skip_ws(r);
+    return 0;
+}
+
 static int skip_value(Reader *r, int depth);
 
 static int skip_literal(Reader *r, const char *word) {
@@ -227,31 +268,12 @@ static int skip_literal(Reader *r, const char *word) {
 
 static int skip_object(Reader *r, int depth) {
     Py_ssize_t start, length;
-    int plain;
-    r->i++; /* { */
-    skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == '}') {
-        r->i++;
-        return 0;
+    int plain, ends = opens(r);
+    while (!ends) {
+        if (read_key(r, &start, &length, &plain) || skip_value(r, depth + 1)) return -1;
+        if ((ends = member_ends(r)) < 0) return -1;
     }
-    for (;;) {
-        if (r->i >= r->n || r->s[r->i] != '"') return -1;
-        if (read_string(r, &start, &length, &plain)) return -1;
-        skip_ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') return -1;
-        r->i++;
-        skip_ws(r);
-        if (skip_value(r, depth + 1)) return -1;
-        skip_ws(r);
-        if (r->i >= r->n) return -1;
-        if (r->s[r->i] == '}') {
-            r->i++;
-            return 0;
-        }
-        if (r->s[r->i] != ',') return -1;
-        r->i++;
-        skip_ws(r);
-    }
+    return 0;
 }
 
 static int skip_array(Reader *r, int depth) {
@@ -377,21 +399,10 @@ static int key_is(Reader *r, Py_ssize_t start, Py_ssize_t length, const char *wo
 /* `args`: the correlation and stream (ints, else ODD) and whether it names a collective. */
 static int read_args(Reader *r, int64_t *row) {
     Py_ssize_t start, length;
-    int plain, seen = 0;
+    int plain, seen = 0, ends = opens(r);
     double unused;
-    r->i++; /* { */
-    skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == '}') {
-        r->i++;
-        return 0;
-    }
-    for (;;) {
-        if (r->i >= r->n || r->s[r->i] != '"') return -1;
-        if (read_string(r, &start, &length, &plain)) return -1;
-        skip_ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') return -1;
-        r->i++;
-        skip_ws(r);
+    while (!ends) {
+        if (read_key(r, &start, &length, &plain)) return -1;
         int which = 0;
         if (!plain) r->odd = 1; /* an escaped key could be any of them */
         else if (key_is(r, start, length, "correlation")) which = 1;
@@ -406,16 +417,9 @@ static int read_args(Reader *r, int64_t *row) {
         } else if (skip_value(r, 2)) {
             return -1;
         }
-        skip_ws(r);
-        if (r->i >= r->n) return -1;
-        if (r->s[r->i] == '}') {
-            r->i++;
-            return 0;
-        }
-        if (r->s[r->i] != ',') return -1;
-        r->i++;
-        skip_ws(r);
+        if ((ends = member_ends(r)) < 0) return -1;
     }
+    return 0;
 }
 
 enum { K_PH = 1, K_CAT = 2, K_NAME = 4, K_TS = 8, K_DUR = 16, K_TID = 32, K_ARGS = 64 };
@@ -431,20 +435,9 @@ static int read_event(Reader *r, int64_t *row, double *times) {
     r->odd = 0;
     row[C_START] = r->i;
     if (r->i >= r->n || r->s[r->i] != '{') return -1;
-    r->i++;
-    skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == '}') {
-        r->i++;
-        row[C_END] = r->i;
-        return 0;
-    }
-    for (;;) {
-        if (r->i >= r->n || r->s[r->i] != '"') return -1;
-        if (read_string(r, &start, &length, &plain)) return -1;
-        skip_ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') return -1;
-        r->i++;
-        skip_ws(r);
+    int ends = opens(r);
+    while (!ends) {
+        if (read_key(r, &start, &length, &plain)) return -1;
         int key = 0;
         if (!plain) r->odd = 1;
         else if (length == 2 && key_is(r, start, length, "ph")) key = K_PH;
@@ -499,15 +492,7 @@ static int read_event(Reader *r, int64_t *row, double *times) {
         default:
             if (skip_value(r, 1)) return -1;
         }
-        skip_ws(r);
-        if (r->i >= r->n) return -1;
-        if (r->s[r->i] == '}') {
-            r->i++;
-            break;
-        }
-        if (r->s[r->i] != ',') return -1;
-        r->i++;
-        skip_ws(r);
+        if ((ends = member_ends(r)) < 0) return -1;
     }
     row[C_END] = r->i;
     row[C_KIND] = r->odd ? ODD : PLAIN;

@@ -45,7 +45,8 @@ from diag.read.kineto.device import STEP_START, DeviceScan, number_of
 from diag.read.kineto.events import ABSENT, Args, Kept
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
 
-_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+"""CUDA synchronisation events on the device: a device event without a correlation id."""
 STEP_OR_ENQUEUE = ("c10d::", "record_param_comms", "ProfilerStep")
 
 
@@ -104,7 +105,7 @@ def take(
             else:
                 stream = correlation = -1
             device_name = name if type(name) is str else ""
-            if (stream >= 0 and correlation >= 0) or device_name in _SYNC_NAMES:
+            if (stream >= 0 and correlation >= 0) or device_name in SYNC_NAMES:
                 if stream >= 0:
                     kind = str(category)[:MAX_LABEL_CHARS]
                     device_ts(ts)

@@ -71,7 +71,6 @@ MAX_ROWS = 2**18
 
 _BY_NAME = ("nccl:", "gloo:", "c10d::", "record_param_comms", "ProfilerStep")
 """Names whose events the converter keeps with their arguments, or reads as steps."""
-_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 
 
 @dataclass
@@ -104,7 +103,7 @@ def _flags(text: str) -> int:
         (GPU, text in GPU_CATEGORIES), (CPU_OP, text == "cpu_op"),
         (LAUNCH, text in LAUNCH_CATEGORIES),
         (WATCHED_CALL, text in WATCHED or text.startswith(LOADER_PREFIX)),
-        (SYNC, text in _SYNC_NAMES), (NCCL, text.startswith("nccl:")),
+        (SYNC, text in one_pass.SYNC_NAMES), (NCCL, text.startswith("nccl:")),
         (ENQUEUE, text.startswith(one_pass.STEP_OR_ENQUEUE)),
         (GPU_ANNOTATION, text == "gpu_user_annotation"), (PARAMS, text == "record_param_comms"),
         (STEP, text.startswith("ProfilerStep")), (GLOO, text.startswith("gloo:")),
