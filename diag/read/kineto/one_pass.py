@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
+from typing import Any
 
 from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
 from diag.read.kineto.convert import (
@@ -38,6 +39,7 @@ from diag.read.kineto.convert import (
     PROFILER_RANGE,
     PROFILER_RANGE_SKIPPED,
     STEP_NAME,
+    RankEvents,
     Scan,
     correlation_of,
 )
@@ -48,6 +50,8 @@ from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
 SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 """CUDA synchronisation events on the device: a device event without a correlation id."""
 STEP_OR_ENQUEUE = ("c10d::", "record_param_comms", "ProfilerStep")
+KEPT_BY_NAME = ("ProfilerStep", "gloo:", "c10d::")
+"""The host events `keep_named` keeps, by the start of their names."""
 
 
 def take(
@@ -186,18 +190,8 @@ def take(
                 launches[correlation] = (tid, t0)
             elif correlation is not ABSENT:
                 launches[correlation_of(correlation)] = (tid, t0)
-        elif name.startswith("ProfilerStep") and category != "gpu_user_annotation":
-            if step := STEP_NAME.match(name):
-                if int(step.group(1)) >= MAX_STEP:
-                    out.skipped["step number beyond 2**40"] += 1
-                    continue
-                out.steps.append((int(step.group(1)), t0, t1))
-                out.step_tid = tid
-        elif name.startswith("gloo:"):
-            # its arguments: the shapes its bytes are read from (gloo_sizes.py)
-            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid, args))
-        elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
-            out.c10d.append((name[6:MAX_LABEL_CHARS], t0, args))
+        elif name.startswith(KEPT_BY_NAME):
+            keep_named(out, name, category, t0, t1, tid, args)
         if name == "record_param_comms":
             params[tid].append((t0, t1, shared(args)))
     device.whole_us = whole_us
@@ -205,3 +199,22 @@ def take(
         first, last = min(cpu_first), max(cpu_last)
         out.cpu_t0 = first if out.cpu_t0 is None else min(out.cpu_t0, first)
         out.cpu_t1 = last if out.cpu_t1 is None else max(out.cpu_t1, last)
+
+
+def keep_named(
+    out: RankEvents, name: str, category: str | None, t0: int, t1: int, tid: Any, args: Args
+) -> None:
+    """A host event named from KEPT_BY_NAME kept where the converter reads it: a step, a gloo
+    op, a c10d op (the last of `take`'s branches; scanned.py's events taken as columns too)."""
+    if name.startswith("ProfilerStep") and category != "gpu_user_annotation":
+        if step := STEP_NAME.match(name):
+            if int(step.group(1)) >= MAX_STEP:
+                out.skipped["step number beyond 2**40"] += 1
+                return
+            out.steps.append((int(step.group(1)), t0, t1))
+            out.step_tid = tid
+    elif name.startswith("gloo:"):
+        # its arguments: the shapes its bytes are read from (gloo_sizes.py)
+        out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], t0, t1, tid, args))
+    elif name.startswith("c10d::") and category == "cpu_op":  # the op gloo runs
+        out.c10d.append((name[6:MAX_LABEL_CHARS], t0, args))

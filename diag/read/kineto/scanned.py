@@ -5,18 +5,21 @@ Decoding every event into a struct and then reading its fields in a Python loop 
 a trace's parse (about 70% on a real 216k-event trace). The scanner reads the fields the
 loop needs (ph, cat, name, ts, dur, tid, args' correlation and stream, whether args name a
 collective) straight from the text, and:
-- events it reads exactly as msgspec does and whose handling is plain (a kernel, a launch,
-  an operator, a flow or instant event: `take_scanned` does with arrays what one_pass.take
-  does with each) are taken as columns;
-- every other event (one the scanner marks ODD: an escaped string, a float it does not
-  parse exactly, a thread that is a string ...; or one whose arguments the converter keeps
-  or whose name starts a step, a collective's scope, a gloo op; or of a category read as
-  another's) is decoded alone by msgspec and taken by one_pass.take itself, in its place:
-  runs of each kind are taken in order, so every list, dict and count ends as the loop alone
-  would leave it (tests/unit/test_kineto_scanned.py: equal states on every real trace, a
-  simulated folder and random events);
-- a batch the scanner does not read (text that is not well-formed events, nesting too deep)
-  is decoded whole by msgspec, as before: every judgement of doubtful text stays msgspec's.
+- the events it reads exactly as msgspec does are taken as columns (`_take_columns` does with
+  arrays what one_pass.take does with each: the device events, the host's calls and starts,
+  the kernels, the operators' times, the launches). Those whose arguments or raw times the
+  converter keeps (a step, a `record_param_comms` scope, an `nccl:` annotation, a collective
+  kernel's own arguments, a gloo or c10d op) are decoded by msgspec too, and only those parts
+  are taken one by one, in their order (`_own_args`), so argument sets are shared as before;
+- an event it does not read exactly (one the scanner marks ODD: an escaped string, a float
+  it does not parse exactly, a thread that is a string ...), or of a category read as
+  another's, or CUPTI's range, is decoded alone by msgspec and taken by one_pass.take itself,
+  in its place: runs of each kind are taken in order, so every list, dict and count ends as
+  the loop alone would leave it (tests/unit/test_kineto_scanned.py: equal states on every
+  real trace, a simulated folder and random events);
+- a batch the scanner does not read (text that is not well-formed events, nesting too deep,
+  more events than MAX_ROWS) is decoded whole by msgspec, as before: every judgement of
+  doubtful text stays msgspec's.
 
 Without the compiled module (no C compiler at install) or with `DIAG_EVENT_SCAN=0`, every
 batch is decoded by msgspec (`AVAILABLE` is False).
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS, MAX_STEP
+from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS
 from diag.read.kineto import one_pass
 from diag.read.kineto.convert import (
     DEVICE_OF_CATEGORY,
@@ -42,7 +45,6 @@ from diag.read.kineto.convert import (
     NO_ARGS,
     NS_PER_US,
     PROFILER_RANGE,
-    STEP_NAME,
     Scan,
 )
 from diag.read.kineto.device import STEP_START, DeviceScan
@@ -92,7 +94,7 @@ class ScannedBatch:
 BY_LOOP = 1  # taken by one_pass.take: a category read as another's, or CUPTI's range
 OWN_ARGS = 2  # its event's arguments or raw time are kept: a step, scope, annotation, op
 TRACE, GPU, CPU_OP, LAUNCH, WATCHED_CALL, SYNC = 4, 8, 16, 32, 64, 128
-NCCL, ENQUEUE, GPU_ANNOTATION, PARAMS, STEP, GLOO, C10D = 256, 512, 1024, 2048, 4096, 8192, 16384
+NCCL, ENQUEUE, GPU_ANNOTATION, PARAMS, STEP, KEPT_BY_NAME = 256, 512, 1024, 2048, 4096, 8192
 
 
 def _flags(text: str) -> int:
@@ -106,8 +108,8 @@ def _flags(text: str) -> int:
         (SYNC, text in one_pass.SYNC_NAMES), (NCCL, text.startswith("nccl:")),
         (ENQUEUE, text.startswith(one_pass.STEP_OR_ENQUEUE)),
         (GPU_ANNOTATION, text == "gpu_user_annotation"), (PARAMS, text == "record_param_comms"),
-        (STEP, text.startswith("ProfilerStep")), (GLOO, text.startswith("gloo:")),
-        (C10D, text.startswith("c10d::")),
+        (STEP, text.startswith("ProfilerStep")),
+        (KEPT_BY_NAME, text.startswith(one_pass.KEPT_BY_NAME)),
     )  # fmt: skip
     return sum(flag for flag, holds in tests if holds)
 
@@ -135,9 +137,9 @@ def scan_batch(
     rows, times = rows[:count], times[:count]
     with memoryview(buffer) as text:
         names = [bytes(text[a : a + n]).decode("ascii") for a, n in strings[:distinct].tolist()]
-        for text_of in names:
-            if text_of not in known:
-                known[text_of] = _flags(text_of)
+        for string in names:
+            if string not in known:
+                known[string] = _flags(string)
         flags = np.array([known[n] for n in names] + [0], dtype=np.int64)  # code -1: none
         cat, name = flags[rows[:, CAT]], flags[rows[:, NAME]]
         by_loop = (rows[:, KIND] == ODD) | (((cat | name) & BY_LOOP) != 0)
@@ -287,8 +289,7 @@ def _own_args(
     """What one_pass.take keeps of the events whose arguments or raw times it keeps (`own`:
     their rows; `decoded`: the events), in their order, as it does: a collective kernel's
     arguments, a step's start and number, an annotation's or a scope's arguments, a gloo or
-    c10d op."""
-    out = scan.out
+    c10d op (`one_pass.keep_named`)."""
     gpu_place = {row: place for place, row in enumerate(gpu_at.tolist())}
     step_starts = device.step_starts
     for row, event in zip(own.tolist(), decoded, strict=True):
@@ -309,17 +310,8 @@ def _own_args(
             scan.annotations[tid].append((start, end, name[5:], shared(args)))
         elif (category & CPU_OP and not flags & ENQUEUE) or category & LAUNCH:
             pass  # an operator's times or a launch: taken as columns
-        elif flags & STEP and not category & GPU_ANNOTATION:
-            if step := STEP_NAME.match(name):
-                if int(step.group(1)) >= MAX_STEP:
-                    out.skipped["step number beyond 2**40"] += 1
-                    continue
-                out.steps.append((int(step.group(1)), start, end))
-                out.step_tid = tid
-        elif flags & GLOO:
-            out.gloo.append((name.removeprefix("gloo:")[:MAX_LABEL_CHARS], start, end, tid, args))
-        elif flags & C10D and category & CPU_OP:
-            out.c10d.append((name[6:MAX_LABEL_CHARS], start, args))
+        elif flags & KEPT_BY_NAME:
+            one_pass.keep_named(scan.out, name, event.cat, start, end, tid, args)
         if flags & PARAMS:
             scan.params[tid].append((start, end, shared(args)))
 
