@@ -236,7 +236,7 @@ def _read_any(path: Path, columns: bool) -> tuple[str, list[int]]:
 
 
 def _scan(text: bytes) -> scanned.ScannedBatch | None:
-    return scanned.scan_batch(bytearray(text), 0, len(text), {})
+    return scanned.scan_batch(bytearray(text), 0, len(text), scanned.ScanMemo())
 
 
 @pytest.mark.parametrize(

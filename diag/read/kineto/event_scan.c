@@ -7,8 +7,8 @@
  * text[first:end] is the batch as stream.py cuts it: events (JSON objects) separated by
  * commas. Each event is one row of `rows` (int64, NCOL columns) and of `times` (double, 2
  * columns): where it is in the text, and the fields one_pass.take reads of it (ph, cat,
- * name, ts, dur, tid, args' correlation and stream, whether args name a collective). cat and
- * name are codes into `strings` (int64 pairs: offset and length in text of each distinct
+ * name, ts, dur, tid, args' correlation and stream, whether args name a collective, where the
+ * args object's text starts and ends). cat and name are codes into `strings` (int64 pairs: offset and length in text of each distinct
  * string, first seen first).
  *
  * What it promises, so that the caller may use the rows instead of msgspec's decoding:
@@ -34,7 +34,7 @@
 enum {
     C_KIND, C_START, C_END, C_PH, C_CAT, C_NAME, C_TS_KIND, C_TS, C_DUR_KIND, C_DUR,
     C_TID_KIND, C_TID, C_ARGS, C_CORRELATION_KIND, C_CORRELATION, C_STREAM_KIND, C_STREAM,
-    C_COLLECTIVE, NCOL
+    C_COLLECTIVE, C_ARGS_START, C_ARGS_END, NCOL
 };
 enum { F_TS, F_DUR, NFLOAT };
 enum { PLAIN = 0, ODD = 1 };
@@ -481,7 +481,9 @@ static int read_event(Reader *r, int64_t *row, double *times) {
         case K_ARGS:
             if (r->i < r->n && r->s[r->i] == '{') {
                 row[C_ARGS] = 1;
+                row[C_ARGS_START] = r->i;
                 if (read_args(r, row)) return -1;
+                row[C_ARGS_END] = r->i;
             } else if (is_null(r)) {
                 r->i += 4;
             } else {

@@ -137,10 +137,12 @@ class KeptTrace(Struct):
 DECODER: Any = None
 KEPT_DECODER: Any = None
 BATCH_DECODER: Any = None
+ARGS_DECODER: Any = None
 if FAST:
     DECODER = msgspec.json.Decoder(Trace)
     KEPT_DECODER = msgspec.json.Decoder(KeptTrace)
     BATCH_DECODER = msgspec.json.Decoder(list[Kept])
+    ARGS_DECODER = msgspec.json.Decoder(list[Args])  # events' `args` alone (scanned.py)
     DECODE_ERRORS: tuple[type[Exception], ...] = (msgspec.ValidationError, msgspec.DecodeError)
 else:
     DECODE_ERRORS = ()

@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,14 @@ from diag.read.kineto.convert import (
     Scan,
 )
 from diag.read.kineto.device import STEP_START, DeviceScan
-from diag.read.kineto.events import ABSENT, BATCH_DECODER, DECODE_ERRORS, Args, Kept
+from diag.read.kineto.events import (
+    ABSENT,
+    ARGS_DECODER,
+    BATCH_DECODER,
+    DECODE_ERRORS,
+    Args,
+    Kept,
+)
 from diag.read.kineto.host_calls import LOADER_PREFIX, WATCHED
 
 try:
@@ -61,7 +69,8 @@ AVAILABLE = event_scan is not None and os.environ.get("DIAG_EVENT_SCAN", "1") !=
 
 # the scanner's columns (event_scan.c's enum)
 (KIND, START, END, PH, CAT, NAME, TS_KIND, TS, DUR_KIND, DUR, TID_KIND, TID, ARGS,
- CORRELATION_KIND, CORRELATION, STREAM_KIND, STREAM, COLLECTIVE, NCOL) = range(19)  # fmt: skip
+ CORRELATION_KIND, CORRELATION, STREAM_KIND, STREAM, COLLECTIVE, ARGS_START, ARGS_END,
+ NCOL) = range(21)  # fmt: skip
 F_TS, F_DUR = 0, 1
 ODD, PH_X, INT, FLOAT = 1, 1, 1, 2
 ROW_BYTES = 128
@@ -75,19 +84,41 @@ _BY_NAME = ("nccl:", "gloo:", "c10d::", "record_param_comms", "ProfilerStep")
 """Names whose events the converter keeps with their arguments, or reads as steps."""
 
 
+MAX_TEXTS = 16_384
+"""Argument texts a trace's `ScanMemo` keeps (more: decoded each time)."""
+MAX_TEXT_BYTES = 1_024
+"""The longest argument text kept as a key (so the texts hold at most 16 MiB)."""
+
+
+@dataclass
+class ScanMemo:
+    """What the scanner keeps across one trace's batches: each string's flags, and the
+    argument sets kept for their text. A `record_param_comms` scope or an `nccl:` annotation
+    repeats a few argument texts every step (55% of a simulated communication-heavy rank's
+    events): an argument text seen before, whose set SharedArgs already keeps, is that set,
+    not decoded again (so nothing is shared that SharedArgs would not share)."""
+
+    flags: dict[str, int] = field(default_factory=dict)
+    texts: dict[bytes, Args] = field(default_factory=dict)
+
+
 @dataclass
 class ScannedBatch:
-    """A batch's events: the scanner's rows, the strings its codes name, and the events
-    decoded by msgspec (those taken by the loop, and those whose arguments are kept), in
-    order, with which rows they are."""
+    """A batch's events: the scanner's rows, the strings its codes name, the events decoded
+    by msgspec for the loop, and the arguments of the events whose arguments are kept."""
 
     rows: np.ndarray  # (events, NCOL) int64
     times: np.ndarray  # (events, 2) float64: ts and dur where they are fractions
     strings: list[str]
     flags: np.ndarray  # each string's flags (below), and 0 for code -1 (none) last
     by_loop: np.ndarray  # bool per event: taken by one_pass.take
-    decoded: list[Kept]  # the events decoded, in order
+    decoded: list[Kept]  # the events taken by the loop, decoded, in order
     decoded_rows: np.ndarray  # their rows
+    own_rows: np.ndarray  # the rows of the others whose arguments are kept, in order
+    own_args: list[Args | None]  # their arguments (None: the event writes none)
+    own_texts: list[bytes | None]  # the text of those to keep by it once shared (else None)
+    own_known: np.ndarray  # bool: the arguments are the set already kept for their text
+    texts: dict[bytes, Args]  # the trace's ScanMemo.texts
 
 
 # a string's flags, as a cat or as a name
@@ -114,13 +145,11 @@ def _flags(text: str) -> int:
     return sum(flag for flag, holds in tests if holds)
 
 
-def scan_batch(
-    buffer: bytearray, first: int, end: int, known: dict[str, int]
-) -> ScannedBatch | None:
+def scan_batch(buffer: bytearray, first: int, end: int, memo: ScanMemo) -> ScannedBatch | None:
     """buffer[first:end] (events separated by commas) read by the scanner; None where msgspec
     is to decode the whole batch (the scanner does not read it, or an event it leaves to
-    msgspec does not decode: the whole batch's decoding then says why). `known`: the flags
-    of the strings a trace's earlier batches held (filled here)."""
+    msgspec does not decode: the whole batch's decoding then says why). `memo`: what the
+    trace's earlier batches left (filled here)."""
     assert event_scan is not None
     size = end - first
     capacity = min(max(64, size // ROW_BYTES), MAX_ROWS)
@@ -135,6 +164,7 @@ def scan_batch(
     if status != 0:
         return None
     rows, times = rows[:count], times[:count]
+    known = memo.flags
     with memoryview(buffer) as text:
         names = [bytes(text[a : a + n]).decode("ascii") for a, n in strings[:distinct].tolist()]
         for string in names:
@@ -144,15 +174,57 @@ def scan_batch(
         cat, name = flags[rows[:, CAT]], flags[rows[:, NAME]]
         by_loop = (rows[:, KIND] == ODD) | (((cat | name) & BY_LOOP) != 0)
         own_args = ((name & OWN_ARGS) != 0) | (((cat & GPU) != 0) & (rows[:, COLLECTIVE] != 0))
-        at = np.flatnonzero(by_loop | own_args)
-        decoded: list[Kept] = []
-        if len(at):
-            spans = rows[at][:, [START, END]].tolist()
-            try:
-                decoded = BATCH_DECODER.decode(b"[" + b",".join(text[a:b] for a, b in spans) + b"]")
-            except DECODE_ERRORS:
-                return None
-    return ScannedBatch(rows, times, names, flags, by_loop, decoded, at)
+        at = np.flatnonzero(by_loop)
+        own = np.flatnonzero(own_args & ~by_loop)
+        try:
+            decoded = _decoded(text, rows[at][:, [START, END]], BATCH_DECODER)
+            args, texts, known_set = _own_arguments(text, rows[own], cat[own], name[own], memo)
+        except DECODE_ERRORS:
+            return None
+    return ScannedBatch(
+        rows, times, names, flags, by_loop, decoded, at, own, args, texts, known_set, memo.texts
+    )
+
+
+def _decoded(text: memoryview, spans: np.ndarray, decoder: Any) -> list[Any]:
+    """The JSON values at `spans` (start, end) of `text`, decoded together."""
+    if not len(spans):
+        return []
+    return decoder.decode(b"[" + b",".join(text[a:b] for a, b in spans.tolist()) + b"]")
+
+
+def _own_arguments(
+    text: memoryview, rows: np.ndarray, cat: np.ndarray, name: np.ndarray, memo: ScanMemo
+) -> tuple[list[Args | None], list[bytes | None], np.ndarray]:
+    """The arguments of the events at `rows` (their cat's and name's flags given), for
+    `_own_args`: None where an event writes none; a scope's or an annotation's by their text
+    where `memo` keeps the set for it (and that text, to keep once shared, where it does not
+    yet); the others decoded."""
+    args: list[Args | None] = [None] * len(rows)
+    texts: list[bytes | None] = [None] * len(rows)
+    known = np.zeros(len(rows), dtype=bool)
+    written = rows[:, ARGS] != 0
+    # a set SharedArgs keeps by its values: a scope's or an annotation's without a correlation
+    by_text = written & ((name & (NCCL | PARAMS)) != 0) & ((cat & GPU) == 0)
+    by_text &= rows[:, CORRELATION_KIND] == 0
+    by_text &= rows[:, ARGS_END] - rows[:, ARGS_START] <= MAX_TEXT_BYTES
+    kept = memo.texts
+    places = np.flatnonzero(by_text)
+    spans = rows[places][:, [ARGS_START, ARGS_END]].tolist()
+    for place, (a, b) in zip(places.tolist(), spans, strict=True):
+        key = bytes(text[a:b])
+        found = kept.get(key)
+        if found is None:
+            texts[place] = key
+        else:
+            args[place], known[place] = found, True
+    todo = np.flatnonzero(written & ~known)
+    for place, value in zip(
+        todo.tolist(), _decoded(text, rows[todo][:, [ARGS_START, ARGS_END]], ARGS_DECODER),
+        strict=True,
+    ):  # fmt: skip
+        args[place] = value
+    return args, texts, known
 
 
 def take_scanned(
@@ -164,25 +236,28 @@ def take_scanned(
     edges = np.flatnonzero(np.diff(by_loop.astype(np.int8))) + 1
     bounds = np.concatenate([[0], edges, [len(by_loop)]]).tolist()
     positions = np.searchsorted(batch.decoded_rows, bounds).tolist()  # into `decoded`
-    for a, b, pa, pb in zip(bounds[:-1], bounds[1:], positions[:-1], positions[1:], strict=True):
+    owns = np.searchsorted(batch.own_rows, bounds).tolist()  # into `own_rows`
+    for a, b, pa, pb, oa, ob in zip(
+        bounds[:-1], bounds[1:], positions[:-1], positions[1:], owns[:-1], owns[1:], strict=True
+    ):
         if by_loop[a]:
             one_pass.take(batch.decoded[pa:pb], scan, device, shared)
         else:
-            _take_columns(batch, a, b, batch.decoded[pa:pb], scan, device, shared)
+            _take_columns(batch, a, b, slice(oa, ob), scan, device, shared)
 
 
 def _take_columns(
     batch: ScannedBatch,
     a: int,
     b: int,
-    decoded: list[Kept],
+    own: slice,
     scan: Scan,
     device: DeviceScan,
     shared: Callable[[Args], Args],
 ) -> None:
     """Rows a..b-1 (none taken by the loop) added as one_pass.take adds them: with arrays,
-    and the parts that keep an event's arguments (`decoded`: those events, in order) by
-    `_own_args`."""
+    and the parts that keep an event's arguments (`own`: those events' places in the
+    batch's `own_rows`) by `_own_args`."""
     rows, times, strings, flags = batch.rows[a:b], batch.times[a:b], batch.strings, batch.flags
     cat_code, name_code = rows[:, CAT], rows[:, NAME]
     cat_flags, name_flags = flags[cat_code], flags[name_code]
@@ -236,11 +311,9 @@ def _take_columns(
     annotation = host_kept & ((name_flags & NCCL) != 0) & ((cat_flags & GPU_ANNOTATION) == 0)
     gpu_at = np.flatnonzero(gpu)
     gpu_args: list[Args | None] = [None] * len(gpu_at)  # a kernel's collective args: below
-    if len(decoded):
-        own = batch.decoded_rows
-        own = own[(own >= a) & (own < b)] - a
-        _own_args(own, decoded, rows, t0, t1, name_flags, cat_flags, kept, gpu_at, gpu_args,
-                  annotation, timed_event & ~on_stream, scan, device, shared)  # fmt: skip
+    if own.stop > own.start:
+        _own_args(batch, own, a, t0, t1, kept, gpu_at, gpu_args, annotation,
+                  timed_event & ~on_stream, scan, device, shared)  # fmt: skip
     if len(gpu_at):
         labels = scan.labels
         out.gpu_name += [labels.setdefault(n, n) for n in _texts(strings, name_code[gpu_at])]
@@ -270,13 +343,11 @@ def _take_columns(
 
 
 def _own_args(
-    own: np.ndarray,
-    decoded: list[Kept],
-    rows: np.ndarray,
+    batch: ScannedBatch,
+    own: slice,
+    a: int,
     t0: np.ndarray,
     t1: np.ndarray,
-    name_flags: np.ndarray,
-    cat_flags: np.ndarray,
     kept: np.ndarray,
     gpu_at: np.ndarray,
     gpu_args: list[Args | None],
@@ -287,33 +358,68 @@ def _own_args(
     shared: Callable[[Args], Args],
 ) -> None:
     """What one_pass.take keeps of the events whose arguments or raw times it keeps (`own`:
-    their rows; `decoded`: the events), in their order, as it does: a collective kernel's
-    arguments, a step's start and number, an annotation's or a scope's arguments, a gloo or
-    c10d op (`one_pass.keep_named`)."""
-    gpu_place = {row: place for place, row in enumerate(gpu_at.tolist())}
-    step_starts = device.step_starts
-    for row, event in zip(own.tolist(), decoded, strict=True):
-        name, flags, args = event.name, int(name_flags[row]), event.args
-        if on_host[row] and flags & STEP and STEP_START.match(name):
-            step_starts[name] = max(event.ts, step_starts.get(name, event.ts))
-        if not kept[row]:
+    their places in the batch's `own_rows`; the run's arrays from its row `a`), in their
+    order, as it does: a collective kernel's arguments, a step's start and number, an
+    annotation's or a scope's arguments, a gloo or c10d op (`one_pass.keep_named`). A scope's
+    or an annotation's set is kept by its text once SharedArgs keeps it (ScanMemo)."""
+    at = batch.own_rows[own] - a  # in the run's arrays
+    rows = batch.rows[a + at]
+    strings, flags = batch.strings, batch.flags
+    names = _texts(strings, rows[:, NAME])
+    name_flags, cat_flags = flags[rows[:, NAME]].tolist(), flags[rows[:, CAT]].tolist()
+    # each event's place among the run's kernels (-1: not one)
+    place = np.searchsorted(gpu_at, at)
+    found = place < len(gpu_at)
+    found[found] = gpu_at[place[found]] == at[found]
+    kernel = np.where(found, place, -1).tolist()
+    step_starts, texts = device.step_starts, batch.texts
+    no_args: Args | None = None  # shared(NO_ARGS): the same every time (SharedArgs keeps sets)
+    for row, name, flag, category, tid, args, text, known, is_kept, on_host_, noted, start, \
+            end, gpu in zip(
+        at.tolist(), names, name_flags, cat_flags, _tids(rows), batch.own_args[own],
+        batch.own_texts[own], batch.own_known[own].tolist(), kept[at].tolist(),
+        on_host[at].tolist(), annotation[at].tolist(), t0[at].tolist(), t1[at].tolist(), kernel,
+        strict=True,
+    ):  # fmt: skip
+        if on_host_ and flag & STEP and STEP_START.match(name):
+            ts = _raw_ts(batch, a + row)
+            step_starts[name] = max(ts, step_starts.get(name, ts))
+        if not is_kept:
             continue
-        if args is None:
-            args = NO_ARGS
-        if row in gpu_place:
-            if args.collective is not ABSENT:
-                gpu_args[gpu_place[row]] = shared(args)
+        if gpu >= 0:
+            if args is not None and args.collective is not ABSENT:
+                gpu_args[gpu] = shared(args)
             continue
-        start, end, tid = int(t0[row]), int(t1[row]), event.tid
-        category = int(cat_flags[row])
-        if annotation[row]:
-            scan.annotations[tid].append((start, end, name[5:], shared(args)))
-        elif (category & CPU_OP and not flags & ENQUEUE) or category & LAUNCH:
+        if noted or flag & PARAMS:
+            if args is None:
+                args = no_args = shared(NO_ARGS) if no_args is None else no_args
+            elif not known:
+                args = _kept_by_text(shared(args), args, text, texts)
+            if noted:
+                scan.annotations[tid].append((start, end, name[5:], args))
+            else:
+                scan.params[tid].append((start, end, args))
+        elif (category & CPU_OP and not flag & ENQUEUE) or category & LAUNCH:
             pass  # an operator's times or a launch: taken as columns
-        elif flags & KEPT_BY_NAME:
-            one_pass.keep_named(scan.out, name, event.cat, start, end, tid, args)
-        if flags & PARAMS:
-            scan.params[tid].append((start, end, shared(args)))
+        elif flag & KEPT_BY_NAME:
+            cat_code = int(batch.rows[a + row, CAT])
+            one_pass.keep_named(scan.out, name, strings[cat_code] if cat_code >= 0 else None,
+                                start, end, tid, NO_ARGS if args is None else args)  # fmt: skip
+
+
+def _kept_by_text(found: Args, decoded: Args, text: bytes | None, texts: dict[bytes, Args]) -> Args:
+    """`found` (SharedArgs' set for `decoded`), kept for `text` where SharedArgs keeps it
+    (it is not `decoded` itself: an equal set was kept before), within MAX_TEXTS."""
+    if text is not None and found is not decoded and len(texts) < MAX_TEXTS:
+        texts[text] = found
+    return found
+
+
+def _raw_ts(batch: ScannedBatch, row: int) -> int | float:
+    """An event's `ts` as msgspec decodes it: an int, or the float of a fraction."""
+    if batch.rows[row, TS_KIND] == INT:
+        return int(batch.rows[row, TS])
+    return float(batch.times[row, F_TS])
 
 
 def _texts(strings: list[str], codes: np.ndarray) -> list[str]:

@@ -39,7 +39,7 @@ from diag.read.kineto.events import (
     Kept,
     KeptTrace,
 )
-from diag.read.kineto.scanned import AVAILABLE, ScannedBatch, scan_batch
+from diag.read.kineto.scanned import AVAILABLE, ScanMemo, ScannedBatch, scan_batch
 
 CHUNK_BYTES = 2**20
 """Inflated bytes read (and events decoded) at a time."""
@@ -77,7 +77,7 @@ def stream_events(
     With `take_scanned`, a batch the C scanner reads goes to it instead, as columns
     (scanned.py). InputError for an unreadable file or a gzip bomb; NotStreamable for
     anything else that is not a well-formed trace with its events in one top-level array."""
-    known: dict[str, int] | None = {} if take_scanned is not None and AVAILABLE else None
+    memo = ScanMemo() if take_scanned is not None and AVAILABLE else None
     lexer = _Lexer()
     buffer = bytearray()  # the text from `start` on
     start = 0
@@ -97,9 +97,7 @@ def stream_events(
                 continue
             head, cut = bytes(buffer[: opened + 1 - start]), opened + 1
             chunk_start = cut
-        events, end, tried = _batch(
-            buffer, cut - start, chunk_start - start - 1, first_batch, known
-        )
+        events, end, tried = _batch(buffer, cut - start, chunk_start - start - 1, first_batch, memo)
         if events is None:
             refused += tried > 0
             if refused > MAX_REFUSED:
@@ -120,7 +118,7 @@ def stream_events(
 
 
 def _batch(
-    buffer: bytearray, cut: int, search_from: int, first_batch: bool, known: dict[str, int] | None
+    buffer: bytearray, cut: int, search_from: int, first_batch: bool, memo: ScanMemo | None
 ) -> tuple[list[Kept] | ScannedBatch | None, int, int]:
     """The events from `cut` (after the last batch: a comma, unless `first_batch`, then an
     event) to the last end of an object followed by a comma at or after `search_from`, where
@@ -130,7 +128,7 @@ def _batch(
     the start of an event, text that decodes as a list of objects ends where an event ends,
     since a cut inside a string or inside an event leaves something unclosed. A place that
     does not decode is one inside an event (or the trace has what the decoder refuses): the
-    one before it is tried, MAX_TRIES in all. With `known` (scanned.scan_batch's), the C
+    one before it is tried, MAX_TRIES in all. With `memo` (scanned.scan_batch's), the C
     scanner reads the events where it can; msgspec decodes where it does not."""
     position = len(buffer)
     search_from = max(search_from, cut)
@@ -143,7 +141,7 @@ def _batch(
         gap = (_FIRST_GAP if first_batch else _GAP).match(buffer, cut, position)
         if gap is None:
             raise NotStreamable("a value between events that is not an object")
-        scanned = None if known is None else scan_batch(buffer, gap.end(), position + 1, known)
+        scanned = None if memo is None else scan_batch(buffer, gap.end(), position + 1, memo)
         if scanned is not None:
             return scanned, position + 1, tried + 1
         try:
