@@ -11,9 +11,6 @@ without a required field or with non-finite times) is skipped and noted in `RunD
 from __future__ import annotations
 
 import dataclasses
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -34,7 +31,7 @@ from diag.rankfile.rank_file import (  # noqa: F401 (the column names are the lo
     read_rank_file,
 )
 from diag.read import record_window
-from diag.read.parallel import map_chunks, total_bytes
+from diag.read.parallel import map_chunks, out_of_collection, total_bytes
 from diag.read.rank_chunks import RankChunk, prepare_compiled, read_rank_chunk  # noqa: F401
 from diag.read.record_tables import (  # noqa: F401 (re-exported: the loader's names)
     categorical,
@@ -87,7 +84,7 @@ def load_run(
         keep_below = first + record_window.window_steps(files, manifest.world_size)
         prepare_compiled(reduce)  # here, before the workers fork: they inherit it loaded
     read = partial(read_rank_chunk, breakdown=reduce, window=steps, keep_below=keep_below)
-    with _out_of_collection():
+    with out_of_collection():
         chunks = map_chunks(read, files, progress="rank files")
     parsed = [part for chunk in chunks for part in chunk.files]  # notes only: columns by chunk
     nan_loss = {
@@ -149,20 +146,6 @@ def with_cache_note(run: RunData, note: str | None) -> RunData:
     if not note or note in run.cache_notes:  # the tables' and the report's lookups say it once
         return run
     return dataclasses.replace(run, cache_notes=[*run.cache_notes, note])
-
-
-@contextmanager
-def _out_of_collection() -> Iterator[None]:
-    """Every object alive now out of the cycle collector's reach while the rank files are
-    parsed (`gc.freeze`, as Python's documentation advises before a fork): the forked workers'
-    full collections no longer walk the modules and tables they inherit (about 0.3 s each on
-    a large run), nor does this process's collection as their results arrive. Given back to
-    the collector afterwards, so that a long-running process frees them when they go."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _concat_reduced(parts: list[pd.DataFrame]) -> pd.DataFrame:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -291,15 +290,11 @@ def _parse_all(
         parse = partial(_parse_chunk, patterns=patterns)
         return [trace for chunk in spill_to.map(parse, files_in, _kept, done) for trace in chunk]
     budget = memory_budget.admission(_text_sizes(files))
-    gc.freeze()  # what is alive now (the modules, mostly) out of the collector's full passes
-    try:
-        chunks = map_chunks(
-            partial(_parse_chunk, patterns=patterns, spill_to=spill_to), list(enumerate(files)),
-            count=workers, min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
-            admission=budget,
-        )  # fmt: skip
-    finally:
-        gc.unfreeze()
+    chunks = map_chunks(
+        partial(_parse_chunk, patterns=patterns, spill_to=spill_to), list(enumerate(files)),
+        count=workers, min_bytes=PARALLEL_FROM_BYTES, chunk_files=1, progress="trace files",
+        admission=budget,
+    )  # fmt: skip
     if budget is not None and (line := budget.note(min(workers or parallel_workers(), len(files)))):
         notes.append(line)
     return [trace for chunk in chunks for trace in chunk]
