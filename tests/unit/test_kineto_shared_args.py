@@ -71,10 +71,10 @@ def test_a_kernels_own_set_keeps_its_id_and_shares_its_repeated_values(monkeypat
     # equal but of another type: not shared (4096.0 == 4096, 0 != "0")
     assert type(third.in_nelems) is float and type(third.group_name) is int
     # past MAX_SHARED_ARGS distinct values, new ones are left as decoded (a hostile trace)
-    monkeypatch.setattr(files, "MAX_SHARED_ARGS", len(share.strings) + len(share.integers))
+    monkeypatch.setattr(files, "MAX_SHARED_ARGS", len(share.values))
     late = BATCH_DECODER.decode(b"""[{"ph": "X", "args": {"correlation": 10,
         "Collective name": "broadcast"}}, {"ph": "X", "args": {"correlation": 11,
         "Collective name": "broadcast"}}]""")
     a, b = (share.one(event.args) for event in late)
     assert a.collective == b.collective == "broadcast" and a.collective is not b.collective
-    assert len(share.strings) + len(share.integers) <= files.MAX_SHARED_ARGS
+    assert len(share.values) <= files.MAX_SHARED_ARGS

@@ -12,7 +12,6 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -241,8 +240,7 @@ class SharedArgs:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[Any, ...], Args] = {}
-        self.strings: dict[str, str] = {}  # a value kept per type: 1, 1.0 and True are equal
-        self.integers: dict[int, int] = {}
+        self.values: dict[tuple[type, Any], Any] = {}
 
     def one(self, args: Args) -> Args:
         """`args` as the set kept for its values (one_pass.py asks only for the sets the
@@ -265,21 +263,20 @@ class SharedArgs:
         (the op's name, dtype, sizes, group) as the objects equal ones are already kept as:
         newer Kineto copies the collective's arguments onto every communication kernel, each
         decoded into its own strings (about 400 bytes a kernel; a quarter of a worker's
-        memory on communication-heavy traces). Strings and ints are kept apart (1, 1.0 and
-        True are equal keys); at most MAX_SHARED_ARGS values are kept (a hostile trace's
+        memory on communication-heavy traces). A value's type is part of its key (1, 1.0
+        and True are equal keys); at most MAX_SHARED_ARGS values are kept (a hostile trace's
         distinct values are not), others left as decoded."""
-        strings, integers = self.strings, self.integers
-        for name, value in zip(REPEATED_ARGS, _repeated(args), strict=True):
+        values = self.values
+        for name in REPEATED_ARGS:
+            value = getattr(args, name)
             kind = type(value)
-            kept = strings if kind is str else integers if kind is int else None
-            if kept is None:
-                continue
-            found = kept.get(value)
-            if found is None:
-                if len(strings) + len(integers) < MAX_SHARED_ARGS:
-                    kept[value] = value
-            elif found is not value:
-                setattr(args, name, found)
+            if kind is str or kind is int:
+                found = values.get((kind, value))
+                if found is None:
+                    if len(values) < MAX_SHARED_ARGS:
+                        values[(kind, value)] = value
+                elif found is not value:
+                    setattr(args, name, found)
         return args
 
 
@@ -288,7 +285,6 @@ REPEATED_ARGS = ("collective", "dtype", "in_nelems", "out_nelems", "group_size",
                  "input_type")  # fmt: skip
 """An event's own argument set's fields that repeat across its events (not its correlation,
 stream or sequence number, each the event's own or a small int)."""
-_repeated = attrgetter(*REPEATED_ARGS)
 
 
 def _name_the_only_group(

@@ -7,10 +7,13 @@ loop needs (ph, cat, name, ts, dur, tid, args' correlation and stream, whether a
 collective) straight from the text, and:
 - the events it reads exactly as msgspec does are taken as columns (`_take_columns` does with
   arrays what one_pass.take does with each: the device events, the host's calls and starts,
-  the kernels, the operators' times, the launches). Those whose arguments or raw times the
-  converter keeps (a step, a `record_param_comms` scope, an `nccl:` annotation, a collective
-  kernel's own arguments, a gloo or c10d op) are decoded by msgspec too, and only those parts
-  are taken one by one, in their order (`_own_args`), so argument sets are shared as before;
+  the kernels, the operators' times, the launches). Of those whose arguments or raw times
+  the converter keeps (a step, a `record_param_comms` scope, an `nccl:` annotation, a
+  collective kernel's own arguments, a gloo or c10d op), only the `args` object is decoded
+  by msgspec (the scanner gives where it is), none where the event writes none, and a
+  scope's or an annotation's argument text seen before is the set SharedArgs already keeps
+  for it (`ScanMemo`); only those parts are taken one by one, in their order (`_own_args`),
+  so argument sets are shared as before;
 - an event it does not read exactly (one the scanner marks ODD: an escaped string, a float
   it does not parse exactly, a thread that is a string ...), or of a category read as
   another's, or CUPTI's range, is decoded alone by msgspec and taken by one_pass.take itself,
