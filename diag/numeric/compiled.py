@@ -2,8 +2,9 @@
 
 The loops (the what-if replay and its scan of waits, the time breakdown's interval unions) are
 written once, as plain Python over numpy arrays that numba compiles unchanged. Small inputs
-(the tests, a few ranks) run them as Python: importing numba and loading its compiled code
-costs about 0.4 s, more than such a loop takes.
+(the tests, a few ranks, a trace folder's attribution) run them as Python: importing numba and
+loading its compiled code costs about 0.8 s and 100 MiB, more than such loops take
+(`PYTHON_EVENTS`).
 
 Compiled code is cached on disk by numba (`cache=True`), so a process loads the loops instead of
 compiling them: beside this package (`__pycache__`) when its folder is writable, else in this
@@ -23,9 +24,17 @@ from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-COMPILE_FROM_EVENTS = 5_000
-"""Timelines of at least this many events run the compiled loops (plain Python takes ~15 us an
-event, a replay of 5,000 events ~0.1 s, about what importing numba costs; compiled ~0.1 us)."""
+PYTHON_EVENTS = 120_000
+"""The events a process runs through the loops as plain Python before it compiles them: about
+what importing numba and loading the cached loops costs (0.75-0.85 s here; plain Python takes
+about 6 us an event, compiled about 0.1 us). Paying that once the Python time would pass it
+(renting until the rent reaches the price) spends at most twice the better choice made in
+hindsight: a trace folder's attribution (6-9 replays of 6,000-10,000 events) stays Python,
+0.4-0.75 s and about 100 MiB of memory less."""
+COMPILE_FROM_EVENTS = 20_000
+"""A loop given this many events compiles at once: a timeline is replayed several times (6-9
+for a trace folder, a few dozen for a run's scenarios), so this many events a replay pass
+PYTHON_EVENTS (the 1.1 GB-class real folder's 35,728; a large run's hundreds of thousands)."""
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
@@ -54,11 +63,20 @@ _loaded: set[Callable[..., Any]] = set()
 workers, which inherit them)."""
 
 
+_python_events = 0
+"""The events this process has run through the loops as plain Python (`for_size`)."""
+
+
 def for_size(loop: F, events: int) -> F:
-    """`loop` as Python below COMPILE_FROM_EVENTS events, compiled from there on, and at any
-    size once it is loaded (a large run's workers reduce many small files: a 16,384-rank run's
-    files of a few thousand records each ran as Python, 28 ms a file)."""
-    return compiled(loop) if events >= COMPILE_FROM_EVENTS or is_loaded(loop) else loop
+    """`loop` as Python below COMPILE_FROM_EVENTS events while the events this process has run
+    as Python, these included, stay within PYTHON_EVENTS; compiled otherwise, and at any size
+    once numba is loaded here (a large run's workers reduce many small files: a 16,384-rank
+    run's files of a few thousand records each ran as Python, 28 ms a file)."""
+    global _python_events
+    if _loaded or events >= COMPILE_FROM_EVENTS or _python_events + events > PYTHON_EVENTS:
+        return compiled(loop)
+    _python_events += events
+    return loop
 
 
 def is_loaded(loop: Callable[..., Any]) -> bool:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.numeric.compiled import COMPILE_FROM_EVENTS, for_size
+from diag.numeric.compiled import compiled as compiled_loop
+from diag.numeric.compiled import for_size
 from diag.whatif.timeline import Kind, Timeline
 
 START, LAUNCH, SYNC, RECV, WAIT, LOCAL, END = (int(k) for k in (
@@ -82,9 +83,12 @@ def replay(timeline: Timeline, durations: Durations, compiled: bool | None = Non
     """The replayed end time (ns after the earliest event, float) of every event; the loop
     compiled or not as `compiled` says (None: by the timeline's size)."""
     fixed = _fixed_inputs(timeline)
-    size = len(timeline.events) if compiled is None else (COMPILE_FROM_EVENTS if compiled else 0)
+    if compiled is None:
+        loop = for_size(_replay, len(timeline.events))
+    else:
+        loop = compiled_loop(_replay) if compiled else _replay
     own = fixed.own if durations.local_ns is None else durations.local_ns
-    return for_size(_replay, size)(
+    return loop(
         fixed.kind,
         np.ascontiguousarray(own, dtype=np.float64),
         fixed.instance,

@@ -293,3 +293,34 @@ def test_a_batch_of_more_events_than_rows_is_msgspec_s(monkeypatch: pytest.Monke
     assert batch is not None and len(batch.rows) == 300  # more rows asked for, once
     monkeypatch.setattr(scanned, "MAX_ROWS", 256)
     assert _scan(text) is None
+
+
+def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
+    """A `record_param_comms` argument text seen before is the set SharedArgs keeps for it,
+    not decoded again, once SharedArgs has returned a kept set for it (its second time);
+    an event without args is decoded not at all; the memo keeps no text past its bounds."""
+    scope = (b'{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": %d, "dur": 2,'
+             b' "tid": 1, "args": {"Collective name": "send", "Group size": 2%s}}')  # fmt: skip
+    note = b'{"ph": "X", "cat": "user_annotation", "name": "nccl:send", "ts": %d, "dur": 3}'
+    text = b",".join([scope % (10 * i, b"") for i in range(3)] + [note % 50])
+    memo, scan, device, share = scanned.ScanMemo(), Scan(), DeviceScan(), SharedArgs()
+    first = scanned.scan_batch(bytearray(text), 0, len(text), memo)
+    assert first is not None and first.own_known.tolist() == [False] * 4
+    assert first.own_args[3] is None  # the annotation writes no args: nothing decoded
+    scanned.take_scanned(first, scan, device, share.one)
+    kept = [args for *_, args in scan.params[1]]
+    assert kept[0] is kept[1] is kept[2]  # as SharedArgs shares them
+    assert list(memo.texts.values()) == [kept[0]]  # kept once SharedArgs returned a kept set
+    again = scanned.scan_batch(bytearray(text), 0, len(text), memo)
+    assert again is not None and again.own_known.tolist() == [True, True, True, False]
+    assert all(args is kept[0] for args in again.own_args[:3])
+    scanned.take_scanned(again, scan, device, share.one)
+    assert all(args is kept[0] for *_, args in scan.params[1])
+    # a text longer than MAX_TEXT_BYTES is decoded each time, never kept
+    long = scope % (0, b', "Process Group Ranks": "[%s]"' % b", ".join([b"1"] * 600))
+    memo, share = scanned.ScanMemo(), SharedArgs()
+    for _ in range(3):
+        batch = scanned.scan_batch(bytearray(long), 0, len(long), memo)
+        assert batch is not None and not batch.own_known.any()
+        scanned.take_scanned(batch, Scan(), DeviceScan(), share.one)
+    assert not memo.texts
