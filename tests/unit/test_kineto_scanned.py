@@ -25,6 +25,7 @@ from diag.cli.main import main
 from diag.read.kineto import device_arrays, one_pass, scanned, stream
 from diag.read.kineto.convert import Scan
 from diag.read.kineto.device import DeviceScan
+from diag.read.kineto.events import ABSENT
 from diag.read.kineto.files import SharedArgs
 from diag.read.kineto.stream import NotStreamable, stream_events
 from diag.read.kineto.trace_folder import trace_files
@@ -53,8 +54,17 @@ def _plain(value: Any) -> Any:
 
 
 def _read(path: Path, columns: bool) -> tuple[str, list[int]]:
-    """The whole state one trace leaves (as text, every container in order), and which
-    argument sets are one object (SharedArgs' sharing: the same pattern both ways)."""
+    """`_read_any`'s state and sharing, the scanner having read some batch when asked to."""
+    state, identity, rows = _read_any(path, columns)
+    if columns:
+        assert rows > 0, "the scanner read no batch"
+    return state, identity
+
+
+def _read_any(path: Path, columns: bool) -> tuple[str, list[int], int]:
+    """The whole state one trace leaves (as text, every container in order), which argument
+    sets are one object (SharedArgs' sharing: the same pattern both ways), and the rows the
+    scanner read (hostile text may be all msgspec's)."""
     scan, device, share = Scan(), DeviceScan(), SharedArgs()
     counted: dict[str, int] = {"columns": 0}
 
@@ -71,14 +81,12 @@ def _read(path: Path, columns: bool) -> tuple[str, list[int]]:
     state += [(name, _plain(getattr(device, name))) for name in
               ("whole_us", "cpu_start", "cpu_correlation", "step_starts", "device")]  # fmt: skip
     state.append(("host", device.host.calls))
-    kept = [a for rows in out.params.values() for *_, a in rows] + [
-        a for a in out.gpu_args if a is not None
-    ]
+    kept = [a for rows in out.params.values() for *_, a in rows]
+    kept += [a for rows in out.annotations.values() for *_, a in rows]
+    kept += [a for a in out.gpu_args if a is not None]
     first_seen: dict[int, int] = {}
     identity = [first_seen.setdefault(id(a), len(first_seen)) for a in kept]
-    if columns:
-        assert counted["columns"] > 0, "the scanner read no batch"
-    return repr(state), identity
+    return repr(state), identity, counted["columns"]
 
 
 def _same_both_ways(path: Path) -> None:
@@ -94,15 +102,30 @@ def test_real_traces_read_alike_as_columns(path: Path) -> None:
     _same_both_ways(path)
 
 
-def test_a_simulated_folder_reads_alike_as_columns(tmp_path: Path) -> None:
+def test_a_simulated_folder_reads_alike_as_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In batches of 16 KiB, so that a scope's argument text kept in one batch is known in the
+    next ones (ScanMemo.texts): the sharing is still SharedArgs' own."""
     out = tmp_path / "traces"
     result = CliRunner().invoke(main, [
         "simulate", "--layout", "dp=2,pp=2", "-m", "4", "--steps", "3", "--format", "kineto",
         "--out", str(out),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 2**14)
+    known = []
+    own_arguments = scanned._own_arguments
+
+    def counted(*given: Any) -> Any:
+        found = own_arguments(*given)
+        known.append(int(found[2].sum()))
+        return found
+
+    monkeypatch.setattr(scanned, "_own_arguments", counted)
     for path in sorted(out.glob("*.json")):
         _same_both_ways(path)
+    assert sum(known) > 0  # argument texts were known from earlier batches
 
 
 # ---- random events, written as text
@@ -209,27 +232,12 @@ def test_random_events_read_alike_as_columns(
         results = []
         for columns in (False, True):
             try:
-                results.append(("read", _read_any(path, columns)))
+                results.append(("read", _read_any(path, columns)[:2]))
             except NotStreamable as refused:
                 results.append(("refused", str(refused)))
     finally:
         stream.CHUNK_BYTES = original
     assert results[0] == results[1]
-
-
-def _read_any(path: Path, columns: bool) -> tuple[str, list[int]]:
-    """_read without its check that the scanner read something (hostile text may be all
-    msgspec's)."""
-    scan, device, share = Scan(), DeviceScan(), SharedArgs()
-    stream_events(
-        path, lambda b: one_pass.take(b, scan, device, share.one),
-        (lambda b: scanned.take_scanned(b, scan, device, share.one)) if columns else None,
-    )  # fmt: skip
-    out = scan.result()
-    state = [(name, _plain(getattr(out, name))) for name in out.__dataclass_fields__]
-    state += [(name, _plain(getattr(device, name))) for name in
-              ("whole_us", "cpu_start", "cpu_correlation", "step_starts", "device")]  # fmt: skip
-    return repr(state), []
 
 
 # ---- the scanner alone
@@ -316,6 +324,18 @@ def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
     assert all(args is kept[0] for args in again.own_args[:3])
     scanned.take_scanned(again, scan, device, share.one)
     assert all(args is kept[0] for *_, args in scan.params[1])
+    # texts that differ only at their end are sets of their own, each kept for its text
+    other = b",".join(
+        scope % (100 + 10 * i, b"" if i % 2 else b', "Seq": %d' % (i // 2 % 2)) for i in range(12)
+    )
+    for _ in range(3):
+        batch = scanned.scan_batch(bytearray(other), 0, len(other), memo)
+        assert batch is not None
+        scanned.take_scanned(batch, scan, device, share.one)
+    assert batch.own_known.all()
+    written = [None if i % 2 else i // 2 % 2 for i in range(12)] * 3
+    read = [None if args.seq is ABSENT else args.seq for *_, args in scan.params[1][6:]]
+    assert read == written
     # a text longer than MAX_TEXT_BYTES is decoded each time, never kept
     long = scope % (0, b', "Process Group Ranks": "[%s]"' % b", ".join([b"1"] * 600))
     memo, share = scanned.ScanMemo(), SharedArgs()
