@@ -216,15 +216,15 @@ static int read_number(Reader *r, int exact, int *kind, int64_t *whole, double *
     return 0;
 }
 
-/* An object's members, read by its reader in a loop:
- *   if (opens(r)) done (an empty object);
- *   for (;;) { read_key(...); <its value>; ends = member_ends(r); <-1: not JSON; 1: done> }
+/* An object's members (an array's items alike, with ']'), read by its reader in a loop:
+ *   ends = opens(r, '}');  (1: an empty object, done)
+ *   while (!ends) { read_key(...); <its value>; ends = item_ends(r, '}'); <-1: not JSON> }
  */
-/* At an object's `{`: passed, and 1 when the object is empty (its `}` passed too). */
-static int opens(Reader *r) {
+/* At an object's `{` (an array's `[`): passed, and 1 when it is empty (`close` passed too). */
+static int opens(Reader *r, char close) {
     r->i++;
     skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == '}') {
+    if (r->i < r->n && r->s[r->i] == close) {
         r->i++;
         return 1;
     }
@@ -242,12 +242,12 @@ static int read_key(Reader *r, Py_ssize_t *start, Py_ssize_t *length, int *plain
     return 0;
 }
 
-/* After a member's value: 1 at the object's end (its `}` passed), 0 before another member
- * (its comma passed), -1 on text that is neither. */
-static int member_ends(Reader *r) {
+/* After a member's value (an item's): 1 at the object's end (`close` passed), 0 before
+ * another member (its comma passed), -1 on text that is neither. */
+static int item_ends(Reader *r, char close) {
     skip_ws(r);
     if (r->i >= r->n) return -1;
-    if (r->s[r->i] == '}') {
+    if (r->s[r->i] == close) {
         r->i++;
         return 1;
     }
@@ -268,33 +268,21 @@ static int skip_literal(Reader *r, const char *word) {
 
 static int skip_object(Reader *r, int depth) {
     Py_ssize_t start, length;
-    int plain, ends = opens(r);
+    int plain, ends = opens(r, '}');
     while (!ends) {
         if (read_key(r, &start, &length, &plain) || skip_value(r, depth + 1)) return -1;
-        if ((ends = member_ends(r)) < 0) return -1;
+        if ((ends = item_ends(r, '}')) < 0) return -1;
     }
     return 0;
 }
 
 static int skip_array(Reader *r, int depth) {
-    r->i++; /* [ */
-    skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == ']') {
-        r->i++;
-        return 0;
-    }
-    for (;;) {
+    int ends = opens(r, ']');
+    while (!ends) {
         if (skip_value(r, depth + 1)) return -1;
-        skip_ws(r);
-        if (r->i >= r->n) return -1;
-        if (r->s[r->i] == ']') {
-            r->i++;
-            return 0;
-        }
-        if (r->s[r->i] != ',') return -1;
-        r->i++;
-        skip_ws(r);
+        if ((ends = item_ends(r, ']')) < 0) return -1;
     }
+    return 0;
 }
 
 /* Any JSON value at r->i, checked and passed over. */
@@ -399,7 +387,7 @@ static int key_is(Reader *r, Py_ssize_t start, Py_ssize_t length, const char *wo
 /* `args`: the correlation and stream (ints, else ODD) and whether it names a collective. */
 static int read_args(Reader *r, int64_t *row) {
     Py_ssize_t start, length;
-    int plain, seen = 0, ends = opens(r);
+    int plain, seen = 0, ends = opens(r, '}');
     double unused;
     while (!ends) {
         if (read_key(r, &start, &length, &plain)) return -1;
@@ -417,7 +405,7 @@ static int read_args(Reader *r, int64_t *row) {
         } else if (skip_value(r, 2)) {
             return -1;
         }
-        if ((ends = member_ends(r)) < 0) return -1;
+        if ((ends = item_ends(r, '}')) < 0) return -1;
     }
     return 0;
 }
@@ -435,7 +423,7 @@ static int read_event(Reader *r, int64_t *row, double *times) {
     r->odd = 0;
     row[C_START] = r->i;
     if (r->i >= r->n || r->s[r->i] != '{') return -1;
-    int ends = opens(r);
+    int ends = opens(r, '}');
     while (!ends) {
         if (read_key(r, &start, &length, &plain)) return -1;
         int key = 0;
@@ -494,7 +482,7 @@ static int read_event(Reader *r, int64_t *row, double *times) {
         default:
             if (skip_value(r, 1)) return -1;
         }
-        if ((ends = member_ends(r)) < 0) return -1;
+        if ((ends = item_ends(r, '}')) < 0) return -1;
     }
     row[C_END] = r->i;
     row[C_KIND] = r->odd ? ODD : PLAIN;
