@@ -344,3 +344,51 @@ def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
         assert batch is not None and not batch.own_known.any()
         scanned.take_scanned(batch, Scan(), DeviceScan(), share.one)
     assert not memo.texts
+
+
+def test_a_collective_kernel_s_arguments_seen_with_other_ids_are_the_kept_set_s_values(
+    tmp_path: Path,
+) -> None:
+    """A collective kernel's argument text seen before but for its `correlation` and
+    `External id` is the set kept for it with its own correlation, its values the kept
+    set's objects; a text that differs elsewhere (a size, a nested `correlation`, an
+    `External id` written twice) is its own. The state is msgspec's either way."""
+    kernel = (b'{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "ts": %d,'
+              b' "dur": 2, "tid": 7, "args": {%s"device": 0, "stream": 7, "correlation": %d,'
+              b' "Collective name": "allreduce", "dtype": "BFloat16", "In msg nelems": %d,'
+              b' "Process Group Ranks": "[0, 1]"%s}}')  # fmt: skip
+
+    def event(i: int, nelems: int = 1024, before: bytes = b"", after: bytes = b"") -> bytes:
+        ids = b'"External id": %d, ' % (5000 + i) if i % 3 else b""  # some write none
+        return kernel % (10 * i, before or ids, 100 + i, nelems, after)
+
+    def known(numbered: list[bytes]) -> list[bool]:
+        text = b",".join(numbered)
+        batch = scanned.scan_batch(bytearray(text), 0, len(text), memo)
+        assert batch is not None
+        scanned.take_scanned(batch, scan, device, share.one)
+        return batch.own_known.tolist()
+
+    memo, scan, device, share = scanned.ScanMemo(), Scan(), DeviceScan(), SharedArgs()
+    twice = b'"External id": %d, "External id": 1, '
+    nested = b', "x": {"correlation": %d}'
+    first = [event(0), event(1)]  # without an External id, with one
+    second = [event(2), event(3), event(4, nelems=2048), event(5, after=nested % 1),
+              event(6, before=twice % 6)]  # fmt: skip
+    third = [event(7, nelems=2048), event(8, after=nested % 2), event(9, before=twice % 9)]
+    assert known(first) == [False, False]  # kept once taken
+    assert known(second) == [True, True, False, False, False]
+    assert known(third) == [True, False, False]
+    read = scan.out.gpu_args
+    assert [args.correlation for args in read] == [100 + i for i in range(10)]
+    assert read == _decoded_args(first + second + third)  # every field as msgspec decodes it
+    assert read[2] is not read[1] and read[2].dtype is read[1].dtype  # its own, values shared
+    path = tmp_path / "kernels.json"
+    path.write_bytes(b'{"traceEvents": [' + b",".join((first + second + third) * 3) + b"]}")
+    _same_both_ways(path)
+
+
+def _decoded_args(events: list[bytes]) -> list[Any]:
+    from diag.read.kineto.events import BATCH_DECODER
+
+    return [event.args for event in BATCH_DECODER.decode(b"[" + b",".join(events) + b"]")]

@@ -8,8 +8,10 @@
  * commas. Each event is one row of `rows` (int64, NCOL columns) and of `times` (double, 2
  * columns): where it is in the text, and the fields one_pass.take reads of it (ph, cat,
  * name, ts, dur, tid, args' correlation and stream, whether args name a collective, where the
- * args object's text starts and ends). cat and name are codes into `strings` (int64 pairs: offset and length in text of each distinct
- * string, first seen first).
+ * args object's text starts and ends, and where the values of its `correlation` and
+ * `External id` are: 0 and 0 where it has none, or more than one). cat and name are codes into
+ * `strings` (int64 pairs: offset and length in text of each distinct string, first seen
+ * first).
  *
  * What it promises, so that the caller may use the rows instead of msgspec's decoding:
  * - status 0: every event is a well-formed JSON object, so msgspec decodes the batch too
@@ -34,7 +36,8 @@
 enum {
     C_KIND, C_START, C_END, C_PH, C_CAT, C_NAME, C_TS_KIND, C_TS, C_DUR_KIND, C_DUR,
     C_TID_KIND, C_TID, C_ARGS, C_CORRELATION_KIND, C_CORRELATION, C_STREAM_KIND, C_STREAM,
-    C_COLLECTIVE, C_ARGS_START, C_ARGS_END, NCOL
+    C_COLLECTIVE, C_ARGS_START, C_ARGS_END, C_CORRELATION_AT, C_CORRELATION_END,
+    C_EXTERNAL_AT, C_EXTERNAL_END, NCOL
 };
 enum { F_TS, F_DUR, NFLOAT };
 enum { PLAIN = 0, ODD = 1 };
@@ -384,29 +387,42 @@ static int key_is(Reader *r, Py_ssize_t start, Py_ssize_t length, const char *wo
     return (size_t)length == strlen(word) && memcmp(r->s + start, word, (size_t)length) == 0;
 }
 
-/* `args`: the correlation and stream (ints, else ODD) and whether it names a collective. */
+/* `args`: the correlation and stream (ints, else ODD), whether it names a collective, and
+ * where the values of its two per-event ids are (`correlation`, `External id`: the caller
+ * knows an argument text it has seen with other ids). */
 static int read_args(Reader *r, int64_t *row) {
-    Py_ssize_t start, length;
-    int plain, seen = 0, ends = opens(r, '}');
+    Py_ssize_t start, length, at;
+    int plain, seen = 0, external = 0, ends = opens(r, '}');
     double unused;
     while (!ends) {
         if (read_key(r, &start, &length, &plain)) return -1;
-        int which = 0;
+        int which = 0, is_external = 0;
+        at = r->i;
         if (!plain) r->odd = 1; /* an escaped key could be any of them */
         else if (key_is(r, start, length, "correlation")) which = 1;
         else if (key_is(r, start, length, "stream")) which = 2;
         else if (key_is(r, start, length, "Collective name")) row[C_COLLECTIVE] = 1;
+        else if (key_is(r, start, length, "External id")) is_external = 1;
         if (which) {
             if (seen & which) r->odd = 1;
             seen |= which;
             int kind_col = which == 1 ? C_CORRELATION_KIND : C_STREAM_KIND;
             if (read_time(r, row, &unused, kind_col, kind_col + 1, -1)) return -1;
             if (row[kind_col] != INT) r->odd = 1; /* null is not absent: msgspec's */
+            if (which == 1) {
+                row[C_CORRELATION_AT] = at;
+                row[C_CORRELATION_END] = r->i;
+            }
         } else if (skip_value(r, 2)) {
             return -1;
         }
+        if (is_external && ++external == 1) {
+            row[C_EXTERNAL_AT] = at;
+            row[C_EXTERNAL_END] = r->i;
+        }
         if ((ends = item_ends(r, '}')) < 0) return -1;
     }
+    if (external > 1) row[C_EXTERNAL_AT] = row[C_EXTERNAL_END] = 0;
     return 0;
 }
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from msgspec.structs import replace
 
 from diag.contract.limits import MAX_ARG_INTEGER, MAX_LABEL_CHARS
 from diag.read.kineto import one_pass
@@ -73,7 +74,7 @@ AVAILABLE = event_scan is not None and os.environ.get("DIAG_EVENT_SCAN", "1") !=
 # the scanner's columns (event_scan.c's enum)
 (KIND, START, END, PH, CAT, NAME, TS_KIND, TS, DUR_KIND, DUR, TID_KIND, TID, ARGS,
  CORRELATION_KIND, CORRELATION, STREAM_KIND, STREAM, COLLECTIVE, ARGS_START, ARGS_END,
- NCOL) = range(21)  # fmt: skip
+ CORRELATION_AT, CORRELATION_END, EXTERNAL_AT, EXTERNAL_END, NCOL) = range(25)  # fmt: skip
 F_TS, F_DUR = 0, 1
 ODD, PH_X, INT, FLOAT = 1, 1, 1, 2
 ROW_BYTES = 128
@@ -99,10 +100,16 @@ class ScanMemo:
     argument sets kept for their text. A `record_param_comms` scope or an `nccl:` annotation
     repeats a few argument texts every step (55% of a simulated communication-heavy rank's
     events): an argument text seen before, whose set SharedArgs already keeps, is that set,
-    not decoded again (so nothing is shared that SharedArgs would not share)."""
+    not decoded again (so nothing is shared that SharedArgs would not share).
+
+    A collective kernel's own set (newer Kineto copies the collective's arguments onto it)
+    differs from its step's others only in its ids, `correlation` and `External id`: its text
+    without their values (`ids_cut`) seen before is the set kept for it with this kernel's
+    correlation (`External id` is not read), its values already shared."""
 
     flags: dict[str, int] = field(default_factory=dict)
     texts: dict[bytes, Args] = field(default_factory=dict)
+    kernel_texts: dict[bytes, Args] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +128,7 @@ class ScannedBatch:
     own_args: list[Args | None]  # their arguments (None: the event writes none)
     own_texts: list[bytes | None]  # the text of those to keep by it once shared (else None)
     own_known: np.ndarray  # bool: the arguments are the set already kept for their text
-    texts: dict[bytes, Args]  # the trace's ScanMemo.texts
+    memo: ScanMemo  # the trace's
 
 
 # a string's flags, as a cat or as a name
@@ -185,7 +192,7 @@ def scan_batch(buffer: bytearray, first: int, end: int, memo: ScanMemo) -> Scann
         except DECODE_ERRORS:
             return None
     return ScannedBatch(
-        rows, times, names, flags, by_loop, decoded, at, own, args, texts, known_set, memo.texts
+        rows, times, names, flags, by_loop, decoded, at, own, args, texts, known_set, memo
     )
 
 
@@ -200,17 +207,17 @@ def _own_arguments(
     text: memoryview, rows: np.ndarray, cat: np.ndarray, name: np.ndarray, memo: ScanMemo
 ) -> tuple[list[Args | None], list[bytes | None], np.ndarray]:
     """The arguments of the events at `rows` (their cat's and name's flags given), for
-    `_own_args`: None where an event writes none; a scope's or an annotation's by their text
-    where `memo` keeps the set for it (and that text, to keep once shared, where it does not
-    yet); the others decoded."""
+    `_own_args`: None where an event writes none; a scope's or an annotation's by their text,
+    a collective kernel's by its text without its ids, where `memo` keeps the set for it (and
+    that text, to keep once shared, where it does not yet); the others decoded."""
     args: list[Args | None] = [None] * len(rows)
     texts: list[bytes | None] = [None] * len(rows)
     known = np.zeros(len(rows), dtype=bool)
     written = rows[:, ARGS] != 0
+    short = rows[:, ARGS_END] - rows[:, ARGS_START] <= MAX_TEXT_BYTES
     # a set SharedArgs keeps by its values: a scope's or an annotation's without a correlation
-    by_text = written & ((name & (NCCL | PARAMS)) != 0) & ((cat & GPU) == 0)
+    by_text = written & short & ((name & (NCCL | PARAMS)) != 0) & ((cat & GPU) == 0)
     by_text &= rows[:, CORRELATION_KIND] == 0
-    by_text &= rows[:, ARGS_END] - rows[:, ARGS_START] <= MAX_TEXT_BYTES
     kept = memo.texts
     places = np.flatnonzero(by_text)
     spans = rows[places][:, [ARGS_START, ARGS_END]].tolist()
@@ -221,6 +228,17 @@ def _own_arguments(
             texts[place] = key
         else:
             args[place], known[place] = found, True
+    # a collective kernel's (its correlation an int, written once: else the row is ODD)
+    by_ids = written & short & ((cat & GPU) != 0) & (rows[:, CORRELATION_KIND] == INT)
+    places = np.flatnonzero(by_ids & (rows[:, CORRELATION_AT] > 0))
+    kernels = memo.kernel_texts
+    for place, row in zip(places.tolist(), rows[places].tolist(), strict=True):
+        key = ids_cut(text, row)
+        found = kernels.get(key)
+        if found is None:
+            texts[place] = key
+        else:
+            args[place], known[place] = replace(found, correlation=row[CORRELATION]), True
     todo = np.flatnonzero(written & ~known)
     for place, value in zip(
         todo.tolist(), _decoded(text, rows[todo][:, [ARGS_START, ARGS_END]], ARGS_DECODER),
@@ -228,6 +246,24 @@ def _own_arguments(
     ):  # fmt: skip
         args[place] = value
     return args, texts, known
+
+
+def ids_cut(text: memoryview, row: list[int]) -> bytes:
+    """An event's argument text without the values of its `correlation` and `External id`
+    (the scanner's spans: the keys stay, so that texts alike but for those values are equal
+    and no others are)."""
+    cuts = sorted(
+        (at, end)
+        for at, end in ((row[CORRELATION_AT], row[CORRELATION_END]),
+                        (row[EXTERNAL_AT], row[EXTERNAL_END]))
+        if at > 0
+    )  # fmt: skip
+    parts, cursor = [], row[ARGS_START]
+    for at, end in cuts:
+        parts.append(text[cursor:at])
+        cursor = end
+    parts.append(text[cursor : row[ARGS_END]])
+    return b"".join(parts)
 
 
 def take_scanned(
@@ -375,7 +411,7 @@ def _own_args(
     found = place < len(gpu_at)
     found[found] = gpu_at[place[found]] == at[found]
     kernel = np.where(found, place, -1).tolist()
-    step_starts, texts = device.step_starts, batch.texts
+    step_starts, texts, kernel_texts = device.step_starts, batch.memo.texts, batch.memo.kernel_texts
     no_args: Args | None = None  # shared(NO_ARGS): the same every time (SharedArgs keeps sets)
     for row, name, flag, category, tid, args, text, known, is_kept, on_host_, noted, start, \
             end, gpu in zip(
@@ -390,8 +426,10 @@ def _own_args(
         if not is_kept:
             continue
         if gpu >= 0:
-            if args is not None and args.collective is not ABSENT:
-                gpu_args[gpu] = shared(args)
+            if known:  # its ids' set kept (its values shared)
+                gpu_args[gpu] = args
+            elif args is not None and args.collective is not ABSENT:
+                gpu_args[gpu] = _kept_by_text(shared(args), None, text, kernel_texts)
             continue
         if noted or flag & PARAMS:
             if args is None:
@@ -410,9 +448,12 @@ def _own_args(
                                 start, end, tid, NO_ARGS if args is None else args)  # fmt: skip
 
 
-def _kept_by_text(found: Args, decoded: Args, text: bytes | None, texts: dict[bytes, Args]) -> Args:
+def _kept_by_text(
+    found: Args, decoded: Args | None, text: bytes | None, texts: dict[bytes, Args]
+) -> Args:
     """`found` (SharedArgs' set for `decoded`), kept for `text` where SharedArgs keeps it
-    (it is not `decoded` itself: an equal set was kept before), within MAX_TEXTS."""
+    (it is not `decoded` itself: an equal set was kept before; a kernel's, `decoded` None:
+    its values are), within MAX_TEXTS."""
     if text is not None and found is not decoded and len(texts) < MAX_TEXTS:
         texts[text] = found
     return found
