@@ -37,13 +37,13 @@ from diag.contract.limits import (
     MAX_ABS_TIME_NS,
 )
 from diag.numeric import intervals
+from diag.read.kineto import step_bands
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY
 from diag.read.kineto.comm_ops import OP_BY_COLLECTIVE, CommAttribution, count, number_in_group
 from diag.read.kineto.events import Args
 from diag.read.kineto.gloo_sizes import message_bytes
 from diag.read.kineto.kernels import KernelClass, KernelPatterns
 from diag.read.kineto.queued import MESSAGE_OPS, queued_arrivals
-from diag.read.kineto.send_waits import send_waited
 
 NS_PER_US = 1000
 MAX_TIME_US = MAX_ABS_TIME_NS / NS_PER_US / 2
@@ -229,32 +229,37 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     t0_list, arrived_list = rank.gpu_t0, arrived.tolist()  # read one by one below: lists
     order = np.argsort(steps, kind="stable")  # each step's kernels, in trace order
     numbers, firsts = np.unique(steps[order], return_index=True)
-    for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True):
-        if number == -1:
-            continue
-        records["step"].append(
-            {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
-        )
-        busy = mine[kinds[mine] != COMM]
-        comm = mine[kinds[mine] == COMM]
-        records["span"] += [
-            {"rank": rank_id, "step": number, "mb": None, "phase": MEMCPY if kind == MEMORY
-             else KERNEL, "stage": None, "chunk": None, "t0": start, "t1": end}
-            for kind, start, end in zip(
-                kinds[busy].tolist(), t0[busy].tolist(), t1[busy].tolist(), strict=True
-            )
-        ]  # fmt: skip
-        own_waits: list[bool] = []
-        unawaited: list[bool] = []  # sends the rank did not wait for: no comm_wait either
-        busy_union = intervals.merge(np.column_stack([t0[busy], t1[busy]]))
-        covered_by_end = intervals.covered_before(busy_union, t1[comm])
-        hidden = covered_by_end - intervals.covered_before(busy_union, t0[comm])
-        hidden_since_arrival = covered_by_end - intervals.covered_before(busy_union, arrived[comm])
-        waited = dict(zip(comm.tolist(), send_waited(t0, t1, comm, busy).tolist(), strict=True))
-        busy_starts = np.sort(t0[busy])
-        for i, hidden_ns, since_arrival in zip(
-            comm.tolist(), hidden.tolist(), hidden_since_arrival.tolist(), strict=True
-        ):
+    groups = [
+        (number, mine)
+        for number, mine in zip(numbers.tolist(), np.split(order, firsts[1:]), strict=True)
+        if number != -1
+    ]
+    # every step's computation, covered times and waits measured at once (step_bands.py)
+    in_steps = np.concatenate([mine for _, mine in groups]) if groups else order[:0]
+    step_firsts = np.cumsum([0] + [len(mine) for _, mine in groups[:-1]]) if groups else order[:0]
+    banded = step_bands.bands(t0, t1, arrived, in_steps, step_firsts)
+    shift = banded.shift
+    is_comm = kinds == COMM
+    covered = step_bands.Covered.none(len(t0))
+    for together in banded.sets:
+        kernels = in_steps if len(banded.sets) == 1 else groups[int(together[0])][1]
+        busy, comm = kernels[~is_comm[kernels]], kernels[is_comm[kernels]]
+        covered.add(t0 + shift, t1 + shift, arrived + shift, busy, comm)
+    hidden_of = covered.hidden_ns.tolist()
+    since_arrival_of = covered.hidden_since_arrival_ns.tolist()
+    waited_of = covered.waited.tolist()
+    own_wait_of = np.zeros(len(t0), dtype=bool)
+    unawaited_of = np.zeros(len(t0), dtype=bool)  # sends the rank did not wait for: no comm_wait
+    step_t0 = np.minimum.reduceat(t0[in_steps], step_firsts).tolist() if groups else []
+    step_t1 = np.maximum.reduceat(t1[in_steps], step_firsts).tolist() if groups else []
+    busy_of_step = []
+    for (number, mine), first, last in zip(groups, step_t0, step_t1, strict=True):
+        records["step"].append({"rank": rank_id, "step": number, "t0": first, "t1": last})
+        busy = mine[~is_comm[mine]]
+        busy_of_step.append(busy)
+        busy_starts: np.ndarray | None = None  # sorted, where a batch asks
+        for i in mine[is_comm[mine]].tolist():
+            hidden_ns, since_arrival = hidden_of[i], since_arrival_of[i]
             # A receive is its own wait: what consumes the message waits on its stream, and
             # the replay pairs it with its send. So is a collective under which the device
             # computes nothing: the stream that needs its result waits for it (a TP
@@ -275,31 +280,45 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
             if ops and not message and arrived_list[i] < start and since_arrival > hidden_ns:
                 start, hidden_ns = arrived_list[i], since_arrival
                 starts[i] = start
-            own_wait = receives or (hidden_ns <= 0 and (not sends or bool(waited.get(i))))
-            own_waits.append(own_wait)
-            unawaited.append(sends and not own_wait and not waited.get(i))
+            own_wait = receives or (hidden_ns <= 0 and (not sends or waited_of[i]))
+            own_wait_of[i] = own_wait
+            unawaited_of[i] = sends and not own_wait and not waited_of[i]
             # a batch's ops get their own ends from their peers' once every rank is read
             # (batches.py): which kernel ran them, and when the computation resumed after it
             end = ends[i]
-            batch = (
-                {} if len(ops) < 2 else {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0_list[i])}
-            )
+            if len(ops) < 2:
+                batch = {}
+            else:
+                busy_starts = np.sort(t0[busy]) if busy_starts is None else busy_starts
+                batch = {KERNEL_KEY: i, RESUME_KEY: _next(busy_starts, t0_list[i])}
             for described in ops:
                 records["comm"].append({
                     "rank": rank_id, "step": number, **described, "t0": start,
                     "t1": end, "expected_bytes": None, "tag": None,
                     "async": not own_wait, "blocking": own_wait, **batch,
                 })  # fmt: skip
-        own = np.array(own_waits, dtype=bool)
-        awaited = comm[~own & ~np.array(unawaited, dtype=bool)] if len(comm) else comm
-        # exposed: neither computing nor in a collective that is its own wait (that time is
-        # the collective's record already; a comm_wait there would count it twice)
-        occupied = np.concatenate([busy, comm[own]]) if len(comm) else busy
+    # exposed: neither computing nor in a collective that is its own wait (that time is the
+    # collective's record already; a comm_wait there would count it twice)
+    awaited_of = is_comm & ~own_wait_of & ~unawaited_of
+    occupied_of = ~is_comm | own_wait_of
+    waits_of_step: dict[int, list[list[int]]] = {}
+    for together in banded.sets:
+        kernels = in_steps if len(banded.sets) == 1 else groups[int(together[0])][1]
+        awaited, occupied = kernels[awaited_of[kernels]], kernels[occupied_of[kernels]]
         exposed = intervals.difference(
-            np.column_stack([starts[awaited], t1[awaited]]),
-            np.column_stack([t0[occupied], t1[occupied]]),
+            np.column_stack([starts[awaited] + shift[awaited], t1[awaited] + shift[awaited]]),
+            np.column_stack([t0[occupied] + shift[occupied], t1[occupied] + shift[occupied]]),
         )
-        for start, end in exposed.tolist():
+        waits_of_step.update(banded.unbanded(exposed, together))
+    for place, ((number, _), busy) in enumerate(zip(groups, busy_of_step, strict=True)):
+        records["span"] += [
+            {"rank": rank_id, "step": number, "mb": None, "phase": MEMCPY if kind == MEMORY
+             else KERNEL, "stage": None, "chunk": None, "t0": start, "t1": end}
+            for kind, start, end in zip(
+                kinds[busy].tolist(), t0[busy].tolist(), t1[busy].tolist(), strict=True
+            )
+        ]  # fmt: skip
+        for start, end in waits_of_step.get(place, []):
             records["span"].append(_span(rank_id, number, COMM_WAIT, start, end))
     rank.comm_sources = attribution.counts
     number_in_group(records["comm"])
