@@ -120,27 +120,30 @@ class PackedComms:
 def pack_comms(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> PackedComms:
     """A trace's comm records (converted, named by the trace) packed, with what the layout's
     inference counts of them; `steps`: the same trace's step records (their windows)."""
-    layout_rows = _layout_rows(comms, steps)
+    fields = {name: [comm.get(name) for comm in comms] for name in _FIELDS_READ}
+    layout_rows = _layout_rows(comms, fields, steps)
     distinct: dict[tuple[int, ...] | None, int] = {}
     member_codes = np.fromiter(
-        (distinct.setdefault(comm.get("group_ranks"), len(distinct)) for comm in comms),
+        (distinct.setdefault(ranks, len(distinct)) for ranks in fields["group_ranks"]),
         np.int32, count=len(comms),
     )  # fmt: skip
-    plain: dict[str, list[Any]] = {
-        name: [comm.get(name) for comm in comms] for name in KEPT_COLUMNS[COMM]
-    }
+    plain: dict[str, list[Any]] = {name: fields[name] for name in KEPT_COLUMNS[COMM]}
     try:
         columns = pack({COMM: dict(plain)})[COMM]
     except (TypeError, ValueError, OverflowError):  # a value of an unexpected type: as is
         columns = dict(plain)
-    messages = {
-        name: _message([comm.get(name) for comm in comms])
-        for name in (*MESSAGE_COLUMNS, *BATCH_COLUMNS)
-    }
+    messages = {name: _message(fields[name]) for name in (*MESSAGE_COLUMNS, *BATCH_COLUMNS)}
     return PackedComms(
         columns, list(distinct), member_codes, messages, LayoutRows.of(layout_rows),
         marks(comms, steps),
     )  # fmt: skip
+
+
+_FIELDS_READ = tuple(
+    dict.fromkeys((*KEPT_COLUMNS[COMM], *MESSAGE_COLUMNS, *BATCH_COLUMNS, "group_ranks",
+                   "from_name"))
+)  # fmt: skip
+"""The records' fields that packing reads, each read once into a column."""
 
 
 def _message(values: list[Any]) -> Message | list[Any]:
@@ -154,25 +157,33 @@ def _message(values: list[Any]) -> Message | list[Any]:
     return Message(numbers, null)
 
 
-def _layout_rows(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Counter[LayoutKey]:
-    """What `layout._families` and `infer_layout` read of each collective, counted per distinct
-    value. The start is kept only as the inference reads it: the step window's start when the
-    collective starts in its first quarter (FORWARD_SHARE), the window's end when not, so that
-    the inference's test gives the same answer from the same step windows (the trace's own
-    step records, the last of a repeated step, as its `windows` keeps)."""
+def _layout_rows(
+    comms: list[dict[str, Any]], fields: dict[str, list[Any]], steps: list[dict[str, Any]]
+) -> Counter[LayoutKey]:
+    """What `layout._families` and `infer_layout` read of each collective (`fields`: the
+    records' columns), counted per distinct value. The start is kept only as the inference
+    reads it: the step window's start when the collective starts in its first quarter
+    (FORWARD_SHARE), the window's end when not, so that the inference's test gives the same
+    answer from the same step windows (the trace's own step records, the last of a repeated
+    step, as its `windows` keeps)."""
     windows = {(s["rank"], s["step"]): (s["t0"], s["t1"]) for s in steps}
-    rows: Counter[LayoutKey] = Counter()
-    alone = lone_messages(comms)
-    ahead = gathers_ahead(comms)
-    for i, comm in enumerate(comms):
-        rank, step = comm["rank"], comm["step"]
-        t0, t1 = windows.get((rank, step), (0, 0))
-        early = starts_early(comm["t0"], t0, t1)
-        rows[(comm.get("group_ranks"), comm.get("group"), comm.get("op"), rank, step,
-              t0 if early else t1, bool(comm.get("from_name")), comm.get("peer"),
-              comm.get("bytes"), comm.get("blocking"), alone.get(i),
-              ahead.get(i))] += 1  # fmt: skip
-    return rows
+    ranks, numbers = [c["rank"] for c in comms], [c["step"] for c in comms]
+    read_starts = []
+    for start, window in zip(
+        fields["t0"], map(windows.get, zip(ranks, numbers, strict=True)), strict=True
+    ):  # fmt: skip
+        t0, t1 = window or (0, 0)
+        read_starts.append(t0 if starts_early(start, t0, t1) else t1)
+    alone, ahead = lone_messages(comms), gathers_ahead(comms)
+    everyone = range(len(comms))
+    return Counter(
+        zip(
+            fields["group_ranks"], fields["group"], fields["op"], ranks, numbers, read_starts,
+            map(bool, fields["from_name"]), fields["peer"], fields["bytes"],
+            fields["blocking"], map(alone.get, everyone), map(ahead.get, everyone),
+            strict=True,
+        )
+    )  # fmt: skip
 
 
 def gathers_ahead(comms: list[dict[str, Any]]) -> dict[int, bool]:

@@ -212,7 +212,7 @@ def _own_arguments(
     that text, to keep once shared, where it does not yet); the others decoded."""
     args: list[Args | None] = [None] * len(rows)
     texts: list[bytes | None] = [None] * len(rows)
-    known = np.zeros(len(rows), dtype=bool)
+    known = [False] * len(rows)
     written = rows[:, ARGS] != 0
     short = rows[:, ARGS_END] - rows[:, ARGS_START] <= MAX_TEXT_BYTES
     # a set SharedArgs keeps by its values: a scope's or an annotation's without a correlation
@@ -232,38 +232,40 @@ def _own_arguments(
     by_ids = written & short & ((cat & GPU) != 0) & (rows[:, CORRELATION_KIND] == INT)
     places = np.flatnonzero(by_ids & (rows[:, CORRELATION_AT] > 0))
     kernels = memo.kernel_texts
-    for place, row in zip(places.tolist(), rows[places].tolist(), strict=True):
-        key = ids_cut(text, row)
+    for place, key, correlation in zip(
+        places.tolist(), ids_cut(text, rows[places]), rows[places, CORRELATION].tolist(),
+        strict=True,
+    ):  # fmt: skip
         found = kernels.get(key)
         if found is None:
             texts[place] = key
         else:
-            args[place], known[place] = replace(found, correlation=row[CORRELATION]), True
-    todo = np.flatnonzero(written & ~known)
+            args[place], known[place] = replace(found, correlation=correlation), True
+    known_rows = np.array(known, dtype=bool)
+    todo = np.flatnonzero(written & ~known_rows)
     for place, value in zip(
         todo.tolist(), _decoded(text, rows[todo][:, [ARGS_START, ARGS_END]], ARGS_DECODER),
         strict=True,
     ):  # fmt: skip
         args[place] = value
-    return args, texts, known
+    return args, texts, known_rows
 
 
-def ids_cut(text: memoryview, row: list[int]) -> bytes:
-    """An event's argument text without the values of its `correlation` and `External id`
-    (the scanner's spans: the keys stay, so that texts alike but for those values are equal
-    and no others are)."""
-    cuts = sorted(
-        (at, end)
-        for at, end in ((row[CORRELATION_AT], row[CORRELATION_END]),
-                        (row[EXTERNAL_AT], row[EXTERNAL_END]))
-        if at > 0
-    )  # fmt: skip
-    parts, cursor = [], row[ARGS_START]
-    for at, end in cuts:
-        parts.append(text[cursor:at])
-        cursor = end
-    parts.append(text[cursor : row[ARGS_END]])
-    return b"".join(parts)
+def ids_cut(text: memoryview, rows: np.ndarray) -> list[bytes]:
+    """Events' argument texts without the values of their `correlation` (each has one) and
+    `External id` (where it has one): the scanner's spans. The keys stay, so that texts alike
+    but for those values are equal and no others are."""
+    spans = rows[:, [ARGS_START, CORRELATION_AT, CORRELATION_END, EXTERNAL_AT, EXTERNAL_END,
+                     ARGS_END]].tolist()  # fmt: skip
+    out = []
+    for a, c0, c1, x0, x1, b in spans:
+        if x0 == 0:
+            out.append(b"".join((text[a:c0], text[c1:b])))
+        elif x0 < c0:
+            out.append(b"".join((text[a:x0], text[x1:c0], text[c1:b])))
+        else:
+            out.append(b"".join((text[a:c0], text[c1:x0], text[x1:b])))
+    return out
 
 
 def take_scanned(
