@@ -407,47 +407,61 @@ def _own_args(
     rows = batch.rows[a + at]
     strings, flags = batch.strings, batch.flags
     names = _texts(strings, rows[:, NAME])
-    name_flags, cat_flags = flags[rows[:, NAME]].tolist(), flags[rows[:, CAT]].tolist()
-    # each event's place among the run's kernels (-1: not one)
+    # each event's place among the run's kernels (`found`: it is one)
     place = np.searchsorted(gpu_at, at)
     found = place < len(gpu_at)
     found[found] = gpu_at[place[found]] == at[found]
-    kernel = np.where(found, place, -1).tolist()
-    step_starts, texts, kernel_texts = device.step_starts, batch.memo.texts, batch.memo.kernel_texts
+    rows_of_run = (a + at).tolist()
+    is_kept = kept[at]
+    # a step's start (on the host) and number, kept or not
+    step_starts = device.step_starts
+    for i in np.flatnonzero(on_host[at] & ((flags[rows[:, NAME]] & STEP) != 0)).tolist():
+        if STEP_START.match(names[i]):
+            ts = _raw_ts(batch, rows_of_run[i])
+            step_starts[names[i]] = max(ts, step_starts.get(names[i], ts))
+    args_of, texts_of = batch.own_args[own], batch.own_texts[own]
+    known_of = batch.own_known[own].tolist()
+    # a collective kernel's arguments (SharedArgs shares a kernel's values apart from the
+    # scopes' sets: taken apart from them, in their order)
+    kernel_texts = batch.memo.kernel_texts
+    for i, gpu in zip(np.flatnonzero(is_kept & found).tolist(), place[is_kept & found].tolist(),
+                      strict=True):  # fmt: skip
+        args = args_of[i]
+        if known_of[i]:  # its ids' set kept (its values shared)
+            gpu_args[gpu] = args
+        elif args is not None and args.collective is not ABSENT:
+            gpu_args[gpu] = _kept_by_text(shared(args), None, texts_of[i], kernel_texts)
+    # a scope's or an annotation's arguments, per thread in their order
+    noted = annotation[at]
+    scoped = is_kept & ~found & (noted | ((flags[rows[:, NAME]] & PARAMS) != 0))
+    texts = batch.memo.texts
     no_args: Args | None = None  # shared(NO_ARGS): the same every time (SharedArgs keeps sets)
-    for row, name, flag, category, tid, args, text, known, is_kept, on_host_, noted, start, \
-            end, gpu in zip(
-        at.tolist(), names, name_flags, cat_flags, _tids(rows), batch.own_args[own],
-        batch.own_texts[own], batch.own_known[own].tolist(), kept[at].tolist(),
-        on_host[at].tolist(), annotation[at].tolist(), t0[at].tolist(), t1[at].tolist(), kernel,
-        strict=True,
+    tids = _tids(rows)
+    for i, start, end, is_note in zip(
+        np.flatnonzero(scoped).tolist(), t0[at[scoped]].tolist(), t1[at[scoped]].tolist(),
+        noted[scoped].tolist(), strict=True,
     ):  # fmt: skip
-        if on_host_ and flag & STEP and STEP_START.match(name):
-            ts = _raw_ts(batch, a + row)
-            step_starts[name] = max(ts, step_starts.get(name, ts))
-        if not is_kept:
-            continue
-        if gpu >= 0:
-            if known:  # its ids' set kept (its values shared)
-                gpu_args[gpu] = args
-            elif args is not None and args.collective is not ABSENT:
-                gpu_args[gpu] = _kept_by_text(shared(args), None, text, kernel_texts)
-            continue
-        if noted or flag & PARAMS:
-            if args is None:
-                args = no_args = shared(NO_ARGS) if no_args is None else no_args
-            elif not known:
-                args = _kept_by_text(shared(args), args, text, texts)
-            if noted:
-                scan.annotations[tid].append((start, end, name[5:], args))
-            else:
-                scan.params[tid].append((start, end, args))
-        elif (category & CPU_OP and not flag & ENQUEUE) or category & LAUNCH:
-            pass  # an operator's times or a launch: taken as columns
-        elif flag & KEPT_BY_NAME:
-            cat_code = int(batch.rows[a + row, CAT])
-            one_pass.keep_named(scan.out, name, strings[cat_code] if cat_code >= 0 else None,
-                                start, end, tid, NO_ARGS if args is None else args)  # fmt: skip
+        args = args_of[i]
+        if args is None:
+            args = no_args = shared(NO_ARGS) if no_args is None else no_args
+        elif not known_of[i]:
+            args = _kept_by_text(shared(args), args, texts_of[i], texts)
+        if is_note:
+            scan.annotations[tids[i]].append((start, end, names[i][5:], args))
+        else:
+            scan.params[tids[i]].append((start, end, args))
+    # a gloo or c10d op (an operator's times and a launch are taken as columns)
+    cat_flags = flags[rows[:, CAT]]
+    name_flags = flags[rows[:, NAME]]
+    by_name = is_kept & ~found & ~scoped & ((name_flags & KEPT_BY_NAME) != 0)
+    by_name &= ((cat_flags & CPU_OP) == 0) | ((name_flags & ENQUEUE) != 0)
+    by_name &= (cat_flags & LAUNCH) == 0
+    for i in np.flatnonzero(by_name).tolist():
+        cat_code = int(rows[i, CAT])
+        args = args_of[i]
+        one_pass.keep_named(scan.out, names[i], strings[cat_code] if cat_code >= 0 else None,
+                            int(t0[at[i]]), int(t1[at[i]]), tids[i],
+                            NO_ARGS if args is None else args)  # fmt: skip
 
 
 def _kept_by_text(
