@@ -238,6 +238,10 @@ def _names_an_op(args: Args) -> bool:
     return args.collective is not ABSENT and label(args.collective).lower() not in BATCH_NAMES
 
 
+MAX_OPS_READ = 4096
+"""Distinct `collective` values whose reading `CommAttribution` keeps (more: read each time)."""
+
+
 @dataclass
 class CommAttribution:
     """The CPU side of one rank's communication kernels, asked kernel by kernel (`describe`) in
@@ -250,6 +254,23 @@ class CommAttribution:
     # `collective` of each shared argument set (files.SharedArgs: a rank's record_param_comms
     # repeat a few), by the set's identity; the dicts are only read (callers copy them)
     described: dict[int, tuple[Args, dict[str, Any]]] = field(default_factory=dict)
+    # what each `collective` value names (whether an op of its own, and which), by its type
+    # and value: a rank's kernels and scopes repeat a few
+    ops_read: dict[tuple[type, Any], tuple[bool, str | None]] = field(default_factory=dict)
+
+    def _op_read(self, args: Args) -> tuple[bool, str | None]:
+        """(`_names_an_op(args)`, the op its `collective` names)."""
+        value = args.collective
+        key = (type(value), value)
+        try:
+            found = self.ops_read.get(key)
+        except TypeError:  # not hashable
+            return _names_an_op(args), _op(label(value))
+        if found is None:
+            found = (_names_an_op(args), _op(label(value)))
+            if len(self.ops_read) < MAX_OPS_READ:
+                self.ops_read[key] = found
+        return found
 
     def prepare(self, kernels: Iterable[int], correlations: Any) -> None:
         """Where each thread launched communication kernels (a batch is what a thread recorded
@@ -265,8 +286,9 @@ class CommAttribution:
         """The ops a communication kernel runs (one, or a batch's), as record fields."""
         own = self.rank.gpu_args[kernel] if kernel < len(self.rank.gpu_args) else None
         # described only where used: the op alone says whether (`collective`'s op)
-        mine = own if own is not None and _names_an_op(own) else None
-        if mine is not None and _op(label(mine.collective)) not in P2P:
+        names, op = self._op_read(own) if own is not None else (False, None)
+        mine = own if names else None
+        if mine is not None and op not in P2P:
             return self._counted("its own arguments", [self._collective(mine)])
         launch = self.rank.launches.get(correlation)
         if launch is None:
@@ -275,7 +297,7 @@ class CommAttribution:
             return self._counted("its name (no launch found)", [self._by_name(kernel)])
         tid, at = launch
         found = self._around(tid, at)
-        if found is not None and _names_an_op(found):
+        if found is not None and self._op_read(found)[0]:
             return self._counted("record_param_comms", [self._collective(found)])
         launched = self.launch_times.get(tid, [])
         before = bisect.bisect_left(launched, at) - 1
@@ -337,7 +359,7 @@ class CommAttribution:
         out = []
         for i in range(max(first, last - MAX_BATCH_OPS), last):
             _, end, args = rows[i]
-            if end > at or (tid, i) in self.used or not _names_an_op(args):
+            if end > at or (tid, i) in self.used or not self._op_read(args)[0]:
                 continue
             self.used.add((tid, i))
             out.append(self._collective(args))

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 SYNC_CALLS = frozenset({
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -68,23 +71,43 @@ class HostCallScan:
         return list(zip(self.starts, self.durations, self.names, strict=True))
 
     def result(self, last_start: float | None) -> HostCalls:
-        kept = [c for c in self.calls if last_start is None or c[0] < last_start]
-        syncs = [(ts, ts + d) for ts, d, n in kept if n in SYNC_CALLS]
-        items = [(ts, ts + d) for ts, d, n in kept if n == "aten::item"]
-        reads = sorted(
-            items or [(ts, ts + d) for ts, d, n in kept if n == "aten::_local_scalar_dense"]
-        )
+        """The tallies of the calls that start before `last_start` (None: all), each class's
+        calls picked out by the codes of their names (a launch's call comes with every
+        kernel: one Python pass each was a tenth of a communication-heavy trace's device
+        time), their times summed as Python floats in their order."""
+        starts = np.frombuffer(self.starts, dtype=np.float64)
+        durations = np.frombuffer(self.durations, dtype=np.float64)
+        if last_start is None:
+            kept = np.ones(len(starts), dtype=bool)
+        elif float(last_start) == last_start:
+            kept = starts < last_start
+        else:  # an int no double holds: compared exactly, as Python does
+            kept = np.array([start < last_start for start in self.starts], dtype=bool)
+        code_of = {name: code for code, name in enumerate(dict.fromkeys(self.names))}
+        codes = np.fromiter(map(code_of.__getitem__, self.names), np.int64, len(self.names))
+
+        def named(wanted: Callable[[str], bool]) -> np.ndarray:
+            return kept & np.isin(codes, [code for name, code in code_of.items() if wanted(name)])
+
+        ends = starts + durations
+
+        def spans(mask: np.ndarray) -> list[tuple[float, float]]:
+            return list(zip(starts[mask].tolist(), ends[mask].tolist(), strict=True))
+
+        syncs = spans(named(SYNC_CALLS.__contains__))
+        items = spans(named("aten::item".__eq__))
+        reads = sorted(items or spans(named("aten::_local_scalar_dense".__eq__)))
         # a sync inside an .item() is that read's own wait: counted once, as the read
         inside = [s for s in syncs if not _within(s, reads)]
-        launches = [d for _, d, n in kept if n in LAUNCH_CALLS]
+        launches = durations[named(LAUNCH_CALLS.__contains__)].tolist()
         return HostCalls(
             sync_calls=len(inside) + len(reads),
             sync_us=float(sum(b - a for a, b in inside) + sum(b - a for a, b in reads)),
             scalar_reads=len(reads),
             launches=len(launches),
             launch_us=float(sum(launches)),
-            graph_launches=sum(1 for _, _, n in kept if n in GRAPH_LAUNCHES),
-            loader_us=float(sum(d for _, d, n in kept if n.startswith(LOADER_PREFIX))),
+            graph_launches=int(named(GRAPH_LAUNCHES.__contains__).sum()),
+            loader_us=float(sum(durations[named(lambda n: n.startswith(LOADER_PREFIX))].tolist())),
         )
 
 
