@@ -437,6 +437,7 @@ def _own_args(
     texts = batch.memo.texts
     no_args: Args | None = None  # shared(NO_ARGS): the same every time (SharedArgs keeps sets)
     tids = _tids(rows)
+    ops: dict[str, str] = {}
     for i, start, end, is_note in zip(
         np.flatnonzero(scoped).tolist(), t0[at[scoped]].tolist(), t1[at[scoped]].tolist(),
         noted[scoped].tolist(), strict=True,
@@ -447,7 +448,10 @@ def _own_args(
         elif not known_of[i]:
             args = _kept_by_text(shared(args), args, texts_of[i], texts)
         if is_note:
-            scan.annotations[tids[i]].append((start, end, names[i][5:], args))
+            op = ops.get(names[i])
+            if op is None:
+                op = ops[names[i]] = names[i][5:]  # after `nccl:`; one object an op
+            scan.annotations[tids[i]].append((start, end, op, args))
         else:
             scan.params[tids[i]].append((start, end, args))
     # a gloo or c10d op (an operator's times and a launch are taken as columns)
