@@ -5,6 +5,7 @@ steps overlap in time."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,8 @@ def _banded(steps: list[list[tuple[int, int, bool]]]) -> tuple[step_bands.Covere
     t0 = np.array([k[0] for k in kernels], dtype=np.int64)
     t1 = np.array([k[1] for k in kernels], dtype=np.int64)
     comm = np.array([k[2] for k in kernels])
-    firsts = np.cumsum([0] + [len(step) for step in steps[:-1]])
-    found = step_bands.bands(t0, t1, t0, np.arange(len(kernels)), firsts)
+    firsts = np.cumsum([0] + [len(step) for step in steps])
+    found = step_bands.bands(t0, t1, t0, [np.arange(a, b) for a, b in pairwise(firsts)])
     covered = step_bands.Covered.none(len(kernels))
     everything = np.arange(len(kernels))
     shifted = t0 + found.shift

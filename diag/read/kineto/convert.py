@@ -235,14 +235,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
         if number != -1
     ]
     # every step's computation, covered times and waits measured at once (step_bands.py)
-    in_steps = np.concatenate([mine for _, mine in groups]) if groups else order[:0]
-    step_firsts = np.cumsum([0] + [len(mine) for _, mine in groups[:-1]]) if groups else order[:0]
-    banded = step_bands.bands(t0, t1, arrived, in_steps, step_firsts)
-    shift = banded.shift
     is_comm = kinds == COMM
+    banded = step_bands.bands(t0, t1, arrived, [mine for _, mine in groups])
+    shift = banded.shift
     covered = step_bands.Covered.none(len(t0))
-    for together in banded.sets:
-        kernels = in_steps if len(banded.sets) == 1 else groups[int(together[0])][1]
+    for _, kernels in banded.sets:
         busy, comm = kernels[~is_comm[kernels]], kernels[is_comm[kernels]]
         covered.add(t0 + shift, t1 + shift, arrived + shift, busy, comm)
     hidden_of = covered.hidden_ns.tolist()
@@ -250,11 +247,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     waited_of = covered.waited.tolist()
     own_wait_of = np.zeros(len(t0), dtype=bool)
     unawaited_of = np.zeros(len(t0), dtype=bool)  # sends the rank did not wait for: no comm_wait
-    step_t0 = np.minimum.reduceat(t0[in_steps], step_firsts).tolist() if groups else []
-    step_t1 = np.maximum.reduceat(t1[in_steps], step_firsts).tolist() if groups else []
     busy_of_step = []
-    for (number, mine), first, last in zip(groups, step_t0, step_t1, strict=True):
-        records["step"].append({"rank": rank_id, "step": number, "t0": first, "t1": last})
+    for number, mine in groups:
+        records["step"].append(
+            {"rank": rank_id, "step": number, "t0": int(t0[mine].min()), "t1": int(t1[mine].max())}
+        )
         busy = mine[~is_comm[mine]]
         busy_of_step.append(busy)
         busy_starts: np.ndarray | None = None  # sorted, where a batch asks
@@ -302,14 +299,13 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     awaited_of = is_comm & ~own_wait_of & ~unawaited_of
     occupied_of = ~is_comm | own_wait_of
     waits_of_step: dict[int, list[list[int]]] = {}
-    for together in banded.sets:
-        kernels = in_steps if len(banded.sets) == 1 else groups[int(together[0])][1]
+    for places, kernels in banded.sets:
         awaited, occupied = kernels[awaited_of[kernels]], kernels[occupied_of[kernels]]
         exposed = intervals.difference(
             np.column_stack([starts[awaited] + shift[awaited], t1[awaited] + shift[awaited]]),
             np.column_stack([t0[occupied] + shift[occupied], t1[occupied] + shift[occupied]]),
         )
-        waits_of_step.update(banded.unbanded(exposed, together))
+        waits_of_step.update(banded.unbanded(exposed, places))
     for place, ((number, _), busy) in enumerate(zip(groups, busy_of_step, strict=True)):
         records["span"] += [
             {"rank": rank_id, "step": number, "mb": None, "phase": MEMCPY if kind == MEMORY

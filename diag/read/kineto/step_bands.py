@@ -28,15 +28,15 @@ LARGEST_BANDED = 2**62
 
 @dataclass
 class Bands:
-    """Where each step's kernels lie once banded. `step_shift` (per step, int64) is added to
-    its kernels' times (`shift`: per kernel; 0 for one in no step); `band_starts` (per step)
-    is where its band starts; `sets` are the steps measured together (their places in the
-    step list: all of them, or one each)."""
+    """Where each step's kernels lie once banded. `shift` (per kernel, int64; 0 for one in no
+    step) is added to a kernel's times; `step_shift` and `band_starts` are per step; `sets`
+    are the steps measured together (their places in the step list, all of them or one
+    each) with their kernels."""
 
     shift: np.ndarray
     step_shift: np.ndarray
     band_starts: np.ndarray
-    sets: list[np.ndarray]
+    sets: list[tuple[np.ndarray, np.ndarray]]
 
     def unbanded(self, rows: np.ndarray, steps: np.ndarray) -> Iterator[tuple[int, list]]:
         """Banded (start, end) rows of the `steps` (a set's places, ascending), sorted, back in
@@ -51,26 +51,28 @@ class Bands:
             yield int(part[0]), chunk.tolist()
 
 
-def bands(
-    t0: np.ndarray, t1: np.ndarray, arrived: np.ndarray, order: np.ndarray, firsts: np.ndarray
-) -> Bands:
-    """The bands of the steps whose kernels are `order` (kernel indices, step by step) split at
-    `firsts` (each step's first place in `order`); a step's times are its kernels' starts,
-    ends and arrivals."""
-    count = len(firsts)
-    low = np.minimum.reduceat(np.minimum(t0, arrived)[order], firsts) if count else firsts
-    high = np.maximum.reduceat(np.maximum(t1, np.maximum(t0, arrived))[order], firsts) if count \
-        else firsts  # fmt: skip
-    band = int((high - low).max()) + 1 + PAD_NS if count else 1
+def bands(t0: np.ndarray, t1: np.ndarray, arrived: np.ndarray, steps: list[np.ndarray]) -> Bands:
+    """The bands of `steps` (each step's kernel indices); a step's times are its kernels'
+    starts, ends and arrivals."""
+    count = len(steps)
+    if count == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Bands(np.zeros(len(t0), dtype=np.int64), empty, empty, [])
+    kernels = np.concatenate(steps)
+    sizes = np.array([len(step) for step in steps])
+    firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    low = np.minimum.reduceat(np.minimum(t0, arrived)[kernels], firsts)
+    high = np.maximum.reduceat(np.maximum(t1, np.maximum(t0, arrived))[kernels], firsts)
+    band = int((high - low).max()) + 1 + PAD_NS
     if band * count < LARGEST_BANDED:
         band_starts = np.arange(count, dtype=np.int64) * band
-        sets = [np.arange(count)] if count else []
+        sets = [(np.arange(count), kernels)]
     else:  # measured one step at a time
         band_starts = np.zeros(count, dtype=np.int64)
-        sets = [np.array([g]) for g in range(count)]
+        sets = [(np.array([place]), step) for place, step in enumerate(steps)]
     step_shift = band_starts - low
     shift = np.zeros(len(t0), dtype=np.int64)
-    shift[order] = np.repeat(step_shift, np.diff(np.append(firsts, len(order))))
+    shift[kernels] = np.repeat(step_shift, sizes)
     return Bands(shift, step_shift, band_starts, sets)
 
 
