@@ -392,3 +392,17 @@ def _decoded_args(events: list[bytes]) -> list[Any]:
     from diag.read.kineto.events import BATCH_DECODER
 
     return [event.args for event in BATCH_DECODER.decode(b"[" + b",".join(events) + b"]")]
+
+
+def test_texts_are_cut_where_asked_and_nowhere_else() -> None:
+    import numpy as np
+
+    cut_texts = scanned.event_scan.cut_texts
+    text = b'{"a": 1, "correlation": 12, "b": 2}'
+    rows = np.array([[0, 24, 26, 26, 26, 35], [0, 0, 0, 35, 35, 35], [1, 2, 3, 4, 5, 6]], np.int64)
+    assert cut_texts(text, rows) == [b'{"a": 1, "correlation": , "b": 2}', text, b'"" ']
+    for bad in ([0, 5, 4, 6, 6, 8], [0, 1, 2, 3, 4, 36], [-1, 0, 0, 0, 0, 1]):
+        with pytest.raises(ValueError):
+            cut_texts(text, np.array([bad], np.int64))
+    with pytest.raises(ValueError):
+        cut_texts(text, np.zeros(5, dtype=np.int64))  # not six a row

@@ -255,17 +255,18 @@ def ids_cut(text: memoryview, rows: np.ndarray) -> list[bytes]:
     """Events' argument texts without the values of their `correlation` (each has one) and
     `External id` (where it has one): the scanner's spans. The keys stay, so that texts alike
     but for those values are equal and no others are."""
-    spans = rows[:, [ARGS_START, CORRELATION_AT, CORRELATION_END, EXTERNAL_AT, EXTERNAL_END,
-                     ARGS_END]].tolist()  # fmt: skip
-    out = []
-    for a, c0, c1, x0, x1, b in spans:
-        if x0 == 0:
-            out.append(b"".join((text[a:c0], text[c1:b])))
-        elif x0 < c0:
-            out.append(b"".join((text[a:x0], text[x1:c0], text[c1:b])))
-        else:
-            out.append(b"".join((text[a:c0], text[c1:x0], text[x1:b])))
-    return out
+    assert event_scan is not None
+    correlation = rows[:, [CORRELATION_AT, CORRELATION_END]]
+    external = rows[:, [EXTERNAL_AT, EXTERNAL_END]]
+    none = external[:, 0] == 0  # none: an empty cut just after the correlation's
+    external[none] = correlation[none][:, [1, 1]]
+    external_first = (external[:, 0] < correlation[:, 0])[:, None]
+    spans = np.column_stack([
+        rows[:, ARGS_START], np.where(external_first, external, correlation),
+        np.where(external_first, correlation, external), rows[:, ARGS_END],
+    ])  # fmt: skip
+    keys: list[bytes] = event_scan.cut_texts(text, np.ascontiguousarray(spans, dtype=np.int64))
+    return keys
 
 
 def take_scanned(
