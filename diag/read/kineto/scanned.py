@@ -220,9 +220,7 @@ def _own_arguments(
     by_text &= rows[:, CORRELATION_KIND] == 0
     kept = memo.texts
     places = np.flatnonzero(by_text)
-    spans = rows[places][:, [ARGS_START, ARGS_END]].tolist()
-    for place, (a, b) in zip(places.tolist(), spans, strict=True):
-        key = bytes(text[a:b])
+    for place, key in zip(places.tolist(), _whole_texts(text, rows[places]), strict=True):
         found = kept.get(key)
         if found is None:
             texts[place] = key
@@ -249,6 +247,15 @@ def _own_arguments(
     ):  # fmt: skip
         args[place] = value
     return args, texts, known_rows
+
+
+def _whole_texts(text: memoryview, rows: np.ndarray) -> list[bytes]:
+    """Events' argument texts (the scanner's spans), as bytes."""
+    assert event_scan is not None
+    start, end = rows[:, [ARGS_START]], rows[:, [ARGS_END]]
+    spans = np.hstack([start, start, start, end, end, end])
+    keys: list[bytes] = event_scan.cut_texts(text, np.ascontiguousarray(spans, dtype=np.int64))
+    return keys
 
 
 def ids_cut(text: memoryview, rows: np.ndarray) -> list[bytes]:
@@ -489,10 +496,12 @@ def _raw_ts(batch: ScannedBatch, row: int) -> int | float:
 
 def _texts(strings: list[str], codes: np.ndarray) -> list[str]:
     """The strings of codes (-1: an absent or null name, read as "")."""
-    return [strings[c] if c >= 0 else "" for c in codes.tolist()]
+    return list(map([*strings, ""].__getitem__, codes.tolist()))  # -1: the last
 
 
 def _tids(rows: np.ndarray) -> list[int | None]:
+    if rows[:, TID_KIND].all():  # every event writes its thread (as an int)
+        return rows[:, TID].tolist()
     kinds, tids = rows[:, TID_KIND].tolist(), rows[:, TID].tolist()
     return [t if k else None for k, t in zip(kinds, tids, strict=True)]
 
