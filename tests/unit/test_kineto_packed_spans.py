@@ -76,3 +76,16 @@ def test_the_layout_rows_as_columns_give_back_every_key_and_count() -> None:
     for (key, _), (theirs, _) in zip(rows.items(), counted.items(), strict=True):
         assert [type(v) for v in key] == [type(v) for v in theirs]
     assert dict(LayoutRows.of(Counter()).items()) == {}
+
+
+def test_a_layout_key_is_read_as_the_dict_of_its_fields() -> None:
+    from collections import Counter
+
+    from diag.read.kineto.packed_comms import LAYOUT_FIELDS, LayoutRows, LayoutView
+
+    key = ((0, 1), "pp", "send", 0, 3, 10, False, 1, 4096, True, None, False)
+    view = LayoutView([LayoutRows.of(Counter({key: 2}))])
+    rows = list(view.rows)
+    assert rows == [(dict(zip(LAYOUT_FIELDS, key, strict=True)), 2)]
+    assert list(rows[0][0]) == list(LAYOUT_FIELDS)  # in their order
+    assert list(view) == [rows[0][0]] * 2

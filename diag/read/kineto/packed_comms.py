@@ -80,7 +80,7 @@ class LayoutRows:
 
     def items(self) -> Iterator[tuple[LayoutKey, int]]:
         fields = [
-            column.tolist() if found is None else [found[c] for c in column.tolist()]
+            column.tolist() if found is None else list(map(found.__getitem__, column.tolist()))
             for column, found in zip(self.columns, self.labels, strict=True)
         ]
         yield from zip(zip(*fields, strict=True), self.counts.tolist(), strict=True)
@@ -259,10 +259,9 @@ class LayoutView:
         return _DistinctRows(self.parts)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        fields = LAYOUT_FIELDS
         for part in self.parts:
             for key, count in part.items():
-                row = dict(zip(fields, key, strict=True))
+                row = _row(key)
                 for _ in range(count):
                     yield row
 
@@ -276,7 +275,17 @@ class _DistinctRows:
     def __iter__(self) -> Iterator[tuple[dict[str, Any], int]]:
         for part in self.parts:
             for key, count in part.items():
-                yield dict(zip(LAYOUT_FIELDS, key, strict=True)), count
+                yield _row(key), count
+
+
+def _row(key: LayoutKey) -> dict[str, Any]:
+    """A `LayoutKey` as the dict of its LAYOUT_FIELDS (a display: twice as fast as
+    `dict(zip(LAYOUT_FIELDS, key))`, and the gathering process makes one per distinct key and
+    reader, about a million on the 1.1 GB class)."""
+    group_ranks, group, op, rank, step, t0, from_name, peer, size, blocking, alone, ahead = key
+    return {"group_ranks": group_ranks, "group": group, "op": op, "rank": rank, "step": step,
+            "t0": t0, "from_name": from_name, "peer": peer, "bytes": size, "blocking": blocking,
+            "alone": alone, "ahead": ahead}  # fmt: skip
 
 
 def named_by_axis(part: PackedComms, axis_of: dict[tuple[int, ...], str]) -> dict[str, Packed]:
