@@ -16,6 +16,7 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -107,7 +108,7 @@ def map_chunks(
     if not parallel:
         return _here(parse, chunks, chunk_done)
     with out_of_collection():
-        return _in_pool(parse, chunks, chunk_done, count, admission)
+        return _in_pool(parse, chunks, chunk_done, count, admission, _largest_first(chunks, sizes))
 
 
 @contextlib.contextmanager
@@ -129,14 +130,25 @@ def out_of_collection() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _largest_first(chunks: list[list[tuple[int, Path]]], sizes: list[int]) -> list[int]:
+    """The chunks' indices by their files' bytes, largest first (ties in order): started so,
+    the last to finish are the small ones, and no worker idles long beside the last large one
+    (a folder's traces differ: a pipeline's last stage, a rank that holds the experts)."""
+    ends = list(accumulate(len(chunk) for chunk in chunks))
+    bytes_of = [sum(sizes[end - len(chunk) : end]) for chunk, end in zip(chunks, ends, strict=True)]
+    return sorted(range(len(chunks)), key=lambda index: -bytes_of[index])
+
+
 def _in_pool(
     parse: Callable[[list[tuple[int, Path]]], Result],
     chunks: list[list[tuple[int, Path]]],
     chunk_done: Callable[[int], None],
     count: int,
     admission: Admission | None,
+    order: list[int],
 ) -> list[Result]:
-    """Every chunk parsed by `count` forked worker processes (map_chunks)."""
+    """Every chunk parsed by `count` forked worker processes (map_chunks), started in `order`
+    (their results in theirs)."""
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     results: list[Result | None] = [None] * len(chunks)
@@ -147,7 +159,7 @@ def _in_pool(
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): do it here
         return _here(parse, chunks, chunk_done)
     try:
-        waiting = deque(range(len(chunks)))
+        waiting = deque(order)
         pending: dict[Future[Result], int] = {}
         while waiting or pending:
             while waiting and (

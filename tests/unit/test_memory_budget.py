@@ -131,3 +131,18 @@ def test_the_cli_refuses_a_size_it_cannot_read(trace_folder) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 2
     assert "not a memory size: '2x'" in result.stderr
+
+
+def test_the_largest_files_start_first_and_come_back_in_order(tmp_path, monkeypatch) -> None:
+    """Started largest first, the last parses to finish are the small ones: no worker idles
+    long beside the last large one."""
+    sizes = [10, 10, 5000, 4000]
+    files = [(k, tmp_path / f"f{k}") for k in range(len(sizes))]
+    for (_, path), size in zip(files, sizes, strict=True):
+        path.write_bytes(b"x" * size)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    rows = [row for chunk in parallel.map_chunks(_timed, files, chunk_files=1) for row in chunk]
+    assert [key for key, *_ in rows] == [0, 1, 2, 3]
+    started = [key for key, *_ in sorted(rows, key=lambda row: row[1])]
+    assert set(started[:2]) == {2, 3}
