@@ -251,9 +251,14 @@ def _own_arguments(
 
 def _whole_texts(text: memoryview, rows: np.ndarray) -> list[bytes]:
     """Events' argument texts (the scanner's spans), as bytes."""
-    assert event_scan is not None
     start, end = rows[:, [ARGS_START]], rows[:, [ARGS_END]]
-    spans = np.hstack([start, start, start, end, end, end])
+    return _cut(text, np.hstack([start, start, start, end, end, end]))
+
+
+def _cut(text: memoryview, spans: np.ndarray) -> list[bytes]:
+    """`event_scan.cut_texts`: per row of `spans` (start, two cuts, end), the text without
+    the cuts, as bytes (one C call a batch: slicing in Python was 7% of a parse)."""
+    assert event_scan is not None
     keys: list[bytes] = event_scan.cut_texts(text, np.ascontiguousarray(spans, dtype=np.int64))
     return keys
 
@@ -262,18 +267,15 @@ def ids_cut(text: memoryview, rows: np.ndarray) -> list[bytes]:
     """Events' argument texts without the values of their `correlation` (each has one) and
     `External id` (where it has one): the scanner's spans. The keys stay, so that texts alike
     but for those values are equal and no others are."""
-    assert event_scan is not None
     correlation = rows[:, [CORRELATION_AT, CORRELATION_END]]
     external = rows[:, [EXTERNAL_AT, EXTERNAL_END]]
     none = external[:, 0] == 0  # none: an empty cut just after the correlation's
     external[none] = correlation[none][:, [1, 1]]
     external_first = (external[:, 0] < correlation[:, 0])[:, None]
-    spans = np.column_stack([
+    return _cut(text, np.column_stack([
         rows[:, ARGS_START], np.where(external_first, external, correlation),
         np.where(external_first, correlation, external), rows[:, ARGS_END],
-    ])  # fmt: skip
-    keys: list[bytes] = event_scan.cut_texts(text, np.ascontiguousarray(spans, dtype=np.int64))
-    return keys
+    ]))  # fmt: skip
 
 
 def take_scanned(
@@ -407,14 +409,17 @@ def _own_args(
     shared: Callable[[Args], Args],
 ) -> None:
     """What one_pass.take keeps of the events whose arguments or raw times it keeps (`own`:
-    their places in the batch's `own_rows`; the run's arrays from its row `a`), in their
-    order, as it does: a collective kernel's arguments, a step's start and number, an
-    annotation's or a scope's arguments, a gloo or c10d op (`one_pass.keep_named`). A scope's
-    or an annotation's set is kept by its text once SharedArgs keeps it (ScanMemo)."""
+    their places in the batch's `own_rows`; the run's arrays from its row `a`), as it does: a
+    step's start and number, a collective kernel's arguments, an annotation's or a scope's
+    arguments, a gloo or c10d op (`one_pass.keep_named`), each kind in one pass in its order
+    (what one kind keeps does not depend on another's). A scope's or an annotation's set is
+    kept by its text once SharedArgs keeps it, a kernel's by its text without its ids
+    (ScanMemo)."""
     at = batch.own_rows[own] - a  # in the run's arrays
     rows = batch.rows[a + at]
     strings, flags = batch.strings, batch.flags
     names = _texts(strings, rows[:, NAME])
+    name_flags, cat_flags = flags[rows[:, NAME]], flags[rows[:, CAT]]
     # each event's place among the run's kernels (`found`: it is one)
     place = np.searchsorted(gpu_at, at)
     found = place < len(gpu_at)
@@ -423,7 +428,7 @@ def _own_args(
     is_kept = kept[at]
     # a step's start (on the host) and number, kept or not
     step_starts = device.step_starts
-    for i in np.flatnonzero(on_host[at] & ((flags[rows[:, NAME]] & STEP) != 0)).tolist():
+    for i in np.flatnonzero(on_host[at] & ((name_flags & STEP) != 0)).tolist():
         if STEP_START.match(names[i]):
             ts = _raw_ts(batch, rows_of_run[i])
             step_starts[names[i]] = max(ts, step_starts.get(names[i], ts))
@@ -441,7 +446,7 @@ def _own_args(
             gpu_args[gpu] = _kept_by_text(shared(args), None, texts_of[i], kernel_texts)
     # a scope's or an annotation's arguments, per thread in their order
     noted = annotation[at]
-    scoped = is_kept & ~found & (noted | ((flags[rows[:, NAME]] & PARAMS) != 0))
+    scoped = is_kept & ~found & (noted | ((name_flags & PARAMS) != 0))
     texts = batch.memo.texts
     no_args: Args | None = None  # shared(NO_ARGS): the same every time (SharedArgs keeps sets)
     tids = _tids(rows)
@@ -463,8 +468,6 @@ def _own_args(
         else:
             scan.params[tids[i]].append((start, end, args))
     # a gloo or c10d op (an operator's times and a launch are taken as columns)
-    cat_flags = flags[rows[:, CAT]]
-    name_flags = flags[rows[:, NAME]]
     by_name = is_kept & ~found & ~scoped & ((name_flags & KEPT_BY_NAME) != 0)
     by_name &= ((cat_flags & CPU_OP) == 0) | ((name_flags & ENQUEUE) != 0)
     by_name &= (cat_flags & LAUNCH) == 0
