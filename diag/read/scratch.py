@@ -185,7 +185,8 @@ def _exit_signals_unwind() -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise SystemExit(128 + the signal) in this process
     (its `with` blocks then remove what they made, and it exits as the signal would have it),
     where their action is the default one and this is the main thread; put back after. A
-    forked worker that inherits the handler acts as the default would."""
+    process forked meanwhile has the default action back as it starts (`_default_in_child`);
+    one forked before that hook ran acts as the default would."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -202,8 +203,33 @@ def _exit_signals_unwind() -> Iterator[None]:
     for number in EXIT_SIGNALS:
         if signal.getsignal(number) is signal.SIG_DFL:
             before[number] = signal.signal(number, unwind)
+            _UNWINDING[number] = unwind
     try:
         yield
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
+            _UNWINDING.pop(number, None)
+
+
+_UNWINDING: dict[int, Any] = {}
+"""The exit signals whose handler this process set to unwind (`_exit_signals_unwind`)."""
+
+
+def _default_in_child() -> None:
+    """(In a forked child, as it starts) the exit signals this module handles back to their
+    default action. A Python handler runs only when the child's main thread runs Python: a
+    child stuck in C (a lock another thread of its parent held when it forked) would outlive
+    SIGTERM, and a pool's `terminate()`, which sends it and then waits, would wait for ever
+    (a replay's pool hung so once in CI, tests/unit/test_whatif_chunks.py; what held its
+    worker was not recorded)."""
+    for number, handler in list(_UNWINDING.items()):
+        try:
+            if signal.getsignal(number) is handler:
+                signal.signal(number, signal.SIG_DFL)
+        except ValueError:  # not the child's main thread: its handler acts as the default would
+            return
+    _UNWINDING.clear()
+
+
+os.register_at_fork(after_in_child=_default_in_child)

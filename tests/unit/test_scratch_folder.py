@@ -191,3 +191,24 @@ def test_an_analysis_that_does_not_spill_removes_them_too(traces: Path, temp_dir
     run = load_trace_dir(traces, use_cache=False, workers=1)  # small: nothing spilled
     assert run.rank_steps is None
     assert not stale.exists()
+
+
+def test_a_process_forked_while_a_folder_is_owned_ends_on_sigterm_by_default(
+    temp_dir: Path,
+) -> None:
+    """The owner unwinds on SIGTERM (its folder removed); a child forked meanwhile has the
+    default action from its start, so SIGTERM ends it even where it never runs Python again
+    (stuck in C: a pool's terminate() then waited for ever)."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a command starts
+    try:
+        with scratch.owned_folder("diag-fork-test-", r"lock"):
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            child = os.fork()
+            if child == 0:  # the child: exit 0 where SIGTERM's action is the default one
+                os._exit(0 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 1)
+            _, status = os.waitpid(child, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the owner's, still
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
