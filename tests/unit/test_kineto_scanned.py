@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diag.cli.main import main
-from diag.read.kineto import device_arrays, one_pass, scanned, stream
+from diag.read.kineto import device_arrays, one_pass, scan_columns, scanned, scanned_take, stream
 from diag.read.kineto.convert import Scan
 from diag.read.kineto.device import DeviceScan
 from diag.read.kineto.events import ABSENT
@@ -70,7 +70,7 @@ def _read_any(path: Path, columns: bool) -> tuple[str, list[int], int]:
 
     def take_columns(batch: scanned.ScannedBatch) -> None:
         counted["columns"] += len(batch.rows)
-        scanned.take_scanned(batch, scan, device, share.one)
+        scanned_take.take_scanned(batch, scan, device, share.one)
 
     stream_events(
         path, lambda b: one_pass.take(b, scan, device, share.one),
@@ -269,7 +269,7 @@ def test_what_the_scanner_does_not_read_exactly_is_msgspec_s() -> None:
     ]
     batch = _scan(b",".join(odd))
     assert batch is not None
-    assert batch.rows[:, scanned.KIND].tolist() == [scanned.ODD] * len(odd)
+    assert batch.rows[:, scan_columns.KIND].tolist() == [scan_columns.ODD] * len(odd)
     assert batch.by_loop.all() and len(batch.decoded) == len(odd)
     plain = b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 1740461679479712.500, ' \
             b'"dur": 2.25, "tid": 7, "args": {"stream": 7, "correlation": 9, ' \
@@ -277,8 +277,9 @@ def test_what_the_scanner_does_not_read_exactly_is_msgspec_s() -> None:
     batch = _scan(plain)
     assert batch is not None and not batch.by_loop.any()
     row, times = batch.rows[0], batch.times[0]
-    assert times[scanned.F_TS] == float("1740461679479712.500") and times[scanned.F_DUR] == 2.25
-    assert (row[scanned.STREAM], row[scanned.CORRELATION], row[scanned.TID]) == (7, 9, 7)
+    col = scan_columns
+    assert times[col.F_TS] == float("1740461679479712.500") and times[col.F_DUR] == 2.25
+    assert (row[col.STREAM], row[col.CORRELATION], row[col.TID]) == (7, 9, 7)
     assert batch.strings == ["X", "kernel", "k"]
 
 
@@ -315,14 +316,14 @@ def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
     first = scanned.scan_batch(bytearray(text), 0, len(text), memo)
     assert first is not None and first.own_known.tolist() == [False] * 4
     assert first.own_args[3] is None  # the annotation writes no args: nothing decoded
-    scanned.take_scanned(first, scan, device, share.one)
+    scanned_take.take_scanned(first, scan, device, share.one)
     kept = [args for *_, args in scan.params[1]]
     assert kept[0] is kept[1] is kept[2]  # as SharedArgs shares them
     assert list(memo.texts.values()) == [kept[0]]  # kept once SharedArgs returned a kept set
     again = scanned.scan_batch(bytearray(text), 0, len(text), memo)
     assert again is not None and again.own_known.tolist() == [True, True, True, False]
     assert all(args is kept[0] for args in again.own_args[:3])
-    scanned.take_scanned(again, scan, device, share.one)
+    scanned_take.take_scanned(again, scan, device, share.one)
     assert all(args is kept[0] for *_, args in scan.params[1])
     # texts that differ only at their end are sets of their own, each kept for its text
     other = b",".join(
@@ -331,7 +332,7 @@ def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
     for _ in range(3):
         batch = scanned.scan_batch(bytearray(other), 0, len(other), memo)
         assert batch is not None
-        scanned.take_scanned(batch, scan, device, share.one)
+        scanned_take.take_scanned(batch, scan, device, share.one)
     assert batch.own_known.all()
     written = [None if i % 2 else i // 2 % 2 for i in range(12)] * 3
     read = [None if args.seq is ABSENT else args.seq for *_, args in scan.params[1][6:]]
@@ -342,7 +343,7 @@ def test_a_repeated_scope_s_arguments_are_the_set_kept_for_their_text() -> None:
     for _ in range(3):
         batch = scanned.scan_batch(bytearray(long), 0, len(long), memo)
         assert batch is not None and not batch.own_known.any()
-        scanned.take_scanned(batch, Scan(), DeviceScan(), share.one)
+        scanned_take.take_scanned(batch, Scan(), DeviceScan(), share.one)
     assert not memo.texts
 
 
@@ -366,7 +367,7 @@ def test_a_collective_kernel_s_arguments_seen_with_other_ids_are_the_kept_set_s_
         text = b",".join(numbered)
         batch = scanned.scan_batch(bytearray(text), 0, len(text), memo)
         assert batch is not None
-        scanned.take_scanned(batch, scan, device, share.one)
+        scanned_take.take_scanned(batch, scan, device, share.one)
         return batch.own_known.tolist()
 
     memo, scan, device, share = scanned.ScanMemo(), Scan(), DeviceScan(), SharedArgs()

@@ -42,7 +42,8 @@ from diag.read.kineto.events import (
     kept_from,
 )
 from diag.read.kineto.kernels import KernelPatterns
-from diag.read.kineto.scanned import ScannedBatch, take_scanned
+from diag.read.kineto.scanned import ScannedBatch
+from diag.read.kineto.scanned_take import take_scanned
 from diag.read.kineto.stream import NotStreamable, inflated, stream_events
 
 try:
