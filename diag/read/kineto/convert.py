@@ -238,10 +238,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     is_comm = kinds == COMM
     banded = step_bands.bands(t0, t1, arrived, [mine for _, mine in groups])
     shift = banded.shift
+    banded_t0, banded_t1 = t0 + shift, t1 + shift
     covered = step_bands.Covered.none(len(t0))
     for _, kernels in banded.sets:
         busy, comm = kernels[~is_comm[kernels]], kernels[is_comm[kernels]]
-        covered.add(t0 + shift, t1 + shift, arrived + shift, busy, comm)
+        covered.add(banded_t0, banded_t1, arrived + shift, busy, comm)
     hidden_of = covered.hidden_ns.tolist()
     since_arrival_of = covered.hidden_since_arrival_ns.tolist()
     waited_of = covered.waited.tolist()
@@ -302,8 +303,8 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     for places, kernels in banded.sets:
         awaited, occupied = kernels[awaited_of[kernels]], kernels[occupied_of[kernels]]
         exposed = intervals.difference(
-            np.column_stack([starts[awaited] + shift[awaited], t1[awaited] + shift[awaited]]),
-            np.column_stack([t0[occupied] + shift[occupied], t1[occupied] + shift[occupied]]),
+            np.column_stack([starts[awaited] + shift[awaited], banded_t1[awaited]]),
+            np.column_stack([banded_t0[occupied], banded_t1[occupied]]),
         )
         waits_of_step.update(banded.unbanded(exposed, places))
     for place, ((number, _), busy) in enumerate(zip(groups, busy_of_step, strict=True)):
