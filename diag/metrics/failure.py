@@ -35,7 +35,12 @@ from diag.metrics.failure_records import (
     read_events,
     read_progress,
 )
-from diag.metrics.failure_stuck import flight_recorder_issued, longest_wait_s, stuck_collectives
+from diag.metrics.failure_stuck import (
+    flight_recorder_issued,
+    flight_recorder_ranks,
+    longest_wait_s,
+    stuck_collectives,
+)
 from diag.read.load import RunData
 
 __all__ = ["STATUSES", "Issued", "RankWhere", "RunState", "Stuck", "run_state"]
@@ -64,12 +69,18 @@ def run_state(run: RunData, now_s: float | None = None) -> RunState:
     # while records arrive, a collective in flight for less than the window is ordinary;
     # once they stopped, whatever was left open never completed
     live_s = window_s if _arriving(run, now, window_s) else 0.0
-    stuck = stuck_collectives(from_records, ranks, run, {}, live_s)
-    fr_stuck = stuck_collectives(fr_issued, ranks, run, fr_done, live_s) if fr_issued else []
+    unrecorded = _unrecorded(run, ranks)
+    recorded = {r for r in ranks if r not in unrecorded}
+    stuck = stuck_collectives(from_records, ranks, run, {}, live_s, recorded)
+    fr_stuck = (
+        stuck_collectives(fr_issued, ranks, run, fr_done, live_s, flight_recorder_ranks(run))
+        if fr_issued
+        else []
+    )
     if not from_records and fr_stuck:  # the records hold no open state: the dumps speak
         stuck = fr_stuck
     state = RunState("running", "", median_s, window_s, stuck=stuck, flight_recorder=fr_stuck,
-                     unrecorded=_unrecorded(run, ranks))  # fmt: skip
+                     unrecorded=unrecorded)  # fmt: skip
     state.desync = [
         *({"class": m["class"], "group": s.group, "seq": s.seq, "step": s.step, **m}
           for s in stuck for m in s.mismatched),

@@ -64,6 +64,10 @@ class Stuck:
     waited_s: dict[int, float | None]
     mismatched: list[dict[str, Any]]
     source: str
+    unseen: list[int] = field(default_factory=list)
+    """Members that left no evidence (no dump, no rank file) and did not wait in it: named in
+    `missing` only when no member that left evidence is behind (the wait must be theirs), else
+    unknown (whether they joined, nothing says)."""
 
     def label(self) -> str:
         """`all_reduce #41 of dp`."""

@@ -30,6 +30,15 @@ SAME_SIZE_OPS = frozenset({"all_reduce", "allreduce", "broadcast", "reduce", "ba
 gathers and scatters) may legitimately differ, and are compared by op and dtype only."""
 
 
+def flight_recorder_ranks(run: RunData) -> set[int]:
+    """The ranks whose dump was read (the table's where the run does not list them)."""
+    table = run.flight_recorder
+    listed = set(run.flight_recorder_ranks)
+    if table is not None and not table.empty:
+        listed |= {int(r) for r in table["rank"].unique()}
+    return listed
+
+
 def flight_recorder_issued(run: RunData) -> tuple[list[Issued], dict[tuple[int, str], int]]:
     """What the dumps say is in flight, as PyTorch's `fr_trace` reads them: per group, the
     first sequence number some members issued and others never reached (the members behind
@@ -39,7 +48,7 @@ def flight_recorder_issued(run: RunData) -> tuple[list[Issued], dict[tuple[int, 
     table = run.flight_recorder
     if table is None or table.empty:
         return [], {}
-    dumped = {int(r) for r in table["rank"].unique()}  # a rank without a dump: unknown
+    dumped = flight_recorder_ranks(run)  # a rank without a dump: unknown
     table = table[~table["p2p"].astype(bool)]
     done: dict[tuple[int, str], int] = {}
     issued: list[Issued] = []
@@ -86,9 +95,13 @@ def stuck_collectives(
     run: RunData,
     done: dict[tuple[int, str], int],
     window_s: float,
+    seen: set[int] | None = None,
 ) -> list[Stuck]:
     """The collectives ranks wait in, oldest first: who waits, who never joined, and the
-    waiting ranks whose op, size or dtype differs from the most common one (a desync)."""
+    waiting ranks whose op, size or dtype differs from the most common one (a desync).
+    `seen`: the ranks the source shows (their dump, their rank file; None: every rank). A
+    member it does not show never joined only where no member it shows is behind: a job torn
+    down after one rank failed leaves some ranks without a dump, wherever they were."""
     by_key: dict[tuple[str, int], list[Issued]] = {}
     for one in issued:
         if one.peer is None:
@@ -97,11 +110,13 @@ def stuck_collectives(
     for (group, seq), waiting in by_key.items():
         members = members_of(waiting, run, len(ranks))
         present = {w.rank for w in waiting}
-        missing = [
-            m for m in (members or [])
-            if m not in present and done_upto(ranks, done, m, group) < seq
-        ]  # fmt: skip
-        missing = _stopped_first(missing, waiting, ranks)
+        absent = [m for m in (members or []) if m not in present]
+        unseen = [] if seen is None else [m for m in absent if m not in seen]
+        shown = [m for m in absent if m not in unseen]
+        missing = [m for m in shown if done_upto(ranks, done, m, group) < seq]
+        # a collective waited in lacks some member: the ones shown behind it, else (every
+        # shown member waits in it) the unseen ones, by elimination
+        missing = _stopped_first(missing, waiting, ranks) if shown else unseen
         # members that completed this sequence number did so with their own op: a rank that
         # broadcast where the others all-reduce passed through, and left them waiting
         waited = {w.rank: waited_s(w, ranks) for w in waiting}
@@ -146,7 +161,7 @@ def stuck_collectives(
         found.append(Stuck(group, seq, first.op, first.bytes, first.dtype,
                            min((w.step for w in waiting if w.step is not None), default=None),
                            sorted(present), missing, members, waited, mismatched,
-                           first.source))  # fmt: skip
+                           first.source, unseen))  # fmt: skip
     return sorted(found, key=lambda s: (-len(s.missing), -longest_wait_s(s), s.group, s.seq))
 
 

@@ -117,8 +117,22 @@ def read_dumps(folder: Path) -> FlightRecords:
             continue
         ranks.append(rank)
         rows += dump_rows(rank, dump, notes, path)
+    notes += [f"{path}: a dump cut off while it was written (its rank ended first): not read"
+              for path in _partial_dumps(folder)]  # fmt: skip
     table = pd.DataFrame(rows, columns=list(FR_COLUMNS))
     return FlightRecords(table, notes, ranks)
+
+
+def _partial_dumps(folder: Path) -> list[Path]:
+    """The dumps the collector began and never renamed into place (`.rank-NNNNN.json.partial`,
+    collectors/watchdog.py): the rank ended while writing it."""
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return []
+    return [folder / name for name in names
+            if name.startswith(".") and name.endswith(".partial")
+            and dump_rank(Path(name[1 : -len(".partial")])) is not None]  # fmt: skip
 
 
 def read_dump(path: Path) -> dict[str, Any]:

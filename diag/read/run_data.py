@@ -61,6 +61,9 @@ class RunData:
     """PyTorch Flight Recorder entries (`diag.read.flight_recorder.FR_COLUMNS`), one row per
     entry of each rank's dump, read beside the run (RUN/flight-recorder/) or alone; None when
     there are none."""
+    flight_recorder_ranks: list[int] = field(default_factory=list)
+    """The ranks whose Flight Recorder dump was read (one with no entries included): a member
+    of a group without one is unknown to the dumps, not behind (diag/metrics/failure_stuck.py)."""
 
     def rank_file_name(self, rank: int) -> str:
         """The file a rank's records come from, as notes name it."""

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from diag.api import analyze_path
 from diag.cli.main import main as diag_main
 from diag.rankfile.convert import rank_file, rank_records
-from diag.read.flight_recorder import FR_DIR
-from tests.distributed.readme_runs import FAILURES, RANK, STEP, events, records
+from diag.read.flight_recorder import FR_DIR, dump_files
+from tests.distributed.readme_runs import FAILURES, RANK, RANKS, STEP, events, records
 
 pytestmark = pytest.mark.dist
 
@@ -130,6 +130,13 @@ def test_a_failure_is_named_from_the_records_the_dumps_and_both(failure, failed,
                 assert first["rule"] in ("FLR001", "FLR003", "FLR005"), first["title"]
             continue
         first = _first(path)
+        if source == "dumps" and len(dump_files(path)) < RANKS:
+            # the launcher ends the others once rank 2 raised, some before they dump: a rank
+            # without a dump is unknown, so rank 2 is named where a dumped rank waits for it,
+            # the run undecidable where none does, and never another rank
+            assert first["ranks"] == ([RANK] if first["rule"] == "FLR001" else []), first
+            assert first["rule"] in ("FLR001", "FLR005"), first["title"]
+            continue
         assert first["ranks"] == [RANK], (source, first["title"])
         if failure == "crash" and source != "dumps":
             assert first["rule"] == "FLR002", (source, first["title"])

@@ -94,3 +94,47 @@ def test_a_dump_that_is_not_a_regular_file_or_grows_is_refused_in_one_line(tmp_p
         assert b"".join(regular_chunks(fh, big, 10_000, chunk_bytes=512)) == b"x" * 3000
     with open_regular(big, 10_000) as fh, pytest.raises(NotReadable, match="goes on past"):
         list(regular_chunks(fh, big, 1000, chunk_bytes=512))  # past its bound as it is read
+
+
+def _dumps_of(folder: Path, members: list[int], dumps: dict[int, tuple[int, int | None]]) -> Path:
+    """A group of `members`; rank r's dump (only those in `dumps`) retired 1..last and waits
+    in `open` when given."""
+    folder.mkdir()
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(members)}}
+    for rank, (last, open_) in dumps.items():
+        entries = [_entry(s, True) for s in range(1, last + 1)]
+        entries += [] if open_ is None else [_entry(open_, False)]
+        dump = {"version": "2.10", "pg_config": config, "entries": entries}
+        (folder / f"rank-{rank:05d}.json").write_text(json.dumps(dump))
+    return folder
+
+
+def test_a_rank_without_a_dump_is_unknown_not_named_beside_one_shown_behind(
+    tmp_path: Path,
+) -> None:
+    """A job torn down after rank 2 failed: rank 1 waits in #3, rank 2's dump ends at #2, rank
+    0 left none (its launcher ended it before it dumped, wherever it was). Rank 2 is named;
+    rank 0 is neither named nor cleared."""
+    folder = _dumps_of(tmp_path / "torn", [0, 1, 2], {1: (2, 3), 2: (2, None)})
+    (folder / ".rank-00000.json.partial").write_text('{"entries": [')
+    report = analyze_path(folder)
+    first = report["findings"][0]
+    assert first["rule"] == "FLR001" and first["ranks"] == [2], first["title"]
+    assert "rank 0 left no dump: whether it joined, nothing says" in first["title"]
+    collective = first["evidence"]["collective"]
+    assert collective["missing"] == [2] and collective["unseen"] == [0]
+    assert any("rank-00000.json.partial: a dump cut off" in n for n in report["skipped"])
+
+
+def test_the_wait_is_for_the_rank_without_a_dump_when_every_dumped_member_waits(
+    tmp_path: Path,
+) -> None:
+    folder = _dumps_of(tmp_path / "alone", [0, 1, 2], {1: (2, 3), 2: (2, 3)})
+    first = analyze_path(folder)["findings"][0]
+    assert first["rule"] == "FLR001" and first["ranks"] == [0], first["title"]
+    assert first["title"].startswith("hang: rank 0, which left no dump, never joined"), first
+    # a dump with no entry is a rank seen: it issued nothing, so it never joined
+    empty = _dumps_of(tmp_path / "empty", [0, 1, 2], {0: (0, None), 1: (2, 3), 2: (2, 3)})
+    first = analyze_path(empty)["findings"][0]
+    assert first["rule"] == "FLR001" and first["ranks"] == [0], first["title"]
+    assert "left no dump" not in first["title"], first["title"]

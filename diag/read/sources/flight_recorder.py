@@ -73,7 +73,9 @@ class FlightRecorderDumps:
             notes.append(f"{path}: layout unknown (the dumps' groups do not say which axis each "
                          "is): --layout gives it")  # fmt: skip
         run = empty_run(manifest, path, notes)
-        return dataclasses.replace(run, flight_recorder=dumps.table)
+        return dataclasses.replace(
+            run, flight_recorder=dumps.table, flight_recorder_ranks=list(dumps.ranks)
+        )
 
     def cache_report(self, path: Path) -> bool:
         return False

@@ -96,6 +96,7 @@ def with_failure_evidence(run: RunData) -> RunData:
     dumps = read_dumps(folder)
     return dataclasses.replace(
         run, file_mtimes_s=mtimes, flight_recorder=dumps.table,
+        flight_recorder_ranks=list(dumps.ranks),
         skipped=[*run.skipped, *dumps.notes],
     )  # fmt: skip
 

@@ -52,8 +52,11 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
             continue  # a desync (FLR003) is the finding
         where = {w.rank: w for w in state.ranks}
         missing = [where[r] for r in stuck.missing if r in where]
-        unrecorded = stuck.missing and set(stuck.missing) <= set(state.unrecorded)
-        said = ", which left no records," if unrecorded else ""
+        # no evidence of a rank: its rank file (the records) or its dump (the dumps alone)
+        evidence = "dump" if stuck.source == "flight recorder" else "records"
+        unrecorded = stuck.missing and set(stuck.missing) <= set(stuck.unseen)
+        said = f", which left no {evidence}," if unrecorded else ""
+        unknown = [r for r in stuck.unseen if r not in stuck.missing]
         title = (
             f"hang: {ranks_phrase(stuck.missing)}{said} never joined {_collective(stuck)}; "
             f"{ranks_phrase(stuck.waiting)} waited {_waited(stuck)} in it"
@@ -65,7 +68,10 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
             title += f"; {_stopped(missing[0])}"
         if unrecorded:  # its records would say whether it hung, crashed or died
             who = "it" if len(stuck.missing) == 1 else "they"
-            title += f"; whether {who} hung, crashed or died, no record says"
+            title += f"; whether {who} hung, crashed or died, no {evidence.rstrip('s')} says"
+        if unknown:  # torn down with the job wherever they were: neither named nor cleared
+            title += (f"; {ranks_phrase(unknown)} left no {evidence}: whether "
+                      f"{'it' if len(unknown) == 1 else 'they'} joined, nothing says")  # fmt: skip
         yield Finding(
             severity="high",
             title=title,
@@ -299,7 +305,7 @@ def _issue(op: Any, bytes_: Any, dtype: Any, sizes: Any) -> str:
 def _stuck_evidence(stuck: Stuck) -> dict[str, Any]:
     return {"group": stuck.group, "seq": stuck.seq, "op": stuck.op, "bytes": stuck.bytes,
             "dtype": stuck.dtype, "step": stuck.step, "waiting": stuck.waiting,
-            "missing": stuck.missing, "members": stuck.members,
+            "missing": stuck.missing, "unseen": stuck.unseen, "members": stuck.members,
             "waited_s": {str(k): v for k, v in stuck.waited_s.items()},
             "source": stuck.source}  # fmt: skip
 
