@@ -6,10 +6,14 @@ dtype mismatch). The stuck collectives' own mismatches are diag/metrics/failure_
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from diag.metrics.failure_records import DESYNC_TAIL, RankRecords, Stuck, as_int
-from diag.metrics.failure_stuck import signature
+from diag.metrics.failure_stuck import mismatch_kind, signature
 from diag.read.load import RunData
 
 
@@ -62,7 +66,7 @@ def desync_at(label: str, seq: int, members: list[int], at: list[tuple], rows: l
     out = []
     for member, key, frame in zip(members, at, rows, strict=True):
         if key != common:
-            kind = "type" if key[0] != common[0] else "size" if key[1] != common[1] else "dtype"
+            kind = mismatch_kind(key, common)
             out.append({"class": f"{kind} mismatch", "group": label, "seq": seq,
                         "step": int(frame["step"].iloc[index]), "rank": member, "op": key[0],
                         "bytes": as_int(key[1]), "dtype": key[2],
@@ -73,33 +77,61 @@ def desync_at(label: str, seq: int, members: list[int], at: list[tuple], rows: l
 
 def fr_desync(run: RunData) -> list[dict[str, Any]]:
     """Flight Recorder entries of one (group, seq) whose op, size or dtype differ across
-    ranks (its analyser's classes: type, size and dtype mismatch)."""
+    ranks (its analyser's classes: type, size and dtype mismatch). In columns: a 1,024-rank
+    job's dumps hold 2M entries, of a few distinct signatures."""
     table = run.flight_recorder
     if table is None or table.empty:
         return []
-    found: list[dict[str, Any]] = []
     table = table[~table["p2p"].astype(bool)]
-    signatures = [
-        signature(*k) for k in zip(table["op"], table["sizes"], table["dtype"], strict=True)
-    ]
-    history = {  # per group, how often each signature occurs: a tie goes to the usual one
-        group: [signatures[i] for i in rows]
-        for group, rows in table.reset_index(drop=True).groupby("group").indices.items()
-    }
-    for (group, seq), rows in table.groupby(["group", "seq"], sort=True):
-        keys = [signature(*k) for k in zip(rows["op"], rows["sizes"], rows["dtype"], strict=True)]
-        if len(set(keys)) < 2:
-            continue
-        usual = history.get(group, [])
-        common = max(sorted(set(keys), key=str), key=lambda k: (keys.count(k), usual.count(k)))
-        for rank, key in zip(rows["rank"], keys, strict=True):
-            if key != common:
-                kind = "type" if key[0] != common[0] else "size" if key[1] != common[1] else "dtype"
+    if table.empty:
+        return []
+    # each entry's signature: its (op, sizes, dtype) factorised, each distinct one read once
+    codes = [pd.factorize(table[c], use_na_sentinel=False) for c in ("op", "sizes", "dtype")]
+    distinct, inverse = np.unique(
+        np.stack([found for found, _ in codes], axis=1), axis=0, return_inverse=True
+    )
+    signatures: dict[tuple[Any, Any, Any], int] = {}
+    values = [uniques for _, uniques in codes]
+    of_distinct = np.array([
+        signatures.setdefault(signature(*(v[i] for v, i in zip(values, row, strict=True))),
+                              len(signatures))
+        for row in distinct.tolist()
+    ], dtype=np.int64)  # fmt: skip
+    keys = list(signatures)
+    frame = pd.DataFrame({"group": table["group"].to_numpy(dtype=object),
+                          "seq": table["seq"].to_numpy(), "code": of_distinct[inverse.ravel()],
+                          "rank": table["rank"].to_numpy()})  # fmt: skip
+    by_entry = frame.groupby(["group", "seq"], sort=True)
+    mixed = by_entry["code"].nunique()
+    if not (mixed > 1).any():
+        return []
+    positions = by_entry.indices
+    found: list[dict[str, Any]] = []
+    usual: dict[Any, Counter[int]] = {}  # per group, how often each signature occurs
+    for group, seq in mixed.index[mixed.to_numpy() > 1]:
+        rows = frame.iloc[positions[(group, seq)]]
+        at = rows["code"].tolist()
+        if group not in usual:  # a tie goes to the group's usual signature
+            usual[group] = Counter(frame["code"][frame["group"] == group].tolist())
+        counts = usual[group]
+        common = max(sorted(set(at), key=lambda c: str(keys[c])),
+                     key=lambda c: (at.count(c), counts[c]))  # fmt: skip
+        expected = keys[common]
+        for rank, code in zip(rows["rank"].tolist(), at, strict=True):
+            if code != common:
+                key = keys[code]
+                kind = (
+                    "type"
+                    if key[0] != expected[0]
+                    else "size"
+                    if key[1] != expected[1]
+                    else "dtype"
+                )
                 found.append({"class": f"{kind} mismatch", "group": str(group), "seq": int(seq),
                               "step": None, "rank": int(rank), "op": key[0], "sizes": key[1],
                               "dtype": key[2], "source": "flight recorder",
-                              "expected": {"op": common[0], "sizes": common[1],
-                                           "dtype": common[2]}})  # fmt: skip
+                              "expected": {"op": expected[0], "sizes": expected[1],
+                                           "dtype": expected[2]}})  # fmt: skip
         if len(found) >= 64:
             break
     return found

@@ -251,12 +251,16 @@ def signature(op: Any, size: Any, dtype: Any) -> tuple[Any, Any, Any]:
     return (name, size if name in SAME_SIZE_OPS else None, dtype)
 
 
+def mismatch_kind(key: tuple[Any, Any, Any], common: tuple[Any, Any, Any]) -> str:
+    """What differs first between two signatures: the op (`type`), the size or the dtype."""
+    return "type" if key[0] != common[0] else "size" if key[1] != common[1] else "dtype"
+
+
 def mismatch(one: Issued, common: tuple[Any, Any, Any]) -> dict[str, Any]:
     mine = signature(one.op, one.bytes, one.dtype)
-    kind = "type" if mine[0] != common[0] else "size" if mine[1] != common[1] else "dtype"
-    return {"class": f"{kind} mismatch", "rank": one.rank, "op": one.op, "bytes": one.bytes,
-            "dtype": one.dtype, "expected": {"op": common[0], "bytes": common[1],
-                                              "dtype": common[2]}}  # fmt: skip
+    return {"class": f"{mismatch_kind(mine, common)} mismatch", "rank": one.rank, "op": one.op,
+            "bytes": one.bytes, "dtype": one.dtype,
+            "expected": {"op": common[0], "bytes": common[1], "dtype": common[2]}}  # fmt: skip
 
 
 def waited_s(one: Issued, ranks: dict[int, RankRecords]) -> float | None:

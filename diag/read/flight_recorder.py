@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import numpy as np
 import pandas as pd
 
 from diag.contract.files import read_regular
@@ -31,7 +32,8 @@ from diag.contract.limits import (
     MAX_LABEL_CHARS,
     MAX_WORLD_SIZE,
 )
-from diag.read.safe_pickle import RefusedPickle, check_plain, load_plain
+from diag.read.parallel import map_chunks
+from diag.read.safe_pickle import RefusedPickle, load_plain
 
 FR_DIR = "flight-recorder"
 """Where a run directory keeps its ranks' dumps (RUN/flight-recorder/rank-NNNNN.json)."""
@@ -102,25 +104,40 @@ def looks_like_dump(path: Path) -> bool:
 
 
 def read_dumps(folder: Path) -> FlightRecords:
-    """Every dump of `folder`; a file that cannot be read is noted (name and reason), not fatal."""
-    rows: list[dict[str, Any]] = []
+    """Every dump of `folder`; a file that cannot be read is noted (name and reason), not fatal.
+    Read in worker processes where they are many (a 1,024-rank job's: 590 MB of JSON)."""
+    rows: list[tuple] = []
     notes: list[str] = []
     ranks: list[int] = []
-    for rank, path in dump_files(folder):
-        try:
-            dump = read_dump(path)
-        except OSError as err:
-            notes.append(f"{path}: cannot read ({err.strerror or err})")
-            continue
-        except ValueError as err:
-            notes.append(f"{path}: {err}")
-            continue
-        ranks.append(rank)
-        rows += dump_rows(rank, dump, notes, path)
+    read = map_chunks(_read_chunk, dump_files(folder), progress="Flight Recorder dumps")
+    for rank, found, said in (one for chunk in read for one in chunk):
+        if found is not None:
+            ranks.append(rank)
+            rows += found
+        notes += said
     notes += [f"{path}: a dump cut off while it was written (its rank ended first): not read"
               for path in _partial_dumps(folder)]  # fmt: skip
     table = pd.DataFrame(rows, columns=list(FR_COLUMNS))
     return FlightRecords(table, notes, ranks)
+
+
+def _read_chunk(
+    chunk: list[tuple[int, Path]],
+) -> list[tuple[int, list[tuple] | None, list[str]]]:
+    """(rank, its rows or None when its dump could not be read, notes) of each dump."""
+    out: list[tuple[int, list[tuple] | None, list[str]]] = []
+    for rank, path in chunk:
+        notes: list[str] = []
+        try:
+            dump = read_dump(path)
+        except OSError as err:
+            out.append((rank, None, [f"{path}: cannot read ({err.strerror or err})"]))
+            continue
+        except ValueError as err:
+            out.append((rank, None, [f"{path}: {err}"]))
+            continue
+        out.append((rank, dump_rows(rank, dump, notes, path), notes))
+    return out
 
 
 def _partial_dumps(folder: Path) -> list[Path]:
@@ -152,10 +169,9 @@ def read_dump(path: Path) -> dict[str, Any]:
             raise ValueError("not valid JSON: not a Flight Recorder dump") from None
         except (RecursionError, ValueError):
             raise ValueError("JSON nested too deeply or a number too long: not read") from None
-        try:
-            check_plain(value, MAX_FR_OBJECTS, MAX_FR_DEPTH)
-        except RefusedPickle as err:
-            raise ValueError(f"not read: {err}") from None
+        refused = _json_bounds(data, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+        if refused:
+            raise ValueError(f"not read: {refused}")
     if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
         raise ValueError("no `entries` list: not a Flight Recorder dump")
     if len(value["entries"]) > MAX_FR_ENTRIES:
@@ -165,8 +181,31 @@ def read_dump(path: Path) -> dict[str, Any]:
     return value
 
 
-def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> list[dict]:
-    """One row per usable entry of a rank's dump; entries without a group or sequence skipped."""
+def _json_bounds(data: bytes, max_values: int, max_depth: int) -> str | None:
+    """Why a JSON text's values are too many or nest too deep (None: within both), read off
+    its text outside its strings (walking the parsed values one by one took most of the time
+    a 1,024-rank job's dumps took to read)."""
+    # escapes out first (a backslash escapes the one character after it), so that every quote
+    # left opens or closes a string
+    text = np.frombuffer(data.replace(b"\\\\", b"").replace(b'\\"', b""), dtype=np.uint8)
+    quote = text == ord('"')
+    in_string = np.bitwise_xor.accumulate(quote.view(np.uint8)).view(bool)  # an opening quote too
+    marks = text[~in_string & ~quote]
+    opens = (marks == ord("[")) | (marks == ord("{"))
+    closes = (marks == ord("]")) | (marks == ord("}"))
+    # the values: one more than the commas of each non-empty container, at most
+    if int(opens.sum()) + int((marks == ord(",")).sum()) + 1 > max_values:
+        return f"more than {max_values:,} values"
+    structure = opens | closes
+    depth = np.cumsum(opens[structure].astype(np.int32) - closes[structure])
+    if len(depth) and int(depth.max()) > max_depth:
+        return f"nested deeper than {max_depth} levels"
+    return None
+
+
+def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> list[tuple]:
+    """One row per usable entry of a rank's dump (FR_COLUMNS' order); entries without a group
+    or sequence skipped."""
     members = _group_members(dump.get("pg_config"))
     # a dump holds no time of its own: its file's time is when the rank was last seen waiting
     # (what the waits of the dumps alone are measured to; a copy that drops the times says less)
@@ -174,57 +213,69 @@ def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> 
         dumped_ns: int | None = path.stat().st_mtime_ns
     except OSError:
         dumped_ns = None
+    # what an entry's group, op, sizes and dtypes say, by their text: a dump's entries repeat
+    # a few collectives (a 1,024-rank job's 2M entries were read one by one)
+    said: dict[str, tuple | None] = {}
     rows = []
     bad = 0
     for entry in dump["entries"]:
-        row = _entry_row(rank, entry, members)
-        if row is None:
+        if not isinstance(entry, dict):
             bad += 1
-        else:
-            rows.append({**row, "dumped_ns": dumped_ns})
+            continue
+        p2p = entry.get("is_p2p") is True
+        seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
+        shape = (entry.get("process_group"), entry.get("profiling_name"), p2p,
+                 entry.get("input_sizes"), entry.get("input_dtypes"))  # fmt: skip
+        key = repr(shape)  # bounded: the values nest MAX_FR_DEPTH levels at most
+        if key not in said:
+            said[key] = _said(*shape, members)
+        static = said[key]
+        if static is None or not _is_int(seq):
+            bad += 1
+            continue
+        retired = entry.get("retired") is True
+        created = entry.get("time_created_ns")
+        timeout = entry.get("timeout_ms")  # its group's (its watchdog's, or gloo's wait)
+        rows.append((
+            rank, *static[:3], int(seq), *static[3:],
+            not retired and entry.get("state") != "completed",
+            int(created) if _is_int(created) and 0 <= created < 2**62 else None,
+            _user_frame(entry.get("frames")),
+            dumped_ns,
+            int(timeout) if _is_int(timeout) and 0 < timeout < 2**40 else None,
+        ))  # fmt: skip
     if bad:
         notes.append(f"{path}: {bad} entries without a group, sequence or op skipped")
     return rows
 
 
-def _entry_row(rank: int, entry: Any, members: dict[str, tuple[int, ...]]) -> dict[str, Any] | None:
-    if not isinstance(entry, dict):
-        return None
-    group = entry.get("process_group")
-    p2p = entry.get("is_p2p") is True
-    seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
-    name = entry.get("profiling_name")
-    if not isinstance(group, list | tuple) or not group or not _is_int(seq):
-        return None
-    if not isinstance(name, str):
+def _said(
+    group: Any, name: Any, p2p: bool, sizes: Any, dtypes: Any, members: dict[str, tuple[int, ...]]
+) -> tuple | None:
+    """(group, group_desc, members, p2p, op, bytes, dtype, sizes) of FR_COLUMNS, or None for
+    an entry without a group or op."""
+    if not isinstance(group, list | tuple) or not group or not isinstance(name, str):
         return None
     name_, desc = _label(group[0]), _label(group[1] if len(group) > 1 else "")
     # one group as every rank names it: PyTorch's group name (a number), its description shown
     group_name = f"pg {name_}" + (f" ({desc})" if desc else "")
-    dtypes = entry.get("input_dtypes")
     dtype = _label(dtypes[0]) if isinstance(dtypes, list | tuple) and dtypes else None
-    sizes = entry.get("input_sizes")
-    retired = entry.get("retired") is True
-    state = entry.get("state")
-    created = entry.get("time_created_ns")
-    return {
-        "rank": rank,
-        "group": group_name,
-        "group_desc": desc,
-        "members": members.get(name_) or members.get(desc) or members.get(_ONLY),
-        "seq": int(seq),
-        "p2p": p2p,
-        "op": _label(name.split(":", 1)[-1]),
-        "bytes": _bytes(sizes, dtypes),
-        "dtype": dtype,
-        "sizes": _label(json.dumps(sizes)) if sizes is not None else None,
-        "open": not retired and state != "completed",
-        "t_created_ns": int(created) if _is_int(created) and 0 <= created < 2**62 else None,
-        "frame": _user_frame(entry.get("frames")),
-        # the process group's timeout for this collective (its watchdog's, or gloo's wait)
-        "timeout_ms": int(timeout) if _is_int(timeout := entry.get("timeout_ms"))
-        and 0 < timeout < 2**40 else None,
-    }  # fmt: skip
+    return (
+        group_name, desc, members.get(name_) or members.get(desc) or members.get(_ONLY),
+        p2p, _label(name.split(":", 1)[-1]), _bytes(sizes, dtypes), dtype, _sizes_label(sizes),
+    )  # fmt: skip
+
+
+def _sizes_label(sizes: Any) -> str | None:
+    """The inputs' shapes as JSON writes them: a list of lists of integers (every entry's) is
+    its own repr, at a fraction of `json.dumps`' time."""
+    if sizes is None:
+        return None
+    if type(sizes) is list and all(
+        type(shape) is list and all(type(dim) is int for dim in shape) for shape in sizes
+    ):
+        return _label(repr(sizes))
+    return _label(json.dumps(sizes))
 
 
 def _group_members(config: Any) -> dict[str, tuple[int, ...]]:

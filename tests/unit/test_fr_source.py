@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from diag.api import analyze_path
@@ -138,3 +139,78 @@ def test_the_wait_is_for_the_rank_without_a_dump_when_every_dumped_member_waits(
     first = analyze_path(empty)["findings"][0]
     assert first["rule"] == "FLR001" and first["ranks"] == [0], first["title"]
     assert "left no dump" not in first["title"], first["title"]
+
+
+def test_a_dumps_bounds_are_read_off_its_text_outside_its_strings() -> None:
+    """Brackets, braces, commas and escaped quotes inside strings are text, not structure;
+    the depth and the values of the rest are bounded (what walking the parsed values did)."""
+    from diag.read.flight_recorder import _json_bounds
+
+    tricky = json.dumps({"entries": [{"name": 'a[[[{{{"\\\\"' * 50, "x": [1, 2, [3]]}]})
+    assert json.loads(tricky)  # valid JSON whose strings are full of structure's characters
+    assert _json_bounds(tricky.encode(), 100, 5) is None  # 5 containers, one in another
+    assert _json_bounds(tricky.encode(), 100, 4) == "nested deeper than 4 levels"
+    assert _json_bounds(tricky.encode(), 6, 5) == "more than 6 values"
+    deep = ("[" * 17 + "]" * 17).encode()
+    assert _json_bounds(deep, 100, 16) == "nested deeper than 16 levels"
+
+
+def test_entries_of_one_collective_read_once_keep_their_own_sequence_and_state(
+    tmp_path: Path,
+) -> None:
+    """A dump's entries repeat a few collectives: what their group, op, sizes and dtypes say
+    is read once a shape, and each row keeps its own sequence, state and time; shapes that
+    differ in one value only are their own (a size, a dtype's list, a p2p flag)."""
+    from diag.read.flight_recorder import FR_COLUMNS, read_dumps
+
+    entries = [_entry(1, True), _entry(2, False), {**_entry(3, False), "input_sizes": [[9]]},
+               {**_entry(4, False), "input_dtypes": ["Float", "Float"]},
+               {**_entry(5, False), "is_p2p": True, "p2p_seq_id": 7},
+               {**_entry(6, False), "input_sizes": [[8.0]]}, "not an entry"]  # fmt: skip
+    folder = tmp_path / "d"
+    folder.mkdir()
+    dump = {"version": "2.10", "pg_config": {}, "entries": entries}
+    (folder / "rank-00000.json").write_text(json.dumps(dump))
+    table = read_dumps(folder).table
+    assert list(table.columns) == list(FR_COLUMNS)
+    rows = table.to_dict("records")
+    assert [r["seq"] for r in rows] == [1, 2, 3, 4, 7, 6]
+    assert [r["open"] for r in rows] == [False, True, True, True, True, True]
+    assert [r["t_created_ns"] for r in rows] == [10**18 + s * 10**9 for s in (1, 2, 3, 4, 5, 6)]
+    assert [r["bytes"] for r in rows[:4]] == [32, 32, 36, 32]
+    assert [r["sizes"] for r in rows] == ["[[8]]"] * 2 + ["[[9]]"] + ["[[8]]"] * 2 + ["[[8.0]]"]
+    assert [r["p2p"] for r in rows] == [False] * 4 + [True, False]
+    assert pd.isna(rows[-1]["bytes"])  # a size that is not an integer: unknown
+
+
+def test_entries_that_differ_across_ranks_are_named_by_class(tmp_path: Path) -> None:
+    """#2: rank 1 broadcast where the others all-reduce (type); #3: rank 2 all-reduced 9
+    elements where the others 8 (size); two ranks that differ with no majority: the group's
+    usual signature is the common one."""
+    from diag.metrics.failure_desync import fr_desync
+
+    folder = tmp_path / "desync"
+    folder.mkdir()
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    for rank in range(3):
+        entries = [_entry(s, True) for s in range(1, 5)]
+        if rank == 1:
+            entries[1]["profiling_name"] = "gloo:broadcast"
+        if rank == 2:
+            entries[2]["input_sizes"] = [[9]]
+        dump = {"version": "2.10", "pg_config": config, "entries": entries}
+        (folder / f"rank-{rank:05d}.json").write_text(json.dumps(dump))
+    found = fr_desync(FLIGHT_RECORDER.load(folder, LoadOptions()))
+    assert [(f["class"], f["seq"], f["rank"], f["op"]) for f in found] == [
+        ("type mismatch", 2, 1, "broadcast"), ("size mismatch", 3, 2, "all_reduce")
+    ]  # fmt: skip
+    assert found[1]["sizes"] == "[[9]]" and found[1]["expected"]["sizes"] == "[[8]]"
+    two = tmp_path / "two"
+    two.mkdir()
+    for rank in range(2):
+        entries = [_entry(s, True) for s in range(1, 4)]
+        entries[2]["input_dtypes"] = ["Half" if rank == 0 else "Float"]
+        dump = {"version": "2.10", "pg_config": {}, "entries": entries}
+        (two / f"rank-{rank:05d}.json").write_text(json.dumps(dump))
+    (tie,) = fr_desync(FLIGHT_RECORDER.load(two, LoadOptions()))
+    assert (tie["class"], tie["rank"], tie["expected"]["dtype"]) == ("dtype mismatch", 0, "Float")
