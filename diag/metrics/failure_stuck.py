@@ -106,7 +106,7 @@ def stuck_collectives(
     for one in issued:
         if one.peer is None:
             by_key.setdefault((one.group, one.seq), []).append(one)
-    found = stuck_p2p([one for one in issued if one.peer is not None], ranks, window_s)
+    found = stuck_p2p([one for one in issued if one.peer is not None], ranks, window_s, seen)
     for (group, seq), waiting in by_key.items():
         members = members_of(waiting, run, len(ranks))
         present = {w.rank for w in waiting}
@@ -183,11 +183,17 @@ def _stopped_first(
     return stopped or missing
 
 
-def stuck_p2p(issued: list[Issued], ranks: dict[int, RankRecords], window_s: float) -> list[Stuck]:
+def stuck_p2p(
+    issued: list[Issued],
+    ranks: dict[int, RankRecords],
+    window_s: float,
+    seen: set[int] | None = None,
+) -> list[Stuck]:
     """Sends and recvs ranks wait in. Their sequence numbers count each rank's own ops on the
     group, so they do not pair across ranks: the op waits for its peer, and the peer never
     joined when it waits in no op at all (one waiting in an op of its own is a link of the
-    chain that leads to the rank that never joined, not the cause)."""
+    chain that leads to the rank that never joined, not the cause); a peer the source does
+    not show (`seen`) is named so by elimination, as `stuck_collectives` says."""
     waiting_ranks = {one.rank for one in issued} | {
         r for r, info in ranks.items() if any(i.peer is None for i in info.issued)
     }
@@ -202,9 +208,10 @@ def stuck_p2p(issued: list[Issued], ranks: dict[int, RankRecords], window_s: flo
             and not ended(ranks, one.rank)
         ):  # fmt: skip
             continue  # in flight for less than a few steps: a live job's ordinary state
+        unseen = [one.peer] if seen is not None and one.peer not in seen else []
         found.append(Stuck(one.group, one.seq, one.op, one.bytes, one.dtype, one.step,
                            [one.rank], missing, sorted({one.rank, one.peer}), waited, [],
-                           one.source))  # fmt: skip
+                           one.source, unseen))  # fmt: skip
     return found
 
 

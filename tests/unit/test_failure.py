@@ -426,3 +426,18 @@ def test_a_rank_whose_file_is_missing_is_unknown_not_stopped(
         first = report["findings"][0]
         assert first["rule"] == "FLR001"
         assert "hung, crashed or died, no record says" in first["title"]
+
+
+def test_a_receive_waits_for_a_peer_the_data_does_not_show_by_elimination() -> None:
+    """A stage's receive waits for a peer: one that waits in an op of its own is a link of the
+    chain, one with no op is the cause; a peer without a rank file (or dump) is named by
+    elimination and marked unseen (the finding says that no record says more)."""
+    from diag.metrics.failure_records import Issued, RankRecords
+    from diag.metrics.failure_stuck import stuck_p2p
+
+    recv = Issued(1, "pp", 4, "recv", 64, "float32", 3, run_ns(0), (0, 1), "records", peer=0)
+    ranks = {0: RankRecords(), 1: RankRecords()}
+    (shown,) = stuck_p2p([recv], ranks, 0.0, {0, 1})
+    assert (shown.missing, shown.unseen) == ([0], [])
+    (unseen,) = stuck_p2p([recv], ranks, 0.0, {1})
+    assert (unseen.missing, unseen.unseen) == ([0], [0])
