@@ -116,7 +116,7 @@ def read_dumps(folder: Path) -> FlightRecords:
             rows += found
         notes += said
     notes += [f"{path}: a dump cut off while it was written (its rank ended first): not read"
-              for path in _partial_dumps(folder)]  # fmt: skip
+              for path in partial_dumps(folder)]  # fmt: skip
     table = pd.DataFrame(rows, columns=list(FR_COLUMNS))
     return FlightRecords(table, notes, ranks)
 
@@ -140,7 +140,7 @@ def _read_chunk(
     return out
 
 
-def _partial_dumps(folder: Path) -> list[Path]:
+def partial_dumps(folder: Path) -> list[Path]:
     """The dumps the collector began and never renamed into place (`.rank-NNNNN.json.partial`,
     collectors/watchdog.py): the rank ended while writing it."""
     try:

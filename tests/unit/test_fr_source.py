@@ -214,3 +214,15 @@ def test_entries_that_differ_across_ranks_are_named_by_class(tmp_path: Path) -> 
         (two / f"rank-{rank:05d}.json").write_text(json.dumps(dump))
     (tie,) = fr_desync(FLIGHT_RECORDER.load(two, LoadOptions()))
     assert (tie["class"], tie["rank"], tie["expected"]["dtype"]) == ("dtype mismatch", 0, "Float")
+
+
+def test_a_folder_of_dumps_all_cut_off_is_refused_in_one_line_naming_them(tmp_path: Path) -> None:
+    """A job killed while its ranks wrote their dumps leaves only the collector's temporary
+    files: read as dumps (not as a folder of nothing), refused with the reason."""
+    from diag.errors import InputError
+
+    folder = tmp_path / "flight-recorder"
+    folder.mkdir()
+    (folder / ".rank-00000.json.partial").write_text('{"version": "2.10", "entries": [{"pro')
+    with pytest.raises(InputError, match=r"rank-00000\.json\.partial: a dump cut off"):
+        analyze_path(folder)

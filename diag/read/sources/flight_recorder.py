@@ -13,7 +13,7 @@ from pathlib import Path
 from diag.contract import schema
 from diag.contract.limits import MAX_WORLD_SIZE
 from diag.errors import InputError
-from diag.read.flight_recorder import dump_files, looks_like_dump, read_dumps
+from diag.read.flight_recorder import dump_files, looks_like_dump, partial_dumps, read_dumps
 from diag.read.load import RunData, empty_run
 from diag.read.sources.base import LoadOptions
 
@@ -30,7 +30,9 @@ class FlightRecorderDumps:
         if not path.is_dir() or (path / schema.MANIFEST_FILE).exists():
             return False
         files = dump_files(path)
-        return bool(files) and looks_like_dump(files[0][1])
+        if not files:  # dumps begun and cut off only: read as dumps, to say so
+            return bool(partial_dumps(path))
+        return looks_like_dump(files[0][1])
 
     def load(self, path: Path, options: LoadOptions) -> RunData:
         if options.steps is not None:
