@@ -41,6 +41,8 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
         for how long, the ranks that never joined (members of the group with no open or
         completed entry for that sequence), and for each missing rank its step, span and
         stack. Waiting longer than 3 median steps + 5 s (and the heartbeat period) counts.
+        A member that left no rank file or dump (`unseen`) is named only by elimination,
+        where every member the data shows waits; beside one shown behind, it is said unknown.
     """
     state = _state(ctx)
     if state is None or state.status == "running":
