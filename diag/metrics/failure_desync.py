@@ -120,16 +120,10 @@ def fr_desync(run: RunData) -> list[dict[str, Any]]:
         for rank, code in zip(rows["rank"].tolist(), at, strict=True):
             if code != common:
                 key = keys[code]
-                kind = (
-                    "type"
-                    if key[0] != expected[0]
-                    else "size"
-                    if key[1] != expected[1]
-                    else "dtype"
-                )
-                found.append({"class": f"{kind} mismatch", "group": str(group), "seq": int(seq),
-                              "step": None, "rank": int(rank), "op": key[0], "sizes": key[1],
-                              "dtype": key[2], "source": "flight recorder",
+                found.append({"class": f"{mismatch_kind(key, expected)} mismatch",
+                              "group": str(group), "seq": int(seq), "step": None,
+                              "rank": int(rank), "op": key[0], "sizes": key[1], "dtype": key[2],
+                              "source": "flight recorder",
                               "expected": {"op": expected[0], "sizes": expected[1],
                                            "dtype": expected[2]}})  # fmt: skip
         if len(found) >= 64:

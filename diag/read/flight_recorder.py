@@ -127,7 +127,6 @@ def _read_chunk(
     """(rank, its rows or None when its dump could not be read, notes) of each dump."""
     out: list[tuple[int, list[tuple] | None, list[str]]] = []
     for rank, path in chunk:
-        notes: list[str] = []
         try:
             dump = read_dump(path)
         except OSError as err:
@@ -136,6 +135,7 @@ def _read_chunk(
         except ValueError as err:
             out.append((rank, None, [f"{path}: {err}"]))
             continue
+        notes: list[str] = []
         out.append((rank, dump_rows(rank, dump, notes, path), notes))
     return out
 

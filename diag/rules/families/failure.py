@@ -55,7 +55,9 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
         where = {w.rank: w for w in state.ranks}
         missing = [where[r] for r in stuck.missing if r in where]
         # no evidence of a rank: its rank file (the records) or its dump (the dumps alone)
-        evidence = "dump" if stuck.source == "flight recorder" else "records"
+        evidence, one = (
+            ("dump", "dump") if stuck.source == "flight recorder" else ("records", "record")
+        )
         unrecorded = stuck.missing and set(stuck.missing) <= set(stuck.unseen)
         said = f", which left no {evidence}," if unrecorded else ""
         unknown = [r for r in stuck.unseen if r not in stuck.missing]
@@ -70,7 +72,7 @@ def hang(ctx: RuleContext, limits: Mapping[str, float]) -> Iterable[Finding]:
             title += f"; {_stopped(missing[0])}"
         if unrecorded:  # its records would say whether it hung, crashed or died
             who = "it" if len(stuck.missing) == 1 else "they"
-            title += f"; whether {who} hung, crashed or died, no {evidence.rstrip('s')} says"
+            title += f"; whether {who} hung, crashed or died, no {one} says"
         if unknown:  # torn down with the job wherever they were: neither named nor cleared
             title += (f"; {ranks_phrase(unknown)} left no {evidence}: whether "
                       f"{'it' if len(unknown) == 1 else 'they'} joined, nothing says")  # fmt: skip
