@@ -238,11 +238,11 @@ def to_records(rank_id: int, rank: RankEvents, patterns: KernelPatterns) -> dict
     is_comm = kinds == COMM
     banded = step_bands.bands(t0, t1, arrived, [mine for _, mine in groups])
     shift = banded.shift
-    banded_t0, banded_t1 = t0 + shift, t1 + shift
+    banded_t0, banded_t1, banded_arrived = t0 + shift, t1 + shift, arrived + shift
     covered = step_bands.Covered.none(len(t0))
-    for _, kernels in banded.sets:
+    for _, kernels in banded.sets:  # one set; a step a set where the bands do not fit
         busy, comm = kernels[~is_comm[kernels]], kernels[is_comm[kernels]]
-        covered.add(banded_t0, banded_t1, arrived + shift, busy, comm)
+        covered.add(banded_t0, banded_t1, banded_arrived, busy, comm)
     hidden_of = covered.hidden_ns.tolist()
     since_arrival_of = covered.hidden_since_arrival_ns.tolist()
     waited_of = covered.waited.tolist()
