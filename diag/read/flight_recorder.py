@@ -163,15 +163,17 @@ def read_dump(path: Path) -> dict[str, Any]:
         except RefusedPickle as err:
             raise ValueError(f"pickled dump refused: {err}; {HOW_TO_DUMP_JSON}") from None
     else:
+        # bounded before it is decoded: a hostile dump of many small values would otherwise be
+        # built in full (tens of bytes of Python objects a value) before being refused
+        refused = _json_bounds(data, MAX_FR_OBJECTS, MAX_FR_DEPTH)
+        if refused:
+            raise ValueError(f"not read: {refused}")
         try:
             value = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError("not valid JSON: not a Flight Recorder dump") from None
         except (RecursionError, ValueError):
             raise ValueError("JSON nested too deeply or a number too long: not read") from None
-        refused = _json_bounds(data, MAX_FR_OBJECTS, MAX_FR_DEPTH)
-        if refused:
-            raise ValueError(f"not read: {refused}")
     if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
         raise ValueError("no `entries` list: not a Flight Recorder dump")
     if len(value["entries"]) > MAX_FR_ENTRIES:

@@ -155,6 +155,25 @@ def test_a_dumps_bounds_are_read_off_its_text_outside_its_strings() -> None:
     assert _json_bounds(deep, 100, 16) == "nested deeper than 16 levels"
 
 
+def test_a_json_dump_over_its_bounds_is_refused_before_it_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump of more values than the limit is refused from its text: decoding it first would
+    build every value (a hostile file's memory) only to refuse it."""
+    from diag.read import flight_recorder
+
+    monkeypatch.setattr(flight_recorder, "MAX_FR_OBJECTS", 1_000)
+    dump = tmp_path / "rank_0.json"
+    dump.write_text(json.dumps({"version": "2.10", "entries": [[0] * 10] * 200}))
+
+    def decoded(*_: Any, **__: Any) -> Any:
+        raise AssertionError("decoded before its bounds were read")
+
+    monkeypatch.setattr(flight_recorder.json, "loads", decoded)
+    with pytest.raises(ValueError, match="more than 1,000 values"):
+        flight_recorder.read_dump(dump)
+
+
 def test_entries_of_one_collective_read_once_keep_their_own_sequence_and_state(
     tmp_path: Path,
 ) -> None:
