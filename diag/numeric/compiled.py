@@ -3,7 +3,7 @@
 The loops (the what-if replay and its scan of waits, the time breakdown's interval unions) are
 written once, as plain Python over numpy arrays that numba compiles unchanged. Small inputs
 (the tests, a few ranks, a trace folder's attribution) run them as Python: importing numba and
-loading its compiled code costs about 0.8 s and 100 MiB, more than such loops take
+loading its compiled code costs 0.4-0.8 s and 100 MiB, more than such loops take
 (`PYTHON_EVENTS`).
 
 Compiled code is cached on disk by numba (`cache=True`), so a process loads the loops instead of
@@ -24,17 +24,17 @@ from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-PYTHON_EVENTS = 120_000
+PYTHON_EVENTS = 400_000
 """The events a process runs through the loops as plain Python before it compiles them: about
-what importing numba and loading the cached loops costs (0.75-0.85 s here; plain Python takes
-about 6 us an event, compiled about 0.1 us). Paying that once the Python time would pass it
-(renting until the rent reaches the price) spends at most twice the better choice made in
-hindsight: a trace folder's attribution (6-9 replays of 6,000-10,000 events) stays Python,
-0.4-0.75 s and about 100 MiB of memory less."""
-COMPILE_FROM_EVENTS = 20_000
+what importing numba and loading the cached loops costs (0.4-0.8 s here; the replay as Python
+takes about 1 us an event over lists, compiled about 0.01 us). Paying that once the Python time
+would pass it (renting until the rent reaches the price) spends at most twice the better choice
+made in hindsight: a trace folder's attribution (6-9 replays of 6,000-36,000 events) stays
+Python, and about 100 MiB of memory less."""
+COMPILE_FROM_EVENTS = 60_000
 """A loop given this many events compiles at once: a timeline is replayed several times (6-9
 for a trace folder, a few dozen for a run's scenarios), so this many events a replay pass
-PYTHON_EVENTS (the 1.1 GB-class real folder's 35,728; a large run's hundreds of thousands)."""
+PYTHON_EVENTS within a few replays (a large run's hundreds of thousands an event set)."""
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 

@@ -15,7 +15,9 @@ Python that was minutes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +90,8 @@ def replay(timeline: Timeline, durations: Durations, compiled: bool | None = Non
     else:
         loop = compiled_loop(_replay) if compiled else _replay
     own = fixed.own if durations.local_ns is None else durations.local_ns
-    return loop(
+    return _looped(
+        loop,
         fixed.kind,
         np.ascontiguousarray(own, dtype=np.float64),
         fixed.instance,
@@ -100,13 +103,33 @@ def replay(timeline: Timeline, durations: Durations, compiled: bool | None = Non
         np.ascontiguousarray(durations.transfer_ns, dtype=np.float64),
         np.ascontiguousarray(durations.post_ns, dtype=np.float64),
         fixed.first,
-        fixed.origin,
         timeline.member_ptr,
         timeline.member_event,
         timeline.wait_ptr,
         timeline.wait_event,
         timeline.wait_by_arrival,
+        origin=fixed.origin,
     )
+
+
+def _looped(loop: Callable[..., Any], *inputs: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """`loop` (`_replay`, compiled or not) run on `inputs` (its arguments up to
+    `wait_by_arrival`) from each rank's `origin`, in the state it starts from; as Python, over
+    lists: a numpy scalar's every read and write cost three times the loop's own work."""
+    kind, first, member_ptr = inputs[0], inputs[10], inputs[11]
+    state = (
+        np.full(len(kind), np.nan),  # arrived
+        np.full(len(kind), np.nan),  # done
+        member_ptr[1:] - member_ptr[:-1],  # members missing
+        np.full(len(member_ptr) - 1, -np.inf),  # latest arrival
+        origin.copy(),  # clock
+        origin.copy(),  # started
+        first[:-1].copy(),  # position
+    )
+    if loop is _replay:
+        done = loop(*(a.tolist() for a in inputs), *(a.tolist() for a in state))
+        return np.array(done, dtype=np.float64)
+    return loop(*inputs, *state)
 
 
 @dataclass(frozen=True)
@@ -157,22 +180,19 @@ def _fixed_inputs(timeline: Timeline) -> _FixedInputs:
 
 
 def _replay(kind, own, instance, sender, one_way, from_start, measured_start, seg, transfer, post,
-            first, origin, member_ptr, member_event, wait_ptr, wait_event,
-            wait_by_arrival):  # fmt: skip
+            first, member_ptr, member_event, wait_ptr, wait_event, wait_by_arrival,
+            arrived, done, missing, latest, clock, started, position):  # fmt: skip
     """Each rank runs until it meets something not yet complete; a collective completes when
-    its last member arrives (a count per collective, no rescans). Arrays as in `replay`.
+    its last member arrives (a count per collective, no rescans). Inputs as in `replay`; the
+    state it works in is given too (`replay` makes it), so that as Python every one of them is
+    a list, compiled an array: `arrived` and `done` (NaN: not yet), each collective's members
+    still `missing` and `latest` arrival, each rank's `clock`, when its chain's last event
+    `started` (a launch may be timed from it) and its `position`. Returns `done`.
 
     Plain Python that numba compiles as it is (diag/numeric/compiled.py): one function, no calls of
     our own; `x != x` tests for NaN (not yet known)."""
-    n, ranks, instances = len(kind), len(first) - 1, len(member_ptr) - 1
-    arrived = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    missing = member_ptr[1:] - member_ptr[:-1]
-    latest = np.full(instances, -np.inf)
-    clock = origin.copy()
-    started = origin.copy()  # when the chain's last event began (a launch may be timed from it)
-    position = first[:-1].copy()
-    active = np.ones(ranks, dtype=np.bool_)
+    ranks = len(first) - 1
+    active = [True] * ranks
     remaining = ranks
     while remaining > 0:
         progressed = False
@@ -243,11 +263,10 @@ def _replay(kind, own, instance, sender, one_way, from_start, measured_start, se
             continue
         # No rank can go on (records that match no complete set of peers): complete the
         # blocked collective met first (by measured start) with the members that arrived.
-        met = np.full(ranks, np.inf)
+        first_met, k = np.inf, -1
         for r in range(ranks):
-            if active[r]:
-                met[r] = measured_start[position[r]]
-        k = position[int(np.argmin(met))]
+            if active[r] and measured_start[position[r]] < first_met:
+                first_met, k = measured_start[position[r]], position[r]
         if kind[k] == RECV:
             arrived[sender[k]] = arrived[k]  # the send never came
             continue

@@ -119,6 +119,42 @@ def test_the_compiled_loops_give_what_the_python_loops_give(name: str, tmp_path:
         assert plain_out.tolist() == fast_out.tolist()
 
 
+def test_a_blocked_replay_goes_on_alike_compiled_and_as_python() -> None:
+    """Where no rank can go on (a collective whose other member was never matched, a blocking
+    op of no collective), the replay completes the one met first with the members there, as
+    Python over lists and compiled alike: rank 1's op (met at 5 ns) first, ending at its own
+    transfer (7 ns; its END at 22), then rank 0's collective, ending at 10 + 3 ns."""
+    import numpy as np
+
+    from diag.numeric.compiled import compiled
+    from diag.whatif.replay import END, START, SYNC, _looped, _replay
+
+    i64, f64 = np.int64, np.float64
+    inputs = (
+        np.array([START, SYNC, END, START, SYNC, END], dtype=i64),  # kind
+        np.zeros(6, dtype=f64),  # own
+        np.array([-1, 0, -1, -1, -1, -1], dtype=i64),  # instance: rank 1's op is in none
+        np.full(6, -1, dtype=i64),  # sender
+        np.zeros(6, dtype=np.bool_),  # one_way
+        np.zeros(6, dtype=np.bool_),  # from_start
+        np.array([0, 10, 20, 0, 5, 20], dtype=f64),  # measured start
+        np.array([0, 10, 10, 0, 5, 15], dtype=f64),  # local time before each
+        np.array([0, 3, 0, 0, 2, 0], dtype=f64),  # transfer
+        np.zeros(6, dtype=f64),  # post
+        np.array([0, 3, 6], dtype=i64),  # first event of each rank
+        np.array([0, 2], dtype=i64),  # instance 0: two members,
+        np.array([1, 4], dtype=i64),  # rank 0's and rank 1's (which never arrives as one)
+        np.zeros(7, dtype=i64),
+        np.zeros(0, dtype=i64),
+        np.zeros(0, dtype=np.bool_),
+    )
+    origin = np.zeros(2, dtype=f64)
+    plain = _looped(_replay, *inputs, origin=origin)
+    fast = _looped(compiled(_replay), *inputs, origin=origin)
+    assert plain.tobytes() == fast.tobytes()
+    assert plain.tolist() == [0.0, 13.0, 23.0, 0.0, 12.0, 22.0]
+
+
 def test_a_manifest_of_empty_groups_matches_no_rank_to_a_group() -> None:
     """`groups: {"dp": [[]]}` (found by tests/unit/test_fuzz_readers.py): no member, so every
     record of that axis is in no group of the manifest's, not a crash."""
