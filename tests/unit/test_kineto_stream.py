@@ -147,6 +147,45 @@ def test_a_gzip_bomb_is_refused_while_streaming(tmp_path: Path, monkeypatch: pyt
         _streamed(path)
 
 
+def test_isal_and_pythons_gzip_give_the_same_text_and_refuse_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gzipped traces are inflated by ISA-L where it is installed (a dependency), by Python's
+    gzip otherwise: the same text chunk for chunk, several members read on, and a truncated,
+    corrupt or trailing-garbage file refused in one line either way."""
+    pytest.importorskip("isal")
+    text = json.dumps({"traceEvents": [{"ph": "X", "name": "k" * (i % 50), "ts": i}
+                                       for i in range(60_000)]}).encode()  # fmt: skip
+    whole = gzip.compress(text, mtime=0)
+    files_of = {
+        "one member": whole,
+        "two members": gzip.compress(text[:1000], mtime=0) + gzip.compress(text[1000:], mtime=0),
+        "truncated": whole[: len(whole) // 2],
+        "corrupt": whole[:40] + bytes(64) + whole[104:],
+        "trailing garbage": whole + b"not gzip",
+    }
+    read: dict[str, dict[str, object]] = {}
+    for reader in ("isal", "gzip"):
+        if reader == "gzip":
+            monkeypatch.setattr(stream, "_gzip", gzip)
+        else:
+            assert stream._gzip.__name__ == "isal.igzip"
+        for name, data in files_of.items():
+            path = tmp_path / reader / f"{name.replace(' ', '-')}.json.gz"
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(data)
+            try:
+                read.setdefault(name, {})[reader] = [len(c) for c in stream.inflated(path)]
+            except files.InputError as err:
+                assert "truncated or corrupt gzip" in str(err) and "\n" not in str(err)
+                read.setdefault(name, {})[reader] = "refused"
+    for name in ("one member", "two members"):
+        assert read[name]["isal"] == read[name]["gzip"] != "refused", name
+        assert sum(read[name]["isal"]) == len(text)  # type: ignore[arg-type]
+    for name in ("truncated", "corrupt", "trailing garbage"):
+        assert read[name] == {"isal": "refused", "gzip": "refused"}, name
+
+
 @pytest.mark.skipif(not REAL_TRACES.is_dir(), reason="no ../shared/real-traces")
 def test_every_real_trace_streams_as_it_reads_whole() -> None:
     paths = [p for p in sorted(REAL_TRACES.glob("*/*")) if p.is_file()]

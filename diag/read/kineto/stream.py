@@ -20,7 +20,8 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from types import ModuleType
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -62,6 +63,18 @@ _CLASS[ord('"')], _CLASS[ord("\\")] = _QUOTE, _BACKSLASH
 _CLASS[ord("{")] = _CLASS[ord("[")] = _OPEN
 _CLASS[ord("}")] = _CLASS[ord("]")] = _CLOSE
 _ARRAY = ord("[")
+
+
+_CORRUPT: tuple[type[Exception], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
+"""What a truncated or corrupt gzip raises as it is read (with ISA-L's own error)."""
+_gzip: ModuleType = gzip
+try:  # Intel's ISA-L inflates 3.5x faster than zlib: a fifth of reading a gzipped trace
+    from isal import igzip
+    from isal.igzip_lib import IsalError
+
+    _gzip, _CORRUPT = igzip, (*_CORRUPT, cast(type[Exception], IsalError))
+except ImportError:  # an install without it: Python's own, the same text
+    pass
 
 
 class NotStreamable(Exception):
@@ -207,7 +220,7 @@ def inflated(path: Path) -> Iterator[bytes]:
                     yield chunk
                 return
             yield from _inflated_gzip(path, raw)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+    except _CORRUPT as err:
         raise InputError(path, f"truncated or corrupt gzip ({err})") from None
     except OSError as err:
         raise InputError(path, f"cannot read ({err.strerror or err})") from None
@@ -218,7 +231,7 @@ def _inflated_gzip(path: Path, raw: BinaryIO) -> Iterator[bytes]:
     size = os.fstat(raw.fileno()).st_size
     limit = max(GZIP_MIN_INFLATED_BYTES, GZIP_MAX_RATIO * size)
     total = 0
-    with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+    with _gzip.GzipFile(fileobj=raw, mode="rb") as fh:
         while chunk := fh.read(CHUNK_BYTES):
             total += len(chunk)
             if total > limit:
