@@ -24,12 +24,14 @@ it measures:
    analyze` loads: a folder over 128 MiB reduced, kineto/window.py) + `compute_metrics` (ours)
    against `hta.trace_analysis.TraceAnalysis(trace_dir=...)` (HTA), seconds, and HTA/ours
    (goal >= 5x);
-2. peak memory of that cold analysis, MiB: the measuring process's own max RSS plus the largest
-   max RSS among its finished children (both loaders parse several files in forked workers),
-   read by `getrusage` right after the cold analysis; an upper bound, as pages a forked worker
-   shares with its parent are counted twice (goal: ours <= 0.5x HTA's); and the summed RSS of
-   the process and all its descendants, sampled every 50 ms (`TreeRss`: every process
-   together, the summary's figure);
+2. peak memory of that cold analysis, MiB: the measuring process's own high-water RSS
+   (VmHWM) and the largest max RSS among its finished children (both loaders parse several
+   files in forked workers), read right after the cold analysis: the largest one process
+   (issue 43's measure; goal: ours <= 0.5x HTA's); and, in one more cold run of each that is
+   not timed, the summed RSS of the process and all its descendants, sampled every 50 ms
+   (`TreeRss`: every process together, pages a forked worker shares with its parent counted
+   in both). The timed runs sample nothing: the sampler's reads of /proc cost a 1.5 s
+   analysis 10-20% of its time on two cores;
 3. second analysis: ours served from diag's cache (a first `analyze_path` writes the tables
    and the report beside the traces; the timed call is the whole `analyze_path` again, which
    finds the report for the unchanged traces, code and options) against HTA's re-parse (a
@@ -127,7 +129,7 @@ def _silence_hta() -> None:
     logging.disable(logging.WARNING)
 
 
-def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
+def _child_ours(folder: Path, second_repeats: int, sample_tree: bool) -> dict[str, Any]:
     from diag import analyze_path, compute_metrics
     from diag.metrics.file_reduction import reduce_rank_files
     from diag.read.kineto import cache, load_trace_dir  # the loader itself, its cache off
@@ -135,15 +137,15 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
     from diag.read.kineto.trace_folder import trace_files
 
     tree = TreeRss()
-    tree.start()
+    if sample_tree:
+        tree.start()
     started = time.perf_counter()
     # as `diag analyze` loads it: a large folder reduced (kineto/window.py)
     run = load_trace_dir(folder, use_cache=False, breakdown=reduce_rank_files)
     loaded = time.perf_counter()
     compute_metrics(run)
     cold_s, cold_metrics_s = time.perf_counter() - started, time.perf_counter() - loaded
-    tree_mib = tree.stop()
-    tree_pss_mib = tree.peak_pss_kib / KIB_PER_MIB
+    tree_mib, tree_pss_mib = _tree_peaks(tree, sample_tree)
     own_mib, children_mib = _peak_mib()
     second_s: list[float] = []
     second_metrics_s: list[float] = []
@@ -163,20 +165,22 @@ def _child_ours(folder: Path, second_repeats: int) -> dict[str, Any]:
             "second_metrics_s": second_metrics_s, "cache_hit": cache_hit}  # fmt: skip
 
 
-def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> dict[str, Any]:
+def _child_hta(
+    folder: Path, second_repeats: int, sample_tree: bool, breakdown: bool = False
+) -> dict[str, Any]:
     _silence_hta()
     from hta.trace_analysis import TraceAnalysis
 
     _silence_hta()  # again: importing HTA may configure its loggers
     tree = TreeRss()
-    tree.start()
+    if sample_tree:
+        tree.start()
     started = time.perf_counter()
     analysis = TraceAnalysis(trace_dir=str(folder))
     if breakdown:  # what diag's metrics give at least: the time classes of every rank
         analysis.get_temporal_breakdown(visualize=False)
     cold_s = time.perf_counter() - started
-    tree_mib = tree.stop()
-    tree_pss_mib = tree.peak_pss_kib / KIB_PER_MIB
+    tree_mib, tree_pss_mib = _tree_peaks(tree, sample_tree)
     own_mib, children_mib = _peak_mib()
     second_s = []
     for _ in range(second_repeats):
@@ -187,12 +191,21 @@ def _child_hta(folder: Path, second_repeats: int, breakdown: bool = False) -> di
             "tree_mib": tree_mib, "tree_pss_mib": tree_pss_mib, "second_s": second_s}  # fmt: skip
 
 
-def _child_main(kind: str, folder: Path, second_repeats: int, out: Path) -> None:
+def _tree_peaks(tree: TreeRss, sampled: bool) -> tuple[float | None, float | None]:
+    """The sampled peaks of every process together (MiB: summed RSS, summed PSS); None for a
+    timed run, which samples nothing (the sampler's reads of /proc took 10-20% of a 1.5 s
+    analysis on two cores)."""
+    if not sampled:
+        return None, None
+    return tree.stop(), tree.peak_pss_kib / KIB_PER_MIB
+
+
+def _child_main(kind: str, folder: Path, second_repeats: int, out: Path, sample: bool) -> None:
     try:
         if kind == "ours":
-            result = _child_ours(folder, second_repeats)
+            result = _child_ours(folder, second_repeats, sample)
         else:
-            result = _child_hta(folder, second_repeats, breakdown=kind == "hta-breakdown")
+            result = _child_hta(folder, second_repeats, sample, breakdown=kind == "hta-breakdown")
     except BaseException as error:  # HTA fails in many ways (asserts, KeyError, SystemExit)
         result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
                   if str(error) else type(error).__name__}  # fmt: skip
@@ -231,12 +244,15 @@ class FolderResult:
     load: str = ""  # the machine's load average around the measurement
 
 
-def _run_child(kind: str, folder: Path, second_repeats: int, env: dict[str, str]) -> dict:
+def _run_child(
+    kind: str, folder: Path, second_repeats: int, env: dict[str, str], sample: bool = False
+) -> dict:
     timeout_s = int(env.get("KINETO_LOAD_CHILD_TIMEOUT_S", CHILD_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="kineto-bench-out-") as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(folder),
-                   "--second", str(second_repeats), "--out", str(out)]  # fmt: skip
+                   "--second", str(second_repeats), "--out", str(out),
+                   *(["--sample-tree"] if sample else [])]  # fmt: skip
         try:
             done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                                   timeout=timeout_s, check=False)  # fmt: skip
@@ -249,15 +265,13 @@ def _run_child(kind: str, folder: Path, second_repeats: int, env: dict[str, str]
 
 
 def _add(measured: Measured, result: dict[str, Any]) -> None:
-    """One child's figures added to its loader's samples (or its error kept)."""
+    """One timed child's figures added to its loader's samples (or its error kept)."""
     if "error" in result:
         measured.error = measured.error or result["error"]
         return
     measured.cold_s.append(result["cold_s"])
     measured.own_mib.append(result["own_mib"])
     measured.children_mib.append(result["children_mib"])
-    measured.tree_mib.append(result.get("tree_mib", 0.0))
-    measured.tree_pss_mib.append(result.get("tree_pss_mib", 0.0))
     measured.peak_mib.append(result["own_mib"] + result["children_mib"])
     measured.largest_mib.append(max(result["own_mib"], result["children_mib"]))
     measured.second_s += result["second_s"]
@@ -265,6 +279,16 @@ def _add(measured: Measured, result: dict[str, Any]) -> None:
     measured.second_metrics_s += result.get("second_metrics_s", [])
     if result.get("cache_hit") is not None:
         measured.cache_hit = result["cache_hit"]
+
+
+def _add_sampled(measured: Measured, result: dict[str, Any]) -> None:
+    """A sampling child's memory of every process together (its time is not one of the
+    timings: the sampling slows what it samples)."""
+    if "error" in result:
+        measured.error = measured.error or result["error"]
+        return
+    measured.tree_mib.append(result["tree_mib"])
+    measured.tree_pss_mib.append(result["tree_pss_mib"])
 
 
 def measure_folder(
@@ -279,7 +303,8 @@ def measure_folder(
     """`repeats` rounds, each a cold run of ours then one of HTA, in fresh processes (paired:
     a round's two runs see the same load on the machine). Ours' first process then times
     `repeats` cached analyses; every HTA process times one second construction. A
-    `generated` folder: cold runs only, HTA with its temporal breakdown (the issue's pairing)."""
+    `generated` folder: cold runs only, HTA with its temporal breakdown (the issue's pairing).
+    Then one more cold run of each samples the memory of all its processes together (untimed)."""
     files = trace_files(folder)
     disk_mib = sum(p.stat().st_size for p in files) / 2**20
     ours, theirs = Measured(), Measured()
@@ -293,6 +318,11 @@ def measure_folder(
         if not theirs.error:
             _add(theirs, _run_child("hta-breakdown" if generated else "hta", folder,
                                  0 if generated else 1, env))  # fmt: skip
+    if not ours.error:
+        _add_sampled(ours, _run_child("ours", folder, 0, env, sample=True))
+    if not theirs.error:
+        _add_sampled(theirs, _run_child("hta-breakdown" if generated else "hta", folder, 0, env,
+                                        sample=True))  # fmt: skip
     return FolderResult(name, len(files), disk_mib, repeats, ours, theirs,
                         f"{load} before, {_load_average()} after")  # fmt: skip
 
@@ -439,6 +469,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--second", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--sample-tree", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -446,7 +477,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     if args.child:
-        _child_main(args.child[0], Path(args.child[1]), args.second, args.out)
+        _child_main(args.child[0], Path(args.child[1]), args.second, args.out, args.sample_tree)
         return 0
     started = time.perf_counter()
     cores = _cores()
