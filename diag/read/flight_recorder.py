@@ -63,6 +63,9 @@ class FlightRecords:
     table: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
+    highest_member: int = -1
+    """The highest rank any entry's group names (-1: none): with `ranks`, the world's size
+    the dumps show, read without going over the entries' members again."""
 
 
 def dump_rank(path: Path) -> int | None:
@@ -109,34 +112,38 @@ def read_dumps(folder: Path) -> FlightRecords:
     rows: list[tuple] = []
     notes: list[str] = []
     ranks: list[int] = []
+    highest = -1
     read = map_chunks(_read_chunk, dump_files(folder), progress="Flight Recorder dumps")
-    for rank, found, said in (one for chunk in read for one in chunk):
+    for rank, found, said, named in (one for chunk in read for one in chunk):
         if found is not None:
             ranks.append(rank)
             rows += found
+            highest = max(highest, named)
         notes += said
     notes += [f"{path}: a dump cut off while it was written (its rank ended first): not read"
               for path in partial_dumps(folder)]  # fmt: skip
     table = pd.DataFrame(rows, columns=list(FR_COLUMNS))
-    return FlightRecords(table, notes, ranks)
+    return FlightRecords(table, notes, ranks, highest)
 
 
 def _read_chunk(
     chunk: list[tuple[int, Path]],
-) -> list[tuple[int, list[tuple] | None, list[str]]]:
-    """(rank, its rows or None when its dump could not be read, notes) of each dump."""
-    out: list[tuple[int, list[tuple] | None, list[str]]] = []
+) -> list[tuple[int, list[tuple] | None, list[str], int]]:
+    """(rank, its rows or None when its dump could not be read, notes, the highest rank its
+    entries' groups name) of each dump."""
+    out: list[tuple[int, list[tuple] | None, list[str], int]] = []
     for rank, path in chunk:
         try:
             dump = read_dump(path)
         except OSError as err:
-            out.append((rank, None, [f"{path}: cannot read ({err.strerror or err})"]))
+            out.append((rank, None, [f"{path}: cannot read ({err.strerror or err})"], -1))
             continue
         except ValueError as err:
-            out.append((rank, None, [f"{path}: {err}"]))
+            out.append((rank, None, [f"{path}: {err}"], -1))
             continue
         notes: list[str] = []
-        out.append((rank, dump_rows(rank, dump, notes, path), notes))
+        rows, highest = dump_rows(rank, dump, notes, path)
+        out.append((rank, rows, notes, highest))
     return out
 
 
@@ -205,9 +212,11 @@ def _json_bounds(data: bytes, max_values: int, max_depth: int) -> str | None:
     return None
 
 
-def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> list[tuple]:
-    """One row per usable entry of a rank's dump (FR_COLUMNS' order); entries without a group
-    or sequence skipped."""
+def dump_rows(
+    rank: int, dump: dict[str, Any], notes: list[str], path: Path
+) -> tuple[list[tuple], int]:
+    """One row per usable entry of a rank's dump (FR_COLUMNS' order), entries without a group
+    or sequence skipped; and the highest rank the groups of its entries name (-1: none)."""
     members = _group_members(dump.get("pg_config"))
     # a dump holds no time of its own: its file's time is when the rank was last seen waiting
     # (what the waits of the dumps alone are measured to; a copy that drops the times says less)
@@ -248,7 +257,10 @@ def dump_rows(rank: int, dump: dict[str, Any], notes: list[str], path: Path) -> 
         ))  # fmt: skip
     if bad:
         notes.append(f"{path}: {bad} entries without a group, sequence or op skipped")
-    return rows
+    # read off the distinct shapes (a few), not the entries (a 1,024-rank job's 2M entries
+    # would be 2G members)
+    named = [max(said_[2]) for said_ in said.values() if said_ is not None and said_[2]]
+    return rows, max(named, default=-1)
 
 
 def _said(

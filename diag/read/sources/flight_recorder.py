@@ -41,10 +41,7 @@ class FlightRecorderDumps:
         if not dumps.ranks:
             reason = dumps.notes[0] if dumps.notes else "no readable dump"
             raise InputError(path, f"no Flight Recorder dump could be read ({reason})")
-        # every entry of a dump's group holds that dump's one tuple: each read once (read
-        # entry by entry, a 1,024-rank job's 2M entries were 2G members)
-        groups = {id(ms): ms for ms in dumps.table["members"].dropna()}.values()
-        world = min(max([*dumps.ranks, *(m for ms in groups for m in ms)]) + 1, MAX_WORLD_SIZE)
+        world = min(max(*dumps.ranks, dumps.highest_member) + 1, MAX_WORLD_SIZE)
         # a dump names its groups but not which of dp, tp, pp or ep each is, nor whether the
         # job ran on: both unknown until given (--layout) or derived (the failure analysis
         # derives the status from the entries: `summary.status`, which the report shows)
