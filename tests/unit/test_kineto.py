@@ -132,6 +132,56 @@ def test_a_lone_trace_without_rank_is_rank_0_with_a_note(tmp_path: Path) -> None
     assert any("taken as rank 0" in note for note in run.skipped)
 
 
+@pytest.mark.parametrize(
+    ("group_args", "world"),
+    [({"Process Group Ranks": "[0, 1, 2, 3]", "Group size": 4}, 4), ({"Group size": 8}, 8),
+     ({}, 1)],
+    ids=["ranks", "size", "none"],
+)  # fmt: skip
+def test_without_distributed_info_the_world_is_what_the_collectives_groups_show(
+    tmp_path: Path, group_args: dict[str, Any], world: int
+) -> None:
+    """No distributedInfo is no world of one: the collectives' process groups (their ranks, or
+    their sizes where a trace gives no ranks) say how many ranks the job had at least, and a
+    note says so; a trace whose collectives say nothing stays a job of its ranks."""
+    events = _step_events()
+    for event in events:
+        if event["name"] == "record_param_comms":
+            del event["args"]["Group size"]
+            event["args"].update(group_args)
+    _write(tmp_path, "trace.json", _trace(None, events=events))
+    run = load_trace_dir(tmp_path, use_cache=False)
+    assert run.manifest.world_size == world
+    said = [note for note in run.skipped if "process groups of its collectives show" in note]
+    assert len(said) == (world > 1), run.skipped
+    if world > 1:
+        assert f"traces of 1 of {world} ranks" in " ".join(run.skipped)
+
+
+@pytest.mark.skipif(not REAL_TRACES.is_dir(), reason="no ../shared/real-traces")
+def test_a_real_nccl_trace_without_distributed_info_is_one_of_its_jobs_ranks(
+    tmp_path: Path,
+) -> None:
+    """hta-nccl-world2's trace with its distributedInfo removed (as some exporters and older
+    profilers leave it): its all-reduces' group lists ranks 0-1, so it is one rank of two, not
+    a job of one; a layout of two ranks given on the command line is accepted."""
+    from diag.api import diagnose
+    from diag.contract import schema
+    from diag.outputs.report_lines import headline
+
+    (source,) = (REAL_TRACES / "hta-nccl-world2").glob("*.json*")
+    with gzip.open(source, "rt") as fh:
+        data = json.load(fh)
+    data.pop("distributedInfo")
+    _write(tmp_path, "trace.json", data)
+    run = load_trace_dir(tmp_path, use_cache=False)
+    assert run.manifest.world_size == 2 and run.manifest.layout.dp == 2
+    line = headline(diagnose(run)[1])
+    assert line.startswith(f"{tmp_path.name}  1 of 2 ranks"), line
+    given = load_trace_dir(tmp_path, layout=schema.Layout(dp=2), use_cache=False)
+    assert given.manifest.world_size == 2
+
+
 def test_truncated_file_is_skipped_with_a_note_and_the_rest_analysed(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, events=_step_events()))
     good = gzip.compress(json.dumps(_trace(1, events=_step_events())).encode())

@@ -136,7 +136,7 @@ def _loaded(
             records[kind] += rows
         if not trace.records.get("step"):
             skipped.append(f"{trace.path}: no events with a time (rank {trace.rank} has no steps)")
-    manifest = folder_manifest(folder, traces, layout, records, list(comm_parts))
+    manifest = folder_manifest(folder, traces, layout, records, list(comm_parts), skipped)
     for part in comm_parts:  # counted: no longer needed
         part.layout_rows = Counter()
     grid = grid_size(manifest.layout)
@@ -238,9 +238,13 @@ class Spilled:
     members: list[tuple[int, ...] | None]
     batched: bool
     marks: PlacementMarks
+    named: int  # PackedComms.ranks_named
 
     def __len__(self) -> int:
         return self.comm_rows
+
+    def ranks_named(self) -> int:
+        return self.named
 
 
 Parsed = tuple[ParsedTrace, "dict[str, Packed] | Spilled", "PackedComms | Spilled"]
@@ -347,8 +351,9 @@ def _summary(
         else any(v is not None for v in kernels)
     )
     return Spilled(
-        where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched, comms.marks
-    )
+        where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched, comms.marks,
+        comms.ranks_named(),
+    )  # fmt: skip
 
 
 def _read_back(

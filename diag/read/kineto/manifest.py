@@ -26,9 +26,9 @@ def folder_manifest(
     layout: schema.Layout | None,
     records: dict[str, list[dict]],
     comm_parts: list[PackedComms],
+    notes: list[str] | None = None,
 ) -> schema.Manifest:
-    worlds = [t.world_size for t in traces if t.world_size]
-    world_size = max([*worlds, max(int(t.rank or 0) for t in traces) + 1])
+    world_size = _world_size(folder, traces, comm_parts, [] if notes is None else notes)
     # the collectives as the inference counts them (packed_comms.LayoutView: exact)
     view = LayoutView([p.layout_rows for p in comm_parts])
     if layout is not None:
@@ -68,6 +68,25 @@ def folder_manifest(
         ranks=[schema.RankInfo(rank=int(t.rank or 0), device_name=device) for t in traces],
         status=window_status(traces, records),
     )
+
+
+def _world_size(
+    folder: Path, traces: list[ParsedTrace], comm_parts: list[PackedComms], notes: list[str]
+) -> int:
+    """The job's number of ranks: as the traces' distributedInfo says; where none says it, at
+    least every rank a collective's process group names or counts, not only the traced ranks
+    (a trace without distributedInfo whose all-reduces span ranks 0-1 is one of two ranks, not
+    a job of one), with a note saying where the number came from."""
+    worlds = [t.world_size for t in traces if t.world_size]
+    traced = max(int(t.rank or 0) for t in traces) + 1
+    if worlds:
+        return max(*worlds, traced)
+    named = max((part.ranks_named() for part in comm_parts), default=0)
+    if named > traced:
+        notes.append(f"{folder}: no trace gives the world size (distributedInfo.world_size); "
+                     f"the process groups of its collectives show {named} ranks (their ranks "
+                     "or sizes): read as a job of that many")  # fmt: skip
+    return max(traced, named)
 
 
 def window_status(traces: list[ParsedTrace], records: dict[str, list[dict]]) -> str:

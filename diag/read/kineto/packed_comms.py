@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from diag.contract import schema
+from diag.contract.limits import MAX_WORLD_SIZE
 from diag.rankfile.rank_file import KEPT_COLUMNS
 from diag.rankfile.records import Encoded, Packed, pack, unpack
 from diag.read.kineto.batches import KERNEL_KEY, RESUME_KEY, split_batches
@@ -115,6 +116,16 @@ class PackedComms:
 
     def __len__(self) -> int:
         return len(self.member_codes)
+
+    def ranks_named(self) -> int:
+        """How many ranks the trace's collectives show the job has at least: one more than the
+        highest rank a group lists, or the largest group's size where that is more (a trace
+        that gives sizes without ranks); 0 where they say nothing."""
+        highest = max((max(m) for m in self.members if m), default=-1)
+        sizes = self.columns.get("group_size")
+        values = sizes.values if isinstance(sizes, Encoded) else [] if sizes is None else sizes
+        sized = [int(v) for v in values if type(v) is int and 0 < v <= MAX_WORLD_SIZE]
+        return max(highest + 1, *sized, 0)
 
 
 def pack_comms(comms: list[dict[str, Any]], steps: list[dict[str, Any]]) -> PackedComms:
