@@ -182,6 +182,21 @@ def test_a_real_nccl_trace_without_distributed_info_is_one_of_its_jobs_ranks(
     assert given.manifest.world_size == 2
 
 
+def test_a_window_without_profiler_steps_is_one_step_and_says_so(tmp_path: Path) -> None:
+    """Without `ProfilerStep#N` (the profiler's step() not called) the window is step 0 whole,
+    however many iterations it holds: a note says so, not a step time that silently is the
+    window's; a trace with its steps says nothing of the kind."""
+    two_steps = _step_events() + _step_events(offset_us=200)
+    unmarked = [e for e in two_steps if not e["name"].startswith("ProfilerStep")]
+    _write(tmp_path / "unmarked", "rank0.json", _trace(0, world=1, events=unmarked))
+    _write(tmp_path / "marked", "rank0.json", _trace(0, world=1, events=_step_events()))
+    run = load_trace_dir(tmp_path / "unmarked", use_cache=False)
+    assert run.steps["step"].tolist() == [0]
+    assert any("no ProfilerStep#N annotation" in note for note in run.skipped), run.skipped
+    marked = load_trace_dir(tmp_path / "marked", use_cache=False)
+    assert not any("ProfilerStep" in note for note in marked.skipped), marked.skipped
+
+
 def test_truncated_file_is_skipped_with_a_note_and_the_rest_analysed(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, events=_step_events()))
     good = gzip.compress(json.dumps(_trace(1, events=_step_events())).encode())

@@ -169,6 +169,13 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     _ranks_by_group_name(records["comm"], groups)
     _name_the_only_group(records["comm"], info, world)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
+    if not events.steps and (records["step"] or records["span"]):
+        # said, not assumed: the window may hold many iterations, and its time is no step's
+        notes.append(
+            f"{path}: no ProfilerStep#N annotation (the profiler's step() not called in the "
+            "window): the whole window is read as one step, step 0, however many iterations it "
+            "holds; its step time is the window's"
+        )
     if by_name := events.comm_sources.get("its name (no launch found)"):
         notes.append(
             f"{path}: {by_name} communication kernels whose launch is not in the trace (begun "
