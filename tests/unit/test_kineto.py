@@ -197,6 +197,24 @@ def test_a_window_without_profiler_steps_is_one_step_and_says_so(tmp_path: Path)
     assert not any("ProfilerStep" in note for note in marked.skipped), marked.skipped
 
 
+def test_device_events_without_their_launches_are_said_not_read_as_no_host_wait(
+    tmp_path: Path,
+) -> None:
+    """A trace without CUDA runtime events (filtered, or exported without them) has its
+    kernels but not when the host launched them: the device's idle time cannot be split into
+    waiting for the host and waiting on a dependency, so it is not measured (a split would
+    read the host's share as 0) and a note says so."""
+    unlaunched = [e for e in _step_events() if e["cat"] != "cuda_runtime"]
+    _write(tmp_path / "unlaunched", "rank0.json", _trace(0, world=1, events=unlaunched))
+    _write(tmp_path / "launched", "rank0.json", _trace(0, world=1, events=_step_events()))
+    run = load_trace_dir(tmp_path / "unlaunched", use_cache=False)
+    assert run.device_time.empty
+    assert any("none of their launches" in note for note in run.skipped), run.skipped
+    launched = load_trace_dir(tmp_path / "launched", use_cache=False)
+    assert not launched.device_time.empty
+    assert not any("launches" in note for note in launched.skipped), launched.skipped
+
+
 def test_truncated_file_is_skipped_with_a_note_and_the_rest_analysed(tmp_path: Path) -> None:
     _write(tmp_path, "rank0.json", _trace(0, events=_step_events()))
     good = gzip.compress(json.dumps(_trace(1, events=_step_events())).encode())

@@ -169,6 +169,20 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
     _ranks_by_group_name(records["comm"], groups)
     _name_the_only_group(records["comm"], info, world)
     notes += [f"{path}: {n} events skipped ({why})" for why, n in sorted(events.skipped.items())]
+    if events.gpu_t0 and (measured is None or not events.launches):
+        # said, and not measured: without launches every idle gap reads as no one's, the
+        # host's share as 0
+        measured = None
+        why = (
+            "no CUDA runtime events in the trace"
+            if not events.launches
+            else "none before its last step"
+        )
+        notes.append(
+            f"{path}: {len(events.gpu_t0):,} device events but none of their launches ({why}): "
+            "the device's idle time is not split into waiting for the host and waiting on a "
+            "dependency, and its device-time breakdown (HST002, HST003) is not measured"
+        )
     if not events.steps and (records["step"] or records["span"]):
         # said, not assumed: the window may hold many iterations, and its time is no step's
         notes.append(
