@@ -344,11 +344,16 @@ def _failed_step(state: RunState, ranks: dict[int, RankRecords]) -> int | None:
 
 
 def _unrecorded(run: RunData, ranks: dict[int, RankRecords]) -> list[int]:
-    """The ranks of the world without a rank file (missing, not analysed): their silence says
-    nothing of where they stopped. None known where the files' list is (trace folders)."""
-    if not run.file_mtimes_s:
+    """The ranks of the world without a rank file, or without a trace in a trace folder
+    (missing, not analysed): their silence says nothing of where they stopped. None for
+    Flight Recorder dumps alone (failure_stuck.py reads which ranks dumped)."""
+    if run.file_mtimes_s:
+        shown = set(run.file_mtimes_s)
+    elif run.flight_recorder is None and run.manifest.ranks:
+        shown = {info.rank for info in run.manifest.ranks}  # the traced ranks
+    else:
         return []
-    return sorted(r for r in ranks if r not in run.file_mtimes_s)
+    return sorted(r for r in ranks if r not in shown)
 
 
 def _status(

@@ -13,7 +13,7 @@ import click
 import pandas as pd
 import pytest
 
-from diag.api import analyze_path, load_any
+from diag.api import analyze_path, diagnose, load_any
 from diag.cli.shell import parse_layout
 from diag.errors import InputError
 from diag.metrics import compute_metrics
@@ -165,7 +165,6 @@ def test_a_real_nccl_trace_without_distributed_info_is_one_of_its_jobs_ranks(
     """hta-nccl-world2's trace with its distributedInfo removed (as some exporters and older
     profilers leave it): its all-reduces' group lists ranks 0-1, so it is one rank of two, not
     a job of one; a layout of two ranks given on the command line is accepted."""
-    from diag.api import diagnose
     from diag.contract import schema
     from diag.outputs.report_lines import headline
 
@@ -213,6 +212,37 @@ def test_device_events_without_their_launches_are_said_not_read_as_no_host_wait(
     launched = load_trace_dir(tmp_path / "launched", use_cache=False)
     assert not launched.device_time.empty
     assert not any("launches" in note for note in launched.skipped), launched.skipped
+
+
+def _numbered(step: int, offset_us: float = 0.0) -> list[dict[str, Any]]:
+    """`_step_events` as ProfilerStep#`step`, its correlation ids its own."""
+    events = [{**e, "args": dict(e["args"])} for e in _step_events(offset_us)]
+    events[0]["name"] = f"ProfilerStep#{step}"
+    for event in events:
+        if "correlation" in event["args"]:
+            event["args"]["correlation"] += 100 * step
+    return events
+
+
+def test_a_rank_whose_step_numbers_meet_no_others_is_left_out_not_read_as_stopping_early(
+    tmp_path: Path,
+) -> None:
+    """Ranks 0 and 2 profiled steps 3-4, rank 1 numbered the same iterations 30-31 (its
+    profiler counted from elsewhere): compared by number, the others read as stopping 27
+    steps early, a hang named where none was. It is left out with a note naming
+    its steps; a rank whose steps overlap the others' in part (rank 3: 4-5) stays, and is read
+    as the others are."""
+    for rank, (a, b) in {0: (3, 4), 1: (30, 31), 2: (3, 4), 3: (4, 5)}.items():
+        events = _numbered(a) + _numbered(b, offset_us=200)
+        _write(tmp_path, f"rank{rank}.json", _trace(rank, world=4, events=events))
+    run = load_trace_dir(tmp_path, use_cache=False)
+    assert sorted(run.steps["rank"].unique().tolist()) == [0, 2, 3]
+    said = [note for note in run.skipped if "ProfilerStep numbers of rank 1" in note]
+    assert len(said) == 1 and "30-31" in said[0] and "steps 3-5" in said[0], run.skipped
+    # rank 3, one step ahead, shows ranks 0 and 2 stopping before it (hung, died or cut
+    # short: undecidable); rank 1, left out, is unseen, not one that stopped at no step
+    (failure,) = [f for f in diagnose(run)[1]["findings"] if f["rule"].startswith("FLR")]
+    assert failure["ranks"] == [0, 2] and "rank 1" not in failure["title"], failure["title"]
 
 
 def test_truncated_file_is_skipped_with_a_note_and_the_rest_analysed(tmp_path: Path) -> None:

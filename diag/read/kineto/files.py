@@ -76,6 +76,7 @@ class ParsedTrace:
     launches_without_device: int = 0
     profiler_ranges: int = 0  # CUPTI range profiler events: counters, not a timeline
     other_devices: tuple[str, ...] = ()  # a device not CUDA's whose events it holds (mtia)
+    numbered: bool = True  # its steps are ProfilerStep numbers (False: no ProfilerStep, step 0)
 
 
 def read_trace(path: Path) -> tuple[Trace, list[str]]:
@@ -209,6 +210,7 @@ def parse_file(path: Path, patterns: KernelPatterns) -> ParsedTrace:
         launches_without_device=0 if events.gpu_t0 else len(events.launches),
         profiler_ranges=events.skipped.get(PROFILER_RANGE_SKIPPED, 0),
         other_devices=tuple(sorted(events.other_devices)),
+        numbered=bool(events.steps),
     )
 
 
@@ -428,7 +430,7 @@ def assign_ranks(folder: Path, parsed: list[ParsedTrace], skipped: list[str]) ->
     if not known:
         why = f" ({errors[0]}" + (f"; and {len(errors) - 1} more)" if len(errors) > 1 else ")")
         raise InputError(folder, "no readable Kineto trace in the folder" + (why if errors else ""))
-    known = one_window(folder, known, skipped)
+    known = shared_steps(folder, one_window(folder, known, skipped), skipped)
     if note := host_only_note(folder, known):
         skipped.append(note)
     return sorted(known, key=lambda t: int(t.rank or 0))
@@ -487,6 +489,38 @@ def one_window(folder: Path, known: list[ParsedTrace], skipped: list[str]) -> li
         f"schedule); steps {chosen}-{last} are analysed ({len(kept)} ranks), not steps {shown}"
     )
     return kept
+
+
+def shared_steps(folder: Path, known: list[ParsedTrace], skipped: list[str]) -> list[ParsedTrace]:
+    """The traces whose ProfilerStep numbers meet most ranks'. A rank numbers its steps from
+    when its profiler started: one whose numbers share none with the others' (not even through
+    a chain of overlapping ranks) profiled other iterations, or counted from another start.
+    Compared with the others' by number, its last step read as stopping steps early: a hang
+    named where the traces show none. Such ranks are left out, with a note naming their steps;
+    the largest set of ranks whose steps overlap is analysed (the latest of equals)."""
+    # (a trace without ProfilerStep is step 0 by convention, no number to compare)
+    spans = sorted(
+        (span, int(t.rank or 0)) for t in known if t.numbered and (span := _step_span(t))
+    )
+    sets: list[tuple[int, int, list[int]]] = []  # (first, last, ranks) of overlapping spans
+    for (first, last), rank in spans:
+        if sets and first <= sets[-1][1]:
+            sets[-1] = (sets[-1][0], max(sets[-1][1], last), [*sets[-1][2], rank])
+        else:
+            sets.append((first, last, [rank]))
+    if len(sets) < 2:
+        return known
+    chosen = max(sets, key=lambda found: (len(found[2]), found[0]))
+    apart = {rank: (first, last) for (first, last), rank in spans if rank not in chosen[2]}
+    shown = ", ".join(f"rank {rank}: {a}-{b}" for rank, (a, b) in sorted(apart.items())[:6])
+    more = f" and {len(apart) - 6} more" if len(apart) > 6 else ""
+    skipped.append(
+        f"{folder}: the ProfilerStep numbers of {ranks_phrase(sorted(apart))} ({shown}{more}) "
+        f"share none with those of the other {len(chosen[2])} traced ranks (steps "
+        f"{chosen[0]}-{chosen[1]}): their profilers counted from other iterations, or profiled "
+        "other windows; compared by number, they would read as stopping early: left out"
+    )
+    return [t for t in known if int(t.rank or 0) not in apart]
 
 
 def _step_span(trace: ParsedTrace) -> tuple[int, int] | None:
