@@ -31,7 +31,7 @@ from diag.read.cache import Lookup
 from diag.read.kineto import cache, clocks, placement, spill
 from diag.read.kineto.batches import KERNEL_KEY
 from diag.read.kineto.device import DEVICE_TIME_FIELDS
-from diag.read.kineto.files import ParsedTrace, assign_ranks, parse_file
+from diag.read.kineto.files import ParsedTrace, parse_file
 from diag.read.kineto.grid_placement import PlacementMarks
 from diag.read.kineto.kernels import KernelPatterns
 from diag.read.kineto.manifest import axis_of, folder_manifest
@@ -49,6 +49,7 @@ from diag.read.kineto.packed_comms import (
 )
 from diag.read.kineto.placement import grid_size
 from diag.read.kineto.trace_folder import is_trace_dir, trace_files
+from diag.read.kineto.trace_ranks import assign_ranks
 from diag.read.kineto.window import Reduced, reduce_spilled, reduce_traces, window_end
 from diag.read.kineto.window import note as window_note
 from diag.read.load import (
@@ -238,13 +239,10 @@ class Spilled:
     members: list[tuple[int, ...] | None]
     batched: bool
     marks: PlacementMarks
-    named: int  # PackedComms.ranks_named
+    ranks_named: int  # PackedComms.ranks_named
 
     def __len__(self) -> int:
         return self.comm_rows
-
-    def ranks_named(self) -> int:
-        return self.named
 
 
 Parsed = tuple[ParsedTrace, "dict[str, Packed] | Spilled", "PackedComms | Spilled"]
@@ -352,7 +350,7 @@ def _summary(
     )
     return Spilled(
         where, _rows(spans), len(comms), comms.layout_rows, comms.members, batched, comms.marks,
-        comms.ranks_named(),
+        comms.ranks_named,
     )  # fmt: skip
 
 

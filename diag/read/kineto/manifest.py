@@ -26,9 +26,11 @@ def folder_manifest(
     layout: schema.Layout | None,
     records: dict[str, list[dict]],
     comm_parts: list[PackedComms],
-    notes: list[str] | None = None,
+    notes: list[str],
 ) -> schema.Manifest:
-    world_size = _world_size(folder, traces, comm_parts, [] if notes is None else notes)
+    """The folder's manifest; what was read from where the traces are silent is said in
+    `notes` (the report's `skipped`)."""
+    world_size = _world_size(folder, traces, comm_parts, notes)
     # the collectives as the inference counts them (packed_comms.LayoutView: exact)
     view = LayoutView([p.layout_rows for p in comm_parts])
     if layout is not None:
@@ -81,7 +83,7 @@ def _world_size(
     traced = max(int(t.rank or 0) for t in traces) + 1
     if worlds:
         return max(*worlds, traced)
-    named = max((part.ranks_named() for part in comm_parts), default=0)
+    named = max((part.ranks_named for part in comm_parts), default=0)
     if named > traced:
         notes.append(f"{folder}: no trace gives the world size (distributedInfo.world_size); "
                      f"the process groups of its collectives show {named} ranks (their ranks "

@@ -117,6 +117,7 @@ class PackedComms:
     def __len__(self) -> int:
         return len(self.member_codes)
 
+    @property
     def ranks_named(self) -> int:
         """How many ranks the trace's collectives show the job has at least: one more than the
         highest rank a group lists, or the largest group's size where that is more (a trace
