@@ -15,6 +15,7 @@ Python that was minutes.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,7 @@ def _looped(loop: Callable[..., Any], *inputs: np.ndarray, origin: np.ndarray) -
     """`loop` (`_replay`, compiled or not) run on `inputs` (its arguments up to
     `wait_by_arrival`) from each rank's `origin`, in the state it starts from; as Python, over
     lists: a numpy scalar's every read and write cost three times the loop's own work."""
-    kind, first, member_ptr = inputs[0], inputs[10], inputs[11]
+    kind, first, member_ptr = (inputs[_PLACE[name]] for name in ("kind", "first", "member_ptr"))
     state = (
         np.full(len(kind), np.nan),  # arrived
         np.full(len(kind), np.nan),  # done
@@ -281,6 +282,10 @@ def _replay(kind, own, instance, sender, one_way, from_start, measured_start, se
             for i in range(member_ptr[inst], member_ptr[inst + 1]):
                 done[member_event[i]] = latest[inst] + transfer[member_event[i]]
     return done
+
+
+_PLACE = {name: i for i, name in enumerate(inspect.signature(_replay).parameters)}
+"""Where each of `_replay`'s arguments is in its argument list (`_looped` reads three)."""
 
 
 def step_times_ns(timeline: Timeline, done: np.ndarray) -> np.ndarray:
